@@ -1,0 +1,8 @@
+"""hetero_nn: a task-based heterogeneous CNN training runtime."""
+
+from .codelets import R, RW, REDUX, SCRATCH, W, AccessMode, Codelet
+from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatError, DeviceError,
+                     HeteroNNError, PolicyError, ShapeError, SubmitError, TaskError,
+                     TrainingDiverged)
+
+__version__ = "0.1.0"

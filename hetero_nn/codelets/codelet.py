@@ -1,0 +1,131 @@
+"""Codelets: one declaration per operation, with its access modes and device variants.
+
+As in StarPU, a codelet says *what* a task does to its operands (the access
+mode of each one) and *how* on each kind of device (its variants); the runtime
+decides where and when. The number of operands follows from ``modes``.
+
+Variant names are ``"ref"`` (the NumPy reference, runs on CPU workers),
+``"cpu"`` (Numba), ``"cuda"`` (written against the array module it is given:
+CuPy on a GPU, NumPy in CI) and, when a kind has several strategies,
+``"cpu:<label>"`` / ``"cuda:<label>"``. Every variant takes the operands'
+arrays in order, then the task's keyword parameters, and writes its results
+in place into the ``W``/``RW``/``REDUX``/``SCRATCH`` arrays.
+
+>>> import numpy as np
+>>> def scale_ref(x, factor): x *= factor
+>>> scale = Codelet("scale", modes=(RW,), variants={"ref": scale_ref})
+>>> a = np.ones(3); scale.variants["ref"](a, factor=2.0); a
+array([2., 2., 2.])
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable, Mapping
+
+from ..errors import SubmitError
+
+
+class AccessMode(str, enum.Enum):
+    """How a task uses one operand (StarPU's ``STARPU_R``, ``STARPU_W``...)."""
+
+    R = "R"
+    W = "W"
+    RW = "RW"
+    REDUX = "REDUX"      # commutative accumulation into a private partial
+    SCRATCH = "SCRATCH"  # private temporary from the worker's arena, contents undefined
+
+    def __repr__(self):
+        return self.value
+
+    @property
+    def reads(self) -> bool:
+        return self in (AccessMode.R, AccessMode.RW)
+
+    @property
+    def writes(self) -> bool:
+        return self in (AccessMode.W, AccessMode.RW)
+
+
+R, W, RW, REDUX, SCRATCH = (AccessMode.R, AccessMode.W, AccessMode.RW,
+                            AccessMode.REDUX, AccessMode.SCRATCH)
+
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+def variant_kind(name: str) -> str:
+    """The device kind a variant runs on: ``"ref"`` and ``"cpu[:x]"`` on ``cpu``."""
+    base = name.split(":", 1)[0]
+    if base == "ref":
+        return "cpu"
+    if base not in DEVICE_KINDS:
+        raise ValueError(f"variant name {name!r}: expected 'ref', 'cpu[:label]' or 'cuda[:label]'")
+    return base
+
+
+class Codelet:
+    """An operation the runtime can schedule: modes, variants per device kind, cost.
+
+    Parameters
+    ----------
+    name : str
+        Unique, used in traces and performance models.
+    modes : sequence of AccessMode
+        One per operand, in the order the variants take the arrays.
+    variants : mapping of variant name to callable
+        See the module docstring for names and calling convention.
+    init : callable(partial) -> None, optional
+        Fills a private REDUX partial with the identity (zeros for a sum).
+    redux : callable(dst, src) -> None, optional
+        ``dst += src``; combines two partials. Both are required when a mode is
+        REDUX; written against the array module so one function serves all devices.
+    flops : callable(*shapes, **params) -> float, optional
+        Work of one task, for the performance model's regression on size; the
+        operands' total element count is used when absent.
+    """
+
+    def __init__(self, name: str, modes, variants: Mapping[str, Callable], *,
+                 init: Callable | None = None, redux: Callable | None = None,
+                 flops: Callable | None = None):
+        self.name = str(name)
+        self.modes = tuple(AccessMode(m) for m in modes)
+        if not self.modes:
+            raise ValueError(f"codelet {self.name!r}: needs at least one operand mode")
+        if not variants:
+            raise ValueError(f"codelet {self.name!r}: needs at least one variant")
+        self.variants = dict(variants)
+        self.kinds: dict[str, tuple[str, ...]] = {}
+        for vname in self.variants:
+            kind = variant_kind(vname)
+            self.kinds[kind] = self.kinds.get(kind, ()) + (vname,)
+        if REDUX in self.modes and (init is None or redux is None):
+            raise ValueError(f"codelet {self.name!r}: a REDUX operand needs both init= and redux=")
+        self.init = init
+        self.redux = redux
+        self.flops = flops
+
+    @property
+    def nbuffers(self) -> int:
+        return len(self.modes)
+
+    def check_operands(self, n: int) -> None:
+        if n != len(self.modes):
+            raise SubmitError(
+                f"codelet {self.name!r} declares {len(self.modes)} operand(s) "
+                f"(modes {list(m.value for m in self.modes)}) but was submitted with {n}")
+
+    def work(self, shapes, params) -> float:
+        """Problem size for the performance model's regression."""
+        if self.flops is not None:
+            return float(self.flops(*shapes, **params))
+        total = 0
+        for s in shapes:
+            n = 1
+            for d in s:
+                n *= d
+            total += n
+        return float(total)
+
+    def __repr__(self):
+        modes = ", ".join(m.value for m in self.modes)
+        return f"Codelet({self.name!r}, modes=({modes}), variants={list(self.variants)})"

@@ -1,0 +1,34 @@
+"""The array module of a set of arrays: NumPy, or CuPy when the arrays live on a GPU.
+
+Variants written once against ``xp`` run under NumPy in CI and under CuPy on a
+GPU. CuPy is never imported here: an array is a CuPy array only if CuPy was
+already imported by whoever made it.
+"""
+
+import sys
+
+import numpy as np
+
+
+def array_module(*arrays):
+    """Return ``cupy`` if any of ``arrays`` is a CuPy array, else ``numpy``."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        for a in arrays:
+            if isinstance(a, cupy.ndarray):
+                return cupy
+    return np
+
+
+def cupy_or_none():
+    """Import CuPy if it is installed and a GPU is visible; ``None`` otherwise."""
+    try:
+        import cupy
+    except Exception:  # ImportError, or a CUDA library that fails to load
+        return None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+    except Exception:
+        return None
+    return cupy
