@@ -6,3 +6,5 @@ from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatErro
                      TrainingDiverged)
 
 __version__ = "0.1.0"
+from .arena import Arena, ArenaPair, Handle
+from .scheduler import POLICIES, PerfModel, Runtime, Trace

@@ -40,6 +40,13 @@ class TaskError(HeteroNNError, RuntimeError):
         self.codelet = codelet
         self.task_id = task_id
 
+    def __reduce__(self):  # keep codelet and task id across processes (distributed)
+        return (_task_error, (self.args[0], self.codelet, self.task_id))
+
+
+def _task_error(message, codelet, task_id):
+    return TaskError(message, codelet=codelet, task_id=task_id)
+
 
 class ArenaError(HeteroNNError, MemoryError):
     """An arena could not serve an allocation (it says what it holds)."""

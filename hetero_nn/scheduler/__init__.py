@@ -1,0 +1,10 @@
+"""The scheduler: task submission, dependencies, the Dask graph, executors, policies,
+performance models and traces."""
+
+from .perfmodel import PerfModel
+from .policies import POLICIES
+from .runtime import Runtime
+from .task import Task
+from .trace import TaskRecord, Trace
+
+__all__ = ["PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]

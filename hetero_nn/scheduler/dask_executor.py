@@ -1,0 +1,77 @@
+"""Dask executors: the flushed DAG through ``dask.threaded.get`` or a ``distributed.Client``.
+
+Both run the graph of :mod:`hetero_nn.scheduler.graph`, where codelets are
+pure; the final version of every handle written is copied back into its host
+replica. ``distributed`` starts a ``LocalCluster`` of worker processes (one
+thread each, as many as the runtime has CPU workers) unless given a scheduler
+address or a ``Client``; a cluster it started is closed with the runtime.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..arena.handle import mark_written
+from ..errors import DeviceError
+from .graph import build_graph
+
+
+class DaskExecutor:
+    """Runs flushed DAGs with Dask (``mode`` ``"threads"`` or ``"distributed"``)."""
+
+    def __init__(self, runtime, mode, *, address=None, client=None):
+        self.rt = runtime
+        self.mode = mode
+        self.workers = runtime.workers
+        self._client = client
+        self._own_client = False
+        self._cluster = None
+        self._address = address
+        if any(w.kind != "cpu" for w in self.workers):
+            raise DeviceError("the Dask executors run codelets on CPU workers only; use "
+                              "executor='local' for CUDA devices")
+
+    @property
+    def client(self):
+        if self._client is None:
+            from distributed import Client, LocalCluster
+            if self._address:
+                self._client = Client(self._address)
+            else:
+                self._cluster = LocalCluster(n_workers=max(1, len(self.workers)),
+                                             threads_per_worker=1, processes=True,
+                                             dashboard_address=None)
+                self._client = Client(self._cluster)
+            self._own_client = True
+        return self._client
+
+    def run(self, tasks):
+        rt = self.rt
+        dsk, outputs, timing_keys = build_graph(rt, tasks)
+        keys = list(outputs.values()) + timing_keys
+        offset = time.time() - time.perf_counter()
+        t0 = time.perf_counter()
+        if self.mode == "threads":
+            import dask.threaded
+            values = dask.threaded.get(dsk, keys, num_workers=max(1, len(self.workers)))
+        else:
+            values = self.client.get(dsk, keys)
+        node0 = rt.nodes[0]
+        for h, value in zip(outputs, values):
+            with h._lock:
+                np.copyto(h.replica(node0), value)
+                mark_written(h, 0)
+        for t, (start, end, worker) in zip(tasks, values[len(outputs):]):
+            t.t_ready = t0
+            t.t_start = start - offset
+            t.t_end = end - offset
+            t.worker = worker
+
+    def close(self):
+        if self._own_client and self._client is not None:
+            self._client.close()
+            if self._cluster is not None:
+                self._cluster.close()
+        self._client = self._cluster = None

@@ -1,0 +1,195 @@
+"""The local executor: one thread per device worker, running codelets in place.
+
+Policy
+------
+``run(tasks)`` hands a flushed DAG to the workers and blocks until every task
+has finished. Ready tasks are placed by the scheduling policy (``push``) and
+taken by workers (``pop``); both happen under one lock, with each worker
+sleeping on its own condition. A worker that finishes a task releases its
+successors and, where the policy put work in a shared place, wakes only as many
+idle workers as there are ready tasks beyond the one it will take itself: a
+chain of tasks runs on one thread without a single context switch.
+
+State (all under ``_lock``)
+---------------------------
+``_remaining``: tasks of the current DAG not yet finished. ``_error``: the
+first :class:`~hetero_nn.errors.TaskError`; once set, the remaining tasks are
+cancelled (released without running). ``_idle``: workers asleep.
+
+Threads
+-------
+BLAS is held to one thread (``threadpoolctl``) while the executor lives, so
+``n`` workers use ``n`` cores; Numba kernels are compiled ``nogil``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import TaskError
+
+_perf = time.perf_counter
+
+
+class LocalExecutor:
+    """Runs flushed DAGs on the runtime's workers with a scheduling policy."""
+
+    def __init__(self, runtime, policy):
+        self.rt = runtime
+        self.policy = policy
+        self.workers = runtime.workers
+        self._lock = runtime._lock
+        self._done = threading.Condition(self._lock)
+        self._remaining = 0
+        self._error = None
+        self._idle: list = []
+        self._closing = False
+        self._blas = None
+        try:
+            from threadpoolctl import threadpool_limits
+            self._blas = threadpool_limits(limits=1, user_api="blas")
+        except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
+            self._blas = None
+        for w in self.workers:
+            w.thread = threading.Thread(target=self._loop, args=(w,), daemon=True,
+                                        name=f"hetero_nn-{w.name}")
+            w.thread.start()
+
+    # ------------------------------------------------------------------ main thread
+    def run(self, tasks):
+        """Execute ``tasks`` (a closed DAG in topological order); re-raise the first failure."""
+        policy = self.policy
+        now = _perf()
+        with self._lock:
+            self._remaining = len(tasks)
+            self._error = None
+            policy.prepare(tasks)
+            shared = 0
+            for t in tasks:
+                if t.npred == 0:
+                    t.t_ready = now
+                    target = policy.push(t, None)
+                    if target is None:
+                        shared += 1
+                    elif target.idle:
+                        self._wake(target)
+            self._wake_some(shared)
+            while self._remaining:
+                self._done.wait()
+            error = self._error
+            self._error = None
+        if error is not None:
+            raise error
+
+    def close(self):
+        with self._lock:
+            self._closing = True
+            for w in self.workers:
+                w.cond.notify()
+        for w in self.workers:
+            if w.thread is not None:
+                w.thread.join()
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
+
+    # ------------------------------------------------------------------ wake-ups (lock held)
+    def _wake(self, w):
+        w.idle = False
+        self._idle.remove(w)
+        w.cond.notify()
+
+    def _wake_some(self, n):
+        idle = self._idle
+        while n > 0 and idle:
+            w = idle.pop()
+            w.idle = False
+            w.cond.notify()
+            n -= 1
+
+    # ------------------------------------------------------------------ workers
+    def _loop(self, w):
+        lock = self._lock
+        policy = self.policy
+        rt = self.rt
+        kind = w.kind
+        while True:
+            with lock:
+                task = policy.pop(w)
+                while task is None:
+                    if self._closing:
+                        return
+                    w.idle = True
+                    self._idle.append(w)
+                    w.cond.wait()
+                    if w.idle:  # woken by close(), not by a push
+                        w.idle = False
+                        self._idle.remove(w)
+                    task = policy.pop(w)
+                failed = self._error is not None
+            task.worker = w
+            if not failed:
+                self._execute(task, w, kind, rt)
+            prefetch = []
+            with lock:
+                if failed:
+                    task.error = "cancelled"
+                elif task.error is not None:
+                    err = self._task_error(task)
+                    if self._error is None:
+                        self._error = err
+                policy.finished(task, w)
+                shared = -1  # this worker takes one of them itself
+                now = _perf()
+                for s in task.succ:
+                    s.npred -= 1
+                    if s.npred == 0:
+                        s.t_ready = now
+                        target = policy.push(s, w)
+                        if target is None:
+                            shared += 1
+                        elif target is not w:
+                            if target.idle:
+                                self._wake(target)
+                            if target.node is not w.node:
+                                prefetch.append((s, target.node))
+                if shared > 0:
+                    self._wake_some(shared)
+                self._remaining -= 1
+                if not self._remaining:
+                    self._done.notify()
+            for s, node in prefetch:
+                if s.t_start == 0.0:
+                    rt.prefetch(s, node)
+
+    def _execute(self, task, w, kind, rt):
+        try:
+            task.variant = variant = rt.choose_variant(task, kind)
+            fn = task.codelet.variants[variant]
+            if w.stream is not None:
+                with w.node.xp.cuda.Device(w.node.device_id), w.stream:
+                    arrays = rt.bind(task, w)
+                    task.t_start = _perf()
+                    fn(*arrays, **task.params)
+                    w.stream.synchronize()
+            else:
+                arrays = rt.bind(task, w)
+                task.t_start = _perf()
+                fn(*arrays, **task.params)
+            task.t_end = _perf()
+            w.busy += task.t_end - task.t_start
+            rt.record(task, kind)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            task.t_end = _perf()
+            task.error = exc
+
+    @staticmethod
+    def _task_error(task):
+        exc = task.error
+        err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
+                        f"{task.variant!r}, worker {task.worker.name}) failed: "
+                        f"{type(exc).__name__}: {exc}", codelet=task.codelet.name, task_id=task.id)
+        err.__cause__ = exc
+        task.error = f"{type(exc).__name__}: {exc}"
+        return err

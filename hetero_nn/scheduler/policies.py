@@ -1,0 +1,265 @@
+"""Scheduling policies: where a ready task goes and which task an idle worker takes.
+
+Names follow StarPU where they mean the same:
+
+``eager``
+    One shared FIFO; a worker takes the oldest task it has a variant for.
+``random``
+    Each ready task goes to an eligible worker drawn at random (seeded).
+``ws``
+    Work stealing: a worker pushes the tasks it releases on its own deque and
+    pops the newest (depth first, cache-warm); an idle worker steals the oldest
+    task of another worker.
+``dmda``
+    Deque model data aware: a ready task goes to the worker with the earliest
+    expected finish time = when its queue drains + transfers of the inputs
+    missing on its memory node + the predicted run time of the variant the
+    model picks for that device; inputs are prefetched to the chosen node.
+``heft``
+    Static list scheduling of the whole flushed DAG (known before it runs): tasks
+    by decreasing upward rank, each placed on the worker with the earliest
+    finish time; workers then run their tasks in rank order as they get ready.
+
+A policy implements ``prepare(tasks)`` (once per flushed DAG),
+``push(task, from_worker) -> Worker | None`` (``None``: a place every worker
+looks at), ``pop(worker) -> Task | None`` and ``finished(task, worker)``. All
+four run under the executor's lock, so they must be quick. See
+``docs/policies.md`` for adding one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random as _random
+import time
+from collections import deque
+
+from ..errors import PolicyError
+
+_perf = time.perf_counter
+UNKNOWN_COST = 1e-5  # seconds assumed for a task the models know nothing about
+
+
+class Policy:
+    """Base: the four hooks; see the module docstring."""
+
+    name = ""
+
+    def __init__(self, runtime):
+        self.rt = runtime
+        self.workers = runtime.workers
+        kinds = {w.kind for w in self.workers}
+        self.homogeneous = len(kinds) == 1
+
+    def prepare(self, tasks):
+        pass
+
+    def push(self, task, from_worker):
+        raise NotImplementedError
+
+    def pop(self, worker):
+        raise NotImplementedError
+
+    def finished(self, task, worker):
+        pass
+
+    def _own_queue_pop(self, worker):
+        q = worker.queue
+        return q.popleft() if q else None
+
+
+class Eager(Policy):
+    name = "eager"
+
+    def __init__(self, runtime):
+        super().__init__(runtime)
+        self.queue = deque()
+
+    def push(self, task, from_worker):
+        self.queue.append(task)
+        return None
+
+    def pop(self, worker):
+        q = self.queue
+        if not q:
+            return None
+        if self.homogeneous:
+            return q.popleft()
+        for i, t in enumerate(q):
+            if worker in t.eligible:
+                del q[i]
+                return t
+        return None
+
+
+class Random(Policy):
+    name = "random"
+
+    def __init__(self, runtime):
+        super().__init__(runtime)
+        self.rng = _random.Random(runtime.seed)
+
+    def push(self, task, from_worker):
+        w = self.rng.choice(task.eligible)
+        w.queue.append(task)
+        return w
+
+    pop = Policy._own_queue_pop
+
+
+class WorkStealing(Policy):
+    name = "ws"
+
+    def __init__(self, runtime):
+        super().__init__(runtime)
+        self._next = 0
+
+    def push(self, task, from_worker):
+        if from_worker is not None and from_worker in task.eligible:
+            from_worker.queue.append(task)
+            return None  # others may steal it: wake idle ones
+        eligible = task.eligible
+        w = eligible[self._next % len(eligible)]
+        self._next += 1
+        w.queue.append(task)
+        return w
+
+    def pop(self, worker):
+        if worker.queue:
+            return worker.queue.pop()
+        n = len(self.workers)
+        for k in range(1, n):
+            victim = self.workers[(worker.index + k) % n]
+            q = victim.queue
+            if not q:
+                continue
+            if self.homogeneous:
+                return q.popleft()
+            for i, t in enumerate(q):
+                if worker in t.eligible:
+                    del q[i]
+                    return t
+        return None
+
+
+class Dmda(Policy):
+    name = "dmda"
+
+    def push(self, task, from_worker):
+        rt = self.rt
+        now = _perf()
+        best, best_eft, best_cost = None, None, 0.0
+        cache = {}
+        for w in task.eligible:
+            cost = cache.get(w.kind)
+            if cost is None:
+                _, cost = rt.predict(task, w.kind)
+                cost = cache[w.kind] = cost if cost is not None else 0.0
+            start = w.running_end if w.running_end > now else now
+            eft = start + w.queued_work + self._transfer(task, w.node) + cost
+            if best_eft is None or eft < best_eft:
+                best, best_eft, best_cost = w, eft, cost
+        task.predicted = best_cost
+        best.queued_work += best_cost
+        best.queue.append(task)
+        return best
+
+    def _transfer(self, task, node):
+        rt = self.rt
+        if rt._single_node:
+            return 0.0
+        pm = rt.perfmodel
+        total = 0.0
+        for h, m in zip(task.handles, task.modes):
+            if m.reads and h.valid and node.index not in h.valid:
+                src = rt.nodes[min(h.valid)]
+                total += pm.predict_transfer(src.name, node.name, h.nbytes) if pm else 0.0
+        return total
+
+    def pop(self, worker):
+        q = worker.queue
+        if not q:
+            return None
+        t = q.popleft()
+        worker.queued_work -= t.predicted
+        if worker.queued_work < 0.0:
+            worker.queued_work = 0.0
+        worker.running_end = _perf() + t.predicted
+        return t
+
+
+class Heft(Policy):
+    name = "heft"
+
+    def prepare(self, tasks):
+        """Rank every task of the DAG and assign each one to a worker, statically."""
+        rt = self.rt
+        kinds = sorted({w.kind for w in self.workers})
+        cost = {}
+        for t in tasks:
+            c = {}
+            for kind in kinds:
+                if any(w.kind == kind for w in t.eligible):
+                    _, p = rt.predict(t, kind)
+                    c[kind] = p if p is not None else UNKNOWN_COST
+            cost[t] = c
+        in_dag = set(tasks)
+        rank = {}
+        for t in reversed(tasks):  # submission order is topological
+            c = cost[t]
+            mean = sum(c.values()) / len(c)
+            succ = [rank[s] for s in t.succ if s in in_dag]
+            rank[t] = mean + (max(succ) if succ else 0.0)
+        avail = {w: 0.0 for w in self.workers}
+        finish = {}
+        for t in sorted(tasks, key=lambda t: (-rank[t], t.id)):
+            best, best_eft = None, None
+            for w in t.eligible:
+                ready = 0.0
+                for p in t.preds:
+                    f = finish.get(p, 0.0)
+                    if p.assigned is not None and p.assigned.node is not w.node:
+                        f += self._comm(t, p.assigned.node, w.node)
+                    ready = max(ready, f)
+                eft = max(avail[w], ready) + cost[t][w.kind]
+                if best_eft is None or eft < best_eft:
+                    best, best_eft = w, eft
+            t.assigned = best
+            t.priority = rank[t]
+            avail[best] = finish[t] = best_eft
+
+    def _comm(self, task, src, dst):
+        pm = self.rt.perfmodel
+        if pm is None:
+            return 0.0
+        nbytes = sum(h.nbytes for h, m in zip(task.handles, task.modes) if m.reads)
+        return pm.predict_transfer(src.name, dst.name, nbytes)
+
+    def push(self, task, from_worker):
+        w = task.assigned
+        heapq.heappush(w.queue, (-task.priority, task.id, task))
+        return w
+
+    def pop(self, worker):
+        q = worker.queue
+        return heapq.heappop(q)[2] if q else None
+
+
+POLICIES = {cls.name: cls for cls in (Eager, Random, WorkStealing, Dmda, Heft)}
+
+
+def policy_class(name):
+    try:
+        return POLICIES[name]
+    except (KeyError, TypeError):
+        raise PolicyError(f"unknown scheduling policy {name!r}; expected one of "
+                          f"{', '.join(sorted(POLICIES))}") from None
+
+
+def make_policy(name, runtime) -> Policy:
+    """The policy called ``name`` for ``runtime``'s workers."""
+    cls = policy_class(name)
+    if cls is Heft:
+        for w in runtime.workers:
+            w.queue = []  # a heap
+    return cls(runtime)

@@ -1,0 +1,517 @@
+"""The runtime: sequential task flow over handles, REDUX trees, flushes to an executor.
+
+Policy
+------
+Tasks are submitted in program order (StarPU's sequential task flow). For every
+operand the runtime keeps, per handle, the last writer and the readers since;
+an ``R`` access waits for the last writer, a ``W``/``RW`` access waits for the
+last writer and every reader since (write-after-read), and an access to a
+handle conflicts with accesses to its ancestors and descendants (partitions).
+``REDUX`` contributions make no dependency on the handle: each one gets a
+private partial; at the next non-REDUX access to the handle's family (or at
+``wait``) the runtime submits a balanced tree of ``redux`` tasks over the
+partials in submission order and adds the result into the handle, so the
+result is bit-for-bit the same whatever the executor, policy or timing.
+``SCRATCH`` operands are private temporaries and make no dependency.
+
+Submitted tasks accumulate until ``wait()`` / ``fetch()``, which hand the DAG
+to the executor and block until it has run (a whole training step is one such
+graph, which is what lets ``heft`` plan it statically).
+
+State
+-----
+``_pending``: tasks submitted since the last flush, in submission order (a
+topological order). ``_redux_roots``: root handles with REDUX partials not yet
+combined. ``_generation``: number of flushes run; temporaries (arena-backed
+handles, REDUX partials) belong to one generation, and the node arenas are reset
+when the next flush starts. ``_records``: trace records of executed tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ..arena.handle import Handle, acquire
+from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
+from ..errors import DeviceError, SubmitError
+from .devices import make_workers
+from .trace import Trace
+
+_perf = time.perf_counter
+_MAX_READERS = 32
+
+
+class Runtime:
+    """A task runtime over a set of devices.
+
+    Parameters
+    ----------
+    devices : str
+        ``"cpu:2"``, ``"cpu:1,cuda:0"``, ``"cpu"`` (one worker per core).
+    policy : str
+        ``eager``, ``random``, ``ws``, ``dmda`` or ``heft`` (local executor).
+    executor : str or distributed.Client
+        ``"local"`` (in place, the project's own), ``"dask"`` (``dask.threaded.get``),
+        ``"distributed"`` (a ``LocalCluster`` of processes), ``"distributed=ADDRESS"``,
+        or a ``distributed.Client``. Dask executors run codelets pure.
+    host_nodes : int
+        Split the host into this many memory nodes (CPU workers dealt in turn).
+    deterministic : bool
+        Always run, per device kind, the first variant of a codelet (in the
+        order of ``variants`` if given, else declaration order) instead of the
+        one the performance model predicts fastest: variants may differ in the
+        last bits, as cuDNN algorithms do in PyTorch.
+    variants : sequence of str, optional
+        Preferred variant names, e.g. ``("ref",)`` to run the NumPy references
+        wherever a codelet has one.
+    perfmodel : PerfModel, path, or False
+        Where measurements go (default: ``HETERO_NN_CACHE``); False records nothing.
+    calibrate : bool
+        Explore every variant until each footprint has ``calibrate_samples`` runs.
+    trace : bool
+        Keep a record of every executed task (see :meth:`trace`).
+
+    Examples
+    --------
+    >>> import numpy as np, hetero_nn as hn
+    >>> def scale(x, factor): x *= factor
+    >>> cl = hn.Codelet("scale", modes=(hn.RW,), variants={"ref": scale})
+    >>> with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+    ...     h = rt.register(np.ones(4))
+    ...     for part in h.split(0, 2):
+    ...         _ = rt.submit(cl, part, factor=3.0)
+    ...     rt.fetch(h)
+    array([3., 3., 3., 3.])
+    """
+
+    def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
+                 deterministic: bool = False, variants=None, perfmodel=None,
+                 calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
+                 seed: int = 0):
+        from .policies import make_policy, policy_class
+
+        policy_class(policy)  # unknown names fail before any thread starts
+        self._lock = threading.Lock()
+        self.workers, self.nodes = make_workers(devices, host_nodes, self._lock)
+        self.devices = devices
+        self.policy_name = policy
+        self.deterministic = bool(deterministic)
+        self.preferred = tuple(variants) if variants else ()
+        self.calibrate = bool(calibrate)
+        self.calibrate_samples = int(calibrate_samples)
+        self.seed = seed
+        self.tracing = bool(trace)
+        if perfmodel is None or perfmodel is True:
+            from .perfmodel import PerfModel
+            perfmodel = PerfModel()
+        elif perfmodel is not False and not hasattr(perfmodel, "record"):
+            from .perfmodel import PerfModel
+            perfmodel = PerfModel(perfmodel)
+        self.perfmodel = perfmodel or None
+        self._single_node = len(self.nodes) == 1
+        self._ids = itertools.count()
+        self._pending: list = []
+        self._redux_roots: set = set()
+        self._redux_codelets: dict = {}
+        self._candidates: dict = {}
+        self._eligible: dict = {}
+        self._fp_cache: dict = {}
+        self._warm: set = set()
+        self._generation = 0
+        self._records: list = []
+        self._closed = False
+        self.executor = self._make_executor(executor, make_policy)
+        _live_runtimes.add(self)
+
+    # ------------------------------------------------------------------ executors
+    def _make_executor(self, executor, make_policy):
+        if isinstance(executor, str) and executor == "local":
+            from .local import LocalExecutor
+            self.executor_name = "local"
+            return LocalExecutor(self, make_policy(self.policy_name, self))
+        from .dask_executor import DaskExecutor
+        if isinstance(executor, str):
+            name, _, address = executor.partition("=")
+            if name not in ("dask", "distributed"):
+                raise DeviceError(f"executor {executor!r}: expected 'local', 'dask', 'distributed', "
+                                  "'distributed=ADDRESS' or a distributed.Client")
+            self.executor_name = name
+            return DaskExecutor(self, "threads" if name == "dask" else "distributed",
+                                address=address or None)
+        self.executor_name = "distributed"
+        return DaskExecutor(self, "distributed", client=executor)
+
+    # ------------------------------------------------------------------ handles
+    def register(self, array, name=None) -> Handle:
+        """Register a host NumPy array; its buffer is the handle's host replica (no copy)."""
+        self._check_open()
+        if not isinstance(array, np.ndarray):
+            raise SubmitError(f"register: expected a numpy.ndarray, got {type(array).__name__}")
+        h = Handle(array.shape, array.dtype, name, owner=self)
+        h._replicas[0] = array
+        h.valid = {0}
+        return h
+
+    def empty(self, shape, dtype="float32", name=None) -> Handle:
+        """A handle with no data yet; its replicas are allocated where it is first used."""
+        self._check_open()
+        return Handle(shape, dtype, name, owner=self)
+
+    def temporary(self, shape, dtype="float32", name=None) -> Handle:
+        """A handle whose replicas come from the node arenas: valid for the next flush only.
+
+        It may be fetched after that flush, until another flush starts.
+        """
+        self._check_open()
+        return Handle(shape, dtype, name, owner=self, temporary=True, generation=self._generation)
+
+    # ------------------------------------------------------------------ submission
+    def submit(self, codelet: Codelet, *handles, **params):
+        """Submit ``codelet`` on ``handles`` (one per mode); ``params`` reach the variant."""
+        if self._closed:
+            raise SubmitError("submit on a closed Runtime")
+        modes = codelet.modes
+        if len(handles) != len(modes):
+            codelet.check_operands(len(handles))
+        eligible = self._eligible.get(codelet)
+        if eligible is None:
+            eligible = self._compute_eligible(codelet)
+        task = _Task(next(self._ids), codelet, None, modes, params, _perf())
+        task.eligible = eligible
+        ops = list(handles)
+        for i, h in enumerate(handles):
+            if type(h) is not Handle or h.owner is not self:
+                self._bad_operand(codelet, i, h)
+            if h.temporary and h.generation != self._generation:
+                raise SubmitError(f"codelet {codelet.name!r} operand {i}: temporary handle "
+                                  f"{h.name!r} belongs to an earlier flush; its arena was reset")
+            m = modes[i]
+            if m is REDUX:
+                if h.root in self._redux_roots:
+                    self._combine_family(h.root, keep=h)
+                partial = Handle(h.shape, h.dtype, f"{h.name}.partial{len(h._redux)}", owner=self,
+                                 temporary=True, generation=self._generation)
+                partial._last_writer = task
+                h._redux.append((partial, codelet))
+                self._redux_roots.add(h.root)
+                ops[i] = partial
+            elif m is not SCRATCH:
+                if h.root in self._redux_roots:
+                    self._combine_family(h.root)
+                self._depend(task, h, m is not R)
+        task.handles = ops
+        task.npred = len(task.preds)
+        for p in task.preds:
+            p.succ.append(task)
+        self._pending.append(task)
+        return task
+
+    def _bad_operand(self, codelet, i, h):
+        if type(h) is not Handle:
+            raise SubmitError(f"codelet {codelet.name!r} operand {i}: expected a Handle, "
+                              f"got {type(h).__name__} (register arrays with rt.register)")
+        raise SubmitError(f"codelet {codelet.name!r} operand {i}: handle {h.name!r} belongs "
+                          "to another Runtime")
+
+    def _compute_eligible(self, codelet):
+        kinds = set(codelet.kinds)
+        eligible = tuple(w for w in self.workers if w.kind in kinds)
+        if not eligible:
+            have = sorted({w.kind for w in self.workers})
+            raise SubmitError(f"codelet {codelet.name!r} has variants for {sorted(kinds)} but this "
+                              f"runtime's devices are {have} ({self.devices!r})")
+        self._eligible[codelet] = eligible
+        return eligible
+
+    @staticmethod
+    def _depend(task, h, writes):
+        """Add the dependencies of ``task`` accessing ``h`` and update ``h``'s state."""
+        preds = task.preds
+        if h.parent is None and not h.children:
+            family, below = (h,), ()
+        else:
+            below = tuple(h.descendants())
+            family = (h, *h.ancestors(), *below)
+        for x in family:
+            lw = x._last_writer
+            if lw is not None and not lw.done and lw is not task and lw not in preds:
+                preds.append(lw)
+            if writes:
+                for r in x._readers:
+                    if not r.done and r is not task and r not in preds:
+                        preds.append(r)
+        if writes:
+            h._last_writer = task
+            h._readers = []
+            for d in below:
+                d._last_writer = None
+                d._readers = []
+        else:
+            readers = h._readers
+            if len(readers) >= _MAX_READERS:
+                readers[:] = [r for r in readers if not r.done]
+            readers.append(task)
+
+    # ------------------------------------------------------------------ REDUX
+    def _redux_codelet(self, codelet):
+        rc = self._redux_codelets.get(codelet)
+        if rc is None:
+            rc = Codelet(f"{codelet.name}.redux", modes=(RW, R),
+                         variants={"ref": codelet.redux, "cuda": codelet.redux})
+            self._redux_codelets[codelet] = rc
+        return rc
+
+    def _combine_family(self, root, keep=None):
+        """Submit the REDUX trees pending anywhere in ``root``'s partition tree but ``keep``."""
+        self._redux_roots.discard(root)
+        family = [root, *root.descendants()] if root.children else [root]
+        for x in family:
+            if x._redux and x is not keep:
+                self._combine(x)
+        if keep is not None and keep._redux:
+            self._redux_roots.add(root)
+
+    def _combine(self, h):
+        parts = [p for p, _ in h._redux]
+        rc = self._redux_codelet(h._redux[0][1])
+        h._redux = []
+        step = 1
+        while step < len(parts):
+            for i in range(0, len(parts) - step, 2 * step):
+                self.submit(rc, parts[i], parts[i + step])
+            step *= 2
+        self.submit(rc, h, parts[0])
+
+    def _combine_all(self):
+        while self._redux_roots:
+            self._combine_family(next(iter(self._redux_roots)))
+
+    # ------------------------------------------------------------------ variants, perfmodel
+    def candidates(self, codelet, kind) -> tuple:
+        """Variant names of ``codelet`` that may run on ``kind``, preferred first."""
+        key = (codelet, kind)
+        c = self._candidates.get(key)
+        if c is None:
+            names = codelet.kinds.get(kind, ())
+            preferred = tuple(n for n in self.preferred if n in names)
+            c = preferred if preferred else names
+            if self.deterministic or preferred:
+                c = c[:1]
+            self._candidates[key] = c
+        return c
+
+    def footprint(self, task):
+        """``(footprint, size)`` of a task for the performance model (cached)."""
+        fp = task._fp
+        if fp is None:
+            params = task.params
+            key = (task.codelet, *[h.footprint for h in task.handles],
+                   *[(k, v) for k, v in params.items() if type(v) in (int, bool, str)])
+            fp = self._fp_cache.get(key)
+            if fp is None:
+                text = "|".join(h.footprint for h in task.handles)
+                extra = [f"{k}={v}" for k, v in key[1 + len(task.handles):]]
+                if extra:
+                    text += "|" + ",".join(extra)
+                fp = (text, task.codelet.work([h.shape for h in task.handles], params))
+                self._fp_cache[key] = fp
+            task._fp = fp
+        return fp
+
+    def choose_variant(self, task, kind):
+        """The variant to run: the only one, an unmeasured one (explore), or the fastest."""
+        cands = self.candidates(task.codelet, kind)
+        if len(cands) == 1 or self.perfmodel is None:
+            return cands[0]
+        fp, size = self.footprint(task)
+        pm, name = self.perfmodel, task.codelet.name
+        need = self.calibrate_samples if self.calibrate else 1
+        best, best_t = cands[0], None
+        for v in cands:
+            if pm.count(name, v, kind, fp) < need:
+                return v
+            t = pm.predict(name, v, kind, fp, size)
+            if best_t is None or (t is not None and t < best_t):
+                best, best_t = v, t
+        return best
+
+    def predict(self, task, kind):
+        """``(variant, seconds or None)`` the model predicts for ``task`` on ``kind``."""
+        v = self.choose_variant(task, kind)
+        if self.perfmodel is None:
+            return v, None
+        fp, size = self.footprint(task)
+        return v, self.perfmodel.predict(task.codelet.name, v, kind, fp, size)
+
+    def record(self, task, kind):
+        """Feed a finished task's run time to the performance model (first run of a
+        variant in this process is a warm-up, e.g. a Numba compile, and is skipped)."""
+        pm = self.perfmodel
+        if pm is None or task.error is not None:
+            return
+        wkey = (task.codelet, task.variant)
+        if wkey not in self._warm:
+            self._warm.add(wkey)
+            return
+        fp, size = self.footprint(task)
+        pm.record(task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start)
+
+    # ------------------------------------------------------------------ execution
+    def bind(self, task, worker):
+        """Acquire the task's operands on ``worker``'s memory node; returns the arrays."""
+        node = worker.node
+        arrays = []
+        moved = 0
+        single = self._single_node
+        for h, m in zip(task.handles, task.modes):
+            if m is SCRATCH:
+                arr = node.arena.empty(h.shape, h.dtype)
+            elif single:
+                arr = h.replica(node)
+            else:
+                arr, b = self._acquire(h, node, m.reads, m is not R)
+                moved += b
+            if m is REDUX:
+                task.codelet.init(arr)
+            arrays.append(arr)
+        task.bytes_in = moved
+        return arrays
+
+    def _acquire(self, h, node, reads, writes):
+        """``acquire`` that feeds measured transfers to the performance model."""
+        src = self.nodes[min(h.valid)] if reads and h.valid and node.index not in h.valid else None
+        t0 = _perf()
+        arr, moved = acquire(h, node, self.nodes, reads, writes)
+        if moved and src is not None and self.perfmodel is not None:
+            self.perfmodel.record_transfer(src.name, node.name, moved, _perf() - t0)
+        return arr, moved
+
+    def prefetch(self, task, node):
+        """Bring the task's read operands to ``node`` ahead of its start (dmda)."""
+        if self._single_node:
+            return
+        for h, m in zip(task.handles, task.modes):
+            if m.reads and node.index not in h.valid:
+                self._acquire(h, node, True, False)
+
+    def flush(self):
+        """Run every submitted task and return when all have finished (same as :meth:`wait`)."""
+        self.wait()
+
+    def wait(self):
+        """Combine pending reductions, run the pending DAG, block until it is done.
+
+        A task that raised is re-raised as :class:`~hetero_nn.errors.TaskError`
+        naming the codelet and task; the rest of that graph is cancelled and
+        the runtime stays usable.
+        """
+        self._check_open()
+        self._combine_all()
+        tasks = self._pending
+        if not tasks:
+            return
+        self._pending = []
+        for node in self.nodes:
+            node.arena.reset()
+        try:
+            self.executor.run(tasks)
+        finally:
+            self._generation += 1
+            if self.tracing:
+                self._records.extend(_record(t) for t in tasks)
+            for t in tasks:
+                t.done = True
+                t.preds = ()
+                t.succ = ()
+
+    def fetch(self, handle: Handle, copy: bool = False):
+        """Wait, then return ``handle``'s data as a coherent host NumPy array.
+
+        Without ``copy`` the array is the host replica itself (StarPU's acquire):
+        read it before submitting more work on the handle.
+        """
+        if type(handle) is not Handle or handle.owner is not self:
+            raise SubmitError(f"fetch: {handle!r} is not a handle of this Runtime")
+        self.wait()
+        if handle.temporary and handle.generation < self._generation - 1:
+            raise SubmitError(f"fetch: temporary handle {handle.name!r} belongs to an earlier "
+                              "flush; its arena was reset")
+        if self._single_node:
+            arr = handle.replica(self.nodes[0])
+        else:
+            arr, _ = acquire(handle, self.nodes[0], self.nodes, True, False)
+        return arr.copy() if copy else arr
+
+    def fetch_for_graph(self, handle):
+        """The host replica of a root handle, made coherent (for the Dask graph's literals)."""
+        if self._single_node:
+            return handle.replica(self.nodes[0])
+        return acquire(handle, self.nodes[0], self.nodes, True, False)[0]
+
+    def trace(self, clear: bool = False) -> Trace:
+        """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
+        t = Trace(list(self._records), [w.name for w in self.workers])
+        if clear:
+            self._records.clear()
+        return t
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def arena_stats(self) -> dict:
+        """Per memory node: the temporaries arena's statistics."""
+        return {n.name: n.arena.stats for n in self.nodes}
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_open(self):
+        if self._closed:
+            raise SubmitError("this Runtime is closed")
+
+    def close(self):
+        """Join the workers, release executors, save the performance models."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.executor.close()
+        finally:
+            if self.perfmodel is not None:
+                try:
+                    self.perfmodel.save()
+                except OSError:
+                    pass
+            _live_runtimes.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Runtime(devices={self.devices!r}, policy={self.policy_name!r}, "
+                f"executor={self.executor_name!r}, workers={[w.name for w in self.workers]})")
+
+
+def _record(t):
+    from .trace import TaskRecord
+    w = t.worker
+    if w is None or isinstance(w, str):  # not run, or run by a Dask worker
+        worker, device, node = w or "", "cpu", "host0"
+    else:
+        worker, device, node = w.name, w.kind, w.node.name
+    return TaskRecord(task_id=t.id, codelet=t.codelet.name, variant=t.variant or "",
+                      worker=worker, device=device, node=node, submit=t.t_submit,
+                      ready=t.t_ready, start=t.t_start, end=t.t_end, bytes_in=t.bytes_in,
+                      deps=tuple(p.id for p in t.preds), error=t.error)
+
+
+from .task import Task as _Task  # noqa: E402
+
+_live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
