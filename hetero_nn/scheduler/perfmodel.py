@@ -1,0 +1,862 @@
+"""Performance models: measured run times per codelet variant, and transfer costs per link.
+
+This module owns what the scheduler knows about how long things take, as StarPU's
+history-based and regression performance models do, and the files that keep it
+between runs (read with ``hetero-nn perfmodel``, like ``starpu_perfmodel_display``).
+
+State, all behind one lock (``PerfModel._lock``):
+
+``_history``   {(codelet, variant, kind, footprint): _History}
+    Every measurement since the model was created, plus what was on disk when the
+    codelet was first touched: count, mean and M2 (Welford), and the mean size.
+``_pending``   same keys: only the measurements not yet saved. ``save()`` adds these
+    to what is on disk *now*, so two processes never erase or double-count each
+    other's measurements.
+``_groups``    {(codelet, variant, kind): {footprint: _History}} (same objects as
+    ``_history``), the points of the regression on size.
+``_fits``      {(codelet, variant, kind): Regression or None}, fitted lazily and
+    dropped when a footprint appears or when a footprint's count reaches a power
+    of two, so a steady stream of records refits only logarithmically often.
+``_links``, ``_links_pending``, ``_link_fits``
+    The same for transfers, per (src node, dst node): weighted sums for
+    ``t = latency + nbytes / bandwidth`` and the fitted (latency, seconds per byte).
+
+Predictions
+    ``predict`` returns the history mean when the footprint (operand shapes and
+    dtypes) has been measured; otherwise StarPU's non-linear regression
+    ``t = a * size**b + c`` fitted over the other footprints of the same
+    (codelet, variant, kind) — a least-squares fit of ``log t`` on ``log size``,
+    with ``c`` (a fixed per-task cost) searched when at least 3 distinct sizes
+    exist; with fewer than 2 distinct sizes the answer is ``None`` (unknown).
+    ``predict_transfer`` is ``latency + nbytes * seconds_per_byte``, fitted by
+    least squares weighted by ``1 / t**2`` (timing noise is relative); before any
+    record it uses defaults by node kind read from the names.
+
+Files: ``<cache dir>/perfmodels/<hostname>/<codelet>.json`` (one per codelet,
+loaded lazily the first time the codelet is recorded or predicted) and
+``_transfers.json`` beside them. Each carries ``format`` and ``version``; a
+corrupt or foreign file is reported with a :class:`PerfModelWarning` naming it
+and ignored (it is replaced on the next save). Writes go to a temporary name and
+are renamed, under an advisory file lock (POSIX ``flock``) against other processes.
+
+>>> import tempfile
+>>> pm = PerfModel(tempfile.mkdtemp())
+>>> for _ in range(3):
+...     pm.record("scale", "cpu", "cpu", "f64[1000]", 1000.0, 2e-6)
+>>> pm.predict("scale", "cpu", "cpu", "f64[1000]", 1000.0), pm.count("scale", "cpu", "cpu", "f64[1000]")
+(2e-06, 3)
+>>> pm.predict("scale", "cpu", "cpu", "f64[9]", 9.0) is None   # one size only: no regression
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+try:  # advisory lock between processes saving into the same directory
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+__all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "main",
+           "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_CODELET_FORMAT = "hetero_nn-perfmodel"
+_TRANSFER_FORMAT = "hetero_nn-transfers"
+_TRANSFERS_FILE = "_transfers.json"
+_LOCK_FILE = ".lock"
+
+# Defaults before any transfer was measured: (latency s, seconds per byte).
+_HOST_LINK = (1e-6, 1.0 / 10e9)   # host memory to host memory: 1 us + 10 GB/s
+_CUDA_LINK = (10e-6, 1.0 / 20e9)  # anything involving a GPU: 10 us + 20 GB/s
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_MISSING = object()
+
+
+class PerfModelWarning(UserWarning):
+    """A performance-model file could not be used (corrupt, foreign, unwritable)."""
+
+
+def default_cache_dir() -> Path:
+    """The cache directory: ``$HETERO_NN_CACHE`` when set, else ``~/.cache/hetero_nn``."""
+    env = os.environ.get("HETERO_NN_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "hetero_nn"
+
+
+def _file_stem(name: str) -> str:
+    """A file name for ``name``: itself when it is safe, else a sanitised form plus a hash.
+
+    The hash keeps two names that sanitise alike (``"a/b"``, ``"a_b"``) apart;
+    names starting with ``_`` or ``.`` get one too, so no codelet can take the
+    transfers file or a hidden name.
+    """
+    if _SAFE_NAME.match(name) and len(name) <= 120:
+        return name
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._")[:80] or "x"
+    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:10]
+    return f"{safe}-{digest}"
+
+
+class _History:
+    """Running statistics of one key: count, mean and M2 of the time (Welford), mean size."""
+
+    __slots__ = ("count", "mean", "m2", "size")
+
+    def __init__(self, count=0, mean=0.0, m2=0.0, size=0.0):
+        self.count = count
+        self.mean = mean
+        self.m2 = m2
+        self.size = size
+
+    def add(self, size: float, seconds: float) -> None:
+        """Mutates: adds one measurement."""
+        self.count += 1
+        n = self.count
+        delta = seconds - self.mean
+        self.mean += delta / n
+        self.m2 += delta * (seconds - self.mean)
+        self.size += (size - self.size) / n
+
+    def merged(self, other: "_History | None") -> "_History":
+        """A new history holding both sets of measurements (Chan et al.'s pairwise formula)."""
+        if other is None or other.count == 0:
+            return _History(self.count, self.mean, self.m2, self.size)
+        if self.count == 0:
+            return _History(other.count, other.mean, other.m2, other.size)
+        n = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * other.count / n
+        m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / n
+        size = self.size + (other.size - self.size) * other.count / n
+        return _History(n, mean, m2, size)
+
+    @property
+    def variance(self) -> float:
+        """Sample variance (0 with a single measurement)."""
+        return self.m2 / (self.count - 1) if self.count > 1 else 0.0
+
+    def to_json(self) -> dict:
+        return {"size": self.size, "count": self.count, "mean": self.mean, "m2": self.m2}
+
+    @classmethod
+    def from_json(cls, row: dict) -> "_History":
+        count, mean, m2, size = row["count"], row["mean"], row["m2"], row["size"]
+        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+            raise ValueError(f"bad count {count!r}")
+        for label, value in (("mean", mean), ("m2", m2), ("size", size)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"bad {label} {value!r}")
+        return cls(count, float(mean), float(m2), float(size))
+
+
+class _LinkStats:
+    """Weighted running sums of one link's transfers, for ``t = latency + nbytes * spb``.
+
+    Weights are ``1 / t**2`` (relative error), so a 64 MiB copy does not drown
+    the latency that small copies measure. Weighted means and co-moments are
+    updated incrementally (West 1979) and merge pairwise.
+    """
+
+    __slots__ = ("count", "weight", "mean_x", "mean_y", "cxx", "cxy")
+
+    def __init__(self, count=0, weight=0.0, mean_x=0.0, mean_y=0.0, cxx=0.0, cxy=0.0):
+        self.count = count
+        self.weight = weight
+        self.mean_x = mean_x
+        self.mean_y = mean_y
+        self.cxx = cxx
+        self.cxy = cxy
+
+    def add(self, nbytes: float, seconds: float) -> None:
+        """Mutates: adds one transfer."""
+        w = 1.0 / max(seconds, 1e-9) ** 2
+        self.count += 1
+        self.weight += w
+        r = w / self.weight
+        dx = nbytes - self.mean_x
+        self.mean_x += r * dx
+        self.mean_y += r * (seconds - self.mean_y)
+        self.cxx += w * dx * (nbytes - self.mean_x)
+        self.cxy += w * dx * (seconds - self.mean_y)
+
+    def merged(self, other: "_LinkStats | None") -> "_LinkStats":
+        """A new set of sums holding both."""
+        if other is None or other.count == 0:
+            return _LinkStats(self.count, self.weight, self.mean_x, self.mean_y, self.cxx, self.cxy)
+        if self.count == 0:
+            return _LinkStats(other.count, other.weight, other.mean_x, other.mean_y,
+                              other.cxx, other.cxy)
+        weight = self.weight + other.weight
+        dx = other.mean_x - self.mean_x
+        dy = other.mean_y - self.mean_y
+        f = self.weight * other.weight / weight
+        return _LinkStats(self.count + other.count, weight,
+                          self.mean_x + dx * other.weight / weight,
+                          self.mean_y + dy * other.weight / weight,
+                          self.cxx + other.cxx + dx * dx * f,
+                          self.cxy + other.cxy + dx * dy * f)
+
+    def fit(self, default: tuple[float, float]) -> tuple[float, float]:
+        """(latency s, seconds per byte) by weighted least squares, kept physical.
+
+        Too little spread in sizes to see a slope: the defaults scaled to match
+        the measured mean. A negative latency: a fit through the origin.
+        """
+        lat0, spb0 = default
+        spread = self.cxx / self.weight if self.weight else 0.0
+        if self.count >= 2 and spread > (1e-6 * max(self.mean_x, 1.0)) ** 2:
+            spb = self.cxy / self.cxx
+            if spb > 0:
+                latency = self.mean_y - spb * self.mean_x
+                if latency >= 0:
+                    return latency, spb
+                sxx = self.cxx + self.weight * self.mean_x ** 2
+                sxy = self.cxy + self.weight * self.mean_x * self.mean_y
+                if sxy > 0:
+                    return 0.0, sxy / sxx
+        scale = self.mean_y / (lat0 + spb0 * self.mean_x)
+        return lat0 * scale, spb0 * scale
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "weight": self.weight, "mean_bytes": self.mean_x,
+                "mean_seconds": self.mean_y, "cxx": self.cxx, "cxy": self.cxy}
+
+    @classmethod
+    def from_json(cls, row: dict) -> "_LinkStats":
+        count = row["count"]
+        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+            raise ValueError(f"bad count {count!r}")
+        values = [row[k] for k in ("weight", "mean_bytes", "mean_seconds", "cxx", "cxy")]
+        for v in values:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ValueError(f"bad value {v!r}")
+        if values[0] <= 0 or values[3] < 0:
+            raise ValueError("bad weight or co-moment")
+        return cls(count, *(float(v) for v in values))
+
+
+def _default_link(src: str, dst: str) -> tuple[float, float]:
+    """Defaults by node kind, read from the names: any ``cuda*`` end, else host to host."""
+    if src.startswith("cuda") or dst.startswith("cuda"):
+        return _CUDA_LINK
+    return _HOST_LINK
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    """``t = a * size**b + c`` fitted over the footprints of one (codelet, variant, kind)."""
+
+    a: float
+    b: float
+    c: float
+    points: int        # footprints the fit used
+    min_size: float
+    max_size: float
+
+    def __call__(self, size: float) -> float:
+        return self.a * size ** self.b + self.c
+
+
+def _power_fit(log_sizes, times, c):
+    """Least squares of ``log(t - c)`` on ``log size``: (a, b) and the error in ``log t``."""
+    ys = [math.log(t - c) for t in times]
+    n = len(ys)
+    mx = sum(log_sizes) / n
+    my = sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in log_sizes)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(log_sizes, ys))
+    b = sxy / sxx
+    a = math.exp(my - b * mx)
+    err = 0.0
+    for x, t in zip(log_sizes, times):
+        pred = a * math.exp(b * x) + c
+        err += (math.log(pred) - math.log(t)) ** 2 if pred > 0 else math.inf
+    return a, b, err
+
+
+def fit_regression(points) -> Regression | None:
+    """Fit StarPU's non-linear model to ``(size, seconds)`` points; ``None`` below 2 sizes.
+
+    ``c`` (a fixed cost per task) is searched on a grid over ``[0, min t)`` then
+    refined by golden section, minimising the squared error in ``log t``; it
+    needs at least 3 distinct sizes, else ``c = 0`` (a plain power law).
+    """
+    pts = [(s, t) for s, t in points if s > 0 and t > 0]
+    sizes = {s for s, _ in pts}
+    if len(sizes) < 2:
+        return None
+    log_sizes = [math.log(s) for s, _ in pts]
+    times = [t for _, t in pts]
+    a, b, err = _power_fit(log_sizes, times, 0.0)
+    best = (err, a, b, 0.0)
+    if len(sizes) >= 3 and err > 1e-24:
+        t_min = min(times)
+        steps = 16
+        grid = [t_min * k / steps for k in range(steps)]
+        errs = [(_power_fit(log_sizes, times, c)[2], c) for c in grid[1:]]
+        _, c_best = min(errs)
+        lo, hi = max(c_best - t_min / steps, 0.0), min(c_best + t_min / steps, t_min * 0.999)
+        golden = (math.sqrt(5) - 1) / 2
+        for _ in range(30):  # golden section inside the best grid cell's neighbourhood
+            c1, c2 = hi - golden * (hi - lo), lo + golden * (hi - lo)
+            if _power_fit(log_sizes, times, c1)[2] < _power_fit(log_sizes, times, c2)[2]:
+                hi = c2
+            else:
+                lo = c1
+        c = (lo + hi) / 2
+        a_c, b_c, err_c = _power_fit(log_sizes, times, c)
+        if err_c < best[0]:
+            best = (err_c, a_c, b_c, c)
+    _, a, b, c = best
+    return Regression(a, b, c, len(pts), min(sizes), max(sizes))
+
+
+class PerfModel:
+    """Measured run times per (codelet, variant, device kind, footprint) and transfer costs.
+
+    Parameters
+    ----------
+    cache_dir : str or path, optional
+        Root of the cache; default :func:`default_cache_dir`. Models live in
+        ``<cache_dir>/perfmodels/<hostname>/``.
+    load : bool
+        Read what is on disk (lazily, per codelet). With ``False`` the model starts
+        empty; ``save()`` still adds to, never replaces, what is on disk.
+    hostname : str, optional
+        Whose models to read and write; default this machine's name.
+
+    Notes
+    -----
+    ``record``, ``predict``, ``predict_transfer`` and ``count`` are called per task
+    from worker threads: they are a few dict lookups, and ``record`` holds the
+    lock only for the update. All methods are thread-safe.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike | None = None, *, load: bool = True,
+                 hostname: str | None = None):
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.hostname = hostname or socket.gethostname() or "localhost"
+        self.directory = root / "perfmodels" / _file_stem(self.hostname)
+        self.load = bool(load)
+        self._lock = threading.RLock()
+        self._loaded: set[str] = set()
+        self._history: dict[tuple, _History] = {}
+        self._pending: dict[tuple, _History] = {}
+        self._groups: dict[tuple, dict[str, _History]] = {}
+        self._fits: dict[tuple, Regression | None] = {}
+        self._transfers_loaded = False
+        self._links: dict[tuple, _LinkStats] = {}
+        self._links_pending: dict[tuple, _LinkStats] = {}
+        self._link_fits: dict[tuple, tuple[float, float]] = {}
+        self._warned: set[str] = set()
+
+    def __repr__(self):
+        return f"PerfModel({str(self.directory)!r}, keys={len(self._history)}, links={len(self._links)})"
+
+    # -- hot calls -----------------------------------------------------------------
+
+    def record(self, codelet: str, variant: str, kind: str, footprint: str,
+               size: float, seconds: float) -> None:
+        """Add one measured run; thread-safe.
+
+        Parameters
+        ----------
+        codelet, variant, kind, footprint : str
+            The key; ``footprint`` names the operands' shapes and dtypes.
+        size : float
+            The codelet's work figure (``Codelet.work``), for the regression.
+        seconds : float
+            Measured run time; must be >= 0.
+        """
+        if not seconds >= 0.0:  # also catches NaN
+            raise ValueError(f"perfmodel record for {codelet!r}: run time {seconds!r} s is not >= 0")
+        if codelet not in self._loaded:
+            self._load_codelet(codelet)
+        key = (codelet, variant, kind, footprint)
+        with self._lock:
+            history = self._history.get(key)
+            if history is None:
+                history = self._history[key] = _History()
+                self._groups.setdefault(key[:3], {})[footprint] = history
+            history.add(size, seconds)
+            n = history.count
+            if n & (n - 1) == 0:  # new footprint, or count a power of two: refit lazily
+                self._fits.pop(key[:3], None)
+            pending = self._pending.get(key)
+            if pending is None:
+                pending = self._pending[key] = _History()
+            pending.add(size, seconds)
+
+    def predict(self, codelet: str, variant: str, kind: str, footprint: str,
+                size: float) -> float | None:
+        """Expected run time in seconds, or ``None`` when nothing is known.
+
+        The history mean for a measured footprint; else the regression on
+        ``size`` over the other footprints of (codelet, variant, kind).
+        """
+        if codelet not in self._loaded:
+            self._load_codelet(codelet)
+        history = self._history.get((codelet, variant, kind, footprint))
+        if history is not None:
+            return history.mean
+        fit = self._fits.get((codelet, variant, kind), _MISSING)
+        if fit is _MISSING:
+            fit = self.fit(codelet, variant, kind)
+        if fit is None or not size > 0:
+            return None
+        return fit(size)
+
+    def count(self, codelet: str, variant: str, kind: str, footprint: str) -> int:
+        """Number of measurements of this key (on disk and in this process)."""
+        if codelet not in self._loaded:
+            self._load_codelet(codelet)
+        history = self._history.get((codelet, variant, kind, footprint))
+        return history.count if history is not None else 0
+
+    def needs_calibration(self, codelet: str, variant: str, kind: str, footprint: str,
+                          min_samples: int = 10) -> bool:
+        """Whether this key has fewer than ``min_samples`` measurements (StarPU calibrates to 10)."""
+        return self.count(codelet, variant, kind, footprint) < min_samples
+
+    def record_transfer(self, src: str, dst: str, nbytes: int, seconds: float) -> None:
+        """Add one measured copy of ``nbytes`` from memory node ``src`` to ``dst``; thread-safe."""
+        if not seconds >= 0.0:
+            raise ValueError(f"perfmodel transfer {src}->{dst}: time {seconds!r} s is not >= 0")
+        if not self._transfers_loaded:
+            self._load_transfers()
+        key = (src, dst)
+        with self._lock:
+            stats = self._links.get(key)
+            if stats is None:
+                stats = self._links[key] = _LinkStats()
+            stats.add(float(nbytes), seconds)
+            self._link_fits[key] = stats.fit(_default_link(src, dst))
+            pending = self._links_pending.get(key)
+            if pending is None:
+                pending = self._links_pending[key] = _LinkStats()
+            pending.add(float(nbytes), seconds)
+
+    def predict_transfer(self, src: str, dst: str, nbytes: int) -> float:
+        """Expected seconds to copy ``nbytes`` from ``src`` to ``dst``: 0 on the same node."""
+        if src == dst:
+            return 0.0
+        if not self._transfers_loaded:
+            self._load_transfers()
+        fit = self._link_fits.get((src, dst))
+        if fit is None:  # cache the default; a record's fit replaces it (setdefault is atomic)
+            fit = self._link_fits.setdefault((src, dst), _default_link(src, dst))
+        return fit[0] + nbytes * fit[1]
+
+    # -- regression and display ------------------------------------------------------
+
+    def fit(self, codelet: str, variant: str, kind: str) -> Regression | None:
+        """The regression on size of (codelet, variant, kind), fitted if stale; ``None`` if unknown."""
+        if codelet not in self._loaded:
+            self._load_codelet(codelet)
+        group = (codelet, variant, kind)
+        with self._lock:
+            fit = self._fits.get(group, _MISSING)
+            if fit is _MISSING:
+                footprints = self._groups.get(group, {})
+                fit = fit_regression([(h.size, h.mean) for h in footprints.values()])
+                self._fits[group] = fit
+            return fit
+
+    def link(self, src: str, dst: str) -> tuple[float, float]:
+        """(latency s, bandwidth bytes/s) used for ``src -> dst``: fitted, else the default."""
+        if not self._transfers_loaded:
+            self._load_transfers()
+        latency, spb = self._link_fits.get((src, dst)) or _default_link(src, dst)
+        return latency, (1.0 / spb if spb > 0 else math.inf)
+
+    def codelets(self) -> list[str]:
+        """Names of the codelets with a model, on disk or in memory, sorted."""
+        self._load_all()
+        with self._lock:
+            return sorted({key[0] for key in self._history})
+
+    def entries(self, codelet: str | None = None) -> list[dict]:
+        """One row per (codelet, variant, kind, footprint), by size in each group; times in seconds.
+
+        Keys: ``codelet, variant, kind, footprint, size, count, mean, var, stddev``.
+        """
+        if codelet is None:
+            self._load_all()
+        elif codelet not in self._loaded:
+            self._load_codelet(codelet)
+        with self._lock:
+            items = [(k, _History(h.count, h.mean, h.m2, h.size)) for k, h in self._history.items()
+                     if codelet is None or k[0] == codelet]
+        rows = []
+        items.sort(key=lambda kv: (kv[0][:3], kv[1].size, kv[0][3]))  # by size within a group
+        for (name, variant, kind, footprint), h in items:
+            var = h.variance
+            rows.append({"codelet": name, "variant": variant, "kind": kind, "footprint": footprint,
+                         "size": h.size, "count": h.count, "mean": h.mean, "var": var,
+                         "stddev": math.sqrt(var)})
+        return rows
+
+    def transfer_entries(self) -> list[dict]:
+        """One row per measured link: ``src, dst, count, mean_bytes, latency, bandwidth``."""
+        if not self._transfers_loaded:
+            self._load_transfers()
+        with self._lock:
+            items = sorted((k, s.count, s.mean_x, self._link_fits[k]) for k, s in self._links.items())
+        return [{"src": src, "dst": dst, "count": n, "mean_bytes": mean_x, "latency": lat,
+                 "bandwidth": 1.0 / spb if spb > 0 else math.inf}
+                for (src, dst), n, mean_x, (lat, spb) in items]
+
+    def format_table(self, codelet: str | None = None) -> str:
+        """The models as text, like ``starpu_perfmodel_display``.
+
+        Three tables: history per footprint (mean and stddev in microseconds),
+        the regression per (codelet, variant, kind), and the transfer links
+        (the last only when ``codelet`` is ``None``).
+        """
+        rows = self.entries(codelet)
+        parts = []
+        if rows:
+            parts.append(_table(
+                ["codelet", "variant", "kind", "footprint", "size", "count", "mean (us)", "stddev (us)"],
+                [[r["codelet"], r["variant"], r["kind"], r["footprint"], f"{r['size']:.6g}",
+                  str(r["count"]), f"{r['mean'] * 1e6:.3f}", f"{r['stddev'] * 1e6:.3f}"]
+                 for r in rows]))
+            groups = sorted({(r["codelet"], r["variant"], r["kind"]) for r in rows})
+            reg_rows = []
+            for group in groups:
+                fit = self.fit(*group)
+                if fit is None:
+                    reg_rows.append([*group, "-", "-", "-", "-", "need >= 2 distinct sizes"])
+                else:
+                    reg_rows.append([*group, f"{fit.a:.6g}", f"{fit.b:.4f}", f"{fit.c * 1e6:.3f}",
+                                     str(fit.points), f"{fit.min_size:.6g} .. {fit.max_size:.6g}"])
+            parts.append("regression t = a * size^b + c\n" + _table(
+                ["codelet", "variant", "kind", "a (s)", "b", "c (us)", "points", "sizes"], reg_rows))
+        elif codelet is not None:
+            parts.append(f"no performance model for codelet {codelet!r} in {self.directory}")
+        if codelet is None:
+            links = self.transfer_entries()
+            if links:
+                parts.append("transfers t = latency + bytes / bandwidth\n" + _table(
+                    ["src", "dst", "count", "mean bytes", "latency (us)", "bandwidth (GB/s)"],
+                    [[l["src"], l["dst"], str(l["count"]), f"{l['mean_bytes']:.6g}",
+                      f"{l['latency'] * 1e6:.3f}", f"{l['bandwidth'] / 1e9:.3f}"] for l in links]))
+            if not parts:
+                parts.append(f"no performance model yet in {self.directory} "
+                             "(models are recorded when tasks run)")
+        return "\n\n".join(parts)
+
+    # -- files -----------------------------------------------------------------------
+
+    def path_for(self, codelet: str) -> Path:
+        """The JSON file of ``codelet``'s model."""
+        return self.directory / f"{_file_stem(codelet)}.json"
+
+    def save(self) -> None:
+        """Add the measurements not yet saved to the files on disk; thread-safe.
+
+        Reads each file again under the directory's lock, merges, writes to a
+        temporary name and renames, so concurrent savers lose nothing. Never
+        raises for a file problem: an unwritable directory gives a
+        :class:`PerfModelWarning` and the measurements stay pending.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            links_pending, self._links_pending = self._links_pending, {}
+        if not pending and not links_pending:
+            return
+        by_codelet: dict[str, dict[tuple, _History]] = {}
+        for key, delta in pending.items():
+            by_codelet.setdefault(key[0], {})[key] = delta
+        saved: dict[str, dict[tuple, _History]] = {}
+        saved_links: dict[tuple, _LinkStats] | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with self._file_lock():
+                for codelet, deltas in by_codelet.items():
+                    path = self.path_for(codelet)
+                    merged = self._read_codelet_file(path, codelet)
+                    for key, delta in deltas.items():
+                        merged[key] = delta.merged(merged.get(key))
+                    try:
+                        _write_json_atomic(path, _codelet_doc(self.hostname, codelet, merged))
+                    except OSError as exc:
+                        self._warn(f"could not save perfmodel file {path}: {exc}")
+                        continue
+                    saved[codelet] = merged
+                if links_pending:
+                    path = self.directory / _TRANSFERS_FILE
+                    merged_links = self._read_transfers_file(path)
+                    for key, delta in links_pending.items():
+                        merged_links[key] = delta.merged(merged_links.get(key))
+                    try:
+                        _write_json_atomic(path, _transfers_doc(self.hostname, merged_links))
+                        saved_links = merged_links
+                    except OSError as exc:
+                        self._warn(f"could not save perfmodel file {path}: {exc}")
+        except OSError as exc:
+            self._warn(f"could not save performance models in {self.directory}: {exc}")
+        with self._lock:
+            for codelet, deltas in by_codelet.items():  # put back what did not reach the disk
+                if codelet not in saved:
+                    for key, delta in deltas.items():
+                        self._pending[key] = delta.merged(self._pending.get(key))
+            if saved_links is None:
+                for key, delta in links_pending.items():
+                    self._links_pending[key] = delta.merged(self._links_pending.get(key))
+            if self.load:  # adopt the merged files: other processes' measurements too
+                for codelet, merged in saved.items():
+                    self._replace_codelet(codelet, merged)
+                if saved_links is not None:
+                    for key, stats in saved_links.items():
+                        total = stats.merged(self._links_pending.get(key))
+                        self._links[key] = total
+                        self._link_fits[key] = total.fit(_default_link(*key))
+
+    def _replace_codelet(self, codelet: str, merged: dict[tuple, _History]) -> None:
+        """Under the lock: the totals of ``codelet`` become ``merged`` plus what is pending now."""
+        for key in [k for k in self._history if k[0] == codelet]:
+            del self._history[key]
+        for group in [g for g in self._groups if g[0] == codelet]:
+            del self._groups[group]
+            self._fits.pop(group, None)
+        keys = set(merged) | {k for k in self._pending if k[0] == codelet}
+        for key in keys:
+            base = merged.get(key)
+            total = (base or _History()).merged(self._pending.get(key))
+            self._history[key] = total
+            self._groups.setdefault(key[:3], {})[key[3]] = total
+            self._fits.pop(key[:3], None)
+
+    def _load_codelet(self, codelet: str) -> None:
+        """First touch of ``codelet``: read its file (outside the lock) and add it to the totals."""
+        disk = self._read_codelet_file(self.path_for(codelet), codelet) if self.load else {}
+        self._adopt(codelet, disk)
+
+    def _adopt(self, codelet: str, disk: dict[tuple, _History]) -> None:
+        with self._lock:
+            if codelet in self._loaded:
+                return
+            for key, stats in disk.items():
+                total = stats.merged(self._history.get(key))
+                self._history[key] = total
+                self._groups.setdefault(key[:3], {})[key[3]] = total
+                self._fits.pop(key[:3], None)
+            self._loaded.add(codelet)
+
+    def _load_all(self) -> None:
+        """Read every codelet file of the directory (for display)."""
+        if not self.load:
+            return
+        try:
+            paths = sorted(self.directory.glob("*.json"))
+        except OSError:
+            paths = []
+        for path in paths:
+            if path.name == _TRANSFERS_FILE:
+                continue
+            doc = self._read_doc(path, _CODELET_FORMAT)
+            if doc is None:
+                continue
+            codelet = doc.get("codelet")
+            if not isinstance(codelet, str) or self.path_for(codelet) != path:
+                self._warn(f"ignoring perfmodel file {path}: it names codelet {codelet!r}, "
+                           f"whose file would be {self.path_for(codelet) if isinstance(codelet, str) else '?'}")
+                continue
+            if codelet not in self._loaded:
+                self._adopt(codelet, self._parse_codelet(path, doc, codelet))
+        if not self._transfers_loaded:
+            self._load_transfers()
+
+    def _load_transfers(self) -> None:
+        disk = self._read_transfers_file(self.directory / _TRANSFERS_FILE) if self.load else {}
+        with self._lock:
+            if self._transfers_loaded:
+                return
+            for key, stats in disk.items():
+                total = stats.merged(self._links.get(key))
+                self._links[key] = total
+                self._link_fits[key] = total.fit(_default_link(*key))
+            self._transfers_loaded = True
+
+    def _read_doc(self, path: Path, fmt: str) -> dict | None:
+        """The JSON document at ``path`` if it is ours in this version; ``None`` (warned) otherwise."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._warn(f"ignoring perfmodel file {path}: cannot read it ({exc})")
+            return None
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self._warn(f"ignoring corrupt perfmodel file {path}: {exc}")
+            return None
+        if not isinstance(doc, dict) or doc.get("format") != fmt:
+            self._warn(f"ignoring perfmodel file {path}: not a {fmt} file")
+            return None
+        if doc.get("version") != FORMAT_VERSION:
+            self._warn(f"ignoring perfmodel file {path}: format version {doc.get('version')!r}, "
+                       f"this hetero_nn reads version {FORMAT_VERSION}")
+            return None
+        return doc
+
+    def _read_codelet_file(self, path: Path, codelet: str) -> dict[tuple, _History]:
+        doc = self._read_doc(path, _CODELET_FORMAT)
+        if doc is None:
+            return {}
+        if doc.get("codelet") != codelet:
+            self._warn(f"ignoring perfmodel file {path}: it holds codelet {doc.get('codelet')!r}, "
+                       f"not {codelet!r}")
+            return {}
+        return self._parse_codelet(path, doc, codelet)
+
+    def _parse_codelet(self, path: Path, doc: dict, codelet: str) -> dict[tuple, _History]:
+        out: dict[tuple, _History] = {}
+        try:
+            for row in doc["entries"]:
+                key = (codelet, row["variant"], row["kind"], row["footprint"])
+                if not all(isinstance(k, str) for k in key):
+                    raise ValueError(f"non-string key {key!r}")
+                out[key] = _History.from_json(row).merged(out.get(key))
+        except (KeyError, TypeError, ValueError) as exc:
+            self._warn(f"ignoring corrupt perfmodel file {path}: bad entry ({exc!r})")
+            return {}
+        return out
+
+    def _read_transfers_file(self, path: Path) -> dict[tuple, _LinkStats]:
+        doc = self._read_doc(path, _TRANSFER_FORMAT)
+        if doc is None:
+            return {}
+        out: dict[tuple, _LinkStats] = {}
+        try:
+            for row in doc["links"]:
+                key = (row["src"], row["dst"])
+                if not all(isinstance(k, str) for k in key):
+                    raise ValueError(f"non-string link {key!r}")
+                out[key] = _LinkStats.from_json(row).merged(out.get(key))
+        except (KeyError, TypeError, ValueError) as exc:
+            self._warn(f"ignoring corrupt perfmodel file {path}: bad link ({exc!r})")
+            return {}
+        return out
+
+    @contextlib.contextmanager
+    def _file_lock(self):
+        """Exclusive advisory lock on the directory against other savers (no-op without fcntl)."""
+        if fcntl is None:  # pragma: no cover
+            yield
+            return
+        with open(self.directory / _LOCK_FILE, "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _warn(self, message: str) -> None:
+        """Warn once per message and instance: a cache file must never stop a training run."""
+        with self._lock:
+            if message in self._warned:
+                return
+            self._warned.add(message)
+        warnings.warn(message, PerfModelWarning, stacklevel=3)
+
+
+def _codelet_doc(hostname: str, codelet: str, histories: dict[tuple, _History]) -> dict:
+    entries = [{"variant": k[1], "kind": k[2], "footprint": k[3], **h.to_json()}
+               for k, h in sorted(histories.items(), key=lambda kv: kv[0])]
+    return {"format": _CODELET_FORMAT, "version": FORMAT_VERSION, "hostname": hostname,
+            "codelet": codelet, "entries": entries}
+
+
+def _transfers_doc(hostname: str, links: dict[tuple, _LinkStats]) -> dict:
+    rows = []
+    for (src, dst), stats in sorted(links.items()):
+        latency, spb = stats.fit(_default_link(src, dst))
+        rows.append({"src": src, "dst": dst, **stats.to_json(),
+                     "latency_s": latency, "bandwidth_Bps": 1.0 / spb if spb > 0 else None})
+    return {"format": _TRANSFER_FORMAT, "version": FORMAT_VERSION, "hostname": hostname,
+            "links": rows}
+
+
+def _write_json_atomic(path: Path, doc: dict) -> None:
+    """Write ``doc`` to a temporary file beside ``path`` and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns: text left, numbers right."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    numeric = [all(_is_number(r[i]) for r in rows) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return text == "-"
+    return True
+
+
+def main(argv=None) -> int:
+    """``hetero-nn perfmodel``: print the performance models of this machine.
+
+    Returns the exit status (0).
+    """
+    parser = argparse.ArgumentParser(
+        prog="hetero-nn perfmodel",
+        description="Show the performance models recorded on this machine "
+                    "(like starpu_perfmodel_display).")
+    parser.add_argument("codelet", nargs="?", help="show only this codelet")
+    parser.add_argument("--cache-dir", help="cache directory (default: $HETERO_NN_CACHE "
+                                            "or ~/.cache/hetero_nn)")
+    parser.add_argument("--list", action="store_true", help="list the codelets that have a model")
+    parser.add_argument("--host", help="show another machine's models (default: this one)")
+    args = parser.parse_args(argv)
+    model = PerfModel(args.cache_dir, hostname=args.host)
+    if args.list:
+        names = model.codelets()
+        if names:
+            print("\n".join(names))
+        else:
+            print(f"no performance model yet in {model.directory} (models are recorded when tasks run)")
+        return 0
+    print(model.format_table(args.codelet))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,383 @@
+"""Performance models: history statistics, regression on size, transfer fits, files, threads."""
+
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from hetero_nn.scheduler.perfmodel import (FORMAT_VERSION, PerfModel, PerfModelWarning,
+                                           default_cache_dir, fit_regression, main)
+
+KEY = ("conv2d_fwd", "cpu", "cpu")
+
+
+def _record_power_law(pm, rng, a, b, c=0.0, sizes=None, noise=0.0, reps=3, codelet="conv2d_fwd"):
+    """Record ``t = a * size**b + c`` (times ``1 + noise * N(0,1)``) for each size as its own footprint."""
+    for size in sizes:
+        for _ in range(reps):
+            t = (a * size ** b + c) * (1.0 + noise * rng.standard_normal())
+            pm.record(codelet, "cpu", "cpu", f"f64[{size}]", float(size), t)
+
+
+# -- history -------------------------------------------------------------------------
+
+def test_history_mean_and_variance_match_numpy(tmp_path):
+    rng = np.random.default_rng(0)
+    pm = PerfModel(tmp_path)
+    times = rng.lognormal(mean=-9, sigma=0.5, size=int(rng.integers(20, 200)))
+    for t in times:
+        pm.record(*KEY, "f32[8,3,32,32]", 24576.0, float(t))
+    assert pm.count(*KEY, "f32[8,3,32,32]") == len(times)
+    assert pm.predict(*KEY, "f32[8,3,32,32]", 24576.0) == pytest.approx(times.mean(), rel=1e-12)
+    (row,) = pm.entries("conv2d_fwd")
+    assert row["var"] == pytest.approx(np.var(times, ddof=1), rel=1e-9)
+    assert row["stddev"] == pytest.approx(np.std(times, ddof=1), rel=1e-9)
+    assert row["size"] == 24576.0
+    assert row["count"] == len(times)
+
+
+def test_keys_do_not_mix_and_unknown_is_none(tmp_path):
+    pm = PerfModel(tmp_path)
+    assert pm.predict(*KEY, "f64[10]", 10.0) is None
+    assert pm.count(*KEY, "f64[10]") == 0
+    pm.record(*KEY, "f64[10]", 10.0, 1e-5)
+    pm.record("conv2d_fwd", "ref", "cpu", "f64[10]", 10.0, 5e-5)
+    assert pm.predict(*KEY, "f64[10]", 10.0) == 1e-5
+    assert pm.predict("conv2d_fwd", "ref", "cpu", "f64[10]", 10.0) == 5e-5
+    assert pm.predict("conv2d_fwd", "cuda", "cuda", "f64[10]", 10.0) is None
+    # a single measured size cannot give a regression
+    assert pm.predict(*KEY, "f64[20]", 20.0) is None
+    assert pm.fit(*KEY) is None
+
+
+def test_needs_calibration_counts_to_min_samples(tmp_path):
+    pm = PerfModel(tmp_path)
+    for i in range(10):
+        assert pm.needs_calibration(*KEY, "fp")
+        pm.record(*KEY, "fp", 1.0, 1e-6)
+    assert not pm.needs_calibration(*KEY, "fp")
+    assert pm.needs_calibration(*KEY, "fp", min_samples=11)
+
+
+@pytest.mark.parametrize("bad", [-1e-6, float("nan")])
+def test_record_rejects_impossible_times(tmp_path, bad):
+    with pytest.raises(ValueError, match="conv2d_fwd"):
+        PerfModel(tmp_path).record(*KEY, "fp", 1.0, bad)
+
+
+# -- regression ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_regression_predicts_unseen_size_of_power_law(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    a = 10 ** rng.uniform(-10, -8)
+    b = rng.uniform(0.7, 1.6)
+    sizes = sorted({int(s) for s in 10 ** rng.uniform(3, 6, size=int(rng.integers(2, 8)))})
+    if len(sizes) < 2:
+        sizes = [1000, 100000]
+    pm = PerfModel(tmp_path)
+    _record_power_law(pm, rng, a, b, sizes=sizes)
+    for unseen in (int(10 ** rng.uniform(3, 6)), sizes[-1] * 3):
+        pred = pm.predict(*KEY, f"f64[{unseen}]x", float(unseen))
+        assert pred == pytest.approx(a * unseen ** b, rel=0.03)
+    fit = pm.fit(*KEY)
+    assert fit.b == pytest.approx(b, rel=1e-3)
+    assert fit.c == 0.0
+
+
+def test_regression_with_noise_and_fixed_cost(tmp_path):
+    rng = np.random.default_rng(7)
+    a, b, c = 3e-9, 1.1, 20e-6  # 20 us per task dominates the small sizes
+    sizes = [2 ** k for k in range(6, 20, 2)]
+    pm = PerfModel(tmp_path)
+    _record_power_law(pm, rng, a, b, c=c, sizes=sizes, noise=0.01, reps=10)
+    fit = pm.fit(*KEY)
+    assert fit.c == pytest.approx(c, rel=0.2)
+    for unseen in (100, 5000, 300000):
+        truth = a * unseen ** b + c
+        assert pm.predict(*KEY, "unseen", float(unseen)) == pytest.approx(truth, rel=0.05)
+    # the plain power law (c = 0) cannot fit these data as well in the small sizes
+    plain = fit_regression([(s, a * s ** b + c) for s in sizes[:2]])
+    assert plain.c == 0.0  # two sizes: no room for c
+
+
+def test_regression_refits_when_new_footprints_arrive(tmp_path):
+    pm = PerfModel(tmp_path)
+    pm.record(*KEY, "s100", 100.0, 1e-6)
+    assert pm.predict(*KEY, "s400", 400.0) is None
+    pm.record(*KEY, "s200", 200.0, 2e-6)
+    assert pm.predict(*KEY, "s400", 400.0) == pytest.approx(4e-6, rel=1e-9)
+    pm.record(*KEY, "s300", 300.0, 9e-6)  # a new footprint invalidates the fit
+    assert pm.fit(*KEY).points == 3
+    assert pm.predict(*KEY, "s400", 400.0) != pytest.approx(4e-6, rel=1e-3)
+
+
+# -- transfers -----------------------------------------------------------------------
+
+def test_transfer_fit_recovers_latency_and_bandwidth(tmp_path):
+    rng = np.random.default_rng(3)
+    latency, bandwidth = 7e-6, 12e9
+    pm = PerfModel(tmp_path)
+    for nbytes in (2 ** rng.uniform(8, 26, size=400)).astype(int):
+        t = (latency + nbytes / bandwidth) * (1 + 0.01 * rng.standard_normal())
+        pm.record_transfer("host0", "cuda0", int(nbytes), float(t))
+    lat, bw = pm.link("host0", "cuda0")
+    assert lat == pytest.approx(latency, rel=0.05)
+    assert bw == pytest.approx(bandwidth, rel=0.05)
+    assert pm.predict_transfer("host0", "cuda0", 1 << 20) == pytest.approx(
+        latency + (1 << 20) / bandwidth, rel=0.03)
+    # the other direction is another link, still on its default
+    assert pm.predict_transfer("cuda0", "host0", 0) == pytest.approx(10e-6)
+
+
+def test_transfer_defaults_and_same_node(tmp_path):
+    pm = PerfModel(tmp_path)
+    assert pm.predict_transfer("host0", "host0", 1 << 30) == 0.0
+    assert pm.predict_transfer("host0", "host1", 10_000) == pytest.approx(1e-6 + 10_000 / 10e9)
+    assert pm.predict_transfer("cuda0", "cuda1", 10_000) == pytest.approx(10e-6 + 10_000 / 20e9)
+    assert pm.predict_transfer("host0", "cuda1", 0) == pytest.approx(10e-6)
+
+
+def test_transfer_with_one_size_scales_the_default(tmp_path):
+    pm = PerfModel(tmp_path)
+    for _ in range(5):
+        pm.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
+    assert pm.predict_transfer("host0", "cuda0", 1 << 20) == pytest.approx(1e-4)
+    lat, bw = pm.link("host0", "cuda0")
+    assert lat > 0 and bw > 0
+
+
+# -- files -----------------------------------------------------------------------------
+
+def test_default_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("HETERO_NN_CACHE")
+    assert str(default_cache_dir()).endswith(".cache/hetero_nn")
+
+
+def test_save_load_round_trip_via_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path))
+    rng = np.random.default_rng(1)
+    pm = PerfModel(hostname="node-a")
+    times = rng.uniform(1e-5, 2e-5, size=17)
+    for t in times:
+        pm.record(*KEY, "f32[4,4]", 16.0, float(t))
+    for nbytes in (1000, 10 ** 6, 10 ** 7):
+        pm.record_transfer("host0", "cuda0", nbytes, 1e-5 + nbytes / 15e9)
+    pm.save()
+    path = tmp_path / "perfmodels" / "node-a" / "conv2d_fwd.json"
+    doc = json.loads(path.read_text())
+    assert doc["version"] == FORMAT_VERSION and doc["codelet"] == "conv2d_fwd"
+    assert (tmp_path / "perfmodels" / "node-a" / "_transfers.json").exists()
+
+    again = PerfModel(hostname="node-a")
+    assert again.count(*KEY, "f32[4,4]") == 17
+    assert again.predict(*KEY, "f32[4,4]", 16.0) == pytest.approx(times.mean(), rel=1e-12)
+    (row,) = again.entries()
+    assert row["var"] == pytest.approx(np.var(times, ddof=1), rel=1e-9)
+    assert again.link("host0", "cuda0")[1] == pytest.approx(15e9, rel=1e-6)
+    assert PerfModel(hostname="node-b").count(*KEY, "f32[4,4]") == 0  # machine-specific
+    assert PerfModel(hostname="node-a", load=False).count(*KEY, "f32[4,4]") == 0
+
+
+def test_save_load_round_trip_via_cache_dir_and_lazy_load(tmp_path):
+    pm = PerfModel(tmp_path / "cache")
+    reader = PerfModel(tmp_path / "cache")  # created before the file exists: loads on first touch
+    pm.record("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0, 3e-6)
+    pm.record("odd name/with:chars", "cpu", "cpu", "fp", 1.0, 1e-6)
+    pm.save()
+    assert reader.predict("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0) == 3e-6
+    assert reader.count("odd name/with:chars", "cpu", "cpu", "fp") == 1
+    assert reader.codelets() == ["odd name/with:chars", "pool_fwd"]
+    assert all(p.parent == pm.directory for p in pm.directory.glob("*.json"))
+
+
+def test_saving_twice_does_not_double_count(tmp_path):
+    pm = PerfModel(tmp_path)
+    pm.record(*KEY, "fp", 1.0, 1e-6)
+    pm.save()
+    pm.save()
+    pm.record(*KEY, "fp", 1.0, 3e-6)
+    pm.save()
+    assert pm.count(*KEY, "fp") == 2
+    fresh = PerfModel(tmp_path)
+    assert fresh.count(*KEY, "fp") == 2
+    assert fresh.predict(*KEY, "fp", 1.0) == pytest.approx(2e-6)
+
+
+def test_two_instances_merge_their_measurements(tmp_path):
+    rng = np.random.default_rng(5)
+    first, second = PerfModel(tmp_path), PerfModel(tmp_path)
+    ta = rng.uniform(1e-6, 5e-6, size=11)
+    tb = rng.uniform(4e-6, 9e-6, size=23)
+    for t in ta:
+        first.record(*KEY, "shared", 8.0, float(t))
+    for t in tb:
+        second.record(*KEY, "shared", 8.0, float(t))
+    second.record(*KEY, "only-second", 9.0, 1e-6)
+    first.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
+    second.record_transfer("host0", "cuda0", 1 << 22, 3e-4)
+    first.save()
+    second.save()
+    first.save()  # nothing new: must not erase what the second one wrote
+    both = np.concatenate([ta, tb])
+    for pm in (PerfModel(tmp_path), second):
+        assert pm.count(*KEY, "shared") == len(both)
+        assert pm.predict(*KEY, "shared", 8.0) == pytest.approx(both.mean(), rel=1e-12)
+        row = next(r for r in pm.entries() if r["footprint"] == "shared")
+        assert row["var"] == pytest.approx(np.var(both, ddof=1), rel=1e-9)
+        assert pm.count(*KEY, "only-second") == 1
+        assert pm.transfer_entries()[0]["count"] == 2
+
+
+def test_two_processes_saving_concurrently_lose_nothing(tmp_path):
+    script = (
+        "import sys\n"
+        "from hetero_nn.scheduler.perfmodel import PerfModel\n"
+        "pm = PerfModel(sys.argv[1])\n"
+        "for i in range(300):\n"
+        "    pm.record('conv2d_fwd', 'cpu', 'cpu', 'fp', 1.0, 1e-6)\n"
+        "    pm.record_transfer('host0', 'cuda0', 1000 + i, 1e-5)\n"
+        "    if i % 10 == 0: pm.save()\n"
+        "pm.save()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)]) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    pm = PerfModel(tmp_path)
+    assert pm.count(*KEY, "fp") == 600
+    assert pm.transfer_entries()[0]["count"] == 600
+
+
+def test_corrupt_and_foreign_files_warn_and_are_ignored(tmp_path):
+    pm = PerfModel(tmp_path)
+    pm.directory.mkdir(parents=True)
+    bad = pm.path_for("conv2d_fwd")
+    bad.write_text("{ this is not json")
+    with pytest.warns(PerfModelWarning, match="conv2d_fwd.json"):
+        assert pm.predict(*KEY, "fp", 1.0) is None
+    pm.record(*KEY, "fp", 1.0, 1e-6)
+    pm.save()  # replaces the corrupt file
+    assert PerfModel(tmp_path).count(*KEY, "fp") == 1
+
+    foreign = pm.path_for("pool_fwd")
+    foreign.write_text(json.dumps({"format": "something-else", "entries": []}))
+    newer = pm.path_for("dense_fwd")
+    newer.write_text(json.dumps({"format": "hetero_nn-perfmodel", "version": FORMAT_VERSION + 1,
+                                 "codelet": "dense_fwd", "entries": []}))
+    wrong = pm.path_for("relu_fwd")
+    wrong.write_text(json.dumps({"format": "hetero_nn-perfmodel", "version": FORMAT_VERSION,
+                                 "codelet": "relu_fwd",
+                                 "entries": [{"variant": "cpu", "kind": "cpu", "footprint": "x",
+                                              "size": 1, "count": -3, "mean": 1, "m2": 0}]}))
+    (pm.directory / "_transfers.json").write_bytes(b"\xff\xfe\x00garbage")
+    fresh = PerfModel(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fresh.codelets() == ["conv2d_fwd"]
+        assert fresh.predict_transfer("host0", "cuda0", 0) == pytest.approx(10e-6)
+    messages = "\n".join(str(w.message) for w in caught if w.category is PerfModelWarning)
+    for path in (foreign, newer, wrong, pm.directory / "_transfers.json"):
+        assert str(path) in messages
+
+
+def test_unwritable_directory_warns_and_keeps_measurements(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    pm = PerfModel(blocker)
+    with pytest.warns(PerfModelWarning, match="cannot read"):
+        pm.record(*KEY, "fp", 1.0, 1e-6)
+    with pytest.warns(PerfModelWarning, match="could not save"):
+        pm.save()
+    assert pm.count(*KEY, "fp") == 1
+    assert pm._pending  # still waiting for a directory that works
+
+
+# -- threads -----------------------------------------------------------------------------
+
+def test_threads_recording_predicting_and_saving_add_up(tmp_path):
+    pm = PerfModel(tmp_path)
+    n_threads, per_thread = 6, 1500
+    errors = []
+
+    def worker(i):
+        try:
+            for j in range(per_thread):
+                footprint = f"fp{j % 3}"
+                pm.record(*KEY, footprint, float(10 ** (j % 3 + 1)), 1e-6 * (i + 1))
+                pm.predict(*KEY, "unseen", 50.0)
+                pm.record_transfer("host0", "cuda0", 1000 * (j % 5 + 1), 1e-5)
+                if j % 500 == 0:
+                    pm.save()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    pm.save()
+    expected_mean = 1e-6 * np.mean(np.arange(1, n_threads + 1))
+    for model in (pm, PerfModel(tmp_path)):
+        assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
+        assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
+        assert model.transfer_entries()[0]["count"] == n_threads * per_thread
+
+
+# -- display -----------------------------------------------------------------------------
+
+def test_format_table_and_cli(tmp_path, capsys):
+    pm = PerfModel(tmp_path)
+    assert "no performance model yet" in pm.format_table()
+    assert main(["--cache-dir", str(tmp_path)]) == 0
+    assert "no performance model yet" in capsys.readouterr().out
+    for size in (100, 1000, 10000):
+        pm.record(*KEY, f"f32[{size}]", float(size), size * 1e-9)
+    pm.record("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0, 2.5e-6)
+    pm.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
+    table = pm.format_table()
+    for text in ("codelet", "footprint", "mean (us)", "stddev (us)", "f32[1000]", "1.000",
+                 "pool_fwd", "2.500", "regression", "need >= 2 distinct sizes",
+                 "transfers", "host0", "cuda0", "bandwidth (GB/s)"):
+        assert text in table, text
+    only = pm.format_table("pool_fwd")
+    assert "pool_fwd" in only and "conv2d_fwd" not in only and "transfers" not in only
+    assert "no performance model for codelet 'nope'" in pm.format_table("nope")
+    pm.save()
+    assert main(["--cache-dir", str(tmp_path), "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["conv2d_fwd", "pool_fwd"]
+    assert main(["--cache-dir", str(tmp_path), "conv2d_fwd"]) == 0
+    out = capsys.readouterr().out
+    assert "f32[10000]" in out and "pool_fwd" not in out
+
+
+# -- speed ---------------------------------------------------------------------------------
+
+def test_hot_calls_micro_benchmark(tmp_path):
+    """Prints ns per call (run with -s to see); asserts only that the calls work."""
+    pm = PerfModel(tmp_path)
+    for size in (100, 1000):
+        pm.record(*KEY, f"f32[{size}]", float(size), size * 1e-9)
+    n = 20000
+    timings = {}
+    calls = {
+        "predict (history)": lambda: pm.predict(*KEY, "f32[100]", 100.0),
+        "predict (regression)": lambda: pm.predict(*KEY, "f32[555]", 555.0),
+        "predict_transfer": lambda: pm.predict_transfer("host0", "cuda0", 4096),
+        "record": lambda: pm.record(*KEY, "f32[100]", 100.0, 1e-7),
+    }
+    for name, call in calls.items():
+        assert call() is None or call() >= 0
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        timings[name] = (time.perf_counter() - start) / n * 1e9
+    print("\nperfmodel hot calls: " + ", ".join(f"{k} {v:.0f} ns" for k, v in timings.items()))
+    assert all(math.isfinite(v) for v in timings.values())
