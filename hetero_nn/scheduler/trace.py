@@ -1,0 +1,430 @@
+"""Traces: one record per executed task, and the views people read them through.
+
+The executor appends a :class:`TaskRecord` for every task it runs (codelet,
+variant, worker, device, memory node, four ``time.perf_counter()`` stamps, bytes
+moved in, the tasks it waited on). A :class:`Trace` wraps those records and
+exports them:
+
+- :meth:`Trace.to_chrome`: Chrome trace event JSON for Perfetto / ``chrome://tracing``
+  (a process per device kind, a thread per worker, a complete event per task,
+  flow arrows along dependencies);
+- :meth:`Trace.gantt`: a PNG Gantt chart (matplotlib, the ``plot`` extra);
+- :meth:`Trace.to_dot`: the executed DAG as Graphviz DOT, coloured by worker;
+- :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
+- :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
+- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records.
+
+Times of a task: ``submit`` (the runtime knew the task), ``ready`` (its last
+dependency finished), ``start`` and ``end`` (it ran on its worker). So
+``ready - submit`` is time *waiting* on dependencies and ``start - ready`` time
+*queued* for a worker. The makespan runs from the earliest submit to the latest
+end: what the caller waited for. Every file is written under a temporary name in
+the target directory and renamed over the target, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+__all__ = ["TaskRecord", "Trace"]
+
+_JSON_FORMAT = "hetero_nn.trace"
+_JSON_VERSION = 1
+
+# Fill colours for workers in DOT graphs (light enough for black labels).
+_WORKER_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
+                   "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """What happened to one executed task.
+
+    Attributes
+    ----------
+    task_id : int
+        The runtime's id of the task.
+    codelet, variant : str
+        What ran (``variant`` e.g. ``"ref"``, ``"cpu"``, ``"cuda:cublas"``).
+    worker : str
+        The worker that ran it (e.g. ``"cpu0"``).
+    device : str
+        Its device kind: ``"cpu"`` or ``"cuda"``.
+    node : str
+        The memory node its operands lived on (e.g. ``"host0"``).
+    submit, ready, start, end : float
+        ``time.perf_counter()`` seconds: known to the runtime, dependencies
+        done, started, finished.
+    bytes_in : int
+        Bytes transferred to ``node`` for this task.
+    deps : tuple of int
+        The task ids this task waited on.
+    error : str or None
+        The exception's text when the codelet raised.
+    """
+
+    task_id: int
+    codelet: str
+    variant: str
+    worker: str
+    device: str
+    node: str
+    submit: float
+    ready: float
+    start: float
+    end: float
+    bytes_in: int = 0
+    deps: tuple = ()
+    error: str | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds the task ran."""
+        return self.end - self.start
+
+
+def _natural_key(name: str):
+    """Sort ``cpu2`` before ``cpu10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _write_atomically(path, write: Callable) -> Path:
+    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it.
+
+    The temporary file is removed if ``write`` raises; ``path`` is then untouched.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _dot_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Trace:
+    """The records of executed tasks, with exporters and summaries.
+
+    Parameters
+    ----------
+    records : iterable of TaskRecord
+        Kept in the order given.
+    workers : list of str, optional
+        Every worker of the run, so idle ones show up too (utilisation 0). Workers
+        that appear in ``records`` but not here are added; without the list, the
+        workers of the records are used, in natural order (``cpu2`` before ``cpu10``).
+
+    Examples
+    --------
+    >>> r = TaskRecord(0, "relu_fwd", "cpu", "cpu0", "cpu", "host0", 0.0, 0.0, 0.5, 1.5)
+    >>> t = Trace([r], workers=["cpu0", "cpu1"])
+    >>> t.makespan, t.utilisation()
+    (1.5, {'cpu0': 0.6666666666666666, 'cpu1': 0.0})
+    """
+
+    def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None):
+        self.records: list[TaskRecord] = list(records)
+        seen = sorted({r.worker for r in self.records}, key=_natural_key)
+        given = list(dict.fromkeys(workers or ()))
+        self.workers: list[str] = given + [w for w in seen if w not in given]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[TaskRecord]:
+        return iter(self.records)
+
+    @property
+    def origin(self) -> float:
+        """The earliest submit time (the zero of every exported time axis)."""
+        return min((r.submit for r in self.records), default=0.0)
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the earliest submit to the latest end (0 for an empty trace)."""
+        if not self.records:
+            return 0.0
+        return max(r.end for r in self.records) - self.origin
+
+    def _worker_devices(self) -> dict[str, str]:
+        devices = {}
+        for r in self.records:
+            devices.setdefault(r.worker, r.device)
+        return devices
+
+    # -- summaries ----------------------------------------------------------------------------
+
+    def stats(self) -> list[dict]:
+        """Run time per (codelet, variant), the largest total first.
+
+        Returns
+        -------
+        list of dict
+            Keys ``codelet, variant, count, total, mean, std, min, max`` (seconds;
+            ``std`` is the population standard deviation) and ``errors`` (tasks that raised).
+        """
+        groups: dict[tuple[str, str], list[TaskRecord]] = {}
+        for r in self.records:
+            groups.setdefault((r.codelet, r.variant), []).append(r)
+        rows = []
+        for (codelet, variant), records in groups.items():
+            durations = [r.duration for r in records]
+            total = math.fsum(durations)
+            mean = total / len(durations)
+            variance = math.fsum((d - mean) ** 2 for d in durations) / len(durations)
+            rows.append({"codelet": codelet, "variant": variant, "count": len(durations),
+                         "total": total, "mean": mean, "std": math.sqrt(variance),
+                         "min": min(durations), "max": max(durations),
+                         "errors": sum(r.error is not None for r in records)})
+        rows.sort(key=lambda row: (-row["total"], row["codelet"], row["variant"]))
+        return rows
+
+    def format_stats(self) -> str:
+        """:meth:`stats` as an aligned text table (milliseconds), with each codelet's share."""
+        rows = self.stats()
+        grand_total = math.fsum(row["total"] for row in rows)
+        header = ("codelet", "variant", "count", "total ms", "mean ms", "std ms", "min ms",
+                  "max ms", "share %")
+        lines = [header]
+        for row in rows:
+            share = 100.0 * row["total"] / grand_total if grand_total > 0 else 0.0
+            lines.append((row["codelet"], row["variant"], str(row["count"]),
+                          *(f"{1e3 * row[key]:.3f}" for key in ("total", "mean", "std", "min",
+                                                                  "max")),
+                          f"{share:.1f}"))
+        return _format_table(lines)
+
+    def utilisation(self) -> dict[str, float]:
+        """Fraction of the makespan each worker spent running tasks (0 for idle ones)."""
+        makespan = self.makespan
+        busy = self._busy_seconds()
+        return {w: (busy[w] / makespan if makespan > 0 else 0.0) for w in self.workers}
+
+    def _busy_seconds(self) -> dict[str, float]:
+        """Seconds each worker ran tasks (overlapping records on one worker counted once)."""
+        intervals: dict[str, list[tuple[float, float]]] = {w: [] for w in self.workers}
+        for r in self.records:
+            intervals[r.worker].append((r.start, r.end))
+        busy = {}
+        for worker, spans in intervals.items():
+            total, reach = 0.0, -math.inf
+            for start, end in sorted(spans):
+                if end > reach:
+                    total += end - max(start, reach)
+                    reach = end
+            busy[worker] = total
+        return busy
+
+    def format_utilisation(self) -> str:
+        """:meth:`utilisation` as an aligned table with task counts and busy time."""
+        utilisation = self.utilisation()
+        busy = self._busy_seconds()
+        devices = self._worker_devices()
+        counts = {w: 0 for w in self.workers}
+        for r in self.records:
+            counts[r.worker] += 1
+        lines = [("worker", "device", "tasks", "busy ms", "util %", "")]
+        for w in self.workers:
+            fraction = utilisation[w]
+            lines.append((w, devices.get(w, "-"), str(counts[w]), f"{1e3 * busy[w]:.3f}",
+                          f"{100 * fraction:.1f}", "#" * round(20 * fraction)))
+        table = _format_table(lines, left=frozenset({0, 1, 5}))
+        return f"{table}\nmakespan {1e3 * self.makespan:.3f} ms over {len(self.workers)} workers"
+
+    # -- exporters ----------------------------------------------------------------------------
+
+    def chrome_events(self) -> list[dict]:
+        """The Chrome trace events of :meth:`to_chrome` (times in microseconds)."""
+        origin = self.origin
+        devices = self._worker_devices()
+        kinds = sorted(set(devices.values()))
+        pid_of_kind = {kind: i + 1 for i, kind in enumerate(kinds)}
+        idle_pid = len(kinds) + 1
+        tid_of = {w: i + 1 for i, w in enumerate(self.workers)}
+        pid_of = {w: pid_of_kind.get(devices.get(w), idle_pid) for w in self.workers}
+
+        events = []
+        for kind, pid in pid_of_kind.items():
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": kind}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": pid}})
+        if any(w not in devices for w in self.workers):
+            events.append({"ph": "M", "name": "process_name", "pid": idle_pid, "tid": 0,
+                           "args": {"name": "idle workers"}})
+        for w in self.workers:
+            events.append({"ph": "M", "name": "thread_name", "pid": pid_of[w], "tid": tid_of[w],
+                           "args": {"name": w}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid_of[w],
+                           "tid": tid_of[w], "args": {"sort_index": tid_of[w]}})
+
+        def us(t):
+            return (t - origin) * 1e6
+
+        by_id = {r.task_id: r for r in self.records}
+        for r in self.records:
+            args = {"codelet": r.codelet, "variant": r.variant, "task_id": r.task_id,
+                    "bytes_in": r.bytes_in, "node": r.node,
+                    "waiting_us": (r.ready - r.submit) * 1e6,
+                    "queued_us": (r.start - r.ready) * 1e6}
+            if r.error is not None:
+                args["error"] = r.error
+            events.append({"ph": "X", "name": r.codelet, "cat": r.device, "ts": us(r.start),
+                           "dur": (r.end - r.start) * 1e6, "pid": pid_of[r.worker],
+                           "tid": tid_of[r.worker], "args": args})
+        # Flow arrows (flow events v1): out of each dependency, into the task.
+        flow_id = 0
+        for r in self.records:
+            for dep in r.deps:
+                source = by_id.get(dep)
+                if source is None:  # a task outside this trace (e.g. an earlier step)
+                    continue
+                flow_id += 1
+                events.append({"ph": "s", "name": "dep", "cat": "dep", "id": flow_id,
+                               "ts": us(source.start), "pid": pid_of[source.worker],
+                               "tid": tid_of[source.worker]})
+                events.append({"ph": "f", "bp": "e", "name": "dep", "cat": "dep", "id": flow_id,
+                               "ts": us(r.start), "pid": pid_of[r.worker],
+                               "tid": tid_of[r.worker]})
+        return events
+
+    def to_chrome(self, path) -> Path:
+        """Write a Chrome trace event JSON file (open it in Perfetto or chrome://tracing)."""
+        document = {"traceEvents": self.chrome_events(), "displayTimeUnit": "ms",
+                    "otherData": {"producer": "hetero_nn", "tasks": len(self.records),
+                                  "makespan_s": self.makespan}}
+        data = json.dumps(document, separators=(",", ":")).encode()
+        return _write_atomically(path, lambda f: f.write(data))
+
+    def dot(self) -> str:
+        """The executed DAG in Graphviz DOT: a node ``codelet#id`` per task, coloured by worker."""
+        colour = {w: _WORKER_COLOURS[i % len(_WORKER_COLOURS)] for i, w in enumerate(self.workers)}
+        lines = ["digraph trace {", "  rankdir=TB;",
+                 '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
+        ids = {r.task_id for r in self.records}
+        for r in self.records:
+            tooltip = (f"{r.codelet} ({r.variant}) on {r.worker}, "
+                       f"{1e3 * r.duration:.3f} ms")
+            attributes = [f"label={_dot_string(f'{r.codelet}#{r.task_id}')}",
+                          f"fillcolor={_dot_string(colour[r.worker])}",
+                          f"tooltip={_dot_string(tooltip)}"]
+            if r.error is not None:
+                attributes += ['color="red"', "penwidth=3"]
+            lines.append(f"  t{r.task_id} [{', '.join(attributes)}];")
+        for r in self.records:
+            for dep in r.deps:
+                if dep in ids:
+                    lines.append(f"  t{dep} -> t{r.task_id};")
+        lines.append("  subgraph cluster_workers {")
+        lines.append('    label="workers"; style=dashed;')
+        for i, w in enumerate(self.workers):
+            lines.append(f"    worker{i} [label={_dot_string(w)}, "
+                         f"fillcolor={_dot_string(colour[w])}];")
+        lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def to_dot(self, path) -> Path:
+        """Write :meth:`dot` to ``path`` (render with ``dot -Tsvg path -o dag.svg``)."""
+        data = self.dot().encode()
+        return _write_atomically(path, lambda f: f.write(data))
+
+    def gantt(self, path, title: str | None = None) -> Path:
+        """Write a PNG Gantt chart: a row per worker, a colour per codelet, a legend.
+
+        Needs matplotlib (``pip install hetero-nn[plot]``).
+        """
+        try:
+            import matplotlib
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+            from matplotlib.patches import Patch
+        except ImportError as exc:
+            raise ImportError("Trace.gantt needs matplotlib: pip install hetero-nn[plot]") from exc
+
+        origin = self.origin
+        codelets = sorted({r.codelet for r in self.records})
+        palette = matplotlib.colormaps["tab20"]
+        colour = {c: palette(i % palette.N) for i, c in enumerate(codelets)}
+        row = {w: i for i, w in enumerate(self.workers)}
+        bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for r in self.records:
+            bars.setdefault((r.worker, r.codelet), []).append(
+                (1e3 * (r.start - origin), 1e3 * r.duration))
+
+        height = max(2.5, 0.5 * len(self.workers) + 1.5)
+        figure = Figure(figsize=(11, height), dpi=100, layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        for (worker, codelet), spans in bars.items():
+            axes.broken_barh(spans, (row[worker] - 0.4, 0.8), facecolors=colour[codelet],
+                             edgecolor="black", linewidth=0.3)
+        axes.set_yticks(range(len(self.workers)), self.workers)
+        axes.set_ylim(len(self.workers) - 0.5, -0.5)
+        axes.set_xlim(0, max(1e3 * self.makespan, 1e-3))
+        axes.set_xlabel("time since first submit (ms)")
+        axes.set_title(title or f"{len(self.records)} tasks, makespan {1e3 * self.makespan:.3f} ms")
+        if codelets:
+            axes.legend(handles=[Patch(facecolor=colour[c], label=c) for c in codelets],
+                        loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                        title="codelet")
+        axes.grid(axis="x", alpha=0.3)
+        return _write_atomically(path, lambda f: figure.savefig(f, format="png"))
+
+    def to_json(self, path) -> Path:
+        """Write the raw records (and worker list) as JSON; read back with :meth:`from_json`."""
+        document = {"format": _JSON_FORMAT, "version": _JSON_VERSION, "workers": self.workers,
+                    "records": [dataclasses.asdict(r) for r in self.records]}
+        data = json.dumps(document, indent=1).encode()
+        return _write_atomically(path, lambda f: f.write(data))
+
+    @classmethod
+    def from_json(cls, path) -> "Trace":
+        """Read a trace written by :meth:`to_json`."""
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+        if not isinstance(document, dict) or document.get("format") != _JSON_FORMAT:
+            raise ValueError(f"{path}: not a hetero_nn trace (no 'format': {_JSON_FORMAT!r})")
+        if document.get("version") != _JSON_VERSION:
+            raise ValueError(f"{path}: trace format version {document.get('version')!r}, "
+                             f"this hetero_nn reads version {_JSON_VERSION}")
+        records = []
+        for fields in document["records"]:
+            fields = dict(fields)
+            fields["deps"] = tuple(fields.get("deps", ()))
+            records.append(TaskRecord(**fields))
+        return cls(records, workers=document.get("workers"))
+
+    def __repr__(self):
+        return (f"Trace({len(self.records)} tasks, {len(self.workers)} workers, "
+                f"makespan {1e3 * self.makespan:.3f} ms)")
+
+
+def _format_table(rows: list[tuple[str, ...]], left: frozenset = frozenset({0, 1})) -> str:
+    """Align ``rows`` (the first is the header): columns in ``left`` to the left, others right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) if i in left else cell.rjust(width)
+                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths).rstrip())
+    return "\n".join(lines)
