@@ -1,0 +1,294 @@
+"""Dense (fully connected) layer codelets: forward, input gradient, parameter gradients.
+
+The layer computes ``y = x @ w.T + b`` with ``x[N, I]``, ``w[O, I]``,
+``b[O]``, ``y[N, O]`` (PyTorch's ``nn.Linear`` layout). Backward gives
+``dx = dy @ w`` and the parameter gradients ``dw = dy.T @ x``,
+``db = dy.sum(0)``, which are REDUX: each batch partition adds its share into a
+private partial and the runtime sums the partials.
+
+Variants
+--------
+``"ref"``
+    NumPy, i.e. one BLAS GEMM: the reference maths and, being BLAS, a strong
+    CPU candidate.
+``"cpu"``
+    Numba loops register-blocked over four samples, with innermost loops that
+    run along contiguous rows so LLVM vectorises them without ``fastmath``.
+``"cuda"``
+    The same GEMMs written against ``xp`` (cuBLAS through CuPy on a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ._jit import jit
+from .codelet import REDUX, R, W, Codelet
+from .reduce import add_redux, zero_init
+from .xp import array_module
+
+__all__ = ["dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
+           "dense_bwd_weight"]
+
+
+
+def _check_dense(name, x, w, y, b=None):
+    """Shapes of ``x[N, I]``, ``w[O, I]``, ``y[N, O]`` and ``b[O]``; Numba does not bounds-check."""
+    if x.ndim != 2 or w.ndim != 2 or y.ndim != 2:
+        raise ValueError(f"{name}: expected 2-d x, w and output, got shapes "
+                         f"{x.shape}, {w.shape}, {y.shape}")
+    n, i = x.shape
+    o = w.shape[0]
+    if w.shape[1] != i or y.shape != (n, o):
+        raise ValueError(f"{name}: x {x.shape} and w {w.shape} give ({n}, {o}), "
+                         f"output is {y.shape}")
+    if b is not None and b.shape != (o,):
+        raise ValueError(f"{name}: bias shape {b.shape}, expected ({o},)")
+
+
+# --------------------------------------------------------------------------- forward
+
+def _dense_fwd_ref(x, w, b, y):
+    np.matmul(x, w.T, out=y)
+    y += b
+
+
+def _dense_fwd_nobias_ref(x, w, y):
+    np.matmul(x, w.T, out=y)
+
+
+@jit
+def _dense_fwd_cpu(x, wt, y):
+    """``y += x @ wt`` with ``wt[I, O]`` (the transposed weight); y holds the bias or 0."""
+    n_samples, n_in = x.shape
+    n_out = wt.shape[1]
+    n_blocked = n_samples - n_samples % 4
+    for n in range(0, n_blocked, 4):
+        for i in range(n_in):
+            x0 = x[n, i]
+            x1 = x[n + 1, i]
+            x2 = x[n + 2, i]
+            x3 = x[n + 3, i]
+            for o in range(n_out):
+                wv = wt[i, o]
+                y[n, o] += x0 * wv
+                y[n + 1, o] += x1 * wv
+                y[n + 2, o] += x2 * wv
+                y[n + 3, o] += x3 * wv
+    for n in range(n_blocked, n_samples):
+        for i in range(n_in):
+            xv = x[n, i]
+            for o in range(n_out):
+                y[n, o] += xv * wt[i, o]
+
+
+def _dense_fwd_cpu_wrapper(x, w, b, y):
+    _check_dense("dense_fwd", x, w, y, b)
+    y[...] = b
+    _dense_fwd_cpu(x, np.ascontiguousarray(w.T), y)
+
+
+def _dense_fwd_nobias_cpu_wrapper(x, w, y):
+    _check_dense("dense_fwd_nobias", x, w, y)
+    y[...] = 0
+    _dense_fwd_cpu(x, np.ascontiguousarray(w.T), y)
+
+
+def _dense_fwd_cuda(x, w, b, y):
+    xp = array_module(x, w, b, y)
+    xp.matmul(x, w.T, out=y)
+    y += b
+
+
+def _dense_fwd_nobias_cuda(x, w, y):
+    xp = array_module(x, w, y)
+    xp.matmul(x, w.T, out=y)
+
+
+def _rows(a, name, output=False):
+    """``a`` of shape ``(n, *features)`` seen as ``(n, prod(features))`` through a view.
+
+    This is what lets ``Flatten`` be a view with no task: a dense layer reads
+    the convolution's 4-D output, and writes its input gradient in that shape.
+    """
+    if a.ndim == 2:
+        return a
+    if output and not a.flags.c_contiguous:
+        raise ValueError(f"{name}: output of shape {a.shape} must be C-contiguous to be written as rows")
+    return a.reshape(a.shape[0], -1)
+
+
+def _rowwise(variants, index, output=False):
+    """Variants whose operand ``index`` may have trailing feature dimensions."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def variant(*arrays, **params):
+            arrays = list(arrays)
+            arrays[index] = _rows(arrays[index], fn.__name__, output)
+            return fn(*arrays, **params)
+        return variant
+    return {name: wrap(fn) for name, fn in variants.items()}
+
+
+def _dense_fwd_flops(x, w, *rest, **params):
+    n, i = x[0], math.prod(x[1:])
+    o = w[0]
+    return 2.0 * n * i * o + (n * o if len(rest) == 2 else 0)
+
+
+dense_fwd = Codelet(
+    "dense_fwd", modes=(R, R, R, W),
+    variants=_rowwise({"ref": _dense_fwd_ref, "cpu": _dense_fwd_cpu_wrapper,
+                       "cuda": _dense_fwd_cuda}, 0),
+    flops=_dense_fwd_flops,
+)
+"""``y = x @ w.T + b`` (R x[N,I], R w[O,I], R b[O], W y[N,O])."""
+
+dense_fwd_nobias = Codelet(
+    "dense_fwd_nobias", modes=(R, R, W),
+    variants=_rowwise({"ref": _dense_fwd_nobias_ref, "cpu": _dense_fwd_nobias_cpu_wrapper,
+                       "cuda": _dense_fwd_nobias_cuda}, 0),
+    flops=_dense_fwd_flops,
+)
+"""``y = x @ w.T`` (R x[N,I], R w[O,I], W y[N,O])."""
+
+
+# --------------------------------------------------------------------------- input gradient
+
+def _dense_bwd_input_ref(dy, w, dx):
+    np.matmul(dy, w, out=dx)
+
+
+@jit
+def _dense_bwd_input_cpu(dy, w, dx):
+    """``dx = dy @ w``: axpy of contiguous rows of w into rows of dx."""
+    n_samples, n_out = dy.shape
+    n_in = w.shape[1]
+    n_blocked = n_samples - n_samples % 4
+    for n in range(n_samples):
+        for i in range(n_in):
+            dx[n, i] = 0
+    for n in range(0, n_blocked, 4):
+        for o in range(n_out):
+            d0 = dy[n, o]
+            d1 = dy[n + 1, o]
+            d2 = dy[n + 2, o]
+            d3 = dy[n + 3, o]
+            for i in range(n_in):
+                wv = w[o, i]
+                dx[n, i] += d0 * wv
+                dx[n + 1, i] += d1 * wv
+                dx[n + 2, i] += d2 * wv
+                dx[n + 3, i] += d3 * wv
+    for n in range(n_blocked, n_samples):
+        for o in range(n_out):
+            dv = dy[n, o]
+            for i in range(n_in):
+                dx[n, i] += dv * w[o, i]
+
+
+def _dense_bwd_input_cpu_wrapper(dy, w, dx):
+    _check_dense("dense_bwd_input", dx, w, dy)
+    _dense_bwd_input_cpu(dy, w, dx)
+
+
+def _dense_bwd_input_cuda(dy, w, dx):
+    xp = array_module(dy, w, dx)
+    xp.matmul(dy, w, out=dx)
+
+
+dense_bwd_input = Codelet(
+    "dense_bwd_input", modes=(R, R, W),
+    variants=_rowwise({"ref": _dense_bwd_input_ref, "cpu": _dense_bwd_input_cpu_wrapper,
+                       "cuda": _dense_bwd_input_cuda}, 2, output=True),
+    flops=lambda dy, w, dx, **params: 2.0 * dy[0] * dy[1] * w[1],
+)
+"""``dx = dy @ w`` (R dy[N,O], R w[O,I], W dx[N,I])."""
+
+
+# --------------------------------------------------------------------------- parameter gradients
+
+def _dense_bwd_params_ref(x, dy, dw, db):
+    dw += dy.T @ x
+    db += dy.sum(axis=0)
+
+
+def _dense_bwd_weight_ref(x, dy, dw):
+    dw += dy.T @ x
+
+
+@jit
+def _dense_bwd_weight_cpu(x, dy, dw):
+    """``dw += dy.T @ x``: four samples' rows of x folded into each row of dw per pass."""
+    n_samples, n_in = x.shape
+    n_out = dy.shape[1]
+    n_blocked = n_samples - n_samples % 4
+    for n in range(0, n_blocked, 4):
+        for o in range(n_out):
+            d0 = dy[n, o]
+            d1 = dy[n + 1, o]
+            d2 = dy[n + 2, o]
+            d3 = dy[n + 3, o]
+            for i in range(n_in):
+                dw[o, i] += d0 * x[n, i] + d1 * x[n + 1, i] + d2 * x[n + 2, i] + d3 * x[n + 3, i]
+    for n in range(n_blocked, n_samples):
+        for o in range(n_out):
+            dv = dy[n, o]
+            for i in range(n_in):
+                dw[o, i] += dv * x[n, i]
+
+
+@jit
+def _dense_bwd_bias_cpu(dy, db):
+    """``db += dy.sum(0)``."""
+    for n in range(dy.shape[0]):
+        for o in range(dy.shape[1]):
+            db[o] += dy[n, o]
+
+
+def _dense_bwd_params_cpu_wrapper(x, dy, dw, db):
+    _check_dense("dense_bwd_params", x, dw, dy, db)
+    _dense_bwd_weight_cpu(x, dy, dw)
+    _dense_bwd_bias_cpu(dy, db)
+
+
+def _dense_bwd_weight_cpu_wrapper(x, dy, dw):
+    _check_dense("dense_bwd_weight", x, dw, dy)
+    _dense_bwd_weight_cpu(x, dy, dw)
+
+
+def _dense_bwd_params_cuda(x, dy, dw, db):
+    xp = array_module(x, dy, dw, db)
+    dw += xp.matmul(dy.T, x)
+    db += dy.sum(axis=0)
+
+
+def _dense_bwd_weight_cuda(x, dy, dw):
+    xp = array_module(x, dy, dw)
+    dw += xp.matmul(dy.T, x)
+
+
+def _dense_bwd_params_flops(x, dy, *grads, **params):
+    n, i = x[0], math.prod(x[1:])
+    o = dy[1]
+    return 2.0 * n * i * o + (n * o if len(grads) == 2 else 0)
+
+
+dense_bwd_params = Codelet(
+    "dense_bwd_params", modes=(R, R, REDUX, REDUX),
+    variants=_rowwise({"ref": _dense_bwd_params_ref, "cpu": _dense_bwd_params_cpu_wrapper,
+                       "cuda": _dense_bwd_params_cuda}, 0),
+    init=zero_init, redux=add_redux, flops=_dense_bwd_params_flops,
+)
+"""``dw += dy.T @ x; db += dy.sum(0)`` (R x[N,I], R dy[N,O], REDUX dw[O,I], REDUX db[O])."""
+
+dense_bwd_weight = Codelet(
+    "dense_bwd_weight", modes=(R, R, REDUX),
+    variants=_rowwise({"ref": _dense_bwd_weight_ref, "cpu": _dense_bwd_weight_cpu_wrapper,
+                       "cuda": _dense_bwd_weight_cuda}, 0),
+    init=zero_init, redux=add_redux, flops=_dense_bwd_params_flops,
+)
+"""``dw += dy.T @ x`` (R x[N,I], R dy[N,O], REDUX dw[O,I]) for a layer without bias."""

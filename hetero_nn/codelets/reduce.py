@@ -1,0 +1,158 @@
+"""Reduction helpers and the elementwise buffer codelets: zero, add, copy.
+
+This module owns
+
+- ``zero_init`` and ``add_redux``, the ``init``/``redux`` pair every REDUX
+  codelet declares (a private partial starts at zero; two partials combine by
+  ``dst += src``). Both are written against the array module of their operands,
+  so one function serves NumPy buffers and CuPy buffers alike;
+- the codelets ``fill_zero`` (W x), ``add`` (RW dst, R src) and ``copy``
+  (R src, W dst), which the runtime uses for reduction trees, gradient resets
+  and replica copies;
+- ``flat_view``, the 1-d view the Numba kernels of this package work on.
+
+Every codelet has a ``"ref"`` variant (NumPy), a ``"cpu"`` variant (a Numba
+kernel over the flattened buffers) and a ``"cuda"`` variant written against
+``xp`` (CuPy on a GPU, NumPy in CI).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import jit
+from .codelet import RW, R, W, Codelet
+from .xp import array_module
+
+__all__ = ["zero_init", "add_redux", "flat_view", "fill_zero", "add", "copy"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+def zero_init(a) -> None:
+    """Fill a REDUX partial with the identity of a sum (mutates ``a``)."""
+    a[...] = 0
+
+
+def add_redux(dst, src) -> None:
+    """Combine two REDUX partials: ``dst += src`` (mutates ``dst``)."""
+    dst += src
+
+
+def flat_view(a):
+    """A 1-d view of ``a`` that shares its memory, or ``None`` if there is none.
+
+    Kernels work on flat buffers; a non-contiguous operand (a handle split along
+    an inner axis) has no flat view, and the wrappers then go through a
+    contiguous copy.
+    """
+    if a.flags.c_contiguous:
+        return a.reshape(-1)
+    return None
+
+
+def _check_same_size(name, a, b):
+    if a.size != b.size:
+        raise ValueError(f"{name}: operands have {a.size} and {b.size} elements "
+                         f"(shapes {a.shape} and {b.shape})")
+
+
+# --------------------------------------------------------------------------- fill_zero
+
+def _fill_zero_ref(x):
+    x[...] = 0
+
+
+@jit
+def _fill_zero_cpu(x):
+    for i in range(x.shape[0]):
+        x[i] = 0
+
+
+def _fill_zero_cpu_wrapper(x):
+    flat = flat_view(x)
+    if flat is None:
+        x[...] = 0
+        return
+    _fill_zero_cpu(flat)
+
+
+def _fill_zero_cuda(x):
+    xp = array_module(x)
+    x[...] = xp.zeros((), dtype=x.dtype)
+
+
+fill_zero = Codelet(
+    "fill_zero", modes=(W,),
+    variants={"ref": _fill_zero_ref, "cpu": _fill_zero_cpu_wrapper, "cuda": _fill_zero_cuda},
+    flops=lambda x, **params: float(np.prod(x)),
+)
+"""``x[...] = 0``: resets a buffer (W x)."""
+
+
+# --------------------------------------------------------------------------- add
+
+def _add_ref(dst, src):
+    np.add(dst, src, out=dst)
+
+
+@jit
+def _add_cpu(dst, src):
+    for i in range(dst.shape[0]):
+        dst[i] += src[i]
+
+
+def _add_cpu_wrapper(dst, src):
+    _check_same_size("add", dst, src)
+    dst_flat = flat_view(dst)
+    if dst_flat is None:
+        dst += src.reshape(dst.shape)
+        return
+    _add_cpu(dst_flat, np.ascontiguousarray(src).reshape(-1))
+
+
+def _add_cuda(dst, src):
+    xp = array_module(dst, src)
+    xp.add(dst, src, out=dst)
+
+
+add = Codelet(
+    "add", modes=(RW, R),
+    variants={"ref": _add_ref, "cpu": _add_cpu_wrapper, "cuda": _add_cuda},
+    flops=lambda dst, src, **params: float(np.prod(dst)),
+)
+"""``dst += src`` (RW dst, R src): one node of a REDUX tree."""
+
+
+# --------------------------------------------------------------------------- copy
+
+def _copy_ref(src, dst):
+    np.copyto(dst, src, casting="same_kind")
+
+
+@jit
+def _copy_cpu(src, dst):
+    for i in range(dst.shape[0]):
+        dst[i] = src[i]
+
+
+def _copy_cpu_wrapper(src, dst):
+    _check_same_size("copy", src, dst)
+    dst_flat = flat_view(dst)
+    if dst_flat is None:
+        dst[...] = src.reshape(dst.shape)
+        return
+    _copy_cpu(np.ascontiguousarray(src).reshape(-1), dst_flat)
+
+
+def _copy_cuda(src, dst):
+    xp = array_module(src, dst)
+    xp.copyto(dst, src, casting="same_kind")
+
+
+copy = Codelet(
+    "copy", modes=(R, W),
+    variants={"ref": _copy_ref, "cpu": _copy_cpu_wrapper, "cuda": _copy_cuda},
+    flops=lambda src, dst, **params: float(np.prod(dst)),
+)
+"""``dst[...] = src`` (R src, W dst)."""

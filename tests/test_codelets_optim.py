@@ -1,0 +1,168 @@
+"""Optimizer codelets against torch.optim.SGD and torch.optim.Adam, run for several
+steps with the same gradients over a grid of hyper-parameters."""
+
+import numpy as np
+import pytest
+import torch
+
+from hetero_nn.codelets import optim
+from hetero_nn.codelets.xp import cupy_or_none
+
+TOL = {np.float64: 1e-10, np.float32: 1e-4}
+DTYPES = [np.float64, np.float32]
+N_STEPS = 5
+
+
+def rel_err(actual, expected):
+    """Largest absolute difference relative to the largest magnitude of ``expected``."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
+    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
+
+
+def problem(seed, dtype, shape=(7, 19)):
+    """A parameter and one gradient per step."""
+    rng = np.random.default_rng(seed)
+    param = rng.standard_normal(shape).astype(dtype)
+    grads = [rng.standard_normal(shape).astype(dtype) for _ in range(N_STEPS)]
+    return param, grads
+
+
+def config_id(config):
+    return "-".join(f"{k}={v}" for k, v in config.items())
+
+
+SGD_CONFIGS = [
+    dict(lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
+    dict(lr=0.05, momentum=0.0, dampening=0.0, weight_decay=1e-2, nesterov=False),
+    dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False),
+    dict(lr=0.03, momentum=0.8, dampening=0.3, weight_decay=5e-3, nesterov=False),
+    dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=True),
+    dict(lr=0.2, momentum=0.5, dampening=0.0, weight_decay=1e-1, nesterov=True),
+]
+
+
+def torch_sgd(param, grads, config):
+    p = torch.from_numpy(param.copy())
+    opt = torch.optim.SGD([p], foreach=False, **config)
+    for g in grads:
+        p.grad = torch.from_numpy(g)
+        opt.step()
+    buf = opt.state[p].get("momentum_buffer")
+    return p.numpy(), None if buf is None else buf.numpy()
+
+
+@pytest.mark.parametrize("config", SGD_CONFIGS, ids=config_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(optim.sgd_step.variants))
+def test_sgd_matches_torch(variant, dtype, config):
+    param, grads = problem(1, dtype)
+    expected_param, expected_buf = torch_sgd(param, grads, config)
+
+    p = param.copy()
+    buf = np.full_like(param, np.nan)  # overwritten on the first step
+    for step, g in enumerate(grads):
+        optim.sgd_step.variants[variant](p, g, buf, first=(step == 0), **config)
+    assert p.dtype == dtype
+    assert rel_err(p, expected_param) <= TOL[dtype]
+    if config["momentum"] != 0:
+        assert rel_err(buf, expected_buf) <= TOL[dtype]
+
+    if config["momentum"] == 0:
+        p = param.copy()
+        for g in grads:
+            optim.sgd_step_plain.variants[variant](p, g, lr=config["lr"],
+                                                    weight_decay=config["weight_decay"])
+        assert rel_err(p, expected_param) <= TOL[dtype]
+
+
+ADAM_CONFIGS = [
+    dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=1e-2),
+    dict(lr=5e-2, betas=(0.3, 0.9), eps=1e-3, weight_decay=0.0),  # lerp weight >= 0.5
+    dict(lr=1e-1, betas=(0.5, 0.5), eps=1e-8, weight_decay=1e-1),
+]
+
+
+def torch_adam(param, grads, config):
+    p = torch.from_numpy(param.copy())
+    opt = torch.optim.Adam([p], foreach=False, **config)
+    for g in grads:
+        p.grad = torch.from_numpy(g)
+        opt.step()
+    state = opt.state[p]
+    return p.numpy(), state["exp_avg"].numpy(), state["exp_avg_sq"].numpy()
+
+
+@pytest.mark.parametrize("config", ADAM_CONFIGS, ids=config_id)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(optim.adam_step.variants))
+def test_adam_matches_torch(variant, dtype, config):
+    param, grads = problem(2, dtype)
+    expected = torch_adam(param, grads, config)
+
+    p = param.copy()
+    exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
+    beta1, beta2 = config["betas"]
+    for step, g in enumerate(grads, start=1):
+        optim.adam_step.variants[variant](p, g, exp_avg, exp_avg_sq, lr=config["lr"], beta1=beta1,
+                                          beta2=beta2, eps=config["eps"],
+                                          weight_decay=config["weight_decay"], step=step)
+    for actual, wanted in zip((p, exp_avg, exp_avg_sq), expected):
+        assert actual.dtype == dtype
+        assert rel_err(actual, wanted) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("variant", sorted(optim.adam_step.variants))
+def test_adam_rejects_step_zero(variant):
+    a = np.zeros(3)
+    with pytest.raises(ValueError, match="step counts from 1"):
+        optim.adam_step.variants[variant](a, a.copy(), a.copy(), a.copy(), lr=0.1, step=0)
+
+
+def test_cpu_variants_refuse_non_contiguous_state():
+    """An in-place update through a copy would be lost: the wrapper must say so."""
+    param = np.zeros((4, 6))[:, ::2]
+    grad = np.ones((4, 3))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        optim.sgd_step_plain.variants["cpu"](param, grad, lr=0.1)
+    with pytest.raises(ValueError, match="one shape"):
+        optim.sgd_step_plain.variants["cpu"](np.zeros(3), np.zeros(4), lr=0.1)
+
+
+@pytest.mark.parametrize("variant", sorted(optim.sgd_step.variants))
+def test_strided_gradient_is_read_correctly(variant):
+    rng = np.random.default_rng(6)
+    param = rng.standard_normal((5, 4))
+    grad = rng.standard_normal((4, 5)).T
+    expected, _ = torch_sgd(param, [np.ascontiguousarray(grad)], dict(lr=0.5))
+    p = param.copy()
+    optim.sgd_step_plain.variants[variant](p, grad, lr=0.5)
+    assert rel_err(p, expected) <= 1e-15
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_variants_on_cupy_match_ref(dtype):
+    cupy = cupy_or_none()
+    if cupy is None:
+        pytest.skip("CuPy or a GPU is not available")
+    param, grads = problem(3, dtype)
+    sgd = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3, nesterov=False)
+    host = [param.copy(), np.zeros_like(param)]
+    dev = [cupy.asarray(param), cupy.zeros(param.shape, dtype)]
+    for step, g in enumerate(grads):
+        optim.sgd_step.variants["ref"](host[0], g, host[1], first=(step == 0), **sgd)
+        optim.sgd_step.variants["cuda"](dev[0], cupy.asarray(g), dev[1], first=(step == 0), **sgd)
+    for h, d in zip(host, dev):
+        assert rel_err(cupy.asnumpy(d), h) <= TOL[dtype]
+
+    adam = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=1e-2)
+    host = [param.copy(), np.zeros_like(param), np.zeros_like(param)]
+    dev = [cupy.asarray(param), cupy.zeros(param.shape, dtype), cupy.zeros(param.shape, dtype)]
+    for step, g in enumerate(grads, start=1):
+        optim.adam_step.variants["ref"](host[0], g, *host[1:], step=step, **adam)
+        optim.adam_step.variants["cuda"](dev[0], cupy.asarray(g), *dev[1:], step=step, **adam)
+    for h, d in zip(host, dev):
+        assert rel_err(cupy.asnumpy(d), h) <= TOL[dtype]
