@@ -8,3 +8,6 @@ from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatErro
 __version__ = "0.1.0"
 from .arena import Arena, ArenaPair, Handle
 from .scheduler import POLICIES, PerfModel, Runtime, Trace
+from . import losses, optim
+from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_seed
+from .trainer import Trainer

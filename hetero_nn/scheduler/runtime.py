@@ -183,7 +183,7 @@ class Runtime:
             eligible = self._compute_eligible(codelet)
         task = _Task(next(self._ids), codelet, None, modes, params, _perf())
         task.eligible = eligible
-        ops = list(handles)
+        redux = False
         for i, h in enumerate(handles):
             if type(h) is not Handle or h.owner is not self:
                 self._bad_operand(codelet, i, h)
@@ -192,19 +192,27 @@ class Runtime:
                                   f"{h.name!r} belongs to an earlier flush; its arena was reset")
             m = modes[i]
             if m is REDUX:
-                if h.root in self._redux_roots:
-                    self._combine_family(h.root, keep=h)
-                partial = Handle(h.shape, h.dtype, f"{h.name}.partial{len(h._redux)}", owner=self,
-                                 temporary=True, generation=self._generation)
-                partial._last_writer = task
-                h._redux.append((partial, codelet))
-                self._redux_roots.add(h.root)
-                ops[i] = partial
+                redux = True
             elif m is not SCRATCH:
                 if h.root in self._redux_roots:
                     self._combine_family(h.root)
                 self._depend(task, h, m is not R)
-        task.handles = ops
+        if redux:  # after the other operands, so no combine ever takes this task's own partials
+            ops = list(handles)
+            keep = {h for h, m in zip(handles, modes) if m is REDUX}
+            for i, h in enumerate(handles):
+                if modes[i] is REDUX:
+                    if h.root in self._redux_roots:
+                        self._combine_family(h.root, keep=keep)
+                    partial = Handle(h.shape, h.dtype, f"{h.name}.partial{len(h._redux)}",
+                                     owner=self, temporary=True, generation=self._generation)
+                    partial._last_writer = task
+                    h._redux.append((partial, codelet))
+                    self._redux_roots.add(h.root)
+                    ops[i] = partial
+            task.handles = ops
+        else:
+            task.handles = handles
         task.npred = len(task.preds)
         for p in task.preds:
             p.succ.append(task)
@@ -266,14 +274,19 @@ class Runtime:
             self._redux_codelets[codelet] = rc
         return rc
 
-    def _combine_family(self, root, keep=None):
-        """Submit the REDUX trees pending anywhere in ``root``'s partition tree but ``keep``."""
+    def _combine_family(self, root, keep=()):
+        """Submit the REDUX trees pending anywhere in ``root``'s partition tree, but those
+        of the handles in ``keep`` (the REDUX operands of the task being submitted)."""
         self._redux_roots.discard(root)
         family = [root, *root.descendants()] if root.children else [root]
+        kept = False
         for x in family:
-            if x._redux and x is not keep:
-                self._combine(x)
-        if keep is not None and keep._redux:
+            if x._redux:
+                if x in keep:
+                    kept = True
+                else:
+                    self._combine(x)
+        if kept:
             self._redux_roots.add(root)
 
     def _combine(self, h):
@@ -306,19 +319,20 @@ class Runtime:
         return c
 
     def footprint(self, task):
-        """``(footprint, size)`` of a task for the performance model (cached)."""
+        """``(footprint, size)`` of a task for the performance model (cached).
+
+        As StarPU's default footprint, it covers the operands' shapes and
+        dtypes only: parameters such as a learning rate or a step count change
+        every step without changing the cost (stride and kernel size show in
+        the output's shape).
+        """
         fp = task._fp
         if fp is None:
-            params = task.params
-            key = (task.codelet, *[h.footprint for h in task.handles],
-                   *[(k, v) for k, v in params.items() if type(v) in (int, bool, str)])
+            key = (task.codelet, *[h.footprint for h in task.handles])
             fp = self._fp_cache.get(key)
             if fp is None:
-                text = "|".join(h.footprint for h in task.handles)
-                extra = [f"{k}={v}" for k, v in key[1 + len(task.handles):]]
-                if extra:
-                    text += "|" + ",".join(extra)
-                fp = (text, task.codelet.work([h.shape for h in task.handles], params))
+                fp = ("|".join(key[1:]),
+                      task.codelet.work([h.shape for h in task.handles], task.params))
                 self._fp_cache[key] = fp
             task._fp = fp
         return fp
@@ -423,7 +437,7 @@ class Runtime:
         finally:
             self._generation += 1
             if self.tracing:
-                self._records.extend(_record(t) for t in tasks)
+                self._records.extend(_record(t) for t in tasks if t.t_start)  # not cancelled
             for t in tasks:
                 t.done = True
                 t.preds = ()
