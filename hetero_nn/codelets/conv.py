@@ -1,0 +1,723 @@
+"""Convolution codelets: 2-D forward pass, input gradient and parameter gradients.
+
+This module owns five codelets and every variant of them, the NumPy reference
+beside the fast ones so the maths is read in one place:
+
+===================  ==========================================  ===============
+codelet              operands (access mode)                       params
+===================  ==========================================  ===============
+conv2d_fwd           x (R), w (R), b (R), y (W)                   stride, padding
+conv2d_fwd_nobias    x (R), w (R), y (W)                          stride, padding
+conv2d_bwd_input     dy (R), w (R), dx (W)                        stride, padding
+conv2d_bwd_params    x (R), dy (R), dw (REDUX), db (REDUX)        stride, padding
+conv2d_bwd_weight    x (R), dy (R), dw (REDUX)                    stride, padding
+===================  ==========================================  ===============
+
+Shapes are NCHW, C-contiguous: ``x[N, C, H, W]``, ``w[O, C, KH, KW]``,
+``b[O]``, ``y[N, O, OH, OW]`` with ``OH = (H + 2*ph - KH) // sh + 1`` (zero
+padding, PyTorch's ``conv2d`` without dilation or groups). ``stride`` and
+``padding`` are an int or an ``(h, w)`` pair. Every variant keeps the input
+dtype (float32 or float64) and accumulates in it, as PyTorch's CPU path does.
+
+Variants
+--------
+``ref``
+    NumPy: a sliding-window view of the padded input contracted with the
+    weights by ``tensordot``.
+``cpu:direct``
+    Numba loops, one kernel tap at a time over "wide" rows of a zero-padded
+    copy of the sample (see the kernels' section): no column buffer, long
+    vectorised inner loops. Wins where few channels make GEMMs thin (the
+    first layer of LeNet-5).
+``cpu:im2col``
+    A Numba kernel unfolds a chunk of samples into columns ``[n, C*KH*KW,
+    OH*OW]`` (or folds them back, ``col2im``) and ``np.matmul`` does the GEMM
+    outside the kernel (Numba's ``np.dot`` needs SciPy, which we do not use).
+    Chunks are sized to stay in the core's L2 cache. Wins on wide layers.
+``cuda``
+    The im2col/GEMM formulation written against the array module of its
+    operands: CuPy on a GPU, NumPy in CI. No raw kernels.
+
+The REDUX operands (``dw``, ``db``) arrive as private partials already filled
+by ``init``; every variant *adds* its contribution to them, never overwrites.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import uintp
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ._jit import jit
+from .codelet import REDUX, R, W, Codelet
+from .reduce import add_redux, zero_init
+from .xp import array_module
+
+__all__ = [
+    "conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input", "conv2d_bwd_params",
+    "conv2d_bwd_weight", "conv2d_output_shape",
+]
+
+_inline = numba.njit(inline="always", nogil=True, fastmath=False, error_model="numpy")
+"""Flags of ``_jit.jit`` for small helpers inlined into the kernels that call them."""
+
+IM2COL_CHUNK_BYTES = 1 << 20
+"""Target size of one im2col chunk: about the L2 cache of one core."""
+
+
+# --------------------------------------------------------------------------- geometry
+
+def _pair(value, name):
+    """Normalise an int or an ``(h, w)`` pair to a pair of ints."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _geometry(x_shape, w_shape, stride, padding):
+    """Return ``(sh, sw, ph, pw, OH, OW)`` for a convolution, checking it is valid."""
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    if sh < 1 or sw < 1 or ph < 0 or pw < 0:
+        raise ValueError(f"conv2d: stride must be >= 1 and padding >= 0, "
+                         f"got stride={stride!r}, padding={padding!r}")
+    _, n_in, height, width = x_shape
+    _, w_in, kh, kw = w_shape
+    if n_in != w_in:
+        raise ValueError(f"conv2d: input {tuple(x_shape)} has {n_in} channels but the "
+                         f"weights {tuple(w_shape)} expect {w_in}")
+    out_h = (height + 2 * ph - kh) // sh + 1
+    out_w = (width + 2 * pw - kw) // sw + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"conv2d: kernel {kh}x{kw} does not fit the padded input "
+                         f"{height}x{width} (padding {ph},{pw})")
+    return sh, sw, ph, pw, out_h, out_w
+
+
+def conv2d_output_shape(x_shape, w_shape, stride=1, padding=0):
+    """Shape ``(N, O, OH, OW)`` of ``conv2d_fwd``'s output.
+
+    >>> conv2d_output_shape((64, 1, 28, 28), (6, 1, 5, 5), stride=1, padding=2)
+    (64, 6, 28, 28)
+    """
+    *_, out_h, out_w = _geometry(x_shape, w_shape, stride, padding)
+    return (int(x_shape[0]), int(w_shape[0]), out_h, out_w)
+
+
+def _require_contiguous(codelet, **arrays):
+    """Raise unless every output written through a flat view is C-contiguous.
+
+    Inputs are made contiguous by the wrappers (a no-op for arena buffers);
+    an output cannot be, as a copy would receive the results.
+    """
+    for name, a in arrays.items():
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{codelet}: operand {name!r} must be C-contiguous "
+                             f"(shape {a.shape}, strides {a.strides})")
+
+
+def _prod(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _macs(dy_shape, w_shape):
+    """Multiply-adds of one convolution: each output element sums C*KH*KW products."""
+    return _prod(dy_shape) * _prod(w_shape[1:])
+
+
+def _fwd_flops(x, w, b, y, stride=1, padding=0):
+    return 2.0 * _macs(y, w) + _prod(y)
+
+
+def _fwd_nobias_flops(x, w, y, stride=1, padding=0):
+    return 2.0 * _macs(y, w)
+
+
+def _bwd_input_flops(dy, w, dx, stride=1, padding=0):
+    return 2.0 * _macs(dy, w)
+
+
+def _bwd_params_flops(x, dy, dw, db, stride=1, padding=0):
+    return 2.0 * _macs(dy, dw) + _prod(dy)
+
+
+def _bwd_weight_flops(x, dy, dw, stride=1, padding=0):
+    return 2.0 * _macs(dy, dw)
+
+
+# --------------------------------------------------------------------------- ref (NumPy)
+
+def _windows_ref(x, kh, kw, sh, sw, ph, pw, out_h, out_w):
+    """View ``[N, C, OH, OW, KH, KW]`` of the zero-padded input under each output."""
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    windows = sliding_window_view(padded, (kh, kw), axis=(2, 3))
+    return windows[:, :, ::sh, ::sw][:, :, :out_h, :out_w]
+
+
+def conv2d_fwd_ref(x, w, b, y, stride=1, padding=0):
+    """``y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * xpad[n,c,i*sh+p,j*sw+q]``."""
+    conv2d_fwd_nobias_ref(x, w, y, stride=stride, padding=padding)
+    y += b.reshape(1, -1, 1, 1)
+
+
+def conv2d_fwd_nobias_ref(x, w, y, stride=1, padding=0):
+    """``conv2d_fwd_ref`` without the bias term."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, w.shape, stride, padding)
+    windows = _windows_ref(x, w.shape[2], w.shape[3], sh, sw, ph, pw, out_h, out_w)
+    # [N, C, OH, OW, KH, KW] x [O, C, KH, KW] -> [N, OH, OW, O]
+    y[...] = np.tensordot(windows, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+
+
+def conv2d_bwd_input_ref(dy, w, dx, stride=1, padding=0):
+    """``dx = d(sum y*dy)/dx``: every output scatters ``dy * w`` back onto its window."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
+    n_batch, n_in, height, width = dx.shape
+    kh, kw = w.shape[2], w.shape[3]
+    # [N, O, OH, OW] x [O, C, KH, KW] -> [N, OH, OW, C, KH, KW]
+    contrib = np.tensordot(dy, w, axes=([1], [0]))
+    padded = np.zeros((n_batch, n_in, height + 2 * ph, width + 2 * pw), dtype=dx.dtype)
+    for p in range(kh):
+        for q in range(kw):
+            padded[:, :, p:p + sh * (out_h - 1) + 1:sh, q:q + sw * (out_w - 1) + 1:sw] += \
+                contrib[:, :, :, :, p, q].transpose(0, 3, 1, 2)
+    dx[...] = padded[:, :, ph:ph + height, pw:pw + width]
+
+
+def conv2d_bwd_weight_ref(x, dy, dw, stride=1, padding=0):
+    """``dw += sum_{n,i,j} dy[n,o,i,j] * xpad[n,c,i*sh+p,j*sw+q]`` (REDUX: accumulates)."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, dw.shape, stride, padding)
+    windows = _windows_ref(x, dw.shape[2], dw.shape[3], sh, sw, ph, pw, out_h, out_w)
+    # [N, O, OH, OW] x [N, C, OH, OW, KH, KW] -> [O, C, KH, KW]
+    dw += np.tensordot(dy, windows, axes=([0, 2, 3], [0, 2, 3]))
+
+
+def conv2d_bwd_params_ref(x, dy, dw, db, stride=1, padding=0):
+    """``conv2d_bwd_weight_ref`` plus ``db += sum_{n,i,j} dy[n,o,i,j]`` (REDUX)."""
+    conv2d_bwd_weight_ref(x, dy, dw, stride=stride, padding=padding)
+    db += dy.sum(axis=(0, 2, 3))
+
+
+# --------------------------------------------------------------------------- Numba kernels
+#
+# Kernels index flat views of C-contiguous arrays with unsigned offsets: Numba
+# then emits no negative-index wraparound and the row loops vectorise (5-7x on
+# short rows). The row helpers are ``_inline``: Numba inlines them into each
+# kernel, as a call per row would cost more than the row.
+#
+# The direct kernels work on "wide" rows. With the input zero-padded to
+# ``HP x WP`` and an output row kept ``WP`` long (only its first ``OW``
+# entries are outputs), output ``t = i*WP + j`` reads input
+# ``(i*SH + p)*WP + j*SW + q = base(p, q) + SW*t`` when ``SH == SW``: one
+# tap of the kernel is then ONE long axpy over ``t < (OH-1)*WP + OW``
+# instead of OH rows of OW (the tail entries ``j >= OW`` are computed and
+# never read; every index stays inside the padded plane). When ``SH != SW``
+# the same loops run one output row at a time (``runs = OH``).
+
+@_inline
+def _valid_range(k, pad, stride, size, out_size):
+    """Outputs ``[lo, hi)`` whose input index ``o*stride - pad + k`` lies in ``[0, size)``."""
+    lo = -((k - pad) // stride)  # ceil((pad - k) / stride)
+    if lo < 0:
+        lo = 0
+    hi = (size - 1 + pad - k) // stride + 1
+    if hi > out_size:
+        hi = out_size
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@_inline
+def _wide_runs(sh, sw, out_h, out_w, wp):
+    """``(runs, run_len)`` of the wide layout: one long run if ``sh == sw``, else one per row."""
+    if sh == sw:
+        return 1, (out_h - 1) * wp + out_w
+    return out_h, out_w
+
+
+@_inline
+def _fill_row(dst, start, count, value):
+    """``dst[start:start+count] = value``."""
+    d = uintp(start)
+    for j in range(uintp(count)):
+        dst[d + j] = value
+
+
+@_inline
+def _gather_row(dst, d0, src, s0, step, count):
+    """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``."""
+    d, s = uintp(d0), uintp(s0)
+    if step == 1:
+        for j in range(uintp(count)):
+            dst[d + j] = src[s + j]
+    else:
+        st = uintp(step)
+        for j in range(uintp(count)):
+            dst[d + j] = src[s + st * j]
+
+
+@_inline
+def _axpy_gather_row(dst, d0, alpha, src, s0, step, count):
+    """``dst[d0 + j] += alpha * src[s0 + step*j]`` for ``j < count``."""
+    d, s = uintp(d0), uintp(s0)
+    if step == 1:
+        for j in range(uintp(count)):
+            dst[d + j] += alpha * src[s + j]
+    else:
+        st = uintp(step)
+        for j in range(uintp(count)):
+            dst[d + j] += alpha * src[s + st * j]
+
+
+@_inline
+def _axpy_scatter_row(dst, d0, step, alpha, src, s0, count):
+    """``dst[d0 + step*j] += alpha * src[s0 + j]`` for ``j < count``."""
+    d, s = uintp(d0), uintp(s0)
+    if step == 1:
+        for j in range(uintp(count)):
+            dst[d + j] += alpha * src[s + j]
+    else:
+        st = uintp(step)
+        for j in range(uintp(count)):
+            dst[d + st * j] += alpha * src[s + j]
+
+
+@_inline
+def _add_scatter_row(dst, d0, step, src, s0, count):
+    """``dst[d0 + step*j] += src[s0 + j]`` for ``j < count``."""
+    d, s = uintp(d0), uintp(s0)
+    if step == 1:
+        for j in range(uintp(count)):
+            dst[d + j] += src[s + j]
+    else:
+        st = uintp(step)
+        for j in range(uintp(count)):
+            dst[d + st * j] += src[s + j]
+
+
+@_inline
+def _mul_gather_row(lanes, l0, a, a0, b, b0, step, count):
+    """``lanes[l0 + j] += a[a0 + j] * b[b0 + step*j]``: a dot product kept lane-wise."""
+    m, s, t = uintp(l0), uintp(a0), uintp(b0)
+    if step == 1:
+        for j in range(uintp(count)):
+            lanes[m + j] += a[s + j] * b[t + j]
+    else:
+        st = uintp(step)
+        for j in range(uintp(count)):
+            lanes[m + j] += a[s + j] * b[t + st * j]
+
+
+@_inline
+def _pad_sample(xf, x0, n_in, height, width, xpad, p0, ph, pw):
+    """Copy one sample's planes (``xf[x0:]``) into the zero-bordered ``xpad[p0:]``."""
+    hp, wp = height + 2 * ph, width + 2 * pw
+    for c in range(n_in):
+        for i in range(height):
+            _gather_row(xpad, p0 + (c * hp + i + ph) * wp + pw, xf,
+                        x0 + (c * height + i) * width, 1, width)
+
+
+@_inline
+def _widen_sample(gf, g0, n_planes, out_h, out_w, wide, w0, wp, span):
+    """Copy ``n_planes`` output planes (``gf[g0:]``) into wide rows ``wide[w0 + k*span + i*wp]``."""
+    for k in range(n_planes):
+        for i in range(out_h):
+            _gather_row(wide, w0 + k * span + i * wp, gf, g0 + (k * out_h + i) * out_w, 1, out_w)
+
+
+@jit
+def _conv2d_fwd_cpu(x, w, b, has_bias, y, sh, sw, ph, pw):
+    """Direct convolution into ``y`` (overwritten), one wide output plane at a time."""
+    n_batch, n_in, height, width = x.shape
+    n_out, _, kh_size, kw_size = w.shape
+    out_h, out_w = y.shape[2], y.shape[3]
+    hp, wp = height + 2 * ph, width + 2 * pw
+    runs, run_len = _wide_runs(sh, sw, out_h, out_w, wp)
+    span = (out_h - 1) * wp + out_w
+    xf, wf, yf = x.reshape(-1), w.reshape(-1), y.reshape(-1)
+    xpad = np.zeros(n_in * hp * wp, dtype=x.dtype)  # borders stay zero
+    acc = np.empty(span, dtype=y.dtype)
+    for n in range(n_batch):
+        _pad_sample(xf, n * n_in * height * width, n_in, height, width, xpad, 0, ph, pw)
+        for o in range(n_out):
+            _fill_row(acc, 0, span, b[o] if has_bias else 0.0)
+            for c in range(n_in):
+                for p in range(kh_size):
+                    for q in range(kw_size):
+                        wv = wf[((o * n_in + c) * kh_size + p) * kw_size + q]
+                        base = (c * hp + p) * wp + q
+                        for r in range(runs):
+                            _axpy_gather_row(acc, r * wp, wv, xpad, base + r * sh * wp, sw, run_len)
+            y0 = (n * n_out + o) * out_h * out_w
+            for i in range(out_h):
+                _gather_row(yf, y0 + i * out_w, acc, i * wp, 1, out_w)
+
+
+@jit
+def _conv2d_bwd_input_cpu(dy, w, dx, sh, sw, ph, pw):
+    """Direct transposed convolution into ``dx`` (overwritten), one padded input plane at a time.
+
+    The wide gradient rows are zero past ``OW``, so the tail entries add ``w * 0``.
+    """
+    n_batch, n_in, height, width = dx.shape
+    n_out, _, kh_size, kw_size = w.shape
+    out_h, out_w = dy.shape[2], dy.shape[3]
+    hp, wp = height + 2 * ph, width + 2 * pw
+    runs, run_len = _wide_runs(sh, sw, out_h, out_w, wp)
+    span = (out_h - 1) * wp + out_w
+    gf, wf, dxf = dy.reshape(-1), w.reshape(-1), dx.reshape(-1)
+    gwide = np.zeros(n_out * span, dtype=dy.dtype)  # tails stay zero
+    plane = np.empty(hp * wp, dtype=dx.dtype)
+    for n in range(n_batch):
+        _widen_sample(gf, n * n_out * out_h * out_w, n_out, out_h, out_w, gwide, 0, wp, span)
+        for c in range(n_in):
+            _fill_row(plane, 0, hp * wp, 0.0)
+            for o in range(n_out):
+                for p in range(kh_size):
+                    for q in range(kw_size):
+                        wv = wf[((o * n_in + c) * kh_size + p) * kw_size + q]
+                        for r in range(runs):
+                            _axpy_scatter_row(plane, (p + r * sh) * wp + q, sw, wv,
+                                              gwide, o * span + r * wp, run_len)
+            x0 = (n * n_in + c) * height * width
+            for i in range(height):
+                _gather_row(dxf, x0 + i * width, plane, (i + ph) * wp + pw, 1, width)
+
+
+@jit
+def _conv2d_bwd_params_cpu(x, dy, dw, db, has_bias, sh, sw, ph, pw):
+    """Direct weight (and bias) gradient, added into ``dw`` (and ``db``).
+
+    Each ``dw[o, c, p, q]`` is a dot product over ``(n, i, j)``. Without
+    fastmath a scalar reduction does not vectorise, so for one ``(o, c)`` the
+    products of every tap are summed lane-wise over the batch into
+    ``lanes[p, q, t]`` (vector loads and stores, no reassociation) and each
+    tap's lanes are summed once at the end, over the real outputs only.
+    """
+    n_batch, n_in, height, width = x.shape
+    n_out, _, kh_size, kw_size = dw.shape
+    out_h, out_w = dy.shape[2], dy.shape[3]
+    hp, wp = height + 2 * ph, width + 2 * pw
+    runs, run_len = _wide_runs(sh, sw, out_h, out_w, wp)
+    span = (out_h - 1) * wp + out_w
+    taps = kh_size * kw_size
+    xf, gf, dwf = x.reshape(-1), dy.reshape(-1), dw.reshape(-1)
+    xpad = np.zeros(n_batch * n_in * hp * wp, dtype=x.dtype)
+    gwide = np.zeros(n_batch * n_out * span, dtype=dy.dtype)
+    lanes = np.empty(taps * span, dtype=dw.dtype)
+    for n in range(n_batch):
+        _pad_sample(xf, n * n_in * height * width, n_in, height, width,
+                    xpad, n * n_in * hp * wp, ph, pw)
+        _widen_sample(gf, n * n_out * out_h * out_w, n_out, out_h, out_w,
+                      gwide, n * n_out * span, wp, span)
+    for o in range(n_out):
+        if has_bias:
+            _fill_row(lanes, 0, span, 0.0)
+            for n in range(n_batch):
+                _add_scatter_row(lanes, 0, 1, gwide, (n * n_out + o) * span, span)
+            total = db[o]
+            for i in range(out_h):
+                for j in range(out_w):
+                    total += lanes[i * wp + j]
+            db[o] = total
+        for c in range(n_in):
+            _fill_row(lanes, 0, taps * span, 0.0)
+            for n in range(n_batch):
+                g0 = (n * n_out + o) * span
+                x0 = (n * n_in + c) * hp * wp
+                for p in range(kh_size):
+                    for q in range(kw_size):
+                        l0 = (p * kw_size + q) * span
+                        for r in range(runs):
+                            _mul_gather_row(lanes, l0 + r * wp, gwide, g0 + r * wp,
+                                            xpad, x0 + (p + r * sh) * wp + q, sw, run_len)
+            for k in range(taps):
+                total = dwf[(o * n_in + c) * taps + k]
+                for i in range(out_h):
+                    for j in range(out_w):
+                        total += lanes[k * span + i * wp + j]
+                dwf[(o * n_in + c) * taps + k] = total
+
+
+@jit
+def _im2col_cpu(x, cols, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
+    """Unfold ``x[n, C, H, W]`` into ``cols[n, C*KH*KW, OH*OW]``, in-bounds entries only.
+
+    The entries that fall in the zero padding are the same for every chunk of
+    samples, so the caller zeroes ``cols`` once and they are never written.
+    """
+    n_batch, n_in, height, width = x.shape
+    xf, colf = x.reshape(-1), cols.reshape(-1)
+    area = out_h * out_w
+    for n in range(n_batch):
+        for c in range(n_in):
+            x0 = (n * n_in + c) * height * width
+            for p in range(kh_size):
+                i_lo, i_hi = _valid_range(p, ph, sh, height, out_h)
+                for q in range(kw_size):
+                    j_lo, j_hi = _valid_range(q, pw, sw, width, out_w)
+                    r0 = ((n * n_in + c) * kh_size * kw_size + p * kw_size + q) * area
+                    for i in range(i_lo, i_hi):
+                        _gather_row(colf, r0 + i * out_w + j_lo,
+                                    xf, x0 + (i * sh - ph + p) * width + j_lo * sw - pw + q,
+                                    sw, j_hi - j_lo)
+
+
+@jit
+def _col2im_cpu(cols, dx, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
+    """Fold ``cols[n, C*KH*KW, OH*OW]`` onto ``dx[n, C, H, W]`` (overwritten), adding overlaps."""
+    n_batch, n_in, height, width = dx.shape
+    colf, dxf = cols.reshape(-1), dx.reshape(-1)
+    area = out_h * out_w
+    for n in range(n_batch):
+        for c in range(n_in):
+            x0 = (n * n_in + c) * height * width
+            _fill_row(dxf, x0, height * width, 0.0)
+            for p in range(kh_size):
+                i_lo, i_hi = _valid_range(p, ph, sh, height, out_h)
+                for q in range(kw_size):
+                    j_lo, j_hi = _valid_range(q, pw, sw, width, out_w)
+                    r0 = ((n * n_in + c) * kh_size * kw_size + p * kw_size + q) * area
+                    for i in range(i_lo, i_hi):
+                        _add_scatter_row(dxf, x0 + (i * sh - ph + p) * width + j_lo * sw - pw + q,
+                                         sw, colf, r0 + i * out_w + j_lo, j_hi - j_lo)
+
+
+# --------------------------------------------------------------------------- cpu:direct
+
+_c = np.ascontiguousarray
+
+
+def conv2d_fwd_cpu_direct(x, w, b, y, stride=1, padding=0):
+    """``conv2d_fwd`` by direct Numba loops."""
+    sh, sw, ph, pw, _, _ = _geometry(x.shape, w.shape, stride, padding)
+    _require_contiguous("conv2d_fwd", y=y)
+    _conv2d_fwd_cpu(_c(x), _c(w), _c(b), True, y, sh, sw, ph, pw)
+
+
+def conv2d_fwd_nobias_cpu_direct(x, w, y, stride=1, padding=0):
+    """``conv2d_fwd_nobias`` by direct Numba loops."""
+    sh, sw, ph, pw, _, _ = _geometry(x.shape, w.shape, stride, padding)
+    _require_contiguous("conv2d_fwd_nobias", y=y)
+    _conv2d_fwd_cpu(_c(x), _c(w), np.empty(0, dtype=y.dtype), False, y, sh, sw, ph, pw)
+
+
+def conv2d_bwd_input_cpu_direct(dy, w, dx, stride=1, padding=0):
+    """``conv2d_bwd_input`` by direct Numba loops."""
+    sh, sw, ph, pw, _, _ = _geometry(dx.shape, w.shape, stride, padding)
+    _require_contiguous("conv2d_bwd_input", dx=dx)
+    _conv2d_bwd_input_cpu(_c(dy), _c(w), dx, sh, sw, ph, pw)
+
+
+def conv2d_bwd_params_cpu_direct(x, dy, dw, db, stride=1, padding=0):
+    """``conv2d_bwd_params`` by direct Numba loops (adds into ``dw``, ``db``)."""
+    sh, sw, ph, pw, _, _ = _geometry(x.shape, dw.shape, stride, padding)
+    _require_contiguous("conv2d_bwd_params", dw=dw)
+    _conv2d_bwd_params_cpu(_c(x), _c(dy), dw, db, True, sh, sw, ph, pw)
+
+
+def conv2d_bwd_weight_cpu_direct(x, dy, dw, stride=1, padding=0):
+    """``conv2d_bwd_weight`` by direct Numba loops (adds into ``dw``)."""
+    sh, sw, ph, pw, _, _ = _geometry(x.shape, dw.shape, stride, padding)
+    _require_contiguous("conv2d_bwd_weight", dw=dw)
+    _conv2d_bwd_params_cpu(_c(x), _c(dy), dw, np.empty(0, dtype=dw.dtype), False,
+                           sh, sw, ph, pw)
+
+
+# --------------------------------------------------------------------------- cpu:im2col
+
+def _chunk(n_batch, rows, cols, itemsize):
+    """Samples per im2col chunk so one chunk of columns fits ``IM2COL_CHUNK_BYTES``."""
+    per_sample = max(1, rows * cols * itemsize)
+    return max(1, min(n_batch, IM2COL_CHUNK_BYTES // per_sample))
+
+
+def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
+    """im2col (Numba) then one GEMM per sample (``np.matmul``), plus the bias if given."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, w.shape, stride, padding)
+    _require_contiguous("conv2d_fwd", y=y)
+    x = _c(x)
+    n_batch = x.shape[0]
+    n_out, _, kh, kw = w.shape
+    rows, area = _prod(w.shape[1:]), out_h * out_w
+    w2d = w.reshape(n_out, rows)
+    y3d = y.reshape(n_batch, n_out, area)
+    bias = None if b is None else b.reshape(n_out, 1)
+    step = _chunk(n_batch, rows, area, x.itemsize)
+    cols = np.zeros((step, rows, area), dtype=x.dtype)  # padded entries stay zero
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        chunk = cols[:stop - start]
+        _im2col_cpu(x[start:stop], chunk, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        np.matmul(w2d, chunk, out=y3d[start:stop])
+        if bias is not None:
+            y3d[start:stop] += bias  # while the chunk is in cache
+
+
+def conv2d_fwd_cpu_im2col(x, w, b, y, stride=1, padding=0):
+    """``conv2d_fwd`` as im2col + GEMM, the bias added chunk by chunk."""
+    _conv2d_fwd_im2col(x, w, b, y, stride, padding)
+
+
+def conv2d_fwd_nobias_cpu_im2col(x, w, y, stride=1, padding=0):
+    """``conv2d_fwd_nobias`` as im2col + GEMM."""
+    _conv2d_fwd_im2col(x, w, None, y, stride, padding)
+
+
+def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
+    """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im (Numba)."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
+    _require_contiguous("conv2d_bwd_input", dx=dx)
+    n_batch = dx.shape[0]
+    n_out, _, kh, kw = w.shape
+    rows, area = _prod(w.shape[1:]), out_h * out_w
+    w2d_t = w.reshape(n_out, rows).T
+    dy3d = dy.reshape(n_batch, n_out, area)
+    step = _chunk(n_batch, rows, area, dx.itemsize)
+    cols = np.empty((step, rows, area), dtype=dx.dtype)
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        chunk = cols[:stop - start]
+        np.matmul(w2d_t, dy3d[start:stop], out=chunk)
+        _col2im_cpu(chunk, dx[start:stop], kh, kw, sh, sw, ph, pw, out_h, out_w)
+
+
+def conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=1, padding=0):
+    """``conv2d_bwd_weight`` as im2col then one GEMM per sample, summed into ``dw``."""
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, dw.shape, stride, padding)
+    x = _c(x)
+    n_batch = x.shape[0]
+    n_out, _, kh, kw = dw.shape
+    rows, area = _prod(dw.shape[1:]), out_h * out_w
+    dy3d = dy.reshape(n_batch, n_out, area)
+    step = _chunk(n_batch, rows, area, x.itemsize)
+    cols = np.zeros((step, rows, area), dtype=x.dtype)  # padded entries stay zero
+    # cols_n dy_n^T ([C*KH*KW, O]) rather than dy_n cols_n^T: OpenBLAS runs this
+    # orientation 10-40% faster on these shapes.
+    products = np.empty((step, rows, n_out), dtype=dw.dtype)
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        chunk, prod = cols[:stop - start], products[:stop - start]
+        _im2col_cpu(x[start:stop], chunk, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        np.matmul(chunk, dy3d[start:stop].transpose(0, 2, 1), out=prod)
+        dw += prod.sum(axis=0).T.reshape(dw.shape)
+
+
+def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, stride=1, padding=0):
+    """``conv2d_bwd_params`` as im2col + GEMM for ``dw``; ``db`` by a NumPy sum."""
+    conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=stride, padding=padding)
+    db += dy.sum(axis=(0, 2, 3))
+
+
+# --------------------------------------------------------------------------- cuda (array module)
+
+def _im2col_xp(xp, x, kh, kw, sh, sw, ph, pw, out_h, out_w):
+    """Columns ``[N, C, KH, KW, OH, OW]`` of ``x`` by strided slicing (NumPy or CuPy)."""
+    n_batch, n_in, height, width = x.shape
+    if ph or pw:
+        padded = xp.zeros((n_batch, n_in, height + 2 * ph, width + 2 * pw), dtype=x.dtype)
+        padded[:, :, ph:ph + height, pw:pw + width] = x
+    else:
+        padded = x
+    cols = xp.empty((n_batch, n_in, kh, kw, out_h, out_w), dtype=x.dtype)
+    for p in range(kh):
+        for q in range(kw):
+            cols[:, :, p, q] = padded[:, :, p:p + sh * (out_h - 1) + 1:sh,
+                                      q:q + sw * (out_w - 1) + 1:sw]
+    return cols
+
+
+def conv2d_fwd_nobias_cuda(x, w, y, stride=1, padding=0):
+    """``conv2d_fwd_nobias`` as im2col by slicing + one batched GEMM, in ``xp``."""
+    xp = array_module(x, w, y)
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, w.shape, stride, padding)
+    n_batch = x.shape[0]
+    n_out, _, kh, kw = w.shape
+    cols = _im2col_xp(xp, x, kh, kw, sh, sw, ph, pw, out_h, out_w)
+    y[...] = xp.matmul(w.reshape(n_out, -1),
+                       cols.reshape(n_batch, -1, out_h * out_w)).reshape(y.shape)
+
+
+def conv2d_fwd_cuda(x, w, b, y, stride=1, padding=0):
+    """``conv2d_fwd`` as im2col + batched GEMM + bias, in ``xp``."""
+    conv2d_fwd_nobias_cuda(x, w, y, stride=stride, padding=padding)
+    y += b.reshape(1, -1, 1, 1)
+
+
+def conv2d_bwd_input_cuda(dy, w, dx, stride=1, padding=0):
+    """``conv2d_bwd_input`` as a batched GEMM ``w^T dy`` then col2im by slicing, in ``xp``."""
+    xp = array_module(dy, w, dx)
+    sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
+    n_batch, n_in, height, width = dx.shape
+    n_out, _, kh, kw = w.shape
+    cols = xp.matmul(w.reshape(n_out, -1).T, dy.reshape(n_batch, n_out, out_h * out_w))
+    cols = cols.reshape(n_batch, n_in, kh, kw, out_h, out_w)
+    padded = xp.zeros((n_batch, n_in, height + 2 * ph, width + 2 * pw), dtype=dx.dtype)
+    for p in range(kh):
+        for q in range(kw):
+            padded[:, :, p:p + sh * (out_h - 1) + 1:sh,
+                   q:q + sw * (out_w - 1) + 1:sw] += cols[:, :, p, q]
+    dx[...] = padded[:, :, ph:ph + height, pw:pw + width]
+
+
+def conv2d_bwd_weight_cuda(x, dy, dw, stride=1, padding=0):
+    """``conv2d_bwd_weight`` as im2col + one GEMM over batch and pixels, in ``xp``."""
+    xp = array_module(x, dy, dw)
+    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, dw.shape, stride, padding)
+    n_batch = x.shape[0]
+    n_out, _, kh, kw = dw.shape
+    cols = _im2col_xp(xp, x, kh, kw, sh, sw, ph, pw, out_h, out_w)
+    area = out_h * out_w
+    dw += xp.tensordot(dy.reshape(n_batch, n_out, area), cols.reshape(n_batch, -1, area),
+                       axes=([0, 2], [0, 2])).reshape(dw.shape)
+
+
+def conv2d_bwd_params_cuda(x, dy, dw, db, stride=1, padding=0):
+    """``conv2d_bwd_params`` in ``xp``: the weight GEMM plus a bias sum."""
+    conv2d_bwd_weight_cuda(x, dy, dw, stride=stride, padding=padding)
+    db += dy.sum(axis=(0, 2, 3))
+
+
+# --------------------------------------------------------------------------- codelets
+
+conv2d_fwd = Codelet(
+    "conv2d_fwd", modes=(R, R, R, W),
+    variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
+              "cpu:im2col": conv2d_fwd_cpu_im2col, "cuda": conv2d_fwd_cuda},
+    flops=_fwd_flops)
+"""``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
+
+conv2d_fwd_nobias = Codelet(
+    "conv2d_fwd_nobias", modes=(R, R, W),
+    variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
+              "cpu:im2col": conv2d_fwd_nobias_cpu_im2col, "cuda": conv2d_fwd_nobias_cuda},
+    flops=_fwd_nobias_flops)
+"""``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
+
+conv2d_bwd_input = Codelet(
+    "conv2d_bwd_input", modes=(R, R, W),
+    variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
+              "cpu:im2col": conv2d_bwd_input_cpu_im2col, "cuda": conv2d_bwd_input_cuda},
+    flops=_bwd_input_flops)
+"""``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
+
+conv2d_bwd_params = Codelet(
+    "conv2d_bwd_params", modes=(R, R, REDUX, REDUX),
+    variants={"ref": conv2d_bwd_params_ref, "cpu:direct": conv2d_bwd_params_cpu_direct,
+              "cpu:im2col": conv2d_bwd_params_cpu_im2col, "cuda": conv2d_bwd_params_cuda},
+    init=zero_init, redux=add_redux, flops=_bwd_params_flops)
+"""``dw += dL/dw, db += dL/db``: operands ``(x R, dy R, dw REDUX, db REDUX)``."""
+
+conv2d_bwd_weight = Codelet(
+    "conv2d_bwd_weight", modes=(R, R, REDUX),
+    variants={"ref": conv2d_bwd_weight_ref, "cpu:direct": conv2d_bwd_weight_cpu_direct,
+              "cpu:im2col": conv2d_bwd_weight_cpu_im2col, "cuda": conv2d_bwd_weight_cuda},
+    init=zero_init, redux=add_redux, flops=_bwd_weight_flops)
+"""``dw += dL/dw`` for a convolution without bias: operands ``(x R, dy R, dw REDUX)``."""
