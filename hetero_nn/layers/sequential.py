@@ -74,7 +74,10 @@ class Sequential(Layer):
                                  f"expects {p.data.shape}")
             p.host()  # make the host replica current before overwriting it
             p.data[...] = value
-            p.unbind()  # re-registered (host copy valid) at the next bind
+            rt = p.runtime
+            p.unbind()  # other replicas are stale: a fresh handle whose host copy is valid
+            if rt is not None and not rt._closed:
+                p.bind(rt)  # a trainer bound to rt keeps training with the loaded values
 
     # ------------------------------------------------------------ shapes
     def build(self, input_shape, dtype="float32"):
