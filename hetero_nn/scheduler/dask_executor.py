@@ -5,6 +5,8 @@ pure; the final version of every handle written is copied back into its host
 replica. ``distributed`` starts a ``LocalCluster`` of worker processes (one
 thread each, as many as the runtime has CPU workers) unless given a scheduler
 address or a ``Client``; a cluster it started is closed with the runtime.
+``threads`` runs on a thread pool of its own (``dask.threaded.get`` would otherwise
+cache one per calling thread for the life of the process), shut down by ``close``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class DaskExecutor:
         self._own_client = False
         self._cluster = None
         self._address = address
+        self._pool = None
         if any(w.kind != "cpu" for w in self.workers):
             raise DeviceError("the Dask executors run codelets on CPU workers only; use "
                               "executor='local' for CUDA devices")
@@ -55,7 +58,11 @@ class DaskExecutor:
         t0 = time.perf_counter()
         if self.mode == "threads":
             import dask.threaded
-            values = dask.threaded.get(dsk, keys, num_workers=max(1, len(self.workers)))
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(max(1, len(self.workers)),
+                                                thread_name_prefix="hetero_nn-dask")
+            values = dask.threaded.get(dsk, keys, pool=self._pool)
         else:
             values = self.client.get(dsk, keys)
         node0 = rt.nodes[0]
@@ -70,6 +77,9 @@ class DaskExecutor:
             t.worker = worker
 
     def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._own_client and self._client is not None:
             self._client.close()
             if self._cluster is not None:

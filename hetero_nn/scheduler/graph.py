@@ -1,6 +1,7 @@
 """The flushed task DAG as a Dask graph, with codelets run pure.
 
-Every task becomes one key (``Task.key``) whose arguments are the keys holding
+Every task becomes one key (``Task.key`` plus a token unique to the graph, so
+graphs never share keys on a shared scheduler) whose arguments are the keys holding
 the values it reads; its value is the tuple of the arrays it writes plus its
 timing. Reads of a handle resolve to the key of its latest version: the output
 of the task that last wrote it, a slice of a parent's version (partitions), or
@@ -16,6 +17,7 @@ import operator
 import socket
 import threading
 import time
+import uuid
 
 import numpy as np
 
@@ -78,6 +80,9 @@ class GraphBuilder:
 
     def __init__(self, runtime):
         self.rt = runtime
+        # Keys are unique per graph: a distributed scheduler may still hold the keys of an
+        # earlier graph (or of another runtime sharing the client) when this one arrives.
+        self.token = uuid.uuid4().hex[:12]
         self.dsk: dict = {}
         self.src: dict = {}        # handle -> key | _PARENT | _GATHER
         self.written_roots: dict = {}
@@ -85,7 +90,7 @@ class GraphBuilder:
 
     def _new_key(self, prefix):
         self._n += 1
-        return f"{prefix}-{self._n}"
+        return f"{prefix}-{self._n}-{self.token}"
 
     def value(self, h) -> str:
         """The key holding ``h``'s current version (adding slice/gather nodes as needed)."""
@@ -93,7 +98,7 @@ class GraphBuilder:
         if s is None:
             s = _PARENT if h.parent is not None else None
         if s is None:  # root never written in this graph: its registered data
-            key = f"data-{h.id}"
+            key = f"data-{h.id}-{self.token}"
             self.dsk[key] = self.rt.fetch_for_graph(h)
         elif s is _PARENT:
             key = self._new_key(f"slice-{h.id}")
@@ -121,17 +126,22 @@ class GraphBuilder:
             self.src[a] = _GATHER
         self.written_roots[h.root] = None
 
+    def task_key(self, task) -> str:
+        """``task``'s key in this graph."""
+        return f"{task.key}-{self.token}"
+
     def add(self, task, variant):
         args = [self.value(h) for h, m in zip(task.handles, task.modes) if m.reads]
-        self.dsk[task.key] = (PureTask(task, variant), *args)
+        key = self.task_key(task)
+        self.dsk[key] = (PureTask(task, variant), *args)
         i = 0
         for h, m in zip(task.handles, task.modes):
             if m.writes or m is REDUX:
-                out = f"{task.key}-out{i}"
-                self.dsk[out] = (operator.getitem, task.key, i)
+                out = f"{key}-out{i}"
+                self.dsk[out] = (operator.getitem, key, i)
                 self._written(h, out)
                 i += 1
-        self.dsk[f"{task.key}-time"] = (operator.getitem, task.key, i)
+        self.dsk[f"{key}-time"] = (operator.getitem, key, i)
 
     def outputs(self) -> dict:
         """Root handle -> key of its final version, for every root written."""
@@ -145,4 +155,4 @@ def build_graph(runtime, tasks):
         cands = runtime.candidates(t.codelet, "cpu") or runtime.candidates(t.codelet, "cuda")
         t.variant = cands[0]
         g.add(t, t.variant)
-    return g.dsk, g.outputs(), [f"{t.key}-time" for t in tasks]
+    return g.dsk, g.outputs(), [f"{g.task_key(t)}-time" for t in tasks]

@@ -110,13 +110,53 @@ class LocalExecutor:
 
     # ------------------------------------------------------------------ workers
     def _loop(self, w):
+        """Take a task, run it, and in the same critical section that releases its
+        successors take the next one (one lock round trip per task)."""
         lock = self._lock
         policy = self.policy
+        pop = policy.pop
+        push = policy.push
+        finished = policy.finished
         rt = self.rt
         kind = w.kind
+        node = w.node
+        execute = self._execute
+        task = None
         while True:
+            prefetch = None
             with lock:
-                task = policy.pop(w)
+                if task is not None:  # finish the task just run
+                    if failed:
+                        task.error = "cancelled"
+                    elif task.error is not None:
+                        err = self._task_error(task)
+                        if self._error is None:
+                            self._error = err
+                    finished(task, w)
+                    succ = task.succ
+                    if succ:
+                        shared = -1  # this worker takes one of them itself
+                        now = _perf()
+                        for s in succ:
+                            s.npred -= 1
+                            if s.npred == 0:
+                                s.t_ready = now
+                                target = push(s, w)
+                                if target is None:
+                                    shared += 1
+                                elif target is not w:
+                                    if target.idle:
+                                        self._wake(target)
+                                    if target.node is not node:
+                                        if prefetch is None:
+                                            prefetch = []
+                                        prefetch.append((s, target.node))
+                        if shared > 0 and self._idle:
+                            self._wake_some(shared)
+                    self._remaining -= 1
+                    if not self._remaining:
+                        self._done.notify()
+                task = pop(w)
                 while task is None:
                     if self._closing:
                         return
@@ -126,42 +166,15 @@ class LocalExecutor:
                     if w.idle:  # woken by close(), not by a push
                         w.idle = False
                         self._idle.remove(w)
-                    task = policy.pop(w)
+                    task = pop(w)
                 failed = self._error is not None
+            if prefetch is not None:
+                for s, target_node in prefetch:
+                    if s.t_start == 0.0:
+                        rt.prefetch(s, target_node)
             task.worker = w
             if not failed:
-                self._execute(task, w, kind, rt)
-            prefetch = []
-            with lock:
-                if failed:
-                    task.error = "cancelled"
-                elif task.error is not None:
-                    err = self._task_error(task)
-                    if self._error is None:
-                        self._error = err
-                policy.finished(task, w)
-                shared = -1  # this worker takes one of them itself
-                now = _perf()
-                for s in task.succ:
-                    s.npred -= 1
-                    if s.npred == 0:
-                        s.t_ready = now
-                        target = policy.push(s, w)
-                        if target is None:
-                            shared += 1
-                        elif target is not w:
-                            if target.idle:
-                                self._wake(target)
-                            if target.node is not w.node:
-                                prefetch.append((s, target.node))
-                if shared > 0:
-                    self._wake_some(shared)
-                self._remaining -= 1
-                if not self._remaining:
-                    self._done.notify()
-            for s, node in prefetch:
-                if s.t_start == 0.0:
-                    rt.prefetch(s, node)
+                execute(task, w, kind, rt)
 
     def _execute(self, task, w, kind, rt):
         try:

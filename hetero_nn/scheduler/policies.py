@@ -14,7 +14,9 @@ Names follow StarPU where they mean the same:
     Deque model data aware: a ready task goes to the worker with the earliest
     expected finish time = when its queue drains + transfers of the inputs
     missing on its memory node + the predicted run time of the variant the
-    model picks for that device; inputs are prefetched to the chosen node.
+    model picks for that device (``UNKNOWN_COST`` when the model knows
+    nothing); ties go to the worker that released the task; inputs are
+    prefetched to the chosen node.
 ``heft``
     Static list scheduling of the whole flushed DAG (known before it runs): tasks
     by decreasing upward rank, each placed on the worker with the earliest
@@ -147,17 +149,28 @@ class Dmda(Policy):
 
     def push(self, task, from_worker):
         rt = self.rt
+        pm = rt.perfmodel
+        multi_node = not rt._single_node
         now = _perf()
         best, best_eft, best_cost = None, None, 0.0
-        cache = {}
+        costs = None
+        # no model: every worker predicts the same small cost, so queues still balance
+        cost = UNKNOWN_COST
         for w in task.eligible:
-            cost = cache.get(w.kind)
-            if cost is None:
-                _, cost = rt.predict(task, w.kind)
-                cost = cache[w.kind] = cost if cost is not None else 0.0
+            if pm is not None:
+                if costs is None:
+                    costs = {}
+                cost = costs.get(w.kind)
+                if cost is None:
+                    _, cost = rt.predict(task, w.kind)
+                    cost = costs[w.kind] = cost if cost is not None else UNKNOWN_COST
             start = w.running_end if w.running_end > now else now
-            eft = start + w.queued_work + self._transfer(task, w.node) + cost
-            if best_eft is None or eft < best_eft:
+            eft = start + w.queued_work + cost
+            if multi_node:
+                eft += self._transfer(task, w.node)
+            # ties go to the worker that released the task: its caches are warm and
+            # a chain then runs on one thread, with no wake-up
+            if best_eft is None or eft < best_eft or (eft == best_eft and w is from_worker):
                 best, best_eft, best_cost = w, eft, cost
         task.predicted = best_cost
         best.queued_work += best_cost
@@ -166,14 +179,14 @@ class Dmda(Policy):
 
     def _transfer(self, task, node):
         rt = self.rt
-        if rt._single_node:
-            return 0.0
         pm = rt.perfmodel
+        if pm is None:
+            return 0.0
         total = 0.0
         for h, m in zip(task.handles, task.modes):
             if m.reads and h.valid and node.index not in h.valid:
                 src = rt.nodes[min(h.valid)]
-                total += pm.predict_transfer(src.name, node.name, h.nbytes) if pm else 0.0
+                total += pm.predict_transfer(src.name, node.name, h.nbytes)
         return total
 
     def pop(self, worker):
@@ -187,6 +200,9 @@ class Dmda(Policy):
         worker.running_end = _perf() + t.predicted
         return t
 
+    def finished(self, task, worker):
+        worker.running_end = 0.0  # nothing running: the worker is free now
+
 
 class Heft(Policy):
     name = "heft"
@@ -194,38 +210,56 @@ class Heft(Policy):
     def prepare(self, tasks):
         """Rank every task of the DAG and assign each one to a worker, statically."""
         rt = self.rt
-        kinds = sorted({w.kind for w in self.workers})
+        pm = rt.perfmodel
+        multi_node = not rt._single_node and pm is not None
+        kinds_of = {}  # codelet -> device kinds of its eligible workers
+        unknown = {}   # codelet -> the cost per kind when there is no model
         cost = {}
         for t in tasks:
-            c = {}
-            for kind in kinds:
-                if any(w.kind == kind for w in t.eligible):
+            kinds = kinds_of.get(t.codelet)
+            if kinds is None:
+                kinds = kinds_of[t.codelet] = tuple(sorted({w.kind for w in t.eligible}))
+                unknown[t.codelet] = dict.fromkeys(kinds, UNKNOWN_COST)
+            if pm is None:
+                cost[t] = unknown[t.codelet]
+            else:
+                c = {}
+                for kind in kinds:
                     _, p = rt.predict(t, kind)
                     c[kind] = p if p is not None else UNKNOWN_COST
-            cost[t] = c
-        in_dag = set(tasks)
-        rank = {}
-        for t in reversed(tasks):  # submission order is topological
+                cost[t] = c
+        for t in reversed(tasks):  # submission order is topological: successors come first
             c = cost[t]
-            mean = sum(c.values()) / len(c)
-            succ = [rank[s] for s in t.succ if s in in_dag]
-            rank[t] = mean + (max(succ) if succ else 0.0)
+            top = 0.0
+            for s in t.succ:
+                if s.priority > top:
+                    top = s.priority
+            t.priority = sum(c.values()) / len(c) + top  # upward rank
         avail = {w: 0.0 for w in self.workers}
         finish = {}
-        for t in sorted(tasks, key=lambda t: (-rank[t], t.id)):
-            best, best_eft = None, None
-            for w in t.eligible:
-                ready = 0.0
+        for t in sorted(tasks, key=lambda t: (-t.priority, t.id)):
+            c = cost[t]
+            ready = 0.0
+            if not multi_node:
                 for p in t.preds:
                     f = finish.get(p, 0.0)
-                    if p.assigned is not None and p.assigned.node is not w.node:
-                        f += self._comm(t, p.assigned.node, w.node)
-                    ready = max(ready, f)
-                eft = max(avail[w], ready) + cost[t][w.kind]
+                    if f > ready:
+                        ready = f
+            best, best_eft = None, None
+            for w in t.eligible:
+                if multi_node:
+                    ready = 0.0
+                    for p in t.preds:
+                        f = finish.get(p, 0.0)
+                        if p.assigned is not None and p.assigned.node is not w.node:
+                            f += self._comm(t, p.assigned.node, w.node)
+                        if f > ready:
+                            ready = f
+                a = avail[w]
+                eft = (a if a > ready else ready) + c[w.kind]
                 if best_eft is None or eft < best_eft:
                     best, best_eft = w, eft
             t.assigned = best
-            t.priority = rank[t]
             avail[best] = finish[t] = best_eft
 
     def _comm(self, task, src, dst):

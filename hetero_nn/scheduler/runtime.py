@@ -11,7 +11,11 @@ handle conflicts with accesses to its ancestors and descendants (partitions).
 private partial; at the next non-REDUX access to the handle's family (or at
 ``wait``) the runtime submits a balanced tree of ``redux`` tasks over the
 partials in submission order and adds the result into the handle, so the
-result is bit-for-bit the same whatever the executor, policy or timing.
+result is bit-for-bit the same whatever the executor, policy or timing. A
+task's non-REDUX operands are processed before its REDUX ones, and a REDUX
+access combines the other handles of its family but keeps those the same task
+accumulates into, so no tree ever takes the partial of the task being
+submitted (the pending list stays in topological order).
 ``SCRATCH`` operands are private temporaries and make no dependency.
 
 Submitted tasks accumulate until ``wait()`` / ``fetch()``, which hand the DAG
@@ -40,7 +44,7 @@ from ..arena.handle import Handle, acquire
 from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..errors import DeviceError, SubmitError
 from .devices import make_workers
-from .trace import Trace
+from .trace import TaskRecord, Trace
 
 _perf = time.perf_counter
 _MAX_READERS = 32
@@ -181,20 +185,24 @@ class Runtime:
         eligible = self._eligible.get(codelet)
         if eligible is None:
             eligible = self._compute_eligible(codelet)
-        task = _Task(next(self._ids), codelet, None, modes, params, _perf())
+        task = _Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
         redux = False
-        for i, h in enumerate(handles):
+        generation = self._generation
+        redux_roots = self._redux_roots
+        i = 0
+        for h in handles:
             if type(h) is not Handle or h.owner is not self:
                 self._bad_operand(codelet, i, h)
-            if h.temporary and h.generation != self._generation:
+            if h.temporary and h.generation != generation:
                 raise SubmitError(f"codelet {codelet.name!r} operand {i}: temporary handle "
                                   f"{h.name!r} belongs to an earlier flush; its arena was reset")
             m = modes[i]
+            i += 1
             if m is REDUX:
                 redux = True
             elif m is not SCRATCH:
-                if h.root in self._redux_roots:
+                if redux_roots and h.root in redux_roots:
                     self._combine_family(h.root)
                 self._depend(task, h, m is not R)
         if redux:  # after the other operands, so no combine ever takes this task's own partials
@@ -211,11 +219,11 @@ class Runtime:
                     self._redux_roots.add(h.root)
                     ops[i] = partial
             task.handles = ops
-        else:
-            task.handles = handles
-        task.npred = len(task.preds)
-        for p in task.preds:
-            p.succ.append(task)
+        preds = task.preds
+        if preds:
+            task.npred = len(preds)
+            for p in preds:
+                p.succ.append(task)
         self._pending.append(task)
         return task
 
@@ -240,11 +248,31 @@ class Runtime:
     def _depend(task, h, writes):
         """Add the dependencies of ``task`` accessing ``h`` and update ``h``'s state."""
         preds = task.preds
-        if h.parent is None and not h.children:
-            family, below = (h,), ()
-        else:
-            below = tuple(h.descendants())
-            family = (h, *h.ancestors(), *below)
+        if h.parent is None and not h.children:  # an unpartitioned root: the common case
+            lw = h._last_writer
+            if lw is not None and not lw.done and lw is not task and lw not in preds:
+                preds.append(lw)
+            if writes:
+                readers = h._readers
+                if readers:
+                    for r in readers:
+                        if not r.done and r is not task and r not in preds:
+                            preds.append(r)
+                    h._readers = []
+                h._last_writer = task
+            else:
+                readers = h._readers
+                if len(readers) >= _MAX_READERS:
+                    readers[:] = [r for r in readers if not r.done]
+                readers.append(task)
+            return
+        family = [h]
+        a = h.parent
+        while a is not None:
+            family.append(a)
+            a = a.parent
+        below = tuple(h.descendants()) if h.children else ()
+        family.extend(below)
         for x in family:
             lw = x._last_writer
             if lw is not None and not lw.done and lw is not task and lw not in preds:
@@ -255,7 +283,8 @@ class Runtime:
                         preds.append(r)
         if writes:
             h._last_writer = task
-            h._readers = []
+            if h._readers:
+                h._readers = []
             for d in below:
                 d._last_writer = None
                 d._readers = []
@@ -328,11 +357,15 @@ class Runtime:
         """
         fp = task._fp
         if fp is None:
-            key = (task.codelet, *[h.footprint for h in task.handles])
+            handles = task.handles
+            if len(handles) == 1:  # the common case, without building a list
+                key = (task.codelet, handles[0].footprint)
+            else:
+                key = (task.codelet, *[h.footprint for h in handles])
             fp = self._fp_cache.get(key)
             if fp is None:
                 fp = ("|".join(key[1:]),
-                      task.codelet.work([h.shape for h in task.handles], task.params))
+                      task.codelet.work([h.shape for h in handles], task.params))
                 self._fp_cache[key] = fp
             task._fp = fp
         return fp
@@ -514,16 +547,17 @@ class Runtime:
 
 
 def _record(t):
-    from .trace import TaskRecord
     w = t.worker
     if w is None or isinstance(w, str):  # not run, or run by a Dask worker
         worker, device, node = w or "", "cpu", "host0"
     else:
         worker, device, node = w.name, w.kind, w.node.name
-    return TaskRecord(task_id=t.id, codelet=t.codelet.name, variant=t.variant or "",
-                      worker=worker, device=device, node=node, submit=t.t_submit,
-                      ready=t.t_ready, start=t.t_start, end=t.t_end, bytes_in=t.bytes_in,
-                      deps=tuple(p.id for p in t.preds), error=t.error)
+    preds = t.preds
+    deps = tuple([p.id for p in preds]) if preds else ()
+    # positional, in TaskRecord's field order (task_id, codelet, variant, worker, device,
+    # node, submit, ready, start, end, bytes_in, deps, error): one per task, keep it cheap
+    return TaskRecord(t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit,
+                      t.t_ready, t.t_start, t.t_end, t.bytes_in, deps, t.error)
 
 
 from .task import Task as _Task  # noqa: E402

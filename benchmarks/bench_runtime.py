@@ -1,0 +1,237 @@
+"""Per-task overhead of the runtime: microseconds per task for an empty codelet.
+
+Two graphs of ``--tasks`` tasks (default 10,000), timed from the first submit to
+``wait()`` returning (submission, dependency inference and scheduling included):
+
+- ``chain``: every task ``RW`` on one handle, so each waits for the one before;
+- ``wide``: every task ``RW`` on its own child of one partitioned handle (independent).
+
+Run through:
+
+- the local executor under each policy (``eager``, ``random``, ``ws``, ``dmda``,
+  ``heft``) with ``--workers`` workers, traces and performance models off (the
+  overhead floor), and under ``eager``/``dmda`` with both on (the defaults);
+- ``executor="dask"``: the same program as a Dask graph through ``dask.threaded.get``;
+- ``dask.threaded.get`` alone on that prebuilt graph (``build_graph``), and on a
+  hand-built dict of no-op tasks of the same shape, for reference;
+- ``distributed``: a ``LocalCluster`` of 2 processes through ``executor=client``
+  and a hand-built dict through ``client.get`` (``--dist-tasks`` tasks, default 2,000).
+
+Prints a table (best of ``--repeat`` local runs, ``--dask-repeat`` Dask runs) and
+the ratios dask / local; ``--json`` writes the numbers with the machine and
+versions. Example (about 2 minutes on 2 cores)::
+
+    python benchmarks/bench_runtime.py --tasks 10000 --repeat 5 --json runs/bench_runtime.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import hetero_nn as hn
+from hetero_nn.scheduler.graph import build_graph
+
+
+def _noop(x):
+    pass
+
+
+def _noop_value(*args):
+    return None
+
+
+EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop})
+POLICIES = ("eager", "random", "ws", "dmda", "heft")
+
+
+# ---------------------------------------------------------------- programs
+def submit_chain(rt, n):
+    """``n`` tasks ``RW`` on one handle; returns the submit start time."""
+    h = rt.register(np.zeros(1))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        rt.submit(EMPTY, h)
+    return t0
+
+
+def submit_wide(rt, n):
+    """``n`` independent tasks, each ``RW`` on its own child of one handle."""
+    parts = rt.register(np.zeros(n)).split(axis=0, n=n)
+    t0 = time.perf_counter()
+    for p in parts:
+        rt.submit(EMPTY, p)
+    return t0
+
+
+PROGRAMS = {"chain": submit_chain, "wide": submit_wide}
+
+
+def time_runtime(make_runtime, program, n, repeat):
+    """Best seconds per task over ``repeat`` runs, each on a fresh graph of one runtime."""
+    best = float("inf")
+    with make_runtime() as rt:
+        PROGRAMS[program](rt, min(n, 200))  # warm-up: threads started, caches filled
+        rt.wait()
+        for _ in range(repeat):
+            t0 = PROGRAMS[program](rt, n)
+            rt.wait()
+            best = min(best, time.perf_counter() - t0)
+            rt.trace(clear=True)
+    return best / n
+
+
+def time_prebuilt_dask(program, n, repeat, workers):
+    """``dask.threaded.get`` alone on the graph ``build_graph`` makes of the program."""
+    import dask.threaded
+    from concurrent.futures import ThreadPoolExecutor
+
+    best = float("inf")
+    with hn.Runtime(devices=f"cpu:{workers}", executor="dask", perfmodel=False,
+                    trace=False) as rt:
+        PROGRAMS[program](rt, n)
+        tasks, rt._pending = rt._pending, []
+        dsk, outputs, timing = build_graph(rt, tasks)
+        keys = list(outputs.values()) + timing
+        with ThreadPoolExecutor(workers) as pool:
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                dask.threaded.get(dsk, keys, pool=pool)
+                best = min(best, time.perf_counter() - t0)
+    return best / n
+
+
+def plain_graph(program, n):
+    """A hand-built dict of ``n`` no-op tasks: a chain, or ``n`` independent keys."""
+    if program == "chain":
+        dsk = {"t-0": (_noop_value,)}
+        for i in range(1, n):
+            dsk[f"t-{i}"] = (_noop_value, f"t-{i - 1}")
+        return dsk, [f"t-{n - 1}"]
+    dsk = {f"t-{i}": (_noop_value,) for i in range(n)}
+    return dsk, list(dsk)
+
+
+def time_plain_dask(program, n, repeat, workers):
+    import dask.threaded
+    from concurrent.futures import ThreadPoolExecutor
+
+    dsk, keys = plain_graph(program, n)
+    best = float("inf")
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            dask.threaded.get(dsk, keys, pool=pool)
+            best = min(best, time.perf_counter() - t0)
+    return best / n
+
+
+def time_plain_distributed(client, program, n, repeat):
+    best = float("inf")
+    for r in range(repeat):
+        dsk, keys = plain_graph(program, n)
+        suffix = f"-{r}-{time.monotonic_ns()}"  # fresh keys: nothing cached on the scheduler
+        dsk = {k + suffix: (v[0], *[a + suffix for a in v[1:]]) for k, v in dsk.items()}
+        keys = [k + suffix for k in keys]
+        t0 = time.perf_counter()
+        client.get(dsk, keys)
+        best = min(best, time.perf_counter() - t0)
+    return best / n
+
+
+# ---------------------------------------------------------------- main
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=10_000, help="tasks per graph (default 10000)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="runs per local measurement; the best is kept (default 5)")
+    parser.add_argument("--dask-repeat", type=int, default=1,
+                        help="runs per Dask / distributed measurement (default 1: they take "
+                             "seconds each)")
+    parser.add_argument("--workers", type=int, default=2, help="workers / threads (default 2)")
+    parser.add_argument("--dist-tasks", type=int, default=2_000,
+                        help="tasks per graph for distributed (default 2000)")
+    parser.add_argument("--no-distributed", action="store_true", help="skip the distributed rows")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    args = parser.parse_args(argv)
+    n, repeat, workers, slow = args.tasks, args.repeat, args.workers, args.dask_repeat
+    os.environ.setdefault("HETERO_NN_CACHE", tempfile.mkdtemp(prefix="hetero_nn-bench-"))
+    devices = f"cpu:{workers}"
+
+    rows = []  # (label, tasks, {program: seconds per task})
+
+    def measure(label, tasks, fn):
+        result = {p: fn(p) for p in PROGRAMS}
+        rows.append((label, tasks, result))
+        print(f"  {label:<44} chain {1e6 * result['chain']:9.2f} us   "
+              f"wide {1e6 * result['wide']:9.2f} us", file=sys.stderr, flush=True)
+
+    for policy in POLICIES:
+        measure(f"local {policy} (trace, perfmodel off)", n, lambda p, policy=policy: time_runtime(
+            lambda: hn.Runtime(devices=devices, policy=policy, perfmodel=False, trace=False),
+            p, n, repeat))
+    for policy in ("eager", "dmda"):
+        measure(f"local {policy} (trace, perfmodel on)", n, lambda p, policy=policy: time_runtime(
+            lambda: hn.Runtime(devices=devices, policy=policy), p, n, repeat))
+    measure('executor="dask" (graph build + get)', n, lambda p: time_runtime(
+        lambda: hn.Runtime(devices=devices, executor="dask", perfmodel=False, trace=False),
+        p, n, slow))
+    measure("dask.threaded.get, build_graph graph", n,
+            lambda p: time_prebuilt_dask(p, n, slow, workers))
+    measure("dask.threaded.get, plain no-op dict", n,
+            lambda p: time_plain_dask(p, n, max(slow, repeat), workers))
+    if not args.no_distributed:
+        import distributed
+        nd = args.dist_tasks
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=None,
+                                      silence_logs=logging.CRITICAL) as cluster, \
+                distributed.Client(cluster) as client:
+            measure("distributed executor=client (2 procs)", nd, lambda p: time_runtime(
+                lambda: hn.Runtime(devices=devices, executor=client, perfmodel=False,
+                                   trace=False), p, nd, slow))
+            measure("distributed client.get, plain dict", nd,
+                    lambda p: time_plain_distributed(client, p, nd, slow))
+
+    by_label = {label: result for label, _, result in rows}
+    width = max(len(label) for label, _, _ in rows)
+    print(f"\nmicroseconds per task (best of {repeat} local runs, {slow} Dask runs), "
+          f"{workers} workers, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"{'configuration':<{width}}  {'tasks':>6}  {'chain':>9}  {'wide':>9}")
+    for label, tasks, result in rows:
+        print(f"{label:<{width}}  {tasks:>6}  {1e6 * result['chain']:>9.2f}  "
+              f"{1e6 * result['wide']:>9.2f}")
+    ratios = {}
+    print("\nratios (dask / local, per task)")
+    for local in ("local eager (trace, perfmodel off)", "local dmda (trace, perfmodel off)"):
+        for dask_label in ('executor="dask" (graph build + get)',
+                           "dask.threaded.get, build_graph graph",
+                           "dask.threaded.get, plain no-op dict"):
+            r = {p: by_label[dask_label][p] / by_label[local][p] for p in PROGRAMS}
+            ratios[f"{dask_label} / {local}"] = r
+            print(f"  {dask_label} / {local}: chain {r['chain']:.1f}x, wide {r['wide']:.1f}x")
+    if args.json:
+        import dask
+        doc = {"tasks": n, "dist_tasks": args.dist_tasks, "repeat": repeat, "dask_repeat": slow,
+               "workers": workers,
+               "cpu_count": os.cpu_count(), "machine": platform.platform(),
+               "python": platform.python_version(), "numpy": np.__version__,
+               "dask": dask.__version__, "hetero_nn": hn.__version__,
+               "us_per_task": {label: {p: 1e6 * s for p, s in result.items()}
+                               for label, _, result in rows},
+               "ratios": ratios}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Random task programs give the sequential NumPy result under every executor and policy.
+
+Hypothesis draws a program: 1-3 root handles (1-D or 2-D float64), nested
+partitions (a root split, some children split again, uneven sizes allowed),
+then 5-60 tasks of small elementwise codelets with ``R``/``W``/``RW``/``REDUX``/
+``SCRATCH`` operands drawn among roots and partition children, with a few ``wait()`` and
+``fetch()`` calls in between. The same program runs sequentially in NumPy (the
+reference: REDUX contributions go to zeroed partials combined by the same
+balanced tree, in submission order, at the same points the runtime combines
+them), and on 32 runtimes: the local executor with 1, 2, 3 workers under each
+policy, each with one and two host memory nodes, ``executor="dask"`` and a
+``distributed.Client`` of two worker processes. Every fetched array must equal
+the reference bit for bit.
+
+Operands of one task never overlap when one of them is written (a parent and
+its child in one task would alias in place but not in the pure Dask graph).
+The codelets live at module level so ``distributed`` workers can unpickle them.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hetero_nn as hn
+from hetero_nn import R, REDUX, RW, SCRATCH, W
+
+
+# ---------------------------------------------------------------- codelets (module level)
+def _scale(x, factor):
+    x *= factor
+
+
+def _scale_ufunc(x, factor):  # a second CPU variant, bit-identical, so variants get explored
+    np.multiply(x, factor, out=x)
+
+
+def _axpy(x, y, a):
+    y += a * x
+
+
+def _copy(x, y):
+    y[...] = x
+
+
+def _axpy_scratch(x, scratch, y, a):
+    np.multiply(x, a, out=scratch)
+    y += scratch
+
+
+def _fill_max(x, y, a):
+    y[...] = a * x.max()
+
+
+def _add_max(x, y):
+    y += x.max()
+
+
+def _acc_sq(x, acc):
+    acc += x * x
+
+
+def _acc_max(acc, x):
+    acc += x.max()
+
+
+def _zero(partial):
+    partial[...] = 0
+
+
+def _add(dst, src):
+    dst += src
+
+
+SCALE = hn.Codelet("prop_scale", modes=(RW,), variants={"ref": _scale, "cpu:ufunc": _scale_ufunc})
+AXPY = hn.Codelet("prop_axpy", modes=(R, RW), variants={"ref": _axpy})
+COPY = hn.Codelet("prop_copy", modes=(R, W), variants={"ref": _copy})
+AXPY_SCRATCH = hn.Codelet("prop_axpy_scratch", modes=(R, SCRATCH, RW),
+                          variants={"ref": _axpy_scratch})
+FILL_MAX = hn.Codelet("prop_fill_max", modes=(R, W), variants={"ref": _fill_max})
+ADD_MAX = hn.Codelet("prop_add_max", modes=(R, RW), variants={"ref": _add_max})
+ACC_SQ = hn.Codelet("prop_acc_sq", modes=(R, REDUX), variants={"ref": _acc_sq},
+                    init=_zero, redux=_add)
+ACC_MAX = hn.Codelet("prop_acc_max", modes=(REDUX, R), variants={"ref": _acc_max},
+                     init=_zero, redux=_add)
+
+CODELETS = {c.name: c for c in (SCALE, AXPY, AXPY_SCRATCH, COPY, FILL_MAX, ADD_MAX, ACC_SQ,
+                                 ACC_MAX)}
+SAME_SHAPE = ("prop_axpy", "prop_axpy_scratch", "prop_copy", "prop_acc_sq")  # equal shapes
+ANY_SHAPE = ("prop_fill_max", "prop_add_max", "prop_acc_max")
+POLICIES = ("eager", "random", "ws", "dmda", "heft")
+
+# The session's distributed client runs an event loop thread that uses the global
+# ``random`` module while Hypothesis draws; Hypothesis then warns about strategies
+# using ``random``, which ours do not.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies")
+
+
+# ---------------------------------------------------------------- programs
+# A handle is named (root index, path of child indices); roots are (r, ()).
+
+def _shape_of(roots, splits, name):
+    """Shape of a handle, splitting as numpy.array_split does."""
+    r, path = name
+    shape = roots[r].shape
+    for depth in range(len(path)):
+        axis, n = splits[(r, path[:depth])]
+        base, extra = divmod(shape[axis], n)
+        size = base + (1 if path[depth] < extra else 0)
+        shape = tuple(size if d == axis else s for d, s in enumerate(shape))
+    return shape
+
+
+def _overlap(a, b):
+    """Handles of one root overlap when one's path is a prefix of the other's."""
+    if a[0] != b[0]:
+        return False
+    k = min(len(a[1]), len(b[1]))
+    return a[1][:k] == b[1][:k]
+
+
+@st.composite
+def programs(draw):
+    """``(roots, splits, ops)``: root arrays, ``{handle: (axis, n)}``, and the program."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    roots = []
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            shape = (draw(st.integers(1, 12)),)
+        else:
+            shape = (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+        roots.append(rng.standard_normal(shape))
+    splits = {}
+    handles = [(r, ()) for r in range(len(roots))]
+
+    def maybe_split(name, depth):
+        shape = _shape_of(roots, splits, name)
+        if depth > 2 or not draw(st.booleans()):
+            return
+        axis = draw(st.integers(0, len(shape) - 1))
+        n = draw(st.integers(1, min(shape[axis], 4)))
+        splits[name] = (axis, n)
+        for i in range(n):
+            child = (name[0], name[1] + (i,))
+            handles.append(child)
+            if draw(st.integers(0, 2)) == 0:
+                maybe_split(child, depth + 1)
+
+    for r in range(len(roots)):
+        maybe_split((r, ()), 0)
+
+    by_shape = {}
+    for h in handles:
+        by_shape.setdefault(_shape_of(roots, splits, h), []).append(h)
+    pairs = [(a, b) for group in by_shape.values() for a in group for b in group
+             if not _overlap(a, b)]
+    any_pairs = [(a, b) for a in handles for b in handles if not _overlap(a, b)]
+
+    ops = []
+    for _ in range(draw(st.integers(5, 60))):
+        kind = draw(st.integers(0, 19))
+        if kind == 0:
+            ops.append(("wait",))
+            continue
+        if kind == 1:
+            ops.append(("fetch", draw(st.sampled_from(handles))))
+            continue
+        if kind <= 4 or not any_pairs:
+            h = draw(st.sampled_from(handles))
+            factor = draw(st.sampled_from([0.5, -1.5, 2.0]))
+            ops.append(("task", "prop_scale", (h,), {"factor": factor}))
+            continue
+        if kind <= 11 and pairs:
+            name = draw(st.sampled_from(SAME_SHAPE))
+            x, y = draw(st.sampled_from(pairs))
+        else:
+            name = draw(st.sampled_from(ANY_SHAPE))
+            x, y = draw(st.sampled_from(any_pairs))
+        params = {"a": draw(st.sampled_from([0.25, -2.0, 3.0]))} if name in (
+            "prop_axpy", "prop_axpy_scratch", "prop_fill_max") else {}
+        if name == "prop_acc_max":
+            operands = (y, x)
+        elif name == "prop_axpy_scratch":  # SCRATCH: any handle of the shape, even x itself
+            operands = (x, x, y)
+        else:
+            operands = (x, y)
+        ops.append(("task", name, operands, params))
+    return roots, splits, ops
+
+
+# ---------------------------------------------------------------- the sequential reference
+def _tree_sum(parts):
+    """Combine REDUX partials as the runtime does: a balanced tree in submission order."""
+    parts = list(parts)
+    step = 1
+    while step < len(parts):
+        for i in range(0, len(parts) - step, 2 * step):
+            parts[i] += parts[i + step]
+        step *= 2
+    return parts[0]
+
+
+def run_reference(roots, splits, ops):
+    """Run the program sequentially in NumPy; returns (final roots, fetched arrays)."""
+    arrays = [a.copy() for a in roots]
+
+    def view(name):
+        r, path = name
+        v = arrays[r]
+        for depth, i in enumerate(path):
+            axis, n = splits[(r, path[:depth])]
+            v = np.array_split(v, n, axis=axis)[i]
+        return v
+
+    pending = {}  # handle -> list of partials; at most the handles one task kept, per root
+
+    def combine(root, keep=()):
+        for h in [h for h in pending if h[0] == root and h not in keep]:
+            view(h)[...] += _tree_sum(pending.pop(h))
+
+    fetched = []
+    for op in ops:
+        if op[0] in ("wait", "fetch"):
+            for root in {h[0] for h in pending}:
+                combine(root)
+            if op[0] == "fetch":
+                fetched.append(view(op[1]).copy())
+            continue
+        _, name, operands, params = op
+        codelet = CODELETS[name]
+        for h, m in zip(operands, codelet.modes):
+            if m is not REDUX and m is not SCRATCH:
+                combine(h[0])
+        redux = [h for h, m in zip(operands, codelet.modes) if m is REDUX]
+        for h in redux:
+            combine(h[0], keep=redux)
+        args = []
+        for h, m in zip(operands, codelet.modes):
+            if m is REDUX:
+                partial = np.zeros(_shape_of(roots, splits, h))
+                pending.setdefault(h, []).append(partial)
+                args.append(partial)
+            elif m is SCRATCH:
+                args.append(np.empty(_shape_of(roots, splits, h)))
+            else:
+                args.append(view(h))
+        codelet.variants["ref"](*args, **params)
+    for root in {h[0] for h in pending}:
+        combine(root)
+    return arrays, fetched
+
+
+def run_runtime(rt, roots, splits, ops):
+    """Run the program on ``rt``; returns (fetched roots, fetched arrays)."""
+    rt.wait()  # nothing should be pending, but never let a failed example leak into this one
+    root_handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
+
+    def handle(name):
+        r, path = name
+        h = root_handles[r]
+        for depth, i in enumerate(path):
+            axis, n = splits[(r, path[:depth])]
+            h = h.split(axis=axis, n=n)[i]
+        return h
+
+    fetched = []
+    for op in ops:
+        if op[0] == "wait":
+            rt.wait()
+        elif op[0] == "fetch":
+            fetched.append(rt.fetch(handle(op[1]), copy=True))
+        else:
+            _, name, operands, params = op
+            rt.submit(CODELETS[name], *[handle(h) for h in operands], **params)
+    rt.wait()
+    return [rt.fetch(h, copy=True) for h in root_handles], fetched
+
+
+# ---------------------------------------------------------------- every configuration
+class _Configurations(list):
+    """(label, Runtime) pairs, with a short repr for Hypothesis' falsifying examples."""
+
+    def __repr__(self):
+        return f"<{len(self)} runtime configurations>"
+
+
+@pytest.fixture(scope="module")
+def runtimes(dist_client):
+    made = _Configurations()
+    try:
+        for workers in (1, 2, 3):
+            for policy in POLICIES:
+                for host_nodes in (1, 2):
+                    rt = hn.Runtime(devices=f"cpu:{workers}", policy=policy, executor="local",
+                                    host_nodes=host_nodes, seed=workers)
+                    made.append((f"local cpu:{workers} {policy} host_nodes={host_nodes}", rt))
+        made.append(("dask threads", hn.Runtime(devices="cpu:2", executor="dask")))
+        made.append(("distributed", hn.Runtime(devices="cpu:2", executor=dist_client)))
+        yield made
+    finally:
+        for _, rt in made:
+            rt.close()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(program=programs())
+def test_random_programs_match_sequential_numpy(runtimes, program):
+    roots, splits, ops = program
+    expected, expected_fetched = run_reference(roots, splits, ops)
+    for label, rt in runtimes:
+        got, got_fetched = run_runtime(rt, roots, splits, ops)
+        assert len(got_fetched) == len(expected_fetched)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_array_equal(g, e, err_msg=f"{label}: root {i}")
+        for i, (g, e) in enumerate(zip(got_fetched, expected_fetched)):
+            np.testing.assert_array_equal(g, e, err_msg=f"{label}: fetch #{i}")
+
+
+def test_reference_tree_matches_pairwise_order():
+    """The reference's tree: ((p0+p1)+(p2+p3))+p4 for five partials."""
+    p = [np.array([v], dtype=np.float32) for v in (1e8, 1.0, -1e8, 1.0, 3.0)]
+    expected = ((p[0] + p[1]) + (p[2] + p[3])) + p[4]
+    np.testing.assert_array_equal(_tree_sum([q.copy() for q in p]), expected)
