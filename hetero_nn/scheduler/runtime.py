@@ -48,6 +48,7 @@ from .trace import TaskRecord, Trace
 
 _perf = time.perf_counter
 _MAX_READERS = 32
+EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
 
 
 class Runtime:
@@ -76,7 +77,8 @@ class Runtime:
     perfmodel : PerfModel, path, or False
         Where measurements go (default: ``HETERO_NN_CACHE``); False records nothing.
     calibrate : bool
-        Explore every variant until each footprint has ``calibrate_samples`` runs.
+        Explore every variant until each footprint has ``calibrate_samples`` runs
+        (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each.
     trace : bool
         Keep a record of every executed task (see :meth:`trace`).
 
@@ -371,13 +373,15 @@ class Runtime:
         return fp
 
     def choose_variant(self, task, kind):
-        """The variant to run: the only one, an unmeasured one (explore), or the fastest."""
+        """The variant to run: the only one, one measured fewer than ``EXPLORE_SAMPLES``
+        times on this footprint (explore; ``calibrate_samples`` when calibrating), or
+        the one with the lowest predicted time."""
         cands = self.candidates(task.codelet, kind)
         if len(cands) == 1 or self.perfmodel is None:
             return cands[0]
         fp, size = self.footprint(task)
         pm, name = self.perfmodel, task.codelet.name
-        need = self.calibrate_samples if self.calibrate else 1
+        need = self.calibrate_samples if self.calibrate else EXPLORE_SAMPLES
         best, best_t = cands[0], None
         for v in cands:
             if pm.count(name, v, kind, fp) < need:
