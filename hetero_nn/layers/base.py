@@ -14,6 +14,8 @@ creates a gradient handle for each.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..codelets.reduce import fill_zero
@@ -130,6 +132,58 @@ class Layer:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.extra_repr()})"
+
+
+class AffineLayer(Layer):
+    """A layer ``y = op(x, weight) (+ bias)``: Conv2D and Dense share these tasks.
+
+    Subclasses name their codelets (``fwd``, ``fwd_nobias``, ``bwd_input``,
+    ``bwd_params``, ``bwd_weight``) and the keyword parameters in ``_kw``.
+    """
+
+    fwd = fwd_nobias = bwd_input = bwd_params = bwd_weight = None
+    bias = True
+    _kw: dict = {}
+
+    @property
+    def fan_in(self) -> int:
+        raise NotImplementedError
+
+    def _uniform(self, shape, rng=None):
+        bound = 1.0 / math.sqrt(self.fan_in)
+        return (rng or default_rng()).uniform(-bound, bound, size=shape).astype(self.dtype)
+
+    def reset_parameters(self, rng=None):
+        """PyTorch's default: kaiming_uniform(a=sqrt(5)) weights and bias U(+-1/sqrt(fan_in))."""
+        for p in self.parameters():
+            p.data[...] = self._uniform(p.data.shape, rng)
+
+    def forward(self, rt, xs):
+        self._xs = xs
+        ys = self.outputs(rt, xs)
+        w, kw = self._params["weight"].handle, self._kw
+        if self.bias:
+            b = self._params["bias"].handle
+            for x, y in zip(xs, ys):
+                rt.submit(self.fwd, x, w, b, y, **kw)
+        else:
+            for x, y in zip(xs, ys):
+                rt.submit(self.fwd_nobias, x, w, y, **kw)
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        w, kw = self._params["weight"], self._kw
+        for x, dy in zip(self._xs, dys):
+            if self.bias:
+                rt.submit(self.bwd_params, x, dy, w.grad, self._params["bias"].grad, **kw)
+            else:
+                rt.submit(self.bwd_weight, x, dy, w.grad, **kw)
+        if not need_input_grad:
+            return None
+        dxs = self.outputs(rt, dys, shape=self._xs[0].shape[1:])  # the input's own layout
+        for dy, dx in zip(dys, dxs):
+            rt.submit(self.bwd_input, dy, w.handle, dx, **kw)
+        return dxs
 
 
 def _like_batch(rt, xs, sample_shape, dtype, name):

@@ -12,7 +12,7 @@ import math
 from ..codelets.dense import (dense_bwd_input, dense_bwd_params, dense_bwd_weight, dense_fwd,
                               dense_fwd_nobias)
 from ..errors import ShapeError
-from .base import Layer, default_rng
+from .base import AffineLayer, Layer
 from .checks import positive_int
 
 
@@ -29,8 +29,11 @@ class Flatten(Layer):
         return dys if need_input_grad else None
 
 
-class Dense(Layer):
+class Dense(AffineLayer):
     """``torch.nn.Linear(in_features, out_features, bias=True)``, weight ``(out, in)``."""
+
+    fwd, fwd_nobias, bwd_input = dense_fwd, dense_fwd_nobias, dense_bwd_input
+    bwd_params, bwd_weight = dense_bwd_params, dense_bwd_weight
 
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
@@ -41,46 +44,14 @@ class Dense(Layer):
         if self.bias:
             self.add_parameter("bias", self._uniform((self.out_features,)))
 
-    def _uniform(self, shape, rng=None):
-        bound = 1.0 / math.sqrt(self.in_features)
-        return (rng or default_rng()).uniform(-bound, bound, size=shape).astype(self.dtype)
-
-    def reset_parameters(self, rng=None):
-        """PyTorch's default: kaiming_uniform(a=sqrt(5)) weights and bias U(+-1/sqrt(fan_in))."""
-        for p in self.parameters():
-            p.data[...] = self._uniform(p.data.shape, rng)
+    @property
+    def fan_in(self):
+        return self.in_features
 
     def infer_shape(self, input_shape):
         if tuple(input_shape) != (self.in_features,):
             raise ShapeError(f"expects input of shape ({self.in_features},), got {tuple(input_shape)}")
         return (self.out_features,)
-
-    def forward(self, rt, xs):
-        self._xs = xs
-        ys = self.outputs(rt, xs)
-        w = self._params["weight"].handle
-        if self.bias:
-            b = self._params["bias"].handle
-            for x, y in zip(xs, ys):
-                rt.submit(dense_fwd, x, w, b, y)
-        else:
-            for x, y in zip(xs, ys):
-                rt.submit(dense_fwd_nobias, x, w, y)
-        return ys
-
-    def backward(self, rt, dys, need_input_grad=True):
-        w = self._params["weight"]
-        for x, dy in zip(self._xs, dys):
-            if self.bias:
-                rt.submit(dense_bwd_params, x, dy, w.grad, self._params["bias"].grad)
-            else:
-                rt.submit(dense_bwd_weight, x, dy, w.grad)
-        if not need_input_grad:
-            return None
-        dxs = self.outputs(rt, dys, shape=self._xs[0].shape[1:])  # the input's own layout
-        for dy, dx in zip(dys, dxs):
-            rt.submit(dense_bwd_input, dy, w.handle, dx)
-        return dxs
 
     def extra_repr(self):
         return f"{self.in_features}, {self.out_features}" + ("" if self.bias else ", bias=False")

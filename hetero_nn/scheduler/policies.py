@@ -65,6 +65,18 @@ class Policy:
     def finished(self, task, worker):
         pass
 
+    def _take(self, queue, worker):
+        """The oldest task of ``queue`` that ``worker`` has a variant for (removed), or None."""
+        if not queue:
+            return None
+        if self.homogeneous:
+            return queue.popleft()
+        for i, t in enumerate(queue):
+            if worker in t.eligible:
+                del queue[i]
+                return t
+        return None
+
     def _own_queue_pop(self, worker):
         q = worker.queue
         return q.popleft() if q else None
@@ -82,16 +94,7 @@ class Eager(Policy):
         return None
 
     def pop(self, worker):
-        q = self.queue
-        if not q:
-            return None
-        if self.homogeneous:
-            return q.popleft()
-        for i, t in enumerate(q):
-            if worker in t.eligible:
-                del q[i]
-                return t
-        return None
+        return self._take(self.queue, worker)
 
 
 class Random(Policy):
@@ -132,15 +135,9 @@ class WorkStealing(Policy):
         n = len(self.workers)
         for k in range(1, n):
             victim = self.workers[(worker.index + k) % n]
-            q = victim.queue
-            if not q:
-                continue
-            if self.homogeneous:
-                return q.popleft()
-            for i, t in enumerate(q):
-                if worker in t.eligible:
-                    del q[i]
-                    return t
+            task = self._take(victim.queue, worker)
+            if task is not None:
+                return task
         return None
 
 
