@@ -11,3 +11,6 @@ from .scheduler import POLICIES, PerfModel, Runtime, Trace
 from . import losses, optim
 from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_seed
 from .trainer import Trainer
+from . import checkpoint, datasets, models
+from .models import MODELS, build_model
+from .trainer import HISTORY_KEYS

@@ -1,20 +1,87 @@
-"""The trainer: one optimizer step per batch, as one task graph per step.
+"""The trainer: one optimizer step per batch as one task graph, epochs, metrics, checkpoints.
 
 ``train_step(x, y)`` registers the batch, splits it into ``granularity``
 partitions, and submits in program order: zero the gradients, the forward
 pass, the loss and its gradient, the backward pass (REDUX parameter gradients)
-and the optimizer update; then waits and reads the loss. ``fit`` and
-``evaluate`` loop over batches with the same path.
+and the optimizer update; then waits and reads the loss. It is the only path
+that updates weights: :meth:`Trainer.fit` is a loop over it.
+
+``fit`` owns the run's position: epochs completed (``epoch``), steps done in the
+epoch in progress (``step_in_epoch``), optimizer steps in all
+(``global_step``), the history of finished epochs and the running sums of the
+epoch in progress. The order of the samples of epoch ``e`` is
+``dataset.epoch_order(seed, e)``, a function of (seed, epoch) alone, so that
+position plus the weights and optimizer buffers is the whole state of a run:
+a checkpoint holding them resumes bit for bit (given the same granularity and
+the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
+``deterministic``).
+
+``granularity="auto"`` picks g when the first batch arrives by timing: for g in
+1, 2, 4, ... up to ``min(batch, 4 * workers)``, one warm-up and three timed
+passes of forward, loss and backward (no optimizer update, so the weights are
+untouched); the median time per g decides, and the smallest g within 5 % of
+the fastest wins (fewer tasks, less overhead for the same speed).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 
-from .errors import ConfigError
+from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
+                         read_checkpoint, remove_stale_temporaries, write_checkpoint)
+from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD
 from .scheduler.runtime import Runtime
+
+#: Keys of every per-epoch record :meth:`Trainer.fit` returns.
+HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+                "seconds", "images_per_second")
+
+_AUTO_REPEATS = 3
+_AUTO_TOLERANCE = 1.05
+_AUTO_PER_WORKER = 4
+
+
+class _ArrayData:
+    """``(x, y)`` arrays seen through the part of the Dataset interface ``fit`` uses."""
+
+    def __init__(self, x, y):
+        self.x = np.asarray(x)
+        self.y = np.asarray(y)
+        if self.x.ndim < 2 or self.y.shape != (len(self.x),):
+            raise ConfigError(f"fit: expected images (N, ...) and labels (N,), got shapes "
+                              f"{self.x.shape} and {self.y.shape}")
+        self.input_shape = tuple(self.x.shape[1:])
+
+    def __len__(self):
+        return len(self.y)
+
+    def epoch_order(self, seed=0, epoch=0):
+        return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
+
+    def batch(self, indices, dtype="float32"):
+        return np.ascontiguousarray(self.x[indices], dtype=dtype), np.asarray(self.y[indices],
+                                                                              dtype=np.int64)
+
+
+def _as_data(data, what):
+    if hasattr(data, "epoch_order") and hasattr(data, "batch"):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return _ArrayData(*data)
+    raise ConfigError(f"{what}: expected a hetero_nn Dataset or an (images, labels) pair, "
+                      f"got {type(data).__name__}")
+
+
+def _new_progress():
+    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0}
 
 
 class Trainer:
@@ -28,34 +95,62 @@ class Trainer:
         Built without parameters (``hn.optim.SGD(lr=0.05, momentum=0.9)``);
         the trainer binds the model's. Default: SGD(lr=0.01, momentum=0.9).
     runtime : Runtime, optional
-        Default: ``Runtime(devices="cpu")``, closed by :meth:`close`.
+        Default: ``Runtime(devices="cpu", trace=False)``, closed by :meth:`close`.
     batch_size : int
-    granularity : int
-        Partitions per batch: every per-sample codelet is submitted that many times.
+    granularity : int or "auto"
+        Partitions per batch: every per-sample codelet is submitted that many
+        times. ``"auto"`` times the candidates on the first batch (module docstring).
     dtype : str
         ``"float32"`` or ``"float64"``; the model is built for it on the first batch.
+    seed : int
+        The data-order seed: epoch ``e`` visits ``dataset.epoch_order(seed, e)``.
+
+    Examples
+    --------
+    >>> import hetero_nn as hn
+    >>> train = hn.datasets.load("synthetic", image_size=12, num_samples=256)
+    >>> model = hn.build_model("dahl-basic", train.input_shape, train.num_classes, seed=0)
+    >>> with hn.Trainer(model, runtime=hn.Runtime(devices="cpu:2", perfmodel=False),
+    ...                 batch_size=32, granularity=2) as trainer:
+    ...     history = trainer.fit(train, epochs=1, verbose=0)
+    >>> [record["epoch"] for record in history], history[0]["granularity"]
+    ([1], 2)
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype="float32"):
+                 granularity=1, dtype="float32", seed=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.model = model
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self._own_runtime = runtime is None
-        self.runtime = runtime if runtime is not None else Runtime(devices="cpu")
+        self.runtime = runtime if runtime is not None else Runtime(devices="cpu", trace=False)
         self.batch_size = int(batch_size)
-        self.granularity = self._check_granularity(granularity)
+        self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
+        self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
+        self.granularity_timings: dict[int, float] = {}
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.seed = int(seed)
         self._bound = None
         self.last_correct = 0
+        # the run's position (see the module docstring)
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self.history: list[dict] = []
+        self._progress = _new_progress()
+        self.last_checkpoint: dict | None = None
+        #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
+        self.config: dict = {}
 
     def _check_granularity(self, g):
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
-            raise ConfigError(f"granularity must be a positive integer, got {g!r}")
+            raise ConfigError(f"granularity must be a positive integer or 'auto', got {g!r}")
         if g > self.batch_size:
             raise ConfigError(f"granularity {g} is larger than the batch size {self.batch_size}")
         return int(g)
@@ -79,6 +174,8 @@ class Trainer:
     def _batch(self, x, y):
         rt = self.runtime
         x = np.ascontiguousarray(x, dtype=self.dtype)
+        if self.granularity is None:
+            self.tune_granularity(x, y)
         self._prepare(x)
         xs = self._split(rt.register(x, name="x"))
         ys = None
@@ -122,6 +219,302 @@ class Trainer:
             out.extend(self.runtime.fetch(p, copy=True) for p in preds)
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
+    # ------------------------------------------------------------ granularity
+    def _gradient_pass(self, x, y) -> float:
+        """Forward, loss and backward of one batch (no update); returns its wall time."""
+        rt = self.runtime
+        t0 = time.perf_counter()
+        xs, ys = self._batch(x, y)
+        self.model.zero_grad(rt)
+        logits = self.model.forward(rt, xs)
+        _, _, dlogits = self.loss(rt, logits, ys)
+        self.model.backward(rt, dlogits)
+        rt.wait()
+        return time.perf_counter() - t0
+
+    def tune_granularity(self, x, y=None, candidates=None) -> int:
+        """Choose and set the granularity by timing gradient passes on ``(x, y)``.
+
+        The rule is the module docstring's; the weights and the optimizer state are
+        not changed. The median seconds per candidate land in ``granularity_timings``.
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+            One batch (labels default to zeros: only the time matters).
+        candidates : sequence of int, optional
+            Default: 1, 2, 4, ... up to ``min(len(x), 4 * workers)``.
+
+        Returns
+        -------
+        int
+        """
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        y = np.zeros(len(x), np.int64) if y is None else y
+        if candidates is None:
+            limit = max(1, min(len(x), _AUTO_PER_WORKER * len(self.runtime.workers)))
+            candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+        candidates = [self._check_granularity(g) for g in candidates]
+        timings = {}
+        for g in candidates:
+            self.granularity = g
+            self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
+            timings[g] = statistics.median(self._gradient_pass(x, y) for _ in range(_AUTO_REPEATS))
+        fastest = min(timings.values())
+        self.granularity = min(g for g, t in timings.items() if t <= _AUTO_TOLERANCE * fastest)
+        self.granularity_timings = timings
+        return self.granularity
+
+    # ------------------------------------------------------------ epochs
+    def evaluate(self, dataset, batch_size=None) -> tuple[float, float]:
+        """``(mean loss, accuracy)`` over ``dataset`` (a Dataset or an ``(x, y)`` pair), in order."""
+        data = _as_data(dataset, "evaluate")
+        bs = self.batch_size if batch_size is None else int(batch_size)
+        if bs < 1:
+            raise ConfigError(f"evaluate: batch_size must be a positive integer, got {batch_size!r}")
+        n = len(data)
+        if n == 0:
+            raise ConfigError("evaluate: the dataset is empty")
+        loss_sum, correct = 0.0, 0
+        for start in range(0, n, bs):
+            x, y = data.batch(np.arange(start, min(start + bs, n)), dtype=self.dtype)
+            loss, c = self.evaluate_batch(x, y)
+            loss_sum += loss * len(y)
+            correct += c
+        return loss_sum / n, correct / n
+
+    def fit(self, train, epochs=1, validation=None, *, shuffle=True, checkpoint_dir=None,
+            checkpoint_every=None, verbose=1, on_step=None, on_epoch_end=None) -> list[dict]:
+        """Train until ``epochs`` epochs are complete; returns the history.
+
+        ``epochs`` counts from the start of the run, not of this call (Keras's
+        ``epochs``): after :meth:`load_checkpoint` the run continues where the
+        checkpoint left it, mid-epoch included, and a second ``fit`` needs a larger
+        ``epochs`` to train more.
+
+        Parameters
+        ----------
+        train : Dataset or (images, labels)
+        epochs : int
+        validation : Dataset or (images, labels), optional
+            Evaluated after every epoch (``test_loss``, ``test_accuracy``).
+        shuffle : bool
+            Visit epoch ``e`` in ``epoch_order(seed, e)``; else in file order.
+        checkpoint_dir : path-like, optional
+            Where ``checkpoint.npz`` is written every ``checkpoint_every`` steps and at
+            the end of every epoch, and ``checkpoint-final.npz`` when training ends.
+        checkpoint_every : int, optional
+            Steps between mid-epoch checkpoints (None: only at epoch ends).
+        verbose : int
+            0: silent; 1: a line per epoch on stderr, and a tqdm bar when stderr is a
+            terminal; 2: the bar even when it is not.
+        on_step : callable(trainer, loss), optional
+        on_epoch_end : callable(trainer, record), optional
+
+        Returns
+        -------
+        list of dict
+            One per finished epoch: ``epoch`` (1-based), ``train_loss``,
+            ``train_accuracy``, ``test_loss``, ``test_accuracy`` (None without
+            validation), ``seconds`` (training time of the epoch),
+            ``images_per_second``, ``eval_seconds``, ``samples``, ``steps``,
+            ``granularity``.
+
+        Raises
+        ------
+        TrainingDiverged
+            The loss became NaN or infinite; the message names the epoch, the step
+            and the last good checkpoint, which is left on disk.
+        """
+        data = _as_data(train, "fit")
+        val = None if validation is None else _as_data(validation, "fit validation")
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
+            raise ConfigError(f"epochs must be a non-negative integer, got {epochs!r}")
+        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(
+                checkpoint_every, (int, np.integer)) or checkpoint_every < 1):
+            raise ConfigError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        n, bs = len(data), self.batch_size
+        if n == 0:
+            raise ConfigError("fit: the training set is empty")
+        num_batches = -(-n // bs)
+        if self.step_in_epoch > num_batches:
+            raise CheckpointError(f"the run stopped at step {self.step_in_epoch} of epoch "
+                                  f"{self.epoch + 1}, but {n} samples in batches of {bs} make "
+                                  f"only {num_batches} steps: not the same training set")
+        ckdir = None
+        if checkpoint_dir is not None:
+            ckdir = Path(checkpoint_dir)
+            ckdir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
+        bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
+        while self.epoch < epochs:
+            e = self.epoch
+            order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
+            if self.granularity is None:
+                self.tune_granularity(*data.batch(order[:bs], dtype=self.dtype))
+            progress = self._progress
+            bar = _progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
+                                not bar_wanted)
+            try:
+                t_last = time.perf_counter()
+                for b in range(self.step_in_epoch, num_batches):
+                    x, y = data.batch(order[b * bs:(b + 1) * bs], dtype=self.dtype)
+                    loss = self.train_step(x, y)
+                    if not math.isfinite(loss):
+                        raise self._diverged(loss, e, b, epochs, num_batches)
+                    progress["loss_sum"] += loss * len(y)
+                    progress["correct"] += self.last_correct
+                    progress["samples"] += len(y)
+                    now = time.perf_counter()
+                    progress["seconds"] += now - t_last
+                    self.step_in_epoch = b + 1
+                    self.global_step += 1
+                    if bar is not None:
+                        bar.set_postfix_str(_running(progress), refresh=False)
+                        bar.update(1)
+                    if on_step is not None:
+                        on_step(self, loss)
+                    if (ckdir is not None and checkpoint_every
+                            and self.global_step % checkpoint_every == 0 and b + 1 < num_batches):
+                        self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
+                    t_last = time.perf_counter()
+            finally:
+                if bar is not None:
+                    bar.close()
+            record = self._end_epoch(val)
+            if ckdir is not None:
+                self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
+            if verbose >= 1:
+                _print_epoch(record, epochs)
+            if on_epoch_end is not None:
+                on_epoch_end(self, record)
+        if ckdir is not None:
+            self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
+        return [dict(r) for r in self.history]
+
+    def _end_epoch(self, validation) -> dict:
+        p = self._progress
+        seconds = p["seconds"]
+        record = {"epoch": self.epoch + 1,
+                  "train_loss": p["loss_sum"] / p["samples"],
+                  "train_accuracy": p["correct"] / p["samples"],
+                  "test_loss": None, "test_accuracy": None,
+                  "seconds": seconds,
+                  "images_per_second": p["samples"] / seconds if seconds > 0 else None,
+                  "eval_seconds": 0.0, "samples": p["samples"], "steps": self.step_in_epoch,
+                  "granularity": self.granularity}
+        if validation is not None:
+            t0 = time.perf_counter()
+            record["test_loss"], record["test_accuracy"] = self.evaluate(validation)
+            record["eval_seconds"] = time.perf_counter() - t0
+        self.history.append(record)
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self._progress = _new_progress()
+        return record
+
+    def _diverged(self, loss, epoch, b, epochs, num_batches) -> TrainingDiverged:
+        where = (f"epoch {epoch + 1}/{epochs}, step {b + 1}/{num_batches} (global step "
+                 f"{self.global_step + 1})")
+        return TrainingDiverged(f"training diverged: the loss is {loss} at {where}; "
+                                f"{self._kept()}")
+
+    def _kept(self) -> str:
+        last = self.last_checkpoint
+        if last is None:
+            return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
+        return (f"the last good checkpoint is {last['path']} (after "
+                f"{_position(last['epoch'], last['step'], last['global_step'])})")
+
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_config(self) -> dict:
+        """What a checkpoint records about the run: trainer settings, model spec, extras."""
+        opt = self.optimizer
+        cfg = {"batch_size": self.batch_size, "granularity": self.granularity,
+               "auto_granularity": self.auto_granularity, "dtype": self.dtype.name,
+               "seed": self.seed, "loss": type(self.loss).__name__,
+               "optimizer": {"name": type(opt).__name__.lower(), **opt.hyper()},
+               "input_shape": list(self.model.input_shape) if self.model.input_shape else None,
+               "runtime": {"devices": str(self.runtime.devices),
+                           "policy": self.runtime.policy_name,
+                           "executor": self.runtime.executor_name,
+                           "deterministic": self.runtime.deterministic,
+                           "variants": list(self.runtime.preferred)}}
+        spec = getattr(self.model, "spec", None)
+        if spec is not None:
+            cfg["model"] = dict(spec)
+        cfg.update(self.config)
+        return cfg
+
+    def save_checkpoint(self, path, require_finite: bool = False) -> Path:
+        """Write the run's whole state to ``path`` (atomically; see :mod:`hetero_nn.checkpoint`).
+
+        With ``require_finite`` (as ``fit`` does), a NaN or infinite weight or
+        optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
+        disk stays the last good one.
+        """
+        opt = {"type": type(self.optimizer).__name__, **self.optimizer.state_dict()}
+        model_state = self.model.state_dict()
+        if require_finite:
+            arrays = [("model/" + k, v) for k, v in model_state.items()]
+            arrays += [(f"optimizer/state/{k}/{b}", v) for k, st in opt["state"].items()
+                       for b, v in st.items()]
+            for key, value in arrays:
+                if not np.isfinite(value).all():
+                    where = _position(self.epoch, self.step_in_epoch, self.global_step)
+                    raise TrainingDiverged(f"training diverged: {key} holds NaN or infinite "
+                                           f"values after {where}; {self._kept()}")
+        path = write_checkpoint(path, model_state=model_state, optimizer=opt,
+                                epoch=self.epoch, step=self.step_in_epoch,
+                                global_step=self.global_step, seed=self.seed,
+                                progress=self._progress, history=self.history,
+                                config=self.checkpoint_config())
+        self.last_checkpoint = {"path": str(path), "epoch": self.epoch,
+                                "step": self.step_in_epoch, "global_step": self.global_step}
+        return path
+
+    def load_checkpoint(self, path):
+        """Restore weights, optimizer state and the run's position from ``path``.
+
+        The model is built first for the checkpoint's input shape and the
+        trainer's dtype. With ``granularity="auto"`` the checkpoint's granularity
+        is adopted, so a resumed run splits batches as the original did.
+
+        Returns
+        -------
+        Checkpoint
+
+        Raises
+        ------
+        CheckpointError
+            A corrupt file, or one that does not fit the model or the optimizer
+            (the message names the file and the key or shape at fault).
+        """
+        ckpt = read_checkpoint(path)
+        shape = ckpt.config.get("input_shape")
+        shape = tuple(shape) if shape else self.model.input_shape
+        if shape is not None and (self.model.input_shape != shape or self.model.dtype != self.dtype):
+            self.model.build(shape, self.dtype)  # weights in the trainer's dtype before loading
+            self._bound = None
+        state = check_model_state(ckpt, self.model)
+        opt_state = check_optimizer_state(ckpt, self.optimizer, self.model)
+        self.model.load_state_dict(state)
+        if opt_state is not None:
+            self.optimizer.load_state_dict(opt_state)
+        self._bound = None  # bind the restored arrays at the next batch
+        self.epoch, self.step_in_epoch, self.global_step = ckpt.epoch, ckpt.step, ckpt.global_step
+        self.seed = ckpt.seed
+        self.history = [dict(r) for r in ckpt.history]
+        self._progress = {**_new_progress(), **ckpt.progress}
+        g = ckpt.config.get("granularity")
+        if self.auto_granularity and isinstance(g, int) and 1 <= g <= self.batch_size:
+            self.granularity = g
+        self.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
+                                "global_step": ckpt.global_step}
+        return ckpt
+
+    # ------------------------------------------------------------ lifetime
     def close(self):
         if self._own_runtime:
             self.runtime.close()
@@ -131,3 +524,45 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Progress display
+# ---------------------------------------------------------------------------------------
+
+def _running(progress) -> str:
+    n = progress["samples"]
+    rate = n / progress["seconds"] if progress["seconds"] > 0 else 0.0
+    return (f"loss {progress['loss_sum'] / n:.4f}  acc {progress['correct'] / n:.2%}  "
+            f"{rate:.0f} img/s")
+
+
+def _progress_bar(total, initial, desc, disable):
+    if disable:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, unit="batch", file=sys.stderr,
+                leave=False, dynamic_ncols=True, mininterval=0.2)
+
+
+def format_epoch(record, epochs=None) -> str:
+    """One line for a finished epoch: train and test loss and accuracy, time, speed."""
+    of = f"/{epochs}" if epochs else ""
+    line = (f"epoch {record['epoch']}{of}: train loss {record['train_loss']:.4f} "
+            f"acc {record['train_accuracy']:.2%}")
+    if record.get("test_accuracy") is not None:
+        line += f" | test loss {record['test_loss']:.4f} acc {record['test_accuracy']:.2%}"
+    ips = record.get("images_per_second")
+    line += f" | {record['seconds']:.1f} s" + (f", {ips:.0f} img/s" if ips else "")
+    return line
+
+
+def _print_epoch(record, epochs):
+    print(format_epoch(record, epochs), file=sys.stderr, flush=True)
+
+
+def _position(epoch, step, global_step) -> str:
+    """Where a run stands, in words: ``step 5 of epoch 2`` or ``the end of epoch 1``."""
+    where = f"the end of epoch {epoch}" if step == 0 and epoch > 0 else \
+        f"step {step} of epoch {epoch + 1}"
+    return f"{where}, global step {global_step}"

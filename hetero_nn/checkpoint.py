@@ -1,0 +1,369 @@
+"""Checkpoints: a training run's whole state in one ``.npz`` that loads without pickle.
+
+This module owns the file format, its atomic writing, its strict reading, and
+the checks that a checkpoint fits a model and an optimizer. A checkpoint holds
+plain arrays only, so ``numpy.load(path, allow_pickle=False)`` reads it:
+
+=====================================  =============================================
+key                                    value
+=====================================  =============================================
+``format``                             ``"hetero_nn.checkpoint/1"`` (0-d unicode)
+``model/<name>``                       each weight under its ``state_dict`` name
+``optimizer/type``                     ``"SGD"`` / ``"Adam"`` (0-d unicode)
+``optimizer/steps``                    optimizer steps taken (int64)
+``optimizer/hyper``                    its hyper-parameters (JSON string)
+``optimizer/state/<name>/<buffer>``    momentum / moment buffers per weight
+``progress/epoch``                     epochs completed
+``progress/step``                      steps done in the epoch in progress (0 at an
+                                       epoch boundary)
+``progress/global_step``               optimizer steps of the whole run
+``progress/loss_sum``, ``/correct``,   the epoch in progress so far: summed loss
+``/samples``, ``/seconds``             (times batch size), correct count, samples,
+                                       training seconds
+``rng/seed``                           the data-order seed; with (epoch, step) it
+                                       fixes the next batch, as the order of an
+                                       epoch is ``default_rng([seed, epoch])``
+``history``                            finished epochs' metrics (JSON string)
+``config``                             the run's options (JSON string, 0-d unicode)
+=====================================  =============================================
+
+Files are written under a temporary name in the target directory, flushed to
+disk and renamed with :func:`os.replace`, so a reader (or a run killed midway)
+sees the previous complete file or the new one, never a torn one. A run keeps
+``checkpoint.npz`` (the latest) and, when it ends, ``checkpoint-final.npz``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import CheckpointError, HeteroNNError
+
+FORMAT = "hetero_nn.checkpoint/1"
+#: File names a training run writes in its output directory.
+CHECKPOINT_NAME = "checkpoint.npz"
+FINAL_NAME = "checkpoint-final.npz"
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
+_PROGRESS_INT = ("epoch", "step", "global_step", "correct", "samples")
+_PROGRESS_FLOAT = ("loss_sum", "seconds")
+
+
+@dataclass
+class Checkpoint:
+    """The content of a checkpoint file, as plain Python and NumPy values.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+    model_state : dict of str to numpy.ndarray
+        Weights under their ``state_dict`` names (``"0.weight"``...).
+    optimizer : dict or None
+        ``{"type", "steps", "hyper", "state": {name: {buffer: array}}}``.
+    epoch, step, global_step : int
+        Epochs completed, steps done in the next epoch, steps of the run.
+    progress : dict
+        The epoch in progress so far: ``loss_sum``, ``correct``, ``samples``, ``seconds``.
+    seed : int
+        The data-order seed.
+    history : list of dict
+        Metrics of the finished epochs.
+    config : dict
+        The options of the run (model, dataset, optimizer, batch size...).
+    """
+
+    path: Path
+    model_state: dict
+    optimizer: dict | None
+    epoch: int
+    step: int
+    global_step: int
+    seed: int = 0
+    progress: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------
+# Atomic files
+# ---------------------------------------------------------------------------------------
+
+def atomic_write(path, write: Callable) -> Path:
+    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it over.
+
+    The temporary name is ``.<name>.<32 hex>.tmp`` in the same directory (so the rename
+    stays on one file system); it is removed if ``write`` raises, leaving ``path`` as it
+    was.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path, text: str) -> Path:
+    """:func:`atomic_write` for a UTF-8 text file."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def remove_stale_temporaries(directory, names) -> list[Path]:
+    """Delete temporary files that :func:`atomic_write` left for ``names`` (a killed run).
+
+    Only files named exactly ``.<name>.<32 hex>.tmp`` with ``name`` in ``names`` go.
+    """
+    removed = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for p in directory.iterdir():
+        m = _TEMPORARY.match(p.name)
+        if m and m["name"] in names and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------
+
+def _text(value) -> np.ndarray:
+    return np.array(str(value))  # a 0-d unicode array: no pickle needed to read it back
+
+
+def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, global_step=0,
+                     seed=0, progress=None, history=(), config=None) -> Path:
+    """Write a checkpoint atomically (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    path : path-like
+    model_state : mapping of str to array
+        ``model.state_dict()``.
+    optimizer : dict, optional
+        ``{"type": str, **optimizer.state_dict()}``.
+    epoch, step, global_step, seed : int
+    progress : dict, optional
+        ``loss_sum``, ``correct``, ``samples``, ``seconds`` of the epoch in progress.
+    history : list of dict
+    config : dict
+        JSON-serialisable options.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    arrays = {"format": _text(FORMAT)}
+    for name, value in model_state.items():
+        arrays[f"model/{name}"] = np.asarray(value)
+    if optimizer is not None:
+        arrays["optimizer/type"] = _text(optimizer["type"])
+        arrays["optimizer/steps"] = np.int64(optimizer["steps"])
+        arrays["optimizer/hyper"] = _text(json.dumps(optimizer.get("hyper", {})))
+        for name, buffers in optimizer.get("state", {}).items():
+            for buffer, value in buffers.items():
+                arrays[f"optimizer/state/{name}/{buffer}"] = np.asarray(value)
+    progress = dict(progress or {})
+    for key, value in (("epoch", epoch), ("step", step), ("global_step", global_step)):
+        progress[key] = value
+    for key in _PROGRESS_INT:
+        arrays[f"progress/{key}"] = np.int64(progress.get(key, 0))
+    for key in _PROGRESS_FLOAT:
+        arrays[f"progress/{key}"] = np.float64(progress.get(key, 0.0))
+    arrays["rng/seed"] = np.int64(seed)
+    arrays["history"] = _text(json.dumps(list(history)))
+    arrays["config"] = _text(json.dumps(config or {}, sort_keys=True))
+    for key, value in arrays.items():
+        if value.dtype.hasobject:
+            raise CheckpointError(f"{path}: {key} is an object array, which needs pickle")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read and check a checkpoint file.
+
+    Raises
+    ------
+    CheckpointError
+        The file is missing, is not a zip of ``.npy`` arrays, fails its CRC, needs
+        pickle, or lacks a key; the message names the file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+        raise CheckpointError(f"{path}: corrupt or not a checkpoint "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+    def take(key):
+        if key not in arrays:
+            raise CheckpointError(f"{path}: not a hetero_nn checkpoint (no {key!r} entry)")
+        return arrays[key]
+
+    def scalar(key, kind):
+        value = take(key)
+        if value.shape != () or value.dtype.kind not in kind:
+            raise CheckpointError(f"{path}: {key!r} should be a scalar, got "
+                                  f"{value.dtype} array of shape {value.shape}")
+        return value[()]
+
+    def document(key):
+        text = scalar(key, "U")
+        try:
+            return json.loads(str(text))
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path}: {key!r} is not valid JSON ({exc})") from None
+
+    fmt = str(scalar("format", "U"))
+    if fmt != FORMAT:
+        raise CheckpointError(f"{path}: format {fmt!r}, expected {FORMAT!r}")
+    model_state = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
+    optimizer = None
+    if "optimizer/type" in arrays:
+        state: dict = {}
+        for key, value in arrays.items():
+            if key.startswith("optimizer/state/"):
+                name, _, buffer = key[len("optimizer/state/"):].rpartition("/")
+                state.setdefault(name, {})[buffer] = value
+        optimizer = {"type": str(scalar("optimizer/type", "U")),
+                     "steps": int(scalar("optimizer/steps", "iu")),
+                     "hyper": document("optimizer/hyper"), "state": state}
+    progress = {k: int(scalar(f"progress/{k}", "iu")) for k in _PROGRESS_INT}
+    progress.update({k: float(scalar(f"progress/{k}", "f")) for k in _PROGRESS_FLOAT})
+    return Checkpoint(path=path, model_state=model_state, optimizer=optimizer,
+                      epoch=progress.pop("epoch"), step=progress.pop("step"),
+                      global_step=progress.pop("global_step"),
+                      seed=int(scalar("rng/seed", "iu")), progress=progress,
+                      history=document("history"), config=document("config"))
+
+
+# ---------------------------------------------------------------------------------------
+# Fitting a checkpoint to a model and an optimizer
+# ---------------------------------------------------------------------------------------
+
+def check_model_state(ckpt: Checkpoint, model) -> dict:
+    """The checkpoint's weights cast to ``model``'s dtypes, after checking names and shapes.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and the first missing, unexpected or misshapen key.
+    """
+    params = dict(model.named_parameters())
+    for name, p in params.items():  # in the model's order: the first layer at fault is named
+        value = ckpt.model_state.get(name)
+        if value is None:
+            raise CheckpointError(f"{ckpt.path}: no weight 'model/{name}' for the model's "
+                                  f"parameter of shape {p.data.shape}")
+        if value.shape != p.data.shape:
+            raise CheckpointError(f"{ckpt.path}: 'model/{name}' has shape {value.shape}, the "
+                                  f"model expects {p.data.shape}")
+        if value.dtype.kind != "f":
+            raise CheckpointError(f"{ckpt.path}: 'model/{name}' has dtype {value.dtype}, "
+                                  "expected floating point")
+    for name, value in ckpt.model_state.items():
+        if name not in params:
+            raise CheckpointError(f"{ckpt.path}: 'model/{name}' (shape {value.shape}) is not a "
+                                  f"parameter of the model (it has {', '.join(params)})")
+    return {name: np.asarray(ckpt.model_state[name], dtype=p.data.dtype)
+            for name, p in params.items()}
+
+
+def check_optimizer_state(ckpt: Checkpoint, optimizer, model) -> dict | None:
+    """The checkpoint's optimizer state fitted to ``optimizer`` and ``model``.
+
+    Returns the ``state_dict`` to give ``optimizer.load_state_dict`` (buffers cast to
+    each weight's dtype), or None when the checkpoint has no optimizer state.
+
+    Raises
+    ------
+    CheckpointError
+        Another optimizer type, a buffer for an unknown weight, a missing or
+        misshapen buffer.
+    """
+    sd = ckpt.optimizer
+    if sd is None:
+        return None
+    kind = type(optimizer).__name__
+    if sd["type"] != kind:
+        raise CheckpointError(f"{ckpt.path}: optimizer state is for {sd['type']}, the trainer "
+                              f"uses {kind}")
+    params = dict(model.named_parameters())
+    buffers = tuple(optimizer.buffers)
+    state = {}
+    for name, bufs in sd["state"].items():
+        if name not in params:
+            raise CheckpointError(f"{ckpt.path}: optimizer state for {name!r}, which is not a "
+                                  "parameter of the model")
+        p = params[name]
+        state[name] = {}
+        for b, value in bufs.items():
+            if b not in buffers:
+                raise CheckpointError(f"{ckpt.path}: 'optimizer/state/{name}/{b}' is not a "
+                                      f"{kind} buffer (expected {', '.join(buffers) or 'none'})")
+            if value.shape != p.data.shape:
+                raise CheckpointError(f"{ckpt.path}: 'optimizer/state/{name}/{b}' has shape "
+                                      f"{value.shape}, the model expects {p.data.shape}")
+            state[name][b] = np.asarray(value, dtype=p.data.dtype)
+    if sd["steps"] > 0:
+        for name in params:
+            missing = [b for b in buffers if b not in state.get(name, {})]
+            if missing:
+                raise CheckpointError(f"{ckpt.path}: no 'optimizer/state/{name}/{missing[0]}' "
+                                      f"after {sd['steps']} {kind} steps")
+    return {"steps": sd["steps"], "hyper": sd["hyper"], "state": state}
+
+
+def load_model(path, dtype=None):
+    """Rebuild a built-in model from a checkpoint and load its weights.
+
+    The model's name, input shape and class count come from the checkpoint's
+    ``config["model"]`` (written by :meth:`Trainer.save_checkpoint` for models made
+    with :func:`~hetero_nn.models.build_model`), the dtype from ``config["dtype"]``
+    unless ``dtype`` is given.
+
+    Returns
+    -------
+    (Sequential, Checkpoint)
+    """
+    from .models import build_model
+
+    ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
+    spec = ckpt.config.get("model")
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise CheckpointError(f"{ckpt.path}: its config does not say which built-in model it "
+                              "holds; build the model yourself and use Trainer.load_checkpoint")
+    dtype = dtype or ckpt.config.get("dtype", "float32")
+    try:
+        model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], dtype=dtype)
+    except (HeteroNNError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{ckpt.path}: cannot rebuild its model {spec!r}: {exc}") from exc
+    model.load_state_dict(check_model_state(ckpt, model))
+    return model, ckpt

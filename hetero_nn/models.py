@@ -1,0 +1,100 @@
+"""Built-in models, by name: the networks the CLI trains and the acceptance runs use.
+
+Every builder takes the per-sample input shape ``(C, H, W)`` and the number of
+classes, and derives the sizes of its dense layers from them, so the same name
+works for 28x28 grey images and 32x32 colour ones. The returned
+:class:`~hetero_nn.layers.Sequential` is already built (shapes checked) for the
+dtype asked for, and remembers how it was made (``model.spec``) so a checkpoint
+can rebuild it.
+
+>>> model = build_model("dahl-basic", (1, 28, 28), 10)
+>>> [name for name, _ in model.named_parameters()]
+['0.weight', '0.bias', '4.weight', '4.bias']
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import ConfigError, ShapeError
+from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential
+from .layers.base import default_rng
+
+
+def _features_out(layers, input_shape) -> int:
+    """Number of features the convolutional part yields for ``input_shape`` (shapes checked)."""
+    return math.prod(Sequential(*layers).build(input_shape))
+
+
+def dahl_basic(input_shape, num_classes=10) -> list:
+    """StarPU's reference network: Conv2D(C, 4, 3), ReLU, MaxPool2D(2), Flatten, Dense(., K)."""
+    features = [Conv2D(input_shape[0], 4, 3), ReLU(), MaxPool2D(2)]
+    return [*features, Flatten(), Dense(_features_out(features, input_shape), num_classes)]
+
+
+def lenet5(input_shape, num_classes=10) -> list:
+    """LeNet-5 with ReLU and max pooling (16*5*5 features for 28x28 input, 16*6*6 for 32x32)."""
+    features = [Conv2D(input_shape[0], 6, 5, padding=2), ReLU(), MaxPool2D(2),
+                Conv2D(6, 16, 5), ReLU(), MaxPool2D(2)]
+    return [*features, Flatten(), Dense(_features_out(features, input_shape), 120), ReLU(),
+            Dense(120, 84), ReLU(), Dense(84, num_classes)]
+
+
+def cifar_small(input_shape, num_classes=10) -> list:
+    """Two 3x3 convolutions (32 and 64 channels, padding 1) with pooling, then one Dense."""
+    features = [Conv2D(input_shape[0], 32, 3, padding=1), ReLU(), MaxPool2D(2),
+                Conv2D(32, 64, 3, padding=1), ReLU(), MaxPool2D(2)]
+    return [*features, Flatten(), Dense(_features_out(features, input_shape), num_classes)]
+
+
+#: Model name -> builder ``(input_shape, num_classes) -> list of layers``.
+MODELS = {"dahl-basic": dahl_basic, "lenet5": lenet5, "cifar-small": cifar_small}
+
+
+def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
+                seed: int | None = None) -> Sequential:
+    """Build the built-in model ``name`` for samples of ``input_shape``.
+
+    Parameters
+    ----------
+    name : {"dahl-basic", "lenet5", "cifar-small"}
+    input_shape : tuple of int
+        One sample's ``(C, H, W)``.
+    num_classes : int
+    dtype : {"float32", "float64"}
+    seed : int, optional
+        Draw the initial weights from ``numpy.random.default_rng(seed)``; without it
+        they come from the generator :func:`hetero_nn.manual_seed` seeds. Either way
+        they are drawn in ``dtype`` with PyTorch's default distributions.
+
+    Returns
+    -------
+    Sequential
+        Built for ``input_shape`` and ``dtype``; ``model.spec`` holds the arguments.
+
+    Raises
+    ------
+    ConfigError
+        Unknown name, or an input shape that is not ``(C, H, W)``.
+    ShapeError
+        The input is too small for the network (names the model and the layer).
+    """
+    builder = MODELS.get(name)
+    if builder is None:
+        raise ConfigError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ConfigError(f"model {name!r}: input_shape must be (C, H, W), got {tuple(input_shape)}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
+            or num_classes < 2:
+        raise ConfigError(f"model {name!r}: num_classes must be an integer >= 2, got {num_classes!r}")
+    try:
+        model = Sequential(*builder(shape, int(num_classes)))
+        model.build(shape, dtype)
+    except ShapeError as exc:
+        raise ShapeError(f"model {name!r} does not fit input of shape {shape}: {exc}") from None
+    model.reset_parameters(np.random.default_rng(seed) if seed is not None else default_rng())
+    model.spec = {"name": name, "input_shape": list(shape), "num_classes": int(num_classes)}
+    return model

@@ -1,0 +1,280 @@
+"""Trainer.fit, evaluate, granularity "auto", divergence, and the built-in models.
+
+``fit`` is a loop of ``train_step`` over the batches of ``epoch_order(seed,
+epoch)``: its weights equal a hand-written loop's bit for bit and PyTorch's to
+1e-9 (float64) over whole epochs, and its history reports the same losses and
+accuracies PyTorch computes. The built-in models are the networks their
+docstrings name (checked against ``torch.nn`` twins on 28x28 and 32x32 inputs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import hetero_nn as hn
+from hetero_nn.checkpoint import CHECKPOINT_NAME, read_checkpoint
+
+REL_F64 = 1e-9
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(monkeypatch, tmp_path_factory):
+    if not os.environ.get("HETERO_NN_CACHE"):
+        monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _data(n=96, size=12, channels=1, seed=0, split="train"):
+    return hn.datasets.load("synthetic", split, image_size=size, num_samples=n, seed=seed,
+                            channels=channels)
+
+
+def _runtime(**kw):
+    kw.setdefault("devices", "cpu:2")
+    return hn.Runtime(perfmodel=False, trace=False, **kw)
+
+
+def _torch_twin(model):
+    """A torch.nn.Sequential of the same layers, holding the same weights (float64)."""
+    layers = []
+    for layer in model:
+        if isinstance(layer, hn.Conv2D):
+            layers.append(torch.nn.Conv2d(layer.in_channels, layer.out_channels,
+                                          layer.kernel_size, layer.stride, layer.padding))
+        elif isinstance(layer, hn.MaxPool2D):
+            layers.append(torch.nn.MaxPool2d(layer.kernel_size, layer.stride))
+        elif isinstance(layer, hn.ReLU):
+            layers.append(torch.nn.ReLU())
+        elif isinstance(layer, hn.Flatten):
+            layers.append(torch.nn.Flatten())
+        elif isinstance(layer, hn.Dense):
+            layers.append(torch.nn.Linear(layer.in_features, layer.out_features))
+        else:
+            raise TypeError(layer)
+    twin = torch.nn.Sequential(*layers).double()
+    twin.load_state_dict({k: torch.from_numpy(v.astype(np.float64))
+                          for k, v in model.state_dict().items()})
+    return twin
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# --------------------------------------------------------------------------- models
+
+@pytest.mark.parametrize("name", list(hn.MODELS))
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def test_builtin_models_equal_their_torch_twins(name, shape):
+    model = hn.build_model(name, shape, 10, dtype="float64", seed=3)
+    assert model.input_shape == shape and model.output_shape == (10,)
+    assert model.spec == {"name": name, "input_shape": list(shape), "num_classes": 10}
+    twin = _torch_twin(model)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, *shape))
+    y = rng.integers(0, 10, 5)
+    with hn.Trainer(model, runtime=_runtime(), batch_size=5, granularity=2,
+                    dtype="float64") as tr:
+        loss, correct = tr.evaluate_batch(x, y)
+        preds = tr.predict(x)
+    with torch.no_grad():
+        logits = twin(torch.from_numpy(x))
+    assert math.isclose(loss, torch.nn.functional.cross_entropy(logits, torch.from_numpy(y)).item(),
+                        rel_tol=REL_F64)
+    assert np.array_equal(preds, logits.argmax(1).numpy())
+    assert correct == int((logits.argmax(1).numpy() == y).sum())
+
+
+def test_model_sizes_follow_the_input():
+    assert hn.build_model("dahl-basic", (1, 28, 28))[4].in_features == 4 * 13 * 13
+    assert hn.build_model("lenet5", (1, 28, 28))[7].in_features == 16 * 5 * 5
+    assert hn.build_model("lenet5", (3, 32, 32))[7].in_features == 16 * 6 * 6
+    assert hn.build_model("cifar-small", (3, 32, 32))[7].in_features == 64 * 8 * 8
+    a = hn.build_model("lenet5", (1, 28, 28), seed=7).state_dict()
+    b = hn.build_model("lenet5", (1, 28, 28), seed=7).state_dict()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_build_model_refuses_unknown_names_and_inputs_too_small():
+    with pytest.raises(hn.ConfigError, match="unknown model 'resnet'.*lenet5"):
+        hn.build_model("resnet", (1, 28, 28))
+    with pytest.raises(hn.ShapeError, match="'lenet5' does not fit input of shape \\(1, 8, 8\\)"):
+        hn.build_model("lenet5", (1, 8, 8))
+    with pytest.raises(hn.ConfigError, match="input_shape"):
+        hn.build_model("dahl-basic", (28, 28))
+
+
+# --------------------------------------------------------------------------- fit
+
+def test_fit_returns_one_record_per_epoch_with_the_documented_keys():
+    train, test = _data(n=128), _data(n=64, split="test")
+    model = hn.build_model("dahl-basic", train.input_shape, train.num_classes, seed=0)
+    with hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=_runtime(),
+                    batch_size=32, granularity=2) as tr:
+        history = tr.fit(train, epochs=3, validation=test, verbose=0)
+        again = tr.fit(train, epochs=3, validation=test, verbose=0)  # already done: no step
+        steps = tr.global_step
+    assert [r["epoch"] for r in history] == [1, 2, 3] and again == history and steps == 12
+    for r in history:
+        assert set(hn.HISTORY_KEYS) <= set(r)
+        assert 0 <= r["train_accuracy"] <= 1 and 0 <= r["test_accuracy"] <= 1
+        assert r["seconds"] > 0 and r["images_per_second"] == pytest.approx(128 / r["seconds"])
+        assert r["samples"] == 128 and r["steps"] == 4 and r["granularity"] == 2
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[-1]["test_accuracy"] > 0.5  # ten classes: chance is 0.1
+
+
+def test_fit_is_a_loop_of_train_step_over_the_seeded_epoch_order():
+    train = _data(n=70)  # 70 = 4 batches of 16 and one of 6
+    weights = []
+    for by_hand in (False, True):
+        model = hn.build_model("dahl-basic", train.input_shape, 10, seed=1)
+        with hn.Trainer(model, runtime=_runtime(), batch_size=16, granularity=2, seed=5) as tr:
+            if by_hand:
+                for epoch in range(2):
+                    for x, y in train.batches(16, seed=5, epoch=epoch):
+                        tr.train_step(x, y)
+            else:
+                tr.fit(train, epochs=2, verbose=0)
+            weights.append(model.state_dict())
+    assert all(weights[0][k].tobytes() == weights[1][k].tobytes() for k in weights[0])
+
+
+def test_fit_and_evaluate_equal_pytorch_over_whole_epochs():
+    train, test = _data(n=72, channels=3, size=10), _data(n=40, channels=3, size=10, split="test")
+    model = hn.build_model("cifar-small", train.input_shape, 10, dtype="float64", seed=2)
+    twin = _torch_twin(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    with hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=_runtime(),
+                    batch_size=16, granularity=3, dtype="float64", seed=9) as tr:
+        history = tr.fit(train, epochs=2, validation=test, verbose=0)
+        weights = model.state_dict()
+    for epoch in range(2):
+        loss_sum, correct = 0.0, 0
+        for x, y in train.batches(16, seed=9, epoch=epoch, dtype="float64"):
+            opt.zero_grad()
+            logits = twin(torch.from_numpy(x))
+            loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(y)
+            correct += int((logits.argmax(1).numpy() == y).sum())
+        assert math.isclose(history[epoch]["train_loss"], loss_sum / len(train), rel_tol=REL_F64)
+        assert history[epoch]["train_accuracy"] == correct / len(train)
+    for name, value in twin.state_dict().items():
+        assert _rel(weights[name], value.numpy()) < REL_F64, name
+    x, y = test.batch(slice(None), dtype="float64")
+    with torch.no_grad():
+        logits = twin(torch.from_numpy(x))
+    expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y)).item()
+    assert math.isclose(history[-1]["test_loss"], expected, rel_tol=REL_F64)
+    assert history[-1]["test_accuracy"] == float((logits.argmax(1).numpy() == y).mean())
+
+
+def test_fit_takes_plain_arrays_and_shuffles_per_epoch():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((48, 1, 8, 8)).astype(np.float32)
+    y = (x.mean(axis=(1, 2, 3)) > 0).astype(np.int64)
+    model = hn.build_model("dahl-basic", (1, 8, 8), 2, seed=0)
+    with hn.Trainer(model, runtime=_runtime(), batch_size=16) as tr:
+        history = tr.fit((x, y), epochs=2, validation=(x, y), verbose=0)
+        loss, acc = tr.evaluate((x, y))
+    assert history[-1]["test_loss"] == loss and history[-1]["test_accuracy"] == acc
+    data = hn.trainer._ArrayData(x, y)
+    assert not np.array_equal(data.epoch_order(0, 0), data.epoch_order(0, 1))
+    with pytest.raises(hn.ConfigError, match="expected a hetero_nn Dataset"):
+        hn.Trainer(model, runtime=_runtime(), batch_size=16).fit(x, epochs=1)
+
+
+def test_fit_refuses_bad_arguments():
+    model = hn.build_model("dahl-basic", (1, 8, 8), 2, seed=0)
+    with hn.Trainer(model, runtime=_runtime(), batch_size=4) as tr:
+        data = (np.zeros((8, 1, 8, 8), np.float32), np.zeros(8, np.int64))
+        with pytest.raises(hn.ConfigError, match="epochs"):
+            tr.fit(data, epochs=-1)
+        with pytest.raises(hn.ConfigError, match="checkpoint_every"):
+            tr.fit(data, epochs=1, checkpoint_every=0)
+    with pytest.raises(hn.ConfigError, match="granularity 8 is larger than the batch size 4"):
+        hn.Trainer(model, runtime=_runtime(), batch_size=4, granularity=8)
+    with pytest.raises(hn.ConfigError, match="granularity"):
+        hn.Trainer(model, runtime=_runtime(), batch_size=4, granularity="fast")
+
+
+# --------------------------------------------------------------------------- granularity auto
+
+def test_auto_granularity_picks_a_timed_candidate_without_touching_the_weights():
+    train = _data(n=64)
+    model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
+    before = model.state_dict()
+    with hn.Trainer(model, runtime=_runtime(), batch_size=32, granularity="auto") as tr:
+        x, y = train.batch(np.arange(32))
+        g = tr.tune_granularity(x, y)
+        after = model.state_dict()
+        assert tr.optimizer.steps == 0
+        assert sorted(tr.granularity_timings) == [1, 2, 4, 8]  # up to 4 per worker, 2 workers
+        assert g in tr.granularity_timings and tr.granularity == g
+        fastest = min(tr.granularity_timings.values())
+        assert tr.granularity_timings[g] <= 1.05 * fastest
+        assert all(tr.granularity_timings[h] > 1.05 * fastest for h in tr.granularity_timings
+                   if h < g)
+        history = tr.fit(train, epochs=1, verbose=0)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert history[0]["granularity"] == g
+
+
+def test_auto_granularity_is_resolved_by_fit_and_bounded_by_the_batch():
+    train = _data(n=24)
+    model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
+    with hn.Trainer(model, runtime=_runtime(devices="cpu:1"), batch_size=3,
+                    granularity="auto") as tr:
+        assert tr.granularity is None
+        tr.fit(train, epochs=1, verbose=0)
+        assert sorted(tr.granularity_timings) == [1, 2]  # 4 * 1 worker, but batches of 3
+        assert tr.granularity in (1, 2)
+        assert tr.checkpoint_config()["granularity"] == tr.granularity
+
+
+# --------------------------------------------------------------------------- divergence
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow in the exploding steps
+def test_a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    train = _data(n=256)
+    model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
+    with hn.Trainer(model, optimizer=hn.optim.SGD(lr=1e6, momentum=0.9), runtime=_runtime(),
+                    batch_size=16, granularity=2) as tr:
+        with pytest.raises(hn.TrainingDiverged) as info:
+            tr.fit(train, epochs=2, verbose=0, checkpoint_dir=tmp_path, checkpoint_every=1)
+        diverged_at = tr.global_step + 1
+    message = str(info.value)
+    assert "training diverged" in message and "epoch 1/2" in message
+    assert f"global step {diverged_at}" in message
+    path = tmp_path / CHECKPOINT_NAME
+    assert str(path) in message
+    ckpt = read_checkpoint(path)
+    assert 1 <= ckpt.global_step < diverged_at
+    assert all(np.isfinite(v).all() for v in ckpt.model_state.values())
+    assert all(np.isfinite(b).all() for st in ckpt.optimizer["state"].values() for b in st.values())
+    assert not (tmp_path / "checkpoint-final.npz").exists()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_divergence_without_checkpoints_says_none_was_kept():
+    train = _data(n=256)
+    model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
+    with hn.Trainer(model, optimizer=hn.optim.SGD(lr=1e6, momentum=0.9), runtime=_runtime(),
+                    batch_size=16) as tr:
+        with pytest.raises(hn.TrainingDiverged, match="no checkpoint was written"):
+            tr.fit(train, epochs=1, verbose=0)
