@@ -591,7 +591,7 @@ class Dataset:
         chosen = np.arange(len(self))[indices]
         return self._generate(chosen, self.labels[chosen])
 
-    def batch(self, indices, dtype="float32") -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, indices, dtype="float32", out=None) -> tuple[np.ndarray, np.ndarray]:
         """The samples at ``indices``, normalised: ``(x, y)``.
 
         Parameters
@@ -599,6 +599,9 @@ class Dataset:
         indices : array-like of int or slice
         dtype : str or numpy.dtype
             A floating type for ``x``.
+        out : callable(shape, dtype) -> array, optional
+            Allocator for ``x`` and ``y`` (e.g. ``Arena.empty``, so the trainer
+            fills a batch arena); fresh arrays by default.
 
         Returns
         -------
@@ -616,13 +619,22 @@ class Dataset:
         if not isinstance(indices, slice):
             indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         pixels = self._pixels(indices)
-        x = np.array(pixels, dtype=dtype, order="C", copy=True)
+        if out is None:
+            x = np.array(pixels, dtype=dtype, order="C", copy=True)
+        else:
+            x = out(pixels.shape, dtype)
+            x[...] = pixels
         if pixels.dtype == np.uint8:
             x /= dtype.type(255)
         shape = (1, -1) + (1,) * (x.ndim - 2)
         x -= np.asarray(self.mean, dtype=dtype).reshape(shape)
         x /= np.asarray(self.std, dtype=dtype).reshape(shape)
-        return x, np.array(self.labels[indices], dtype=np.int64)
+        if out is None:
+            return x, np.array(self.labels[indices], dtype=np.int64)
+        labels = self.labels[indices]
+        y = out(labels.shape, np.int64)
+        y[...] = labels
+        return x, y
 
     def epoch_order(self, seed: int = 0, epoch: int = 0) -> np.ndarray:
         """The sample order of ``epoch``: ``np.random.default_rng([seed, epoch]).permutation(N)``.

@@ -29,10 +29,12 @@ import math
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
@@ -66,9 +68,39 @@ class _ArrayData:
     def epoch_order(self, seed=0, epoch=0):
         return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
 
-    def batch(self, indices, dtype="float32"):
-        return np.ascontiguousarray(self.x[indices], dtype=dtype), np.asarray(self.y[indices],
-                                                                              dtype=np.int64)
+    def batch(self, indices, dtype="float32", out=None):
+        x, y = self.x[indices], self.y[indices]
+        if out is None:
+            return np.ascontiguousarray(x, dtype=dtype), np.asarray(y, dtype=np.int64)
+        xb, yb = out(x.shape, dtype), out(y.shape, np.int64)
+        xb[...] = x
+        yb[...] = y
+        return xb, yb
+
+
+def prefetched_batches(data, order, batch_size, start, stop, dtype, pair):
+    """Yield batches ``start..stop-1`` of ``order``, loading the next while a step runs.
+
+    Batch ``b`` lives in one arena of ``pair`` while a loader thread fills
+    batch ``b + 1`` into the other; the arena is reset only once the step that
+    used it has returned, so no reset ever waits for the step in flight.
+    """
+    if start >= stop:
+        return
+
+    def load(b):
+        return data.batch(order[b * batch_size:(b + 1) * batch_size], dtype=dtype,
+                          out=pair.current.empty)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="hetero_nn-loader") as loader:
+        pair.swap()
+        pending = loader.submit(load, start)
+        for b in range(start, stop):
+            x, y = pending.result()
+            if b + 1 < stop:
+                pair.swap()  # the arena of batch b - 1, whose step has returned
+                pending = loader.submit(load, b + 1)
+            yield x, y
 
 
 def _as_data(data, what):
@@ -137,6 +169,7 @@ class Trainer:
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
         self._bound = None
+        self._batch_arenas = ArenaPair("batches")
         self.last_correct = 0
         # the run's position (see the module docstring)
         self.epoch = 0
@@ -357,8 +390,9 @@ class Trainer:
                                 not bar_wanted)
             try:
                 t_last = time.perf_counter()
-                for b in range(self.step_in_epoch, num_batches):
-                    x, y = data.batch(order[b * bs:(b + 1) * bs], dtype=self.dtype)
+                batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
+                                             self.dtype, self._batch_arenas)
+                for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
                         raise self._diverged(loss, e, b, epochs, num_batches)
@@ -379,6 +413,7 @@ class Trainer:
                         self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
                     t_last = time.perf_counter()
             finally:
+                batches.close()  # joins the loader thread, also when a step raised
                 if bar is not None:
                     bar.close()
             record = self._end_epoch(val)

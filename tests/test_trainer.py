@@ -278,3 +278,33 @@ def test_divergence_without_checkpoints_says_none_was_kept():
                     batch_size=16) as tr:
         with pytest.raises(hn.TrainingDiverged, match="no checkpoint was written"):
             tr.fit(train, epochs=1, verbose=0)
+
+
+def test_prefetched_batches_alternate_arenas_and_match_sequential_loading():
+    """Batch b+1 is loaded into the other arena of the pair while b is in use."""
+    import threading
+
+    from hetero_nn.arena import ArenaPair
+    from hetero_nn.trainer import _ArrayData, prefetched_batches
+
+    rng = np.random.default_rng(3)
+    data = _ArrayData(rng.integers(0, 255, (50, 1, 6, 6)).astype(np.uint8), rng.integers(0, 10, 50))
+    order = rng.permutation(50)
+    pair = ArenaPair("test-batches")
+    threads = threading.active_count()
+    seen = []
+    for x, y in prefetched_batches(data, order, 8, 1, 7, "float64", pair):
+        ex, ey = data.batch(order[8 * (1 + len(seen)):8 * (2 + len(seen))], dtype="float64")
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+        seen.append((x.ctypes.data, x.copy()))
+    assert len(seen) == 6
+    assert seen[0][0] != seen[1][0] and seen[0][0] == seen[2][0]  # the two arenas alternate
+    blocks = sum(a.stats.block_allocations for a in pair.arenas)
+    for _ in prefetched_batches(data, order, 8, 0, 6, "float64", pair):
+        pass
+    assert sum(a.stats.block_allocations for a in pair.arenas) == blocks  # no growth once warm
+    gen = prefetched_batches(data, order, 8, 0, 6, "float64", pair)
+    next(gen)
+    gen.close()  # a step that raises: the loader thread is joined
+    assert threading.active_count() == threads
