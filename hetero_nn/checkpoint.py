@@ -36,17 +36,15 @@ sees the previous complete file or the new one, never a torn one. A run keeps
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .errors import CheckpointError, HeteroNNError
+from .fileio import atomic_write
 
 FORMAT = "hetero_nn.checkpoint/1"
 #: File names a training run writes in its output directory.
@@ -97,31 +95,6 @@ class Checkpoint:
 # Atomic files
 # ---------------------------------------------------------------------------------------
 
-def atomic_write(path, write: Callable) -> Path:
-    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it over.
-
-    The temporary name is ``.<name>.<32 hex>.tmp`` in the same directory (so the rename
-    stays on one file system); it is removed if ``write`` raises, leaving ``path`` as it
-    was.
-    """
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path, text: str) -> Path:
-    """:func:`atomic_write` for a UTF-8 text file."""
-    data = text.encode("utf-8")
-    return atomic_write(path, lambda f: f.write(data))
 
 
 def remove_stale_temporaries(directory, names) -> list[Path]:

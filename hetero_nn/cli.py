@@ -443,7 +443,7 @@ class _RunFiles:
                 "global_step": t.global_step, **self.env}
 
     def write_metrics(self, status, error=None):
-        from .checkpoint import atomic_write_text
+        from .fileio import atomic_write_text
         from .trainer import HISTORY_KEYS
 
         if self.dir is None:

@@ -142,8 +142,8 @@ class Trainer:
     >>> import hetero_nn as hn
     >>> train = hn.datasets.load("synthetic", image_size=12, num_samples=256)
     >>> model = hn.build_model("dahl-basic", train.input_shape, train.num_classes, seed=0)
-    >>> with hn.Trainer(model, runtime=hn.Runtime(devices="cpu:2", perfmodel=False),
-    ...                 batch_size=32, granularity=2) as trainer:
+    >>> with (hn.Runtime(devices="cpu:2", perfmodel=False) as rt,
+    ...       hn.Trainer(model, runtime=rt, batch_size=32, granularity=2) as trainer):
     ...     history = trainer.fit(train, epochs=1, verbose=0)
     >>> [record["epoch"] for record in history], history[0]["granularity"]
     ([1], 2)

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from hetero_nn.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, atomic_write,
-                                  atomic_write_text, load_model, read_checkpoint,
-                                  remove_stale_temporaries, write_checkpoint)
+from hetero_nn.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, load_model,
+                                  read_checkpoint, remove_stale_temporaries, write_checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -88,20 +87,6 @@ def test_checkpoint_loads_without_pickle_and_holds_the_whole_state(tmp_path):
     assert (ckpt.epoch, ckpt.step, ckpt.global_step, ckpt.seed) == (0, 3, 3, 0)
     assert ckpt.optimizer["type"] == "SGD" and ckpt.optimizer["hyper"]["momentum"] == 0.9
     assert set(ckpt.model_state) == set(weights)
-
-
-def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
-    target = tmp_path / "metrics.json"
-    atomic_write_text(target, "old\n")
-
-    def failing(f):
-        f.write(b"half a file")
-        raise RuntimeError("disk on fire")
-
-    with pytest.raises(RuntimeError, match="disk on fire"):
-        atomic_write(target, failing)
-    assert target.read_text() == "old\n"
-    assert os.listdir(tmp_path) == ["metrics.json"]
 
 
 def test_stale_temporaries_of_a_killed_run_are_removed_and_nothing_else(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_nn.scheduler.trace import TaskRecord, Trace, _write_atomically
+from hetero_nn.scheduler.trace import TaskRecord, Trace
 
 T0 = 1234.5   # an arbitrary perf_counter origin: every export is relative to it
 MS = 1e-3
@@ -172,18 +172,6 @@ def test_writes_are_atomic_and_leave_no_temporary_file(tmp_path):
     trace.to_dot(tmp_path / "dag.dot")
     trace.to_json(tmp_path / "raw.json")
     trace.to_chrome(tmp_path / "trace.json")   # overwrite in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dag.dot", "raw.json", "trace.json"]
-
-    target = tmp_path / "raw.json"
-    before = target.read_bytes()
-
-    def fails_half_way(f):
-        f.write(b"{ half a file")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        _write_atomically(target, fails_half_way)
-    assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dag.dot", "raw.json", "trace.json"]
 
 

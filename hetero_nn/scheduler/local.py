@@ -122,6 +122,7 @@ class LocalExecutor:
         node = w.node
         execute = self._execute
         task = None
+        failed = False  # whether the DAG had failed when this worker took ``task``
         while True:
             prefetch = None
             with lock:

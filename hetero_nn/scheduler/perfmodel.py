@@ -59,11 +59,12 @@ import math
 import os
 import re
 import socket
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..fileio import atomic_write_text
 
 try:  # advisory lock between processes saving into the same directory
     import fcntl
@@ -797,17 +798,8 @@ def _transfers_doc(hostname: str, links: dict[tuple, _LinkStats]) -> dict:
 
 
 def _write_json_atomic(path: Path, doc: dict) -> None:
-    """Write ``doc`` to a temporary file beside ``path`` and rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``doc`` as JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

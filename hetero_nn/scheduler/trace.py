@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
+
+from ..fileio import atomic_write
 
 __all__ = ["TaskRecord", "Trace"]
 
@@ -96,26 +96,6 @@ def _natural_key(name: str):
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def _write_atomically(path, write: Callable) -> Path:
-    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it.
-
-    The temporary file is removed if ``write`` raises; ``path`` is then untouched.
-    """
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
 
 
 def _dot_string(text: str) -> str:
@@ -314,7 +294,7 @@ class Trace:
                     "otherData": {"producer": "hetero_nn", "tasks": len(self.records),
                                   "makespan_s": self.makespan}}
         data = json.dumps(document, separators=(",", ":")).encode()
-        return _write_atomically(path, lambda f: f.write(data))
+        return atomic_write(path, lambda f: f.write(data))
 
     def dot(self) -> str:
         """The executed DAG in Graphviz DOT: a node ``codelet#id`` per task, coloured by worker."""
@@ -347,7 +327,7 @@ class Trace:
     def to_dot(self, path) -> Path:
         """Write :meth:`dot` to ``path`` (render with ``dot -Tsvg path -o dag.svg``)."""
         data = self.dot().encode()
-        return _write_atomically(path, lambda f: f.write(data))
+        return atomic_write(path, lambda f: f.write(data))
 
     def gantt(self, path, title: str | None = None) -> Path:
         """Write a PNG Gantt chart: a row per worker, a colour per codelet, a legend.
@@ -389,14 +369,14 @@ class Trace:
                         loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
                         title="codelet")
         axes.grid(axis="x", alpha=0.3)
-        return _write_atomically(path, lambda f: figure.savefig(f, format="png"))
+        return atomic_write(path, lambda f: figure.savefig(f, format="png"))
 
     def to_json(self, path) -> Path:
         """Write the raw records (and worker list) as JSON; read back with :meth:`from_json`."""
         document = {"format": _JSON_FORMAT, "version": _JSON_VERSION, "workers": self.workers,
                     "records": [dataclasses.asdict(r) for r in self.records]}
         data = json.dumps(document, indent=1).encode()
-        return _write_atomically(path, lambda f: f.write(data))
+        return atomic_write(path, lambda f: f.write(data))
 
     @classmethod
     def from_json(cls, path) -> "Trace":
