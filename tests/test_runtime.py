@@ -589,3 +589,19 @@ def test_perfmodel_path_and_false(tmp_path):
     with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
         assert rt.perfmodel is None
         assert set(_run_two_variants(rt, flushes=1, per_flush=3)) == {"cpu:slow"}
+
+
+def test_a_task_writing_a_handle_and_its_partition_is_refused():
+    """Parent and child written by one task would alias in place but not in the Dask graph."""
+    copy = hn.Codelet("copy_into", modes=(hn.R, hn.W),
+                      variants={"ref": lambda src, dst: np.copyto(dst, src)})
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        h = rt.register(np.arange(8.0))
+        left, right = h.split(0, 2)
+        with pytest.raises(hn.SubmitError, match=r"operands 0 .* and 1 .* overlap"):
+            rt.submit(copy, h, left)
+        rt.submit(copy, left, right)            # siblings are disjoint
+        same = hn.Codelet("scale_into", modes=(hn.R, hn.W),
+                          variants={"ref": lambda src, dst: np.multiply(src, 2.0, out=dst)})
+        rt.submit(same, h, h)                   # one handle twice: in place, allowed
+        np.testing.assert_array_equal(rt.fetch(h), [0, 2, 4, 6, 0, 2, 4, 6])

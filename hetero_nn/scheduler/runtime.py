@@ -184,6 +184,8 @@ class Runtime:
         modes = codelet.modes
         if len(handles) != len(modes):
             codelet.check_operands(len(handles))
+        if len(handles) > 1:
+            _check_overlap(codelet, handles, modes)
         eligible = self._eligible.get(codelet)
         if eligible is None:
             eligible = self._compute_eligible(codelet)
@@ -548,6 +550,35 @@ class Runtime:
     def __repr__(self):
         return (f"Runtime(devices={self.devices!r}, policy={self.policy_name!r}, "
                 f"executor={self.executor_name!r}, workers={[w.name for w in self.workers]})")
+
+
+def _check_overlap(codelet, handles, modes):
+    """Refuse a task that writes a region it also reaches through a parent or child handle.
+
+    In place the two arrays would alias, in the pure Dask graph they would not:
+    the result would depend on the executor. (One handle twice is fine.)
+    """
+    for i, a in enumerate(handles):
+        root = getattr(a, "root", None)
+        if root is None:
+            continue  # not a handle: the operand check names it
+        for j in range(i + 1, len(handles)):
+            b = handles[j]
+            if b is a or getattr(b, "root", None) is not root:
+                continue
+            if (modes[i].writes or modes[j].writes) and (_within(a, b) or _within(b, a)):
+                raise SubmitError(
+                    f"codelet {codelet.name!r}: operands {i} ({a.name!r}, {modes[i].value}) and "
+                    f"{j} ({b.name!r}, {modes[j].value}) overlap (one partitions the other) and "
+                    "one of them is written; pass disjoint handles")
+
+
+def _within(outer, h):
+    while h is not None:
+        if h is outer:
+            return True
+        h = h.parent
+    return False
 
 
 def _record(t):
