@@ -27,13 +27,17 @@ Variants
 ``cpu:direct``
     Numba loops, one kernel tap at a time over "wide" rows of a zero-padded
     copy of the sample (see the kernels' section): no column buffer, long
-    vectorised inner loops. Wins where few channels make GEMMs thin (the
-    first layer of LeNet-5).
+    vectorised inner loops. Needs the least memory; at best on layers with
+    few channels, where GEMMs are thin (the first layer of LeNet-5).
 ``cpu:im2col``
     A Numba kernel unfolds a chunk of samples into columns ``[n, C*KH*KW,
-    OH*OW]`` (or folds them back, ``col2im``) and ``np.matmul`` does the GEMM
-    outside the kernel (Numba's ``np.dot`` needs SciPy, which we do not use).
-    Chunks are sized to stay in the core's L2 cache. Wins on wide layers.
+    OH*OW]`` (or folds them back, ``col2im``) and ``np.matmul`` runs one GEMM
+    per sample, straight into ``y`` (Numba's ``np.dot`` needs SciPy, which we
+    do not use). The bias rides in the GEMM as one more column of weights
+    against a row of ones, and so does its gradient. Chunks are sized to stay
+    in the core's L2 cache; the buffers are the worker thread's own, reused
+    from call to call. The fastest CPU variant on the layers of
+    ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM bounds it.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands: CuPy on a GPU, NumPy in CI. No raw kernels.
@@ -43,6 +47,8 @@ by ``init``; every variant *adds* its contribution to them, never overwrites.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numba
 import numpy as np
@@ -62,8 +68,9 @@ __all__ = [
 _inline = numba.njit(inline="always", nogil=True, fastmath=False, error_model="numpy")
 """Flags of ``_jit.jit`` for small helpers inlined into the kernels that call them."""
 
-IM2COL_CHUNK_BYTES = 1 << 20
-"""Target size of one im2col chunk: about the L2 cache of one core."""
+IM2COL_CHUNK_BYTES = 1 << 19
+"""Target size of one chunk's columns plus its slice of ``y`` (or ``dy``): half of
+one core's L2 cache, so the GEMM finds both there, beside its packed panels."""
 
 
 # --------------------------------------------------------------------------- geometry
@@ -220,20 +227,6 @@ def conv2d_bwd_params_ref(x, dy, dw, db, stride=1, padding=0):
 # the same loops run one output row at a time (``runs = OH``).
 
 @_inline
-def _valid_range(k, pad, stride, size, out_size):
-    """Outputs ``[lo, hi)`` whose input index ``o*stride - pad + k`` lies in ``[0, size)``."""
-    lo = -((k - pad) // stride)  # ceil((pad - k) / stride)
-    if lo < 0:
-        lo = 0
-    hi = (size - 1 + pad - k) // stride + 1
-    if hi > out_size:
-        hi = out_size
-    if hi < lo:
-        hi = lo
-    return lo, hi
-
-
-@_inline
 def _wide_runs(sh, sw, out_h, out_w, wp):
     """``(runs, run_len)`` of the wide layout: one long run if ``sh == sw``, else one per row."""
     if sh == sw:
@@ -250,10 +243,52 @@ def _fill_row(dst, start, count, value):
 
 
 @_inline
+def _copy8(dst, d, src, s):
+    """``dst[d:d+8] = src[s:s+8]``: eight loads, then eight stores, which LLVM merges
+    into one vector load and one vector store (arithmetic written this way stays
+    scalar: Numba leaves LLVM's SLP vectoriser off)."""
+    a0 = src[s]
+    a1 = src[s + uintp(1)]
+    a2 = src[s + uintp(2)]
+    a3 = src[s + uintp(3)]
+    a4 = src[s + uintp(4)]
+    a5 = src[s + uintp(5)]
+    a6 = src[s + uintp(6)]
+    a7 = src[s + uintp(7)]
+    dst[d] = a0
+    dst[d + uintp(1)] = a1
+    dst[d + uintp(2)] = a2
+    dst[d + uintp(3)] = a3
+    dst[d + uintp(4)] = a4
+    dst[d + uintp(5)] = a5
+    dst[d + uintp(6)] = a6
+    dst[d + uintp(7)] = a7
+
+
+@_inline
+def _copy_blocks(dst, d0, src, s0, count):
+    """``dst[d0:d0+count] = src[s0:s0+count]`` by blocks of 8, for ``count >= 8``.
+
+    LLVM's vectorised loop starts at 32 floats (8 lanes, unrolled 4 times), so
+    a plain loop copies the short rows of a convolution one scalar at a time.
+    The last block overlaps the one before it: ``dst`` and ``src`` must not.
+    """
+    d, s, n = uintp(d0), uintp(s0), uintp(count)
+    eight = uintp(8)
+    j = uintp(0)
+    while j + eight < n:
+        _copy8(dst, d + j, src, s + j)
+        j += eight
+    _copy8(dst, d + n - eight, src, s + n - eight)
+
+
+@_inline
 def _gather_row(dst, d0, src, s0, step, count):
-    """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``."""
+    """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``; ``dst`` and ``src`` do not overlap."""
     d, s = uintp(d0), uintp(s0)
-    if step == 1:
+    if step == 1 and count >= 8:
+        _copy_blocks(dst, d, src, s, count)
+    elif step == 1:
         for j in range(uintp(count)):
             dst[d + j] = src[s + j]
     else:
@@ -447,47 +482,157 @@ def _conv2d_bwd_params_cpu(x, dy, dw, db, has_bias, sh, sw, ph, pw):
 
 
 @jit
-def _im2col_cpu(x, cols, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
-    """Unfold ``x[n, C, H, W]`` into ``cols[n, C*KH*KW, OH*OW]``, in-bounds entries only.
+def _unfold_sample(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size, sh, sw, out_h, out_w):
+    """Rows ``colf[r0 + ((c*KH + p)*KW + q)*OH*OW + i*OW:]`` of one padded sample ``src[s0:]``.
 
-    The entries that fall in the zero padding are the same for every chunk of
-    samples, so the caller zeroes ``cols`` once and they are never written.
+    The general case (any stride, any width). This and the two functions
+    below are kernels of their own, not inlined: one loop nest per kernel
+    keeps LLVM's code for the fast ones 20-30% faster.
     """
-    n_batch, n_in, height, width = x.shape
-    xf, colf = x.reshape(-1), cols.reshape(-1)
     area = out_h * out_w
-    for n in range(n_batch):
-        for c in range(n_in):
-            x0 = (n * n_in + c) * height * width
-            for p in range(kh_size):
-                i_lo, i_hi = _valid_range(p, ph, sh, height, out_h)
-                for q in range(kw_size):
-                    j_lo, j_hi = _valid_range(q, pw, sw, width, out_w)
-                    r0 = ((n * n_in + c) * kh_size * kw_size + p * kw_size + q) * area
-                    for i in range(i_lo, i_hi):
-                        _gather_row(colf, r0 + i * out_w + j_lo,
-                                    xf, x0 + (i * sh - ph + p) * width + j_lo * sw - pw + q,
-                                    sw, j_hi - j_lo)
+    for c in range(n_in):
+        for p in range(kh_size):
+            for q in range(kw_size):
+                b0 = s0 + (c * hp + p) * wp + q
+                for i in range(out_h):
+                    _gather_row(colf, r0 + i * out_w, src, b0 + i * sh * wp, sw, out_w)
+                r0 += area
 
 
 @jit
-def _col2im_cpu(cols, dx, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
-    """Fold ``cols[n, C*KH*KW, OH*OW]`` onto ``dx[n, C, H, W]`` (overwritten), adding overlaps."""
-    n_batch, n_in, height, width = dx.shape
-    colf, dxf = cols.reshape(-1), dx.reshape(-1)
+def _unfold_sample_short(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size, sh, out_h, out_w):
+    """``_unfold_sample`` for unit column stride and ``8 <= OW <= 16``: two blocks per row."""
+    d, tail, ow, row_step = uintp(r0), uintp(out_w - 8), uintp(out_w), uintp(sh * wp)
+    for c in range(n_in):
+        for p in range(kh_size):
+            for q in range(kw_size):
+                s = uintp(s0 + (c * hp + p) * wp + q)
+                for i in range(out_h):
+                    _copy8(colf, d, src, s)
+                    _copy8(colf, d + tail, src, s + tail)
+                    d += ow
+                    s += row_step
+
+
+@jit
+def _unfold_sample_long(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size, sh, out_h, out_w):
+    """``_unfold_sample`` for unit column stride and ``OW > 16``: blocks of 8 per row."""
+    d, tail, ow, row_step = uintp(r0), uintp(out_w - 8), uintp(out_w), uintp(sh * wp)
+    eight = uintp(8)
+    for c in range(n_in):
+        for p in range(kh_size):
+            for q in range(kw_size):
+                s = uintp(s0 + (c * hp + p) * wp + q)
+                for i in range(out_h):
+                    j = uintp(0)
+                    while j < tail:
+                        _copy8(colf, d + j, src, s + j)
+                        j += eight
+                    _copy8(colf, d + tail, src, s + tail)
+                    d += ow
+                    s += row_step
+
+
+@jit
+def _im2col_cpu(x, n0, n1, xpad, cols, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
+    """Unfold samples ``n0 <= n < n1`` of ``x`` into ``cols[n - n0, :C*KH*KW, :OH*OW]``.
+
+    ``cols[k, (c*KH + p)*KW + q, i*OW + j] = xpad[c, i*SH + p, j*SW + q]``, with
+    ``xpad`` the zero-padded sample: every row is then a plain strided copy.
+    ``xpad`` is a flat ``C*HP*WP`` buffer whose borders are zero (only its
+    interior is written here); it is unused without padding. Rows of ``cols``
+    past ``C*KH*KW`` are left as they are (the caller's row of ones for the bias).
+    """
+    _, n_in, height, width = x.shape
+    hp, wp = height + 2 * ph, width + 2 * pw
+    per_sample = cols.shape[1] * out_h * out_w
+    xf, colf = x.reshape(-1), cols.reshape(-1)
+    padded = ph > 0 or pw > 0
+    for n in range(n0, n1):
+        x0 = n * n_in * height * width
+        if padded:
+            _pad_sample(xf, x0, n_in, height, width, xpad, 0, ph, pw)
+            src, s0 = xpad, 0
+        else:
+            src, s0 = xf, x0
+        r0 = (n - n0) * per_sample
+        if sw != 1 or out_w < 8:
+            _unfold_sample(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size,
+                           sh, sw, out_h, out_w)
+        elif out_w <= 16:
+            _unfold_sample_short(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size,
+                                 sh, out_h, out_w)
+        else:
+            _unfold_sample_long(src, s0, colf, r0, n_in, hp, wp, kh_size, kw_size,
+                                sh, out_h, out_w)
+
+
+@jit
+def _col2im_cpu(cols, n0, n1, plane, dx, kh_size, kw_size, sh, sw, ph, pw, out_h, out_w):
+    """Fold ``cols[n - n0]`` (laid out as by ``_im2col_cpu``) onto ``dx[n]``, overwritten.
+
+    Overlapping windows add up in ``plane``, one zero-padded ``HP*WP`` input
+    plane, whose interior is then copied out.
+    """
+    _, n_in, height, width = dx.shape
+    hp, wp = height + 2 * ph, width + 2 * pw
     area = out_h * out_w
-    for n in range(n_batch):
+    per_sample = cols.shape[1] * area
+    colf, dxf = cols.reshape(-1), dx.reshape(-1)
+    for n in range(n0, n1):
+        r0 = (n - n0) * per_sample
         for c in range(n_in):
-            x0 = (n * n_in + c) * height * width
-            _fill_row(dxf, x0, height * width, 0.0)
+            _fill_row(plane, 0, hp * wp, 0.0)
             for p in range(kh_size):
-                i_lo, i_hi = _valid_range(p, ph, sh, height, out_h)
                 for q in range(kw_size):
-                    j_lo, j_hi = _valid_range(q, pw, sw, width, out_w)
-                    r0 = ((n * n_in + c) * kh_size * kw_size + p * kw_size + q) * area
-                    for i in range(i_lo, i_hi):
-                        _add_scatter_row(dxf, x0 + (i * sh - ph + p) * width + j_lo * sw - pw + q,
-                                         sw, colf, r0 + i * out_w + j_lo, j_hi - j_lo)
+                    for i in range(out_h):
+                        _add_scatter_row(plane, (i * sh + p) * wp + q, sw,
+                                         colf, r0 + i * out_w, out_w)
+                    r0 += area
+            x0 = (n * n_in + c) * height * width
+            for i in range(height):
+                _gather_row(dxf, x0 + i * width, plane, (i + ph) * wp + pw, 1, width)
+
+
+@jit
+def _widen_cpu(dy, n0, n1, wp, wide):
+    """``wide[n - n0, o, i*WP + j] = dy[n, o, i, j]`` for ``j < OW``, zero for ``OW <= j < WP``."""
+    _, n_out, out_h, out_w = dy.shape
+    gf, wf = dy.reshape(-1), wide.reshape(-1)
+    for n in range(n0, n1):
+        for o in range(n_out):
+            s0 = (n * n_out + o) * out_h * out_w
+            d0 = ((n - n0) * n_out + o) * out_h * wp
+            for i in range(out_h):
+                _gather_row(wf, d0 + i * wp, gf, s0 + i * out_w, 1, out_w)
+                _fill_row(wf, d0 + i * wp + out_w, wp - out_w, 0.0)
+
+
+@jit
+def _col2im_wide_cpu(cols, n0, n1, plane, dx, kh_size, kw_size, ph, pw, out_h):
+    """``_col2im_cpu`` for stride 1 on wide rows: ``cols[n - n0, (c, p, q), i*WP + j]``.
+
+    The columns come from a widened gradient, so they are zero for ``j >= OW``
+    and each tap is ONE add of ``(OH-1)*WP + OW`` entries at ``plane[p*WP + q:]``
+    (no short rows); ``plane`` is one zero-padded ``HP*WP`` input plane.
+    """
+    _, n_in, height, width = dx.shape
+    hp, wp = height + 2 * ph, width + 2 * pw
+    span = out_h * wp
+    run = span - kw_size + 1  # up to the last output, (OH-1)*WP + OW: inside the plane
+    per_sample = cols.shape[1] * span
+    colf, dxf = cols.reshape(-1), dx.reshape(-1)
+    for n in range(n0, n1):
+        r0 = (n - n0) * per_sample
+        for c in range(n_in):
+            _fill_row(plane, 0, hp * wp, 0.0)
+            for p in range(kh_size):
+                for q in range(kw_size):
+                    _add_scatter_row(plane, p * wp + q, 1, colf, r0, run)
+                    r0 += span
+            x0 = (n * n_in + c) * height * width
+            for i in range(height):
+                _gather_row(dxf, x0 + i * width, plane, (i + ph) * wp + pw, 1, width)
 
 
 # --------------------------------------------------------------------------- cpu:direct
@@ -533,36 +678,89 @@ def conv2d_bwd_weight_cpu_direct(x, dy, dw, stride=1, padding=0):
 
 # --------------------------------------------------------------------------- cpu:im2col
 
-def _chunk(n_batch, rows, cols, itemsize):
-    """Samples per im2col chunk so one chunk of columns fits ``IM2COL_CHUNK_BYTES``."""
-    per_sample = max(1, rows * cols * itemsize)
+_worker = threading.local()
+_WORKER_BUFFERS = 16
+"""Most scratch arrays one worker thread keeps (the oldest goes first)."""
+
+
+def _worker_buffer(tag, shape, dtype, zero=False):
+    """A scratch array of the calling thread, reused by its later calls with the same
+    ``(tag, shape, dtype)``: no allocation and no page faults on the hot path.
+
+    Contents are whatever the last user left (zeros when first made with
+    ``zero=True``). The runtime runs one task per worker thread at a time, so
+    a variant owns its thread's buffers until it returns; none may outlive
+    the call (never an output, never a view returned).
+    """
+    buffers = getattr(_worker, "buffers", None)
+    if buffers is None:
+        buffers = _worker.buffers = {}
+    key = (tag, tuple(int(d) for d in shape), np.dtype(dtype).str)
+    buf = buffers.get(key)
+    if buf is None:
+        if len(buffers) >= _WORKER_BUFFERS:
+            del buffers[next(iter(buffers))]
+        buf = buffers[key] = (np.zeros if zero else np.empty)(key[1], dtype=dtype)
+    return buf
+
+
+def _chunk(n_batch, rows, n_out, area, itemsize):
+    """Samples per chunk: ``rows`` of columns and ``n_out`` of ``y`` or ``dy``, each
+    ``area`` long, per sample, within ``IM2COL_CHUNK_BYTES``."""
+    per_sample = max(1, (rows + n_out) * area * itemsize)
     return max(1, min(n_batch, IM2COL_CHUNK_BYTES // per_sample))
 
 
+def _pad_buffer(x_shape, ph, pw, dtype):
+    """The zero-padded sample ``_im2col_cpu`` copies into (empty without padding).
+
+    Made zero once: ``_im2col_cpu`` writes only the interior, which the key
+    (padding and padded shape) pins down, so the borders stay zero for good.
+    """
+    _, n_in, height, width = x_shape
+    if ph == 0 and pw == 0:
+        return np.empty(0, dtype=dtype)
+    padded = _worker_buffer(("im2col:xpad", ph, pw),
+                            (n_in, height + 2 * ph, width + 2 * pw), dtype, zero=True)
+    return padded.reshape(-1)
+
+
+def _columns(x, kh, kw, n_rows, n_out, geometry):
+    """Column buffer ``[chunk, n_rows, OH*OW]`` and chunk size for ``x``; rows past
+    ``C*KH*KW`` (the bias row) are set to one."""
+    sh, sw, ph, pw, out_h, out_w = geometry
+    rows, area = x.shape[1] * kh * kw, out_h * out_w
+    step = _chunk(x.shape[0], n_rows, n_out, area, x.itemsize)
+    cols = _worker_buffer("im2col:cols", (step, n_rows, area), x.dtype)
+    cols[:, rows:] = 1
+    return cols, step
+
+
 def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
-    """im2col (Numba) then one GEMM per sample (``np.matmul``), plus the bias if given."""
-    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, w.shape, stride, padding)
+    """im2col (Numba) then one GEMM per sample (``np.matmul``) straight into ``y``.
+
+    With a bias, ``[w | b]`` multiplies the columns plus a row of ones.
+    """
+    geometry = _geometry(x.shape, w.shape, stride, padding)
+    sh, sw, ph, pw, out_h, out_w = geometry
     _require_contiguous("conv2d_fwd", y=y)
     x = _c(x)
     n_batch = x.shape[0]
     n_out, _, kh, kw = w.shape
-    rows, area = _prod(w.shape[1:]), out_h * out_w
-    w2d = w.reshape(n_out, rows)
-    y3d = y.reshape(n_batch, n_out, area)
-    bias = None if b is None else b.reshape(n_out, 1)
-    step = _chunk(n_batch, rows, area, x.itemsize)
-    cols = np.zeros((step, rows, area), dtype=x.dtype)  # padded entries stay zero
+    w2d = w.reshape(n_out, -1)
+    if b is not None:
+        w2d = np.concatenate([w2d, np.reshape(b, (n_out, 1))], axis=1)
+    cols, step = _columns(x, kh, kw, w2d.shape[1], n_out, geometry)
+    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
+    y3d = y.reshape(n_batch, n_out, out_h * out_w)
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
-        chunk = cols[:stop - start]
-        _im2col_cpu(x[start:stop], chunk, kh, kw, sh, sw, ph, pw, out_h, out_w)
-        np.matmul(w2d, chunk, out=y3d[start:stop])
-        if bias is not None:
-            y3d[start:stop] += bias  # while the chunk is in cache
+        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        np.matmul(w2d, cols[:stop - start], out=y3d[start:stop])
 
 
 def conv2d_fwd_cpu_im2col(x, w, b, y, stride=1, padding=0):
-    """``conv2d_fwd`` as im2col + GEMM, the bias added chunk by chunk."""
+    """``conv2d_fwd`` as im2col + GEMM, the bias inside the GEMM."""
     _conv2d_fwd_im2col(x, w, b, y, stride, padding)
 
 
@@ -571,49 +769,92 @@ def conv2d_fwd_nobias_cpu_im2col(x, w, y, stride=1, padding=0):
     _conv2d_fwd_im2col(x, w, None, y, stride, padding)
 
 
+def _wide_rows(sh, sw, out_w, wp, n_out, itemsize):
+    """Whether ``conv2d_bwd_input_cpu_im2col`` should widen ``dy`` (stride 1 only).
+
+    Widening pays when col2im's rows are short enough for LLVM's loop to run
+    them scalar (under 4 vectors: ``OW * itemsize < 128``) and the GEMM's extra
+    work per row, ``O * (WP - OW)`` multiply-adds, stays small (measured: LeNet's
+    second layer in float32 gains 20%; wider layers and float64 lose).
+    """
+    return (sh == 1 and sw == 1 and out_w * itemsize < 128
+            and n_out * (wp - out_w) * itemsize <= 256)
+
+
 def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
-    """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im (Numba)."""
+    """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im (Numba).
+
+    On narrow images (see ``_wide_rows``) ``dy`` is first widened to rows of
+    ``WP`` (zeros past ``OW``): the GEMM does ``WP/OW`` times the work but
+    col2im then adds one long row per tap instead of ``OH`` short ones.
+    """
     sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
     _require_contiguous("conv2d_bwd_input", dx=dx)
-    n_batch = dx.shape[0]
+    dy = _c(dy)
+    n_batch, _, height, width = dx.shape
     n_out, _, kh, kw = w.shape
-    rows, area = _prod(w.shape[1:]), out_h * out_w
+    rows = _prod(w.shape[1:])
+    hp, wp = height + 2 * ph, width + 2 * pw
     w2d_t = w.reshape(n_out, rows).T
-    dy3d = dy.reshape(n_batch, n_out, area)
-    step = _chunk(n_batch, rows, area, dx.itemsize)
-    cols = np.empty((step, rows, area), dtype=dx.dtype)
+    wide = _wide_rows(sh, sw, out_w, wp, n_out, dx.itemsize)
+    span = out_h * wp if wide else out_h * out_w
+    step = _chunk(n_batch, rows, n_out, span, dx.itemsize)
+    cols = _worker_buffer("col2im:cols", (step, rows, span), dx.dtype)
+    plane = _worker_buffer("col2im:plane", (hp * wp,), dx.dtype)
+    if wide:
+        dy_wide = _worker_buffer("col2im:dy", (step, n_out, span), dx.dtype)
+    else:
+        dy3d = dy.reshape(n_batch, n_out, span)
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
         chunk = cols[:stop - start]
-        np.matmul(w2d_t, dy3d[start:stop], out=chunk)
-        _col2im_cpu(chunk, dx[start:stop], kh, kw, sh, sw, ph, pw, out_h, out_w)
+        if wide:
+            _widen_cpu(dy, start, stop, wp, dy_wide)
+            np.matmul(w2d_t, dy_wide[:stop - start], out=chunk)
+            _col2im_wide_cpu(cols, start, stop, plane, dx, kh, kw, ph, pw, out_h)
+        else:
+            np.matmul(w2d_t, dy3d[start:stop], out=chunk)
+            _col2im_cpu(cols, start, stop, plane, dx, kh, kw, sh, sw, ph, pw, out_h, out_w)
+
+
+def _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding):
+    """im2col then one GEMM per sample, ``cols_n dy_n^T``, summed into ``dw`` (and ``db``).
+
+    With ``db``, the row of ones under the columns makes the GEMM's last row
+    the bias gradient. ``cols_n dy_n^T`` ([C*KH*KW, O]) rather than ``dy_n
+    cols_n^T``: OpenBLAS runs this orientation 10-40% faster on these shapes.
+    """
+    geometry = _geometry(x.shape, dw.shape, stride, padding)
+    sh, sw, ph, pw, out_h, out_w = geometry
+    x, dy = _c(x), _c(dy)
+    n_batch = x.shape[0]
+    n_out, _, kh, kw = dw.shape
+    rows = _prod(dw.shape[1:])
+    n_rows = rows + (db is not None)
+    cols, step = _columns(x, kh, kw, n_rows, n_out, geometry)
+    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
+    products = _worker_buffer("im2col:products", (step, n_rows, n_out), x.dtype)
+    dy3d = dy.reshape(n_batch, n_out, out_h * out_w)
+    total = np.zeros((n_rows, n_out), dtype=x.dtype)
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        prod = products[:stop - start]
+        np.matmul(cols[:stop - start], dy3d[start:stop].transpose(0, 2, 1), out=prod)
+        total += prod[0] if stop - start == 1 else prod.sum(axis=0)
+    dw += total[:rows].T.reshape(dw.shape)
+    if db is not None:
+        db += total[rows]
 
 
 def conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=1, padding=0):
     """``conv2d_bwd_weight`` as im2col then one GEMM per sample, summed into ``dw``."""
-    sh, sw, ph, pw, out_h, out_w = _geometry(x.shape, dw.shape, stride, padding)
-    x = _c(x)
-    n_batch = x.shape[0]
-    n_out, _, kh, kw = dw.shape
-    rows, area = _prod(dw.shape[1:]), out_h * out_w
-    dy3d = dy.reshape(n_batch, n_out, area)
-    step = _chunk(n_batch, rows, area, x.itemsize)
-    cols = np.zeros((step, rows, area), dtype=x.dtype)  # padded entries stay zero
-    # cols_n dy_n^T ([C*KH*KW, O]) rather than dy_n cols_n^T: OpenBLAS runs this
-    # orientation 10-40% faster on these shapes.
-    products = np.empty((step, rows, n_out), dtype=dw.dtype)
-    for start in range(0, n_batch, step):
-        stop = min(start + step, n_batch)
-        chunk, prod = cols[:stop - start], products[:stop - start]
-        _im2col_cpu(x[start:stop], chunk, kh, kw, sh, sw, ph, pw, out_h, out_w)
-        np.matmul(chunk, dy3d[start:stop].transpose(0, 2, 1), out=prod)
-        dw += prod.sum(axis=0).T.reshape(dw.shape)
+    _conv2d_bwd_params_im2col(x, dy, dw, None, stride, padding)
 
 
 def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, stride=1, padding=0):
-    """``conv2d_bwd_params`` as im2col + GEMM for ``dw``; ``db`` by a NumPy sum."""
-    conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=stride, padding=padding)
-    db += dy.sum(axis=(0, 2, 3))
+    """``conv2d_bwd_params`` as im2col + GEMM, ``db`` from the GEMM's row of ones."""
+    _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding)
 
 
 # --------------------------------------------------------------------------- cuda (array module)
