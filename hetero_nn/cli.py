@@ -20,7 +20,7 @@ trace of the last ``--trace-steps`` steps, with ``--trace``), ``checkpoint.npz``
 
 Reproducibility: by default the runtime runs one fixed variant per codelet and
 device kind (``Runtime(deterministic=True, variants=FIXED_VARIANTS)``: the
-Numba kernels, im2col convolutions), because variants differ in the last bits
+Numba kernels, im2col convolutions, BLAS dense layers), because variants differ in the last bits
 and a performance model would pick them by timing. With a fixed granularity
 (recorded in the checkpoint, ``auto`` included) and REDUX trees whose shape
 does not depend on the schedule, a run on CPU workers gives the same weights
@@ -60,8 +60,13 @@ from pathlib import Path
 from .errors import ArenaError, ConfigError, HeteroNNError, TaskError, TrainingDiverged
 
 PROG = "hetero-nn"
-#: Variants run when results must be reproducible (the first one a codelet has wins).
-FIXED_VARIANTS = ("cpu:im2col", "cpu", "cuda")
+#: Variants run when results must be reproducible (the first one a codelet has wins):
+#: the fastest in benchmarks/bench_codelets.py — im2col convolutions, Numba kernels,
+#: and the NumPy (BLAS) references for the dense layers.
+FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
+                  **{name: ("ref", "cuda") for name in (
+                      "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
+                      "dense_bwd_weight")}}
 DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.01, "momentum": 0.9}, "adam": {"lr": 0.001}}
 _UNSET = None  # an option not given on the command line

@@ -605,3 +605,21 @@ def test_a_task_writing_a_handle_and_its_partition_is_refused():
                           variants={"ref": lambda src, dst: np.multiply(src, 2.0, out=dst)})
         rt.submit(same, h, h)                   # one handle twice: in place, allowed
         np.testing.assert_array_equal(rt.fetch(h), [0, 2, 4, 6, 0, 2, 4, 6])
+
+
+def test_variant_preferences_per_codelet():
+    """``variants`` as a mapping pins codelets by name, with "*" for the others."""
+    def fill(value):
+        def variant(x):
+            x[...] = value
+        return variant
+
+    a = hn.Codelet("pref_a", modes=(hn.W,), variants={"ref": fill(1), "cpu": fill(2)})
+    b = hn.Codelet("pref_b", modes=(hn.W,), variants={"ref": fill(3), "cpu": fill(4)})
+    with hn.Runtime(devices="cpu:1", perfmodel=False,
+                    variants={"*": ("cpu",), "pref_b": "ref"}) as rt:
+        ha, hb = rt.empty((2,), "float64"), rt.empty((2,), "float64")
+        rt.submit(a, ha)
+        rt.submit(b, hb)
+        assert rt.fetch(ha).tolist() == [2, 2] and rt.fetch(hb).tolist() == [3, 3]
+        assert rt.candidates(a, "cpu") == ("cpu",) and rt.candidates(b, "cpu") == ("ref",)

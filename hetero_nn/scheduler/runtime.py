@@ -71,9 +71,12 @@ class Runtime:
         order of ``variants`` if given, else declaration order) instead of the
         one the performance model predicts fastest: variants may differ in the
         last bits, as cuDNN algorithms do in PyTorch.
-    variants : sequence of str, optional
+    variants : sequence of str, or mapping, optional
         Preferred variant names, e.g. ``("ref",)`` to run the NumPy references
-        wherever a codelet has one.
+        wherever a codelet has one; or a mapping from codelet name to such a
+        sequence, with ``"*"`` for the codelets not named (e.g. ``{"*": ("cpu",),
+        "dense_fwd": ("ref",)}``). A codelet with none of its preferred names runs
+        as if none were given.
     perfmodel : PerfModel, path, or False
         Where measurements go (default: ``HETERO_NN_CACHE``); False records nothing.
     calibrate : bool
@@ -107,7 +110,7 @@ class Runtime:
         self.devices = devices
         self.policy_name = policy
         self.deterministic = bool(deterministic)
-        self.preferred = tuple(variants) if variants else ()
+        self.preferred = _preferences(variants)
         self.calibrate = bool(calibrate)
         self.calibrate_samples = int(calibrate_samples)
         self.seed = seed
@@ -344,7 +347,8 @@ class Runtime:
         c = self._candidates.get(key)
         if c is None:
             names = codelet.kinds.get(kind, ())
-            preferred = tuple(n for n in self.preferred if n in names)
+            order = self.preferred.get(codelet.name, self.preferred.get("*", ()))
+            preferred = tuple(n for n in order if n in names)
             c = preferred if preferred else names
             if self.deterministic or preferred:
                 c = c[:1]
@@ -550,6 +554,17 @@ class Runtime:
     def __repr__(self):
         return (f"Runtime(devices={self.devices!r}, policy={self.policy_name!r}, "
                 f"executor={self.executor_name!r}, workers={[w.name for w in self.workers]})")
+
+
+def _preferences(variants) -> dict:
+    """``{codelet name or "*": (variant, ...)}`` from a sequence or a mapping."""
+    if not variants:
+        return {}
+    if isinstance(variants, str):
+        return {"*": (variants,)}
+    if hasattr(variants, "items"):
+        return {name: (v,) if isinstance(v, str) else tuple(v) for name, v in variants.items()}
+    return {"*": tuple(variants)}
 
 
 def _check_overlap(codelet, handles, modes):
