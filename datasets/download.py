@@ -3,8 +3,9 @@
 
 A thin front end to :func:`hetero_nn.datasets.download`, which does the work (mirrors,
 MD5 checks, temporary names renamed once verified, CIFAR-10 extraction). The default
-target is ``$HETERO_NN_DATA`` when set, else ``datasets/data/`` beside this script
-(git-ignored).
+target is the folder training reads by default (``$HETERO_NN_DATA`` when set, else
+``$HETERO_NN_CACHE/data``, i.e. ``~/.cache/hetero_nn/data``); ``--data-dir datasets/data``
+keeps the data beside this script (git-ignored).
 
     python datasets/download.py mnist --data-dir DIR
     python datasets/download.py all
@@ -12,7 +13,6 @@ target is ``$HETERO_NN_DATA`` when set, else ``datasets/data/`` beside this scri
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -47,14 +47,15 @@ def main(argv=None) -> int:
     parser.add_argument("names", nargs="+", choices=DOWNLOADABLE + ("all",),
                         help="datasets to fetch")
     parser.add_argument("--data-dir", type=Path, default=None,
-                        help=f"target folder (default: ${datasets.DATA_ENV} or {HERE / 'data'})")
+                        help=f"target folder (default: {datasets.resolve_data_dir()}, the folder "
+                             "training reads by default)")
     parser.add_argument("--force", action="store_true",
                         help="download again even files that are present and verify")
     parser.add_argument("--mirror", action="append", default=None, metavar="URL",
                         help="base URL to use instead of the official ones (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     args = parser.parse_args(argv)
-    data_dir = args.data_dir or os.environ.get(datasets.DATA_ENV) or HERE / "data"
+    data_dir = datasets.resolve_data_dir(args.data_dir)
     names = DOWNLOADABLE if "all" in args.names else tuple(dict.fromkeys(args.names))
     for name in names:
         print(f"{name}:", file=sys.stderr)
@@ -65,8 +66,9 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(f"  ok: {folder}", file=sys.stderr)
-    print(f"Point training at it with --data-dir {data_dir} or "
-          f"{datasets.DATA_ENV}={data_dir}", file=sys.stderr)
+    if args.data_dir is not None:
+        print(f"Point training at it with --data-dir {data_dir} or "
+              f"{datasets.DATA_ENV}={data_dir}", file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Acceptance runs: the three trainings the project promises, through the real CLI.
 
 Each run is ``hetero-nn train`` as a user types it, with the CLI's default
-optimizer settings (SGD, lr 0.01, momentum 0.9), on the real files of the data
+optimizer settings (SGD, lr 0.02, momentum 0.9), on the real files of the data
 directory:
 
 =============  =============  ===========  ======  ==========  ===========

@@ -4,7 +4,7 @@ This module owns what a user of the command meets: the options and their
 checks, the progress display and summary, and the files of a run's output
 directory::
 
-    hetero-nn train                       # lenet5 on MNIST, 3 epochs, SGD(0.01, momentum 0.9)
+    hetero-nn train                       # lenet5 on MNIST, 3 epochs, SGD(0.02, momentum 0.9)
     hetero-nn train --dataset cifar10 --model cifar-small --epochs 5 --out runs/c10
     hetero-nn train --out runs/c10 --resume               # continue a killed run
     hetero-nn evaluate --checkpoint runs/c10/checkpoint-final.npz
@@ -68,7 +68,7 @@ FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
                       "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
                       "dense_bwd_weight")}}
 DEFAULT_GRANULARITY = 2
-OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.01, "momentum": 0.9}, "adam": {"lr": 0.001}}
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9}, "adam": {"lr": 0.001}}
 _UNSET = None  # an option not given on the command line
 
 
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a built-in model on a dataset",
                            description="Train a built-in model. Without options: lenet5 on "
-                                       "MNIST for 3 epochs, SGD lr 0.01 momentum 0.9.")
+                                       "MNIST for 3 epochs, SGD lr 0.02 momentum 0.9.")
     data = train.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default=_UNSET, help="default: mnist")
     data.add_argument("--data-dir", help="folder holding mnist/, fashion-mnist/, cifar-10/ "
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--optimizer", choices=sorted(OPTIMIZER_DEFAULTS), default=_UNSET,
                        help="default: sgd")
     model.add_argument("--lr", type=_positive_float, default=_UNSET,
-                       help="learning rate (default: 0.01 for sgd, 0.001 for adam)")
+                       help="learning rate (default: 0.02 for sgd, 0.001 for adam)")
     model.add_argument("--momentum", type=_fraction, default=_UNSET,
                        help="SGD momentum (default: 0.9)")
     model.add_argument("--seed", type=_non_negative_int, default=_UNSET,

@@ -125,7 +125,7 @@ class Trainer:
     loss : SoftmaxCrossEntropy, optional
     optimizer : Optimizer, optional
         Built without parameters (``hn.optim.SGD(lr=0.05, momentum=0.9)``);
-        the trainer binds the model's. Default: SGD(lr=0.01, momentum=0.9).
+        the trainer binds the model's. Default: SGD(lr=0.02, momentum=0.9), the CLI's default.
     runtime : Runtime, optional
         Default: ``Runtime(devices="cpu", trace=False)``, closed by :meth:`close`.
     batch_size : int
@@ -155,7 +155,7 @@ class Trainer:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.model = model
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
-        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
+        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.02, momentum=0.9)
         self._own_runtime = runtime is None
         self.runtime = runtime if runtime is not None else Runtime(devices="cpu", trace=False)
         self.batch_size = int(batch_size)

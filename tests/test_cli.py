@@ -143,7 +143,7 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["error"] is None
     assert metrics["config"]["model"] == "dahl-basic" and metrics["config"]["limit"] == 256
-    assert metrics["config"]["lr"] == 0.01 and metrics["config"]["momentum"] == 0.9
+    assert metrics["config"]["lr"] == 0.02 and metrics["config"]["momentum"] == 0.9
     assert metrics["devices"]["spec"] == "cpu:2" and len(metrics["devices"]["workers"]) == 2
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     for e in metrics["epochs"]:
