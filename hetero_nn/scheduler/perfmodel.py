@@ -134,6 +134,18 @@ class _History:
         self.m2 += delta * (seconds - self.mean)
         self.size += (size - self.size) / n
 
+    def absorb(self, other: "_History") -> None:
+        """Mutates: adds every measurement of ``other`` (see :meth:`merged`)."""
+        m = self.merged(other)
+        self.count, self.mean, self.m2, self.size = m.count, m.mean, m.m2, m.size
+
+    @classmethod
+    def of(cls, size: float, seconds: list) -> "_History":
+        """The statistics of a batch of runs of one size."""
+        n = len(seconds)
+        mean = math.fsum(seconds) / n
+        return cls(n, mean, math.fsum((t - mean) * (t - mean) for t in seconds), size)
+
     def merged(self, other: "_History | None") -> "_History":
         """A new history holding both sets of measurements (Chan et al.'s pairwise formula)."""
         if other is None or other.count == 0:
@@ -386,24 +398,41 @@ class PerfModel:
         seconds : float
             Measured run time; must be >= 0.
         """
-        if not seconds >= 0.0:  # also catches NaN
-            raise ValueError(f"perfmodel record for {codelet!r}: run time {seconds!r} s is not >= 0")
-        if codelet not in self._loaded:
-            self._load_codelet(codelet)
-        key = (codelet, variant, kind, footprint)
+        self.record_many([(codelet, variant, kind, footprint, size, seconds)])
+
+    def record_many(self, runs) -> None:
+        """Add measured runs ``(codelet, variant, kind, footprint, size, seconds)``.
+
+        One lock acquisition for all of them: the runtime feeds a flushed
+        graph's measurements at once rather than contending per task.
+        """
+        batches: dict = {}
+        for codelet, variant, kind, footprint, size, seconds in runs:
+            if not seconds >= 0.0:  # also catches NaN
+                raise ValueError(f"perfmodel record for {codelet!r}: run time {seconds!r} s is not >= 0")
+            key = (codelet, variant, kind, footprint)
+            batch = batches.get(key)
+            if batch is None:
+                batch = batches[key] = (size, [])
+            batch[1].append(seconds)
+        for codelet in {key[0] for key in batches}:
+            if codelet not in self._loaded:
+                self._load_codelet(codelet)
         with self._lock:
-            history = self._history.get(key)
-            if history is None:
-                history = self._history[key] = _History()
-                self._groups.setdefault(key[:3], {})[footprint] = history
-            history.add(size, seconds)
-            n = history.count
-            if n & (n - 1) == 0:  # new footprint, or count a power of two: refit lazily
-                self._fits.pop(key[:3], None)
-            pending = self._pending.get(key)
-            if pending is None:
-                pending = self._pending[key] = _History()
-            pending.add(size, seconds)
+            for key, (size, seconds) in batches.items():
+                runs = _History.of(size, seconds)
+                history = self._history.get(key)
+                if history is None:
+                    history = self._history[key] = _History()
+                    self._groups.setdefault(key[:3], {})[key[3]] = history
+                before = history.count
+                history.absorb(runs)
+                if before == 0 or before.bit_length() != history.count.bit_length():
+                    self._fits.pop(key[:3], None)  # new footprint or count passed a power of two
+                pending = self._pending.get(key)
+                if pending is None:
+                    pending = self._pending[key] = _History()
+                pending.absorb(runs)
 
     def predict(self, codelet: str, variant: str, kind: str, footprint: str,
                 size: float) -> float | None:

@@ -48,6 +48,7 @@ from .trace import TaskRecord, Trace
 
 _perf = time.perf_counter
 _MAX_READERS = 32
+FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
 
 
@@ -131,6 +132,7 @@ class Runtime:
         self._eligible: dict = {}
         self._fp_cache: dict = {}
         self._warm: set = set()
+        self._measured: list = []
         self._generation = 0
         self._records: list = []
         self._closed = False
@@ -406,17 +408,30 @@ class Runtime:
         return v, self.perfmodel.predict(task.codelet.name, v, kind, fp, size)
 
     def record(self, task, kind):
-        """Feed a finished task's run time to the performance model (first run of a
-        variant in this process is a warm-up, e.g. a Numba compile, and is skipped)."""
-        pm = self.perfmodel
-        if pm is None or task.error is not None:
-            return
-        wkey = (task.codelet, task.variant)
-        if wkey not in self._warm:
-            self._warm.add(wkey)
-            return
-        fp, size = self.footprint(task)
-        pm.record(task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start)
+        """Keep a finished task's run time for the performance model; every
+        ``FEED_EVERY`` runs (and at the end of a flush) they go to the model in one
+        locked update, so workers rarely contend on it and exploration still
+        adapts within a flush."""
+        if self.perfmodel is not None and task.error is None:
+            measured = self._measured
+            measured.append((task, kind))
+            if len(measured) >= FEED_EVERY:
+                self._feed_perfmodel()
+
+    def _feed_perfmodel(self):
+        """Hand the flush's measurements to the model. The first run of each variant in
+        this process is a warm-up (e.g. a Numba compile) and is not kept."""
+        measured, self._measured = self._measured, []
+        runs = []
+        for task, kind in measured:
+            wkey = (task.codelet, task.variant)
+            if wkey not in self._warm:
+                self._warm.add(wkey)
+                continue
+            fp, size = self.footprint(task)
+            runs.append((task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start))
+        if runs:
+            self.perfmodel.record_many(runs)
 
     # ------------------------------------------------------------------ execution
     def bind(self, task, worker):
@@ -479,6 +494,8 @@ class Runtime:
             self.executor.run(tasks)
         finally:
             self._generation += 1
+            if self._measured:
+                self._feed_perfmodel()
             if self.tracing:
                 self._records.extend(_record(t) for t in tasks if t.t_start)  # not cancelled
             for t in tasks:
