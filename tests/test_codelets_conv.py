@@ -16,6 +16,7 @@ from hetero_nn.codelets import REDUX, R, W
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.reduce import add_redux, zero_init
 from hetero_nn.codelets.xp import cupy_or_none
+from helpers import rel_err, pair
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]
@@ -54,18 +55,6 @@ def random_case(seed):
 
 
 CASES += [random_case(seed) for seed in range(6)]
-
-
-def rel_err(actual, expected):
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
-
-
-def pair(v):
-    return tuple(v) if isinstance(v, tuple) else (v, v)
 
 
 def garbage(shape, dtype):

@@ -10,19 +10,12 @@ from hetero_nn.codelets import REDUX, W
 from hetero_nn.codelets import dense, reduce
 from hetero_nn.codelets.reduce import add_redux, zero_init
 from hetero_nn.codelets.xp import cupy_or_none
+from helpers import rel_err
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]
 CODELETS = [dense.dense_fwd, dense.dense_fwd_nobias, dense.dense_bwd_input,
             dense.dense_bwd_params, dense.dense_bwd_weight]
-
-
-def rel_err(actual, expected):
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
 
 
 def variant_names(*codelets):

@@ -7,18 +7,11 @@ import torch
 
 from hetero_nn.codelets import optim
 from hetero_nn.codelets.xp import cupy_or_none
+from helpers import rel_err
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]
 N_STEPS = 5
-
-
-def rel_err(actual, expected):
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
 
 
 def problem(seed, dtype, shape=(7, 19)):

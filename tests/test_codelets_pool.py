@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hetero_nn.codelets import R, W
 from hetero_nn.codelets import pool
 from hetero_nn.codelets.xp import cupy_or_none
+from helpers import rel_err, pair
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]
@@ -35,18 +36,6 @@ CASES = [
 # Inputs: unique values, ReLU outputs (ties of zeros), small integers (ties of all
 # kinds), and special values (NaN, several NaN in a window, -inf, +inf).
 KINDS = ["normal", "relu", "integers", "special"]
-
-
-def rel_err(actual, expected):
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
-
-
-def pair(v):
-    return tuple(v) if isinstance(v, tuple) else (v, v)
 
 
 def make_input(case, kind, dtype):

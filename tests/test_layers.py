@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import hetero_nn as hn
+from helpers import rel_err
 
 TOL = {"float64": 1e-10, "float32": 1e-4}
 
@@ -28,14 +29,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def rel_err(actual, expected) -> float:
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
 
 
 def torch_layer(layer):

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import hetero_nn as hn
+from helpers import rel_err
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 GRANULARITIES = (1, 3, 8)
@@ -213,14 +214,6 @@ def hn_digests(net, opt, granularity, policy, variants=None) -> dict:
     if key not in _DIGESTS:
         _DIGESTS[key] = hn_run(net, opt, granularity, policy, variants=variants).digests()
     return _DIGESTS[key]
-
-
-def rel_err(actual, expected) -> float:
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
 
 
 def compare(run: Run, ref: Run, rel: float, label: str) -> list[str]:

@@ -48,6 +48,8 @@ by ``init``; every variant *adds* its contribution to them, never overwrites.
 
 from __future__ import annotations
 
+import math
+
 import threading
 
 import numba
@@ -55,6 +57,7 @@ import numpy as np
 from numba import uintp
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
@@ -114,32 +117,13 @@ def conv2d_output_shape(x_shape, w_shape, stride=1, padding=0):
     return (int(x_shape[0]), int(w_shape[0]), out_h, out_w)
 
 
-def _require_contiguous(codelet, **arrays):
-    """Raise unless every output written through a flat view is C-contiguous.
-
-    Inputs are made contiguous by the wrappers (a no-op for arena buffers);
-    an output cannot be, as a copy would receive the results.
-    """
-    for name, a in arrays.items():
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{codelet}: operand {name!r} must be C-contiguous "
-                             f"(shape {a.shape}, strides {a.strides})")
-
-
-def _prod(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _macs(dy_shape, w_shape):
     """Multiply-adds of one convolution: each output element sums C*KH*KW products."""
-    return _prod(dy_shape) * _prod(w_shape[1:])
+    return math.prod(dy_shape) * math.prod(w_shape[1:])
 
 
 def _fwd_flops(x, w, b, y, stride=1, padding=0):
-    return 2.0 * _macs(y, w) + _prod(y)
+    return 2.0 * _macs(y, w) + math.prod(y)
 
 
 def _fwd_nobias_flops(x, w, y, stride=1, padding=0):
@@ -151,7 +135,7 @@ def _bwd_input_flops(dy, w, dx, stride=1, padding=0):
 
 
 def _bwd_params_flops(x, dy, dw, db, stride=1, padding=0):
-    return 2.0 * _macs(dy, dw) + _prod(dy)
+    return 2.0 * _macs(dy, dw) + math.prod(dy)
 
 
 def _bwd_weight_flops(x, dy, dw, stride=1, padding=0):
@@ -643,35 +627,35 @@ _c = np.ascontiguousarray
 def conv2d_fwd_cpu_direct(x, w, b, y, stride=1, padding=0):
     """``conv2d_fwd`` by direct Numba loops."""
     sh, sw, ph, pw, _, _ = _geometry(x.shape, w.shape, stride, padding)
-    _require_contiguous("conv2d_fwd", y=y)
+    require_contiguous("conv2d_fwd", y=y)
     _conv2d_fwd_cpu(_c(x), _c(w), _c(b), True, y, sh, sw, ph, pw)
 
 
 def conv2d_fwd_nobias_cpu_direct(x, w, y, stride=1, padding=0):
     """``conv2d_fwd_nobias`` by direct Numba loops."""
     sh, sw, ph, pw, _, _ = _geometry(x.shape, w.shape, stride, padding)
-    _require_contiguous("conv2d_fwd_nobias", y=y)
+    require_contiguous("conv2d_fwd_nobias", y=y)
     _conv2d_fwd_cpu(_c(x), _c(w), np.empty(0, dtype=y.dtype), False, y, sh, sw, ph, pw)
 
 
 def conv2d_bwd_input_cpu_direct(dy, w, dx, stride=1, padding=0):
     """``conv2d_bwd_input`` by direct Numba loops."""
     sh, sw, ph, pw, _, _ = _geometry(dx.shape, w.shape, stride, padding)
-    _require_contiguous("conv2d_bwd_input", dx=dx)
+    require_contiguous("conv2d_bwd_input", dx=dx)
     _conv2d_bwd_input_cpu(_c(dy), _c(w), dx, sh, sw, ph, pw)
 
 
 def conv2d_bwd_params_cpu_direct(x, dy, dw, db, stride=1, padding=0):
     """``conv2d_bwd_params`` by direct Numba loops (adds into ``dw``, ``db``)."""
     sh, sw, ph, pw, _, _ = _geometry(x.shape, dw.shape, stride, padding)
-    _require_contiguous("conv2d_bwd_params", dw=dw)
+    require_contiguous("conv2d_bwd_params", dw=dw)
     _conv2d_bwd_params_cpu(_c(x), _c(dy), dw, db, True, sh, sw, ph, pw)
 
 
 def conv2d_bwd_weight_cpu_direct(x, dy, dw, stride=1, padding=0):
     """``conv2d_bwd_weight`` by direct Numba loops (adds into ``dw``)."""
     sh, sw, ph, pw, _, _ = _geometry(x.shape, dw.shape, stride, padding)
-    _require_contiguous("conv2d_bwd_weight", dw=dw)
+    require_contiguous("conv2d_bwd_weight", dw=dw)
     _conv2d_bwd_params_cpu(_c(x), _c(dy), dw, np.empty(0, dtype=dw.dtype), False,
                            sh, sw, ph, pw)
 
@@ -743,7 +727,7 @@ def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
     """
     geometry = _geometry(x.shape, w.shape, stride, padding)
     sh, sw, ph, pw, out_h, out_w = geometry
-    _require_contiguous("conv2d_fwd", y=y)
+    require_contiguous("conv2d_fwd", y=y)
     x = _c(x)
     n_batch = x.shape[0]
     n_out, _, kh, kw = w.shape
@@ -789,11 +773,11 @@ def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
     col2im then adds one long row per tap instead of ``OH`` short ones.
     """
     sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
-    _require_contiguous("conv2d_bwd_input", dx=dx)
+    require_contiguous("conv2d_bwd_input", dx=dx)
     dy = _c(dy)
     n_batch, _, height, width = dx.shape
     n_out, _, kh, kw = w.shape
-    rows = _prod(w.shape[1:])
+    rows = math.prod(w.shape[1:])
     hp, wp = height + 2 * ph, width + 2 * pw
     w2d_t = w.reshape(n_out, rows).T
     wide = _wide_rows(sh, sw, out_w, wp, n_out, dx.itemsize)
@@ -829,7 +813,7 @@ def _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding):
     x, dy = _c(x), _c(dy)
     n_batch = x.shape[0]
     n_out, _, kh, kw = dw.shape
-    rows = _prod(dw.shape[1:])
+    rows = math.prod(dw.shape[1:])
     n_rows = rows + (db is not None)
     cols, step = _columns(x, kh, kw, n_rows, n_out, geometry)
     xpad = _pad_buffer(x.shape, ph, pw, x.dtype)

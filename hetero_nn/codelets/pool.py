@@ -34,10 +34,13 @@ the same sums on every run, and no raw kernel).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import uintp
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import R, W, Codelet
 from .xp import array_module
@@ -79,28 +82,13 @@ def maxpool2d_output_shape(x_shape, kernel_size, stride=None):
     return (int(x_shape[0]), int(x_shape[1]), out_h, out_w)
 
 
-def _require_contiguous(codelet, **arrays):
-    """Raise unless every output written through a flat view is C-contiguous."""
-    for name, a in arrays.items():
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{codelet}: operand {name!r} must be C-contiguous "
-                             f"(shape {a.shape}, strides {a.strides})")
-
-
-def _prod(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _fwd_flops(x, y, argmax, kernel_size, stride=None):
     kh, kw = _pair(kernel_size, "kernel_size")
-    return float(_prod(y) * kh * kw)
+    return float(math.prod(y) * kh * kw)
 
 
 def _bwd_flops(dy, argmax, dx, kernel_size=None, stride=None):
-    return float(_prod(dx) + _prod(dy))
+    return float(math.prod(dx) + math.prod(dy))
 
 
 # --------------------------------------------------------------------------- ref (NumPy)
@@ -202,13 +190,13 @@ def _maxpool2d_bwd_cpu(dy, argmax, dx):
 def maxpool2d_fwd_cpu(x, y, argmax, kernel_size, stride=None):
     """``maxpool2d_fwd`` by Numba loops."""
     kh, kw, sh, sw, _, _ = _geometry(x.shape, kernel_size, stride)
-    _require_contiguous("maxpool2d_fwd", y=y, argmax=argmax)
+    require_contiguous("maxpool2d_fwd", y=y, argmax=argmax)
     _maxpool2d_fwd_cpu(np.ascontiguousarray(x), y, argmax, kh, kw, sh, sw)
 
 
 def maxpool2d_bwd_cpu(dy, argmax, dx, kernel_size=None, stride=None):
     """``maxpool2d_bwd`` by Numba loops."""
-    _require_contiguous("maxpool2d_bwd", dx=dx)
+    require_contiguous("maxpool2d_bwd", dx=dx)
     _maxpool2d_bwd_cpu(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
 
 

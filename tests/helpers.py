@@ -1,0 +1,16 @@
+"""Helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
+
+import numpy as np
+
+
+def rel_err(actual, expected) -> float:
+    """Largest absolute difference relative to the largest magnitude of ``expected``."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
+    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
+
+
+def pair(v):
+    """An int or a pair as a pair (PyTorch's ``_pair``)."""
+    return tuple(v) if isinstance(v, tuple) else (v, v)
