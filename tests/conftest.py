@@ -41,3 +41,14 @@ def dist_client():
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.fixture
+def cupy():
+    """CuPy on a GPU, for the ``cuda`` tests; the test is skipped where there is none."""
+    from hetero_nn.codelets.xp import cupy_or_none
+
+    module = cupy_or_none()
+    if module is None:
+        pytest.skip("CuPy with a GPU is not available")
+    return module

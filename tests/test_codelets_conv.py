@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from hetero_nn.codelets import REDUX, R, W
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from hetero_nn.codelets.xp import cupy_or_none
 from helpers import rel_err, pair
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
@@ -255,10 +254,7 @@ def test_im2col_refuses_a_non_contiguous_output():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", CASES[:4], ids=str)
-def test_cuda_variants_on_cupy_match_ref(case):
-    cupy = cupy_or_none()
-    if cupy is None:
-        pytest.skip("CuPy with a GPU is not available")
+def test_cuda_variants_on_cupy_match_ref(case, cupy):
     for dtype in DTYPES:
         x, w, b, dy, y_ref, dx_ref, dw_ref, db_ref = problem(case, dtype)
         xg, wg, bg, dyg = (cupy.asarray(a) for a in (x, w, b, dy))

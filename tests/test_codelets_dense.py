@@ -9,7 +9,6 @@ import torch
 from hetero_nn.codelets import REDUX, W
 from hetero_nn.codelets import dense, reduce
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from hetero_nn.codelets.xp import cupy_or_none
 from helpers import rel_err
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
@@ -205,10 +204,7 @@ def test_backward_matches_central_finite_differences(variant):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_variants_on_cupy_match_ref(dtype):
-    cupy = cupy_or_none()
-    if cupy is None:
-        pytest.skip("CuPy or a GPU is not available")
+def test_cuda_variants_on_cupy_match_ref(dtype, cupy):
     rng = np.random.default_rng(5)
     n, i, o = 33, 45, 19
     host = {

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from hetero_nn.codelets import optim
-from hetero_nn.codelets.xp import cupy_or_none
 from helpers import rel_err
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
@@ -137,10 +136,7 @@ def test_strided_gradient_is_read_correctly(variant):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_variants_on_cupy_match_ref(dtype):
-    cupy = cupy_or_none()
-    if cupy is None:
-        pytest.skip("CuPy or a GPU is not available")
+def test_cuda_variants_on_cupy_match_ref(dtype, cupy):
     param, grads = problem(3, dtype)
     sgd = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3, nesterov=False)
     host = [param.copy(), np.zeros_like(param)]

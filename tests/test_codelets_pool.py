@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from hetero_nn.codelets import R, W
 from hetero_nn.codelets import pool
-from hetero_nn.codelets.xp import cupy_or_none
 from helpers import rel_err, pair
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
@@ -186,10 +185,7 @@ def test_declarations_flops_and_geometry():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", CASES[:4], ids=str)
-def test_cuda_variants_on_cupy_match_ref(case):
-    cupy = cupy_or_none()
-    if cupy is None:
-        pytest.skip("CuPy with a GPU is not available")
+def test_cuda_variants_on_cupy_match_ref(case, cupy):
     for dtype in DTYPES:
         x = make_input(case, "special", dtype)
         y_ref, arg_ref, _ = torch_reference(x, case)
