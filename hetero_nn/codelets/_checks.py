@@ -11,3 +11,12 @@ def require_contiguous(codelet, **arrays):
         if not a.flags.c_contiguous:
             raise ValueError(f"{codelet}: operand {name!r} must be C-contiguous "
                              f"(shape {a.shape}, strides {a.strides})")
+
+
+def pair(value, name):
+    """Normalise an int or an ``(h, w)`` pair to a pair of ints."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)

@@ -8,3 +8,7 @@ results stay comparable with PyTorch to the last bits floating point allows.
 import numba
 
 jit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
+
+jit_inline = numba.njit(inline="always", nogil=True, fastmath=False, error_model="numpy")
+"""The same flags for small helpers inlined at the Numba IR level into the kernels
+that call them (no call overhead in inner loops; not cached on their own)."""

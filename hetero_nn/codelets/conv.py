@@ -52,13 +52,12 @@ import math
 
 import threading
 
-import numba
 import numpy as np
 from numba import uintp
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._checks import require_contiguous
-from ._jit import jit
+from ._checks import pair, require_contiguous
+from ._jit import jit, jit_inline
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -68,9 +67,6 @@ __all__ = [
     "conv2d_bwd_weight", "conv2d_output_shape",
 ]
 
-_inline = numba.njit(inline="always", nogil=True, fastmath=False, error_model="numpy")
-"""Flags of ``_jit.jit`` for small helpers inlined into the kernels that call them."""
-
 IM2COL_CHUNK_BYTES = 1 << 19
 """Target size of one chunk's columns plus its slice of ``y`` (or ``dy``): half of
 one core's L2 cache, so the GEMM finds both there, beside its packed panels."""
@@ -78,19 +74,10 @@ one core's L2 cache, so the GEMM finds both there, beside its packed panels."""
 
 # --------------------------------------------------------------------------- geometry
 
-def _pair(value, name):
-    """Normalise an int or an ``(h, w)`` pair to a pair of ints."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an int or a pair, got {value!r}")
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
-
-
 def _geometry(x_shape, w_shape, stride, padding):
     """Return ``(sh, sw, ph, pw, OH, OW)`` for a convolution, checking it is valid."""
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
     if sh < 1 or sw < 1 or ph < 0 or pw < 0:
         raise ValueError(f"conv2d: stride must be >= 1 and padding >= 0, "
                          f"got stride={stride!r}, padding={padding!r}")
@@ -198,7 +185,7 @@ def conv2d_bwd_params_ref(x, dy, dw, db, stride=1, padding=0):
 #
 # Kernels index flat views of C-contiguous arrays with unsigned offsets: Numba
 # then emits no negative-index wraparound and the row loops vectorise (5-7x on
-# short rows). The row helpers are ``_inline``: Numba inlines them into each
+# short rows). The row helpers are ``jit_inline``: Numba inlines them into each
 # kernel, as a call per row would cost more than the row.
 #
 # The direct kernels work on "wide" rows. With the input zero-padded to
@@ -210,7 +197,7 @@ def conv2d_bwd_params_ref(x, dy, dw, db, stride=1, padding=0):
 # never read; every index stays inside the padded plane). When ``SH != SW``
 # the same loops run one output row at a time (``runs = OH``).
 
-@_inline
+@jit_inline
 def _wide_runs(sh, sw, out_h, out_w, wp):
     """``(runs, run_len)`` of the wide layout: one long run if ``sh == sw``, else one per row."""
     if sh == sw:
@@ -218,7 +205,7 @@ def _wide_runs(sh, sw, out_h, out_w, wp):
     return out_h, out_w
 
 
-@_inline
+@jit_inline
 def _fill_row(dst, start, count, value):
     """``dst[start:start+count] = value``."""
     d = uintp(start)
@@ -226,7 +213,7 @@ def _fill_row(dst, start, count, value):
         dst[d + j] = value
 
 
-@_inline
+@jit_inline
 def _copy8(dst, d, src, s):
     """``dst[d:d+8] = src[s:s+8]``: eight loads, then eight stores, which LLVM merges
     into one vector load and one vector store (arithmetic written this way stays
@@ -249,7 +236,7 @@ def _copy8(dst, d, src, s):
     dst[d + uintp(7)] = a7
 
 
-@_inline
+@jit_inline
 def _copy_blocks(dst, d0, src, s0, count):
     """``dst[d0:d0+count] = src[s0:s0+count]`` by blocks of 8, for ``count >= 8``.
 
@@ -266,7 +253,7 @@ def _copy_blocks(dst, d0, src, s0, count):
     _copy8(dst, d + n - eight, src, s + n - eight)
 
 
-@_inline
+@jit_inline
 def _gather_row(dst, d0, src, s0, step, count):
     """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``; ``dst`` and ``src`` do not overlap."""
     d, s = uintp(d0), uintp(s0)
@@ -281,7 +268,7 @@ def _gather_row(dst, d0, src, s0, step, count):
             dst[d + j] = src[s + st * j]
 
 
-@_inline
+@jit_inline
 def _axpy_gather_row(dst, d0, alpha, src, s0, step, count):
     """``dst[d0 + j] += alpha * src[s0 + step*j]`` for ``j < count``."""
     d, s = uintp(d0), uintp(s0)
@@ -294,7 +281,7 @@ def _axpy_gather_row(dst, d0, alpha, src, s0, step, count):
             dst[d + j] += alpha * src[s + st * j]
 
 
-@_inline
+@jit_inline
 def _axpy_scatter_row(dst, d0, step, alpha, src, s0, count):
     """``dst[d0 + step*j] += alpha * src[s0 + j]`` for ``j < count``."""
     d, s = uintp(d0), uintp(s0)
@@ -307,7 +294,7 @@ def _axpy_scatter_row(dst, d0, step, alpha, src, s0, count):
             dst[d + st * j] += alpha * src[s + j]
 
 
-@_inline
+@jit_inline
 def _add_scatter_row(dst, d0, step, src, s0, count):
     """``dst[d0 + step*j] += src[s0 + j]`` for ``j < count``."""
     d, s = uintp(d0), uintp(s0)
@@ -320,7 +307,7 @@ def _add_scatter_row(dst, d0, step, src, s0, count):
             dst[d + st * j] += src[s + j]
 
 
-@_inline
+@jit_inline
 def _mul_gather_row(lanes, l0, a, a0, b, b0, step, count):
     """``lanes[l0 + j] += a[a0 + j] * b[b0 + step*j]``: a dot product kept lane-wise."""
     m, s, t = uintp(l0), uintp(a0), uintp(b0)
@@ -333,7 +320,7 @@ def _mul_gather_row(lanes, l0, a, a0, b, b0, step, count):
             lanes[m + j] += a[s + j] * b[t + st * j]
 
 
-@_inline
+@jit_inline
 def _pad_sample(xf, x0, n_in, height, width, xpad, p0, ph, pw):
     """Copy one sample's planes (``xf[x0:]``) into the zero-bordered ``xpad[p0:]``."""
     hp, wp = height + 2 * ph, width + 2 * pw
@@ -343,7 +330,7 @@ def _pad_sample(xf, x0, n_in, height, width, xpad, p0, ph, pw):
                         x0 + (c * height + i) * width, 1, width)
 
 
-@_inline
+@jit_inline
 def _widen_sample(gf, g0, n_planes, out_h, out_w, wide, w0, wp, span):
     """Copy ``n_planes`` output planes (``gf[g0:]``) into wide rows ``wide[w0 + k*span + i*wp]``."""
     for k in range(n_planes):

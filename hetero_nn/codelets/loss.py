@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import jit
+from ._jit import jit, jit_inline
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -91,6 +91,18 @@ def _first_bad_label_cpu(labels, n_classes):
     return -1
 
 
+@jit_inline
+def _row_max_cpu(logits, i):
+    """``(max, first argmax)`` of row ``i`` (the first maximum wins, as torch.argmax)."""
+    row_max = logits[i, 0]
+    best = 0
+    for k in range(1, logits.shape[1]):
+        if logits[i, k] > row_max:
+            row_max = logits[i, k]
+            best = k
+    return row_max, best
+
+
 @jit
 def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad):
     """Return ``(sum of -log p[label], number of correct argmaxes)``; fill dlogits if asked.
@@ -103,12 +115,7 @@ def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad):
     total = 0.0
     correct = 0
     for i in range(n_rows):
-        row_max = logits[i, 0]
-        best = 0
-        for k in range(1, n_classes):
-            if logits[i, k] > row_max:
-                row_max = logits[i, k]
-                best = k
+        row_max, best = _row_max_cpu(logits, i)
         sum_exp = inv_batch - inv_batch  # zero in the logits' dtype
         if with_grad:
             for k in range(n_classes):
@@ -132,15 +139,8 @@ def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad):
 
 @jit
 def _argmax_rows_cpu(logits, pred):
-    n_rows, n_classes = logits.shape
-    for i in range(n_rows):
-        row_max = logits[i, 0]
-        best = 0
-        for k in range(1, n_classes):
-            if logits[i, k] > row_max:
-                row_max = logits[i, k]
-                best = k
-        pred[i] = best
+    for i in range(logits.shape[0]):
+        pred[i] = _row_max_cpu(logits, i)[1]
 
 
 def _check_labels_cpu(name, logits, labels):

@@ -40,7 +40,7 @@ import numpy as np
 from numba import uintp
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._checks import require_contiguous
+from ._checks import pair, require_contiguous
 from ._jit import jit
 from .codelet import R, W, Codelet
 from .xp import array_module
@@ -50,19 +50,10 @@ __all__ = ["maxpool2d_fwd", "maxpool2d_bwd", "maxpool2d_output_shape"]
 
 # --------------------------------------------------------------------------- geometry
 
-def _pair(value, name):
-    """Normalise an int or an ``(h, w)`` pair to a pair of ints."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an int or a pair, got {value!r}")
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
-
-
 def _geometry(x_shape, kernel_size, stride):
     """Return ``(kh, kw, sh, sw, OH, OW)`` for pooling an ``x_shape`` input."""
-    kh, kw = _pair(kernel_size, "kernel_size")
-    sh, sw = _pair(kernel_size if stride is None else stride, "stride")
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(kernel_size if stride is None else stride, "stride")
     if kh < 1 or kw < 1 or sh < 1 or sw < 1:
         raise ValueError(f"maxpool2d: kernel_size and stride must be >= 1, "
                          f"got kernel_size={kernel_size!r}, stride={stride!r}")
@@ -83,7 +74,7 @@ def maxpool2d_output_shape(x_shape, kernel_size, stride=None):
 
 
 def _fwd_flops(x, y, argmax, kernel_size, stride=None):
-    kh, kw = _pair(kernel_size, "kernel_size")
+    kh, kw = pair(kernel_size, "kernel_size")
     return float(math.prod(y) * kh * kw)
 
 

@@ -99,7 +99,7 @@ class GraphBuilder:
             s = _PARENT if h.parent is not None else None
         if s is None:  # root never written in this graph: its registered data
             key = f"data-{h.id}-{self.token}"
-            self.dsk[key] = self.rt.fetch_for_graph(h)
+            self.dsk[key] = self.rt.host_replica(h)
         elif s is _PARENT:
             key = self._new_key(f"slice-{h.id}")
             self.dsk[key] = (operator.getitem, self.value(h.parent), h.index)

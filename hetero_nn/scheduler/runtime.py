@@ -515,14 +515,11 @@ class Runtime:
         if handle.temporary and handle.generation < self._generation - 1:
             raise SubmitError(f"fetch: temporary handle {handle.name!r} belongs to an earlier "
                               "flush; its arena was reset")
-        if self._single_node:
-            arr = handle.replica(self.nodes[0])
-        else:
-            arr, _ = acquire(handle, self.nodes[0], self.nodes, True, False)
+        arr = self.host_replica(handle)
         return arr.copy() if copy else arr
 
-    def fetch_for_graph(self, handle):
-        """The host replica of a root handle, made coherent (for the Dask graph's literals)."""
+    def host_replica(self, handle):
+        """``handle``'s replica on the host node, made coherent (no wait: see :meth:`fetch`)."""
         if self._single_node:
             return handle.replica(self.nodes[0])
         return acquire(handle, self.nodes[0], self.nodes, True, False)[0]
