@@ -61,40 +61,41 @@ def _dense_fwd_nobias_ref(x, w, y):
 
 
 @jit
-def _dense_fwd_cpu(x, wt, y):
-    """``y += x @ wt`` with ``wt[I, O]`` (the transposed weight); y holds the bias or 0."""
-    n_samples, n_in = x.shape
-    n_out = wt.shape[1]
-    n_blocked = n_samples - n_samples % 4
+def _matmul_acc_cpu(a, b, c):
+    """``c += a @ b`` with ``b`` row-major: four rows of ``a`` scale each contiguous row of
+    ``b`` into four rows of ``c`` (forward: ``y += x @ w.T``; input gradient: ``dx += dy @ w``)."""
+    n_rows, n_inner = a.shape
+    n_cols = b.shape[1]
+    n_blocked = n_rows - n_rows % 4
     for n in range(0, n_blocked, 4):
-        for i in range(n_in):
-            x0 = x[n, i]
-            x1 = x[n + 1, i]
-            x2 = x[n + 2, i]
-            x3 = x[n + 3, i]
-            for o in range(n_out):
-                wv = wt[i, o]
-                y[n, o] += x0 * wv
-                y[n + 1, o] += x1 * wv
-                y[n + 2, o] += x2 * wv
-                y[n + 3, o] += x3 * wv
-    for n in range(n_blocked, n_samples):
-        for i in range(n_in):
-            xv = x[n, i]
-            for o in range(n_out):
-                y[n, o] += xv * wt[i, o]
+        for k in range(n_inner):
+            a0 = a[n, k]
+            a1 = a[n + 1, k]
+            a2 = a[n + 2, k]
+            a3 = a[n + 3, k]
+            for j in range(n_cols):
+                bv = b[k, j]
+                c[n, j] += a0 * bv
+                c[n + 1, j] += a1 * bv
+                c[n + 2, j] += a2 * bv
+                c[n + 3, j] += a3 * bv
+    for n in range(n_blocked, n_rows):
+        for k in range(n_inner):
+            av = a[n, k]
+            for j in range(n_cols):
+                c[n, j] += av * b[k, j]
 
 
 def _dense_fwd_cpu_wrapper(x, w, b, y):
     _check_dense("dense_fwd", x, w, y, b)
     y[...] = b
-    _dense_fwd_cpu(x, np.ascontiguousarray(w.T), y)
+    _matmul_acc_cpu(x, np.ascontiguousarray(w.T), y)
 
 
 def _dense_fwd_nobias_cpu_wrapper(x, w, y):
     _check_dense("dense_fwd_nobias", x, w, y)
     y[...] = 0
-    _dense_fwd_cpu(x, np.ascontiguousarray(w.T), y)
+    _matmul_acc_cpu(x, np.ascontiguousarray(w.T), y)
 
 
 def _dense_fwd_cuda(x, w, b, y):
@@ -162,37 +163,10 @@ def _dense_bwd_input_ref(dy, w, dx):
     np.matmul(dy, w, out=dx)
 
 
-@jit
-def _dense_bwd_input_cpu(dy, w, dx):
-    """``dx = dy @ w``: axpy of contiguous rows of w into rows of dx."""
-    n_samples, n_out = dy.shape
-    n_in = w.shape[1]
-    n_blocked = n_samples - n_samples % 4
-    for n in range(n_samples):
-        for i in range(n_in):
-            dx[n, i] = 0
-    for n in range(0, n_blocked, 4):
-        for o in range(n_out):
-            d0 = dy[n, o]
-            d1 = dy[n + 1, o]
-            d2 = dy[n + 2, o]
-            d3 = dy[n + 3, o]
-            for i in range(n_in):
-                wv = w[o, i]
-                dx[n, i] += d0 * wv
-                dx[n + 1, i] += d1 * wv
-                dx[n + 2, i] += d2 * wv
-                dx[n + 3, i] += d3 * wv
-    for n in range(n_blocked, n_samples):
-        for o in range(n_out):
-            dv = dy[n, o]
-            for i in range(n_in):
-                dx[n, i] += dv * w[o, i]
-
-
 def _dense_bwd_input_cpu_wrapper(dy, w, dx):
     _check_dense("dense_bwd_input", dx, w, dy)
-    _dense_bwd_input_cpu(dy, w, dx)
+    dx[...] = 0
+    _matmul_acc_cpu(dy, w, dx)
 
 
 def _dense_bwd_input_cuda(dy, w, dx):
