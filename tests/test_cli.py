@@ -79,6 +79,8 @@ BAD_OPTIONS = [
     (["evaluate"], "--checkpoint"),
     (["datasets", "download", "imagenet"], "name"),
     (["frobnicate"], "invalid choice"),
+    (["train", "--resume", "--overwrite", "--out", "somewhere"], "--overwrite"),
+    (["train", "--connect-timeout", "0"], "--connect-timeout"),
 ]
 
 
@@ -92,6 +94,7 @@ def test_missing_dataset_files_name_the_dataset_and_the_folder(tmp_path, capsys)
     assert main(["train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)]) == 2
     line = _error_line(capsys)
     assert "--dataset fashion-mnist" in line and str(tmp_path) in line and "--data-dir" in line
+    assert line.count("fashion-mnist:") == 1 and "hetero-nn datasets download fashion-mnist" in line
 
 
 @pytest.mark.skipif(_cuda_available(), reason="this machine has a GPU with CuPy")
@@ -111,6 +114,157 @@ def test_resume_from_a_missing_or_corrupt_checkpoint(tmp_path, capsys):
     assert str(bad) in _error_line(capsys)
     assert main(["evaluate", "--checkpoint", str(bad)]) == 2
     assert str(bad) in _error_line(capsys)
+
+
+@pytest.mark.parametrize("content", ["garbage", "pickled", "npy"])
+def test_a_garbage_checkpoint_is_not_a_hetero_nn_checkpoint(tmp_path, capsys, content):
+    bad = tmp_path / "bad.npz"
+    if content == "garbage":
+        bad.write_bytes(np.random.default_rng(0).bytes(1000))
+    elif content == "pickled":
+        with open(bad, "wb") as f:
+            np.savez(f, config=np.array([{"a": 1}], dtype=object))
+    else:
+        with open(bad, "wb") as f:
+            np.save(f, np.arange(3))
+    for argv in (["evaluate", "--checkpoint", str(bad)], ["train", "--resume", str(bad)]):
+        assert main(argv) == 2
+        line = _error_line(capsys)
+        assert f"{bad}: not a hetero_nn checkpoint" in line and "pickle=" not in line, line
+
+
+def test_bare_commands_print_their_usage(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hetero-nn") and "train" in out and "datasets" in out
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hetero-nn datasets") and "download" in out
+
+
+# --------------------------------------------------------------------------- --out and --executor
+
+SYNTHETIC = ["--dataset", "synthetic", "--limit", "64", "--batch-size", "32", "--epochs", "1",
+             "--model", "dahl-basic", "--devices", "cpu:1", "-q"]
+
+
+def _synthetic_run(out, *extra):
+    return main(["train", *SYNTHETIC, "--out", str(out), *extra])
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.write_text("mine")
+    for target in (out, out / "below"):
+        assert _synthetic_run(target) == 2
+        line = _error_line(capsys)
+        assert f"--out {target}" in line
+    assert out.read_text() == "mine"
+
+
+def test_a_read_only_out_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("this user writes through read-only permissions (root)")
+        assert _synthetic_run(out) == 2
+        assert f"--out {out}: cannot write there" in _error_line(capsys)
+    finally:
+        out.chmod(0o755)
+    assert list(out.iterdir()) == []
+
+
+def test_an_immutable_out_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "frozen"
+    out.mkdir()
+    if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE)")
+    try:
+        assert _synthetic_run(out) == 2
+        assert f"--out {out}: cannot write there" in _error_line(capsys)
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], check=True)
+    assert list(out.iterdir()) == []
+
+
+def test_a_new_run_into_another_runs_out_refuses_and_touches_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _synthetic_run(out) == 0
+    capsys.readouterr()
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    assert {"metrics.json", CHECKPOINT_NAME, FINAL_NAME} <= set(before)
+    assert _synthetic_run(out, "--seed", "3") == 2
+    line = _error_line(capsys)
+    assert f"--out {out} holds another run" in line and "metrics.json" in line
+    assert "--resume" in line and "--overwrite" in line
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    # --overwrite replaces it: the new run's config, and no file of the old run left over
+    (out / "trace.json").write_text("{}")  # as an earlier run with --trace would have left
+    assert _synthetic_run(out, "--seed", "3", "--overwrite") == 0
+    assert json.loads((out / "metrics.json").read_text())["config"]["seed"] == 3
+    assert not (out / "trace.json").exists()
+    # only one checkpoint of the old run: refused too
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / CHECKPOINT_NAME).write_bytes(before[CHECKPOINT_NAME][0])
+    assert _synthetic_run(only) == 2
+    assert CHECKPOINT_NAME in _error_line(capsys)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_divergence_before_any_checkpoint_says_so_without_denying_out(tmp_path, capsys):
+    out = tmp_path / "nan"
+    assert main(["train", *SYNTHETIC, "--limit", "256", "--batch-size", "16", "--lr", "1e6",
+                 "--out", str(out)]) == 1
+    line = _error_line(capsys)
+    assert "training diverged" in line and f"no checkpoint was written in {out} yet" in line
+    assert "--out to keep one" not in line
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_fails_at_start_within_the_connect_timeout(capsys):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    assert main(["train", *SYNTHETIC, "--executor", f"distributed={address}",
+                 "--connect-timeout", "1"]) == 2
+    elapsed = time.monotonic() - t0
+    line = _error_line(capsys)
+    assert f"--executor distributed={address}" in line and "--connect-timeout" in line
+    assert elapsed < 30, elapsed  # 1 s to connect; the bound is generous for a loaded machine
+
+
+def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path):
+    """SIGINT to the process group, as a terminal's Ctrl-C: Dask's workers stay quiet."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetero_nn", "train", "--dataset", "synthetic", "--limit", "2048",
+         "--batch-size", "16", "--epochs", "20", "--model", "dahl-basic", "--devices", "cpu:1",
+         "--executor", "distributed", "--checkpoint-every", "1", "--out", str(out), "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / CHECKPOINT_NAME).exists():  # training steps are running on Dask
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["hetero-nn: interrupted"], stderr
+    assert json.loads((out / "metrics.json").read_text())["status"] == "interrupted"
 
 
 def test_the_installed_entry_point_prints_one_line_and_no_traceback(tmp_path):
@@ -217,7 +371,7 @@ def _final_state(path):
 
 
 def _history_without_timing(path):
-    timing = {"seconds", "images_per_second", "eval_seconds"}
+    timing = {"seconds", "images_per_second", "eval_seconds", "warmup_seconds"}
     return [{k: v for k, v in r.items() if k not in timing} for r in read_checkpoint(path).history]
 
 
