@@ -44,7 +44,7 @@ from .scheduler.runtime import Runtime
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                "seconds", "images_per_second")
+                "seconds", "images_per_second", "warmup_seconds")
 
 _AUTO_REPEATS = 3
 _AUTO_TOLERANCE = 1.05
@@ -112,8 +112,28 @@ def _as_data(data, what):
                       f"got {type(data).__name__}")
 
 
+def _trainer_dtype(model, dtype) -> np.dtype:
+    """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
+    built = getattr(model, "dtype", None) if getattr(model, "input_shape", None) else None
+    if dtype is None:
+        return np.dtype(built) if built is not None else np.dtype(np.float32)
+    try:
+        chosen = np.dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen not in (np.float32, np.float64):
+        raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+    if built is not None and chosen != built:
+        raise ConfigError(f"Trainer(dtype={chosen.name!r}) contradicts the model, which is "
+                          f"built in {np.dtype(built).name}; leave dtype out to train in "
+                          f"{np.dtype(built).name}, or build the model with dtype="
+                          f"{chosen.name!r}")
+    return chosen
+
+
 def _new_progress():
-    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0}
+    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0,
+            "warmup_samples": 0, "warmup_seconds": 0.0}
 
 
 class Trainer:
@@ -132,8 +152,11 @@ class Trainer:
     granularity : int or "auto"
         Partitions per batch: every per-sample codelet is submitted that many
         times. ``"auto"`` times the candidates on the first batch (module docstring).
-    dtype : str
-        ``"float32"`` or ``"float64"``; the model is built for it on the first batch.
+    dtype : str, optional
+        ``"float32"`` or ``"float64"``. Default: the model's dtype when it is built,
+        float32 otherwise. A built model is never silently converted: a ``dtype``
+        that contradicts it raises :class:`~hetero_nn.errors.ConfigError` (rebuild
+        the model, or load its weights into one built for that dtype).
     seed : int
         The data-order seed: epoch ``e`` visits ``dataset.epoch_order(seed, e)``.
 
@@ -150,7 +173,7 @@ class Trainer:
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype="float32", seed=0):
+                 granularity=1, dtype=None, seed=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.model = model
@@ -162,9 +185,7 @@ class Trainer:
         self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
         self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
         self.granularity_timings: dict[int, float] = {}
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+        self.dtype = _trainer_dtype(model, dtype)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
@@ -178,6 +199,8 @@ class Trainer:
         self.history: list[dict] = []
         self._progress = _new_progress()
         self.last_checkpoint: dict | None = None
+        self._checkpoint_dir = None
+        self._warmed_up = False  # the first step of this process is timed apart (compilation)
         #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
         self.config: dict = {}
 
@@ -376,7 +399,7 @@ class Trainer:
                                   f"only {num_batches} steps: not the same training set")
         ckdir = None
         if checkpoint_dir is not None:
-            ckdir = Path(checkpoint_dir)
+            ckdir = self._checkpoint_dir = Path(checkpoint_dir)
             ckdir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
         bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
@@ -401,6 +424,10 @@ class Trainer:
                     progress["samples"] += len(y)
                     now = time.perf_counter()
                     progress["seconds"] += now - t_last
+                    if not self._warmed_up:  # kernel compilation: kept out of images/s
+                        self._warmed_up = True
+                        progress["warmup_seconds"] += now - t_last
+                        progress["warmup_samples"] += len(y)
                     self.step_in_epoch = b + 1
                     self.global_step += 1
                     if bar is not None:
@@ -430,12 +457,17 @@ class Trainer:
     def _end_epoch(self, validation) -> dict:
         p = self._progress
         seconds = p["seconds"]
+        timed_seconds = seconds - p["warmup_seconds"]
+        timed_samples = p["samples"] - p["warmup_samples"]
+        if timed_samples <= 0 or timed_seconds <= 0:  # an epoch of the warm-up step alone
+            timed_seconds, timed_samples = seconds, p["samples"]
         record = {"epoch": self.epoch + 1,
                   "train_loss": p["loss_sum"] / p["samples"],
                   "train_accuracy": p["correct"] / p["samples"],
                   "test_loss": None, "test_accuracy": None,
                   "seconds": seconds,
-                  "images_per_second": p["samples"] / seconds if seconds > 0 else None,
+                  "images_per_second": timed_samples / timed_seconds if timed_seconds > 0 else None,
+                  "warmup_seconds": p["warmup_seconds"],
                   "eval_seconds": 0.0, "samples": p["samples"], "steps": self.step_in_epoch,
                   "granularity": self.granularity}
         if validation is not None:
@@ -456,6 +488,8 @@ class Trainer:
 
     def _kept(self) -> str:
         last = self.last_checkpoint
+        if last is None and self._checkpoint_dir is not None:
+            return f"no checkpoint was written in {self._checkpoint_dir} yet"
         if last is None:
             return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
         return (f"the last good checkpoint is {last['path']} (after "
@@ -513,7 +547,7 @@ class Trainer:
         """Restore weights, optimizer state and the run's position from ``path``.
 
         The model is built first for the checkpoint's input shape and the
-        trainer's dtype. With ``granularity="auto"`` the checkpoint's granularity
+        trainer's dtype (the checkpoint's weights are cast to it). With ``granularity="auto"`` the checkpoint's granularity
         is adopted, so a resumed run splits batches as the original did.
 
         Returns
