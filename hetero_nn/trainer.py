@@ -176,6 +176,7 @@ class Trainer:
                  granularity=1, dtype=None, seed=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
         self.model = model
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.02, momentum=0.9)
@@ -185,7 +186,6 @@ class Trainer:
         self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
         self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
         self.granularity_timings: dict[int, float] = {}
-        self.dtype = _trainer_dtype(model, dtype)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)

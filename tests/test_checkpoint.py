@@ -171,7 +171,9 @@ def test_corrupt_files_raise_checkpoint_error_naming_the_file(tmp_path, damage):
         np.savez(bad, format=np.array(FORMAT), config=np.array([{"a": 1}], dtype=object))
     with pytest.raises(hn.CheckpointError) as info:
         read_checkpoint(bad)
-    assert str(bad) in str(info.value)
+    assert str(bad) in str(info.value) and "allow_pickle" not in str(info.value)
+    if damage in ("truncated", "garbage", "empty", "no-format", "object-array"):
+        assert f"{bad}: not a hetero_nn checkpoint" in str(info.value)
     with pytest.raises(hn.CheckpointError):
         read_checkpoint(tmp_path / "does-not-exist.npz")
 

@@ -311,6 +311,20 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert float(rows[1]["test_accuracy"]) == metrics["test_accuracy"]
 
+    # the variants that ran, per codelet, from the runtime's task records: one each when pinned
+    ran = metrics["variants_run"]
+    assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= set(ran)
+    from hetero_nn.codelets import conv
+    assert set(ran["conv2d_fwd"]) <= set(conv.conv2d_fwd.variants)
+    assert all(len(variants) == 1 and min(variants.values()) > 0 for variants in ran.values())
+    assert sum(ran["sgd_step"].values()) % 16 == 0  # one task per weight per step
+    # the first step (kernel compilation) is timed apart from epoch 1's images/s
+    first = metrics["epochs"][0]
+    assert 0 < first["warmup_seconds"] < first["seconds"]
+    assert first["images_per_second"] == pytest.approx((256 - 32) / (first["seconds"]
+                                                                     - first["warmup_seconds"]))
+    assert metrics["epochs"][1]["warmup_seconds"] == 0
+
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= names
@@ -360,6 +374,66 @@ def test_datasets_list_and_perfmodel_delegate(capsys):
     assert "yes" in mnist and "60000" in mnist and "10000" in mnist
     assert main(["perfmodel", "--list"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@needs_mnist
+def test_datasets_download_takes_mirrors_and_list_checks_sizes_and_checksums(tmp_path, capsys):
+    data = tmp_path / "data"
+    mirrors = ["--mirror", (tmp_path / "absent").as_uri() + "/", "--mirror",
+               (DATA / "mnist").as_uri() + "/"]
+    assert main(["datasets", "download", "mnist", "--data-dir", str(data), *mirrors]) == 0
+    assert f"mnist: ready in {data / 'mnist'}" in capsys.readouterr().out
+    files = sorted((data / "mnist").iterdir())
+    assert len(files) == 4 and all(p.stat().st_mode & 0o777 == 0o644 for p in files)
+    assert main(["datasets", "list", "--data-dir", str(data), "--verify"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["mnist"][1:4] == ["yes", "60000", "10000"] and rows["cifar10"][1] == "no"
+
+    labels = data / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    good = labels.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF  # the same size: only the checksum tells
+    labels.write_bytes(bytes(damaged))
+    assert main(["datasets", "list", "--data-dir", str(data)]) == 0
+    assert "mnist          yes" in capsys.readouterr().out
+    assert main(["datasets", "list", "--data-dir", str(data), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "mnist          damaged" in out and f"mnist: {labels}: MD5 checksum differs" in out
+    labels.write_bytes(good[:-100])  # truncated: the size check finds it
+    assert main(["datasets", "list", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "mnist          damaged" in out and f"mnist: {labels}" in out
+
+
+def test_perfmodel_shows_the_models_and_exits_1_for_a_codelet_without_one(tmp_path, capsys):
+    from hetero_nn.cli import format_perfmodel
+    from hetero_nn.scheduler.perfmodel import PerfModel
+
+    pm = PerfModel(tmp_path)
+    assert "no performance model yet" in format_perfmodel(pm)
+    assert main(["perfmodel", "--cache-dir", str(tmp_path)]) == 0
+    assert "no performance model yet" in capsys.readouterr().out
+    key = ("conv2d_fwd", "cpu", "cpu")
+    for size in (100, 1000, 10000):
+        pm.record(*key, f"f32[{size}]", float(size), size * 1e-9)
+    pm.record("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0, 2.5e-6)
+    pm.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
+    table = format_perfmodel(pm)
+    for text in ("codelet", "footprint", "mean (us)", "stddev (us)", "f32[1000]", "1.000",
+                 "pool_fwd", "2.500", "regression", "need >= 2 distinct sizes",
+                 "transfers", "host0", "cuda0", "bandwidth (GB/s)"):
+        assert text in table, text
+    only = format_perfmodel(pm, "pool_fwd")
+    assert "pool_fwd" in only and "conv2d_fwd" not in only and "transfers" not in only
+    pm.save()
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["conv2d_fwd", "pool_fwd"]
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "conv2d_fwd"]) == 0
+    out = capsys.readouterr().out
+    assert "f32[10000]" in out and "pool_fwd" not in out
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "nope"]) == 1
+    line = _error_line(capsys)
+    assert "no performance model for codelet 'nope'" in line and str(tmp_path) in line
 
 
 # --------------------------------------------------------------------------- resume after SIGKILL

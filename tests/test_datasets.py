@@ -727,3 +727,63 @@ def test_describe_reports_missing_and_damaged(tmp_path):
     assert rows["mnist"].present and rows["mnist"].samples == {"train": 6, "test": 6}
     assert not rows["cifar10"].present
     assert "cifar-10/test_batch.bin" in rows["cifar10"].files
+    assert "test_batch.bin" in rows["cifar10"].problem and "3073" in rows["cifar10"].problem
+    assert rows["mnist"].problem is None and rows["fashion-mnist"].problem is None  # absent
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gz", "plain"])
+def test_describe_refuses_a_truncated_idx_file(tmp_path, gz):
+    _, _, paths = _write_idx_dataset(tmp_path, gz=gz, n=6)
+    images = paths["train"][0]
+    data = images.read_bytes()
+    images.write_bytes(gzip.compress(gzip.decompress(data)[:-7]) if gz else data[:-7])
+    row = describe(tmp_path)[0]
+    assert row.name == "mnist" and not row.present and row.samples is None
+    assert str(images) in row.problem and "truncated" in row.problem
+    # a file with the header's size but cut short inside its gzip stream: only a read finds it
+    if gz:
+        images.write_bytes(data[:len(data) - 12] + data[-4:])
+        assert describe(tmp_path)[0].present
+        verified = describe(tmp_path, verify=True)[0]
+        assert not verified.present and str(images) in verified.problem
+
+
+@needs_shared
+def test_describe_verify_compares_published_checksums(tmp_path):
+    download("mnist", tmp_path, mirrors=[_mirror(SHARED / "mnist")])
+    assert describe(tmp_path, verify=True)[0].present
+    labels = tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    data = bytearray(labels.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, so the size check passes
+    labels.write_bytes(bytes(data))
+    assert describe(tmp_path)[0].present
+    row = describe(tmp_path, verify=True)[0]
+    assert not row.present and "MD5" in row.problem and str(labels) in row.problem
+
+
+@needs_shared
+def test_download_from_a_local_http_mirror_writes_world_readable_files(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(SHARED / "mnist"))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        old = os.umask(0o077)  # the mode does not depend on the umask
+        try:
+            target = download("mnist", tmp_path, mirrors=[url], timeout=10)
+        finally:
+            os.umask(old)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    for name in datasets.SOURCES["mnist"]["files"]:
+        assert (target / name).stat().st_mode & 0o777 == 0o644, name
+    assert len(load("mnist", "test", data_dir=tmp_path)) == 10000

@@ -218,6 +218,34 @@ def test_fit_refuses_bad_arguments():
         hn.Trainer(model, runtime=_runtime(), batch_size=4, granularity="fast")
 
 
+def test_the_trainer_keeps_the_models_dtype():
+    data = _data(n=32)
+    model = hn.build_model("dahl-basic", data.input_shape, 10, dtype="float64", seed=0)
+    before = model.state_dict()
+    with hn.Trainer(model, runtime=_runtime(), batch_size=16) as tr:
+        assert tr.dtype == np.float64
+        tr.fit(data, epochs=1, verbose=0)
+        assert tr.checkpoint_config()["dtype"] == "float64"
+    after = model.state_dict()
+    assert model.dtype == np.float64 and all(v.dtype == np.float64 for v in after.values())
+    assert all(not np.array_equal(before[k], after[k]) for k in before)  # trained, in float64
+    with pytest.raises(hn.ConfigError) as info:
+        hn.Trainer(model, dtype="float32")
+    assert "dtype='float32'" in str(info.value) and "built in float64" in str(info.value)
+    with hn.Trainer(model, runtime=_runtime(), dtype=np.float64) as tr:  # agreeing: fine
+        assert tr.dtype == np.float64
+    unbuilt = hn.Sequential(hn.Flatten(), hn.Dense(data.input_shape[-1] ** 2, 10))
+    with hn.Trainer(unbuilt, runtime=_runtime(), batch_size=16) as tr:
+        assert tr.dtype == np.float32
+        tr.fit(data, epochs=1, verbose=0)
+    assert unbuilt.dtype == np.float32
+    with hn.Trainer(hn.Sequential(hn.Flatten(), hn.Dense(144, 10)), runtime=_runtime(),
+                    dtype="float64") as tr:
+        assert tr.dtype == np.float64
+    with pytest.raises(hn.ConfigError, match="float32 or float64"):
+        hn.Trainer(unbuilt, dtype="float16")
+
+
 # --------------------------------------------------------------------------- granularity auto
 
 def test_auto_granularity_picks_a_timed_candidate_without_touching_the_weights():
