@@ -427,18 +427,22 @@ def _check_run(run, args):
 def _check_out(out, *, resuming, overwrite) -> list[Path]:
     """Refuse an ``--out`` that cannot be written or holds another run; return that run's files.
 
-    Runs before any data is loaded or any step trained. Writing is tried (a probe
-    file, created and removed), so read-only mounts and immutable folders are caught
-    for root too. Nothing of an earlier run is touched here.
+    Runs before any data is loaded or any step trained, and writes nothing that
+    stays: writing is tried in the folder, or in its nearest existing parent when it
+    is not there yet (a probe file, created and removed), so read-only mounts and
+    immutable folders are caught for root too. Nothing of an earlier run is touched.
     """
     if out is None:
         return []
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "exists and is not a folder" if existing == path else f"{existing} is not a folder"
+        raise ConfigError(f"--out {out}: {where}")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".hetero_nn-probe-")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".hetero_nn-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:

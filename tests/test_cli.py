@@ -158,8 +158,13 @@ def test_an_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
     for target in (out, out / "below"):
         assert _synthetic_run(target) == 2
         line = _error_line(capsys)
-        assert f"--out {target}" in line
+        assert f"--out {target}: " in line and "is not a folder" in line
     assert out.read_text() == "mine"
+    # a refused run leaves nothing behind, not even the folder it would have made
+    missing = tmp_path / "new" / "run"
+    assert main(["train", *SYNTHETIC, "--dataset", "mnist", "--data-dir", str(tmp_path),
+                 "--out", str(missing)]) == 2
+    assert "--dataset mnist" in _error_line(capsys) and not (tmp_path / "new").exists()
 
 
 def test_a_read_only_out_is_refused_before_training(tmp_path, capsys):
@@ -182,8 +187,9 @@ def test_an_immutable_out_is_refused_before_training(tmp_path, capsys):
     if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE)")
     try:
-        assert _synthetic_run(out) == 2
-        assert f"--out {out}: cannot write there" in _error_line(capsys)
+        for target in (out, out / "new" / "run"):  # a folder to create below it: the same
+            assert _synthetic_run(target) == 2
+            assert f"--out {target}: cannot write there" in _error_line(capsys)
     finally:
         subprocess.run(["chattr", "-i", str(out)], check=True)
     assert list(out.iterdir()) == []
