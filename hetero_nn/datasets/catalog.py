@@ -77,6 +77,7 @@ def load(name: str, split: str = "train", data_dir=None, limit: int | None = Non
 # What is there (for `hetero-nn datasets list`)
 # ---------------------------------------------------------------------------------------
 
+
 class DatasetInfo(NamedTuple):
     """One row of :func:`describe`."""
 

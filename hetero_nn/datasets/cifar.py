@@ -107,6 +107,7 @@ def _cifar_classes(directory: Path) -> tuple[str, ...]:
 
 
 def load_cifar10(split: str, data_dir: Path):
+    """``(images, labels, classes, mean, std, files)`` of one CIFAR-10 split."""
     directory = cifar_directory(data_dir)
     if split == "train":
         paths = sorted((p for p in directory.glob("data_batch_*.bin")
@@ -122,8 +123,6 @@ def load_cifar10(split: str, data_dir: Path):
     images = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
     labels = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
     return images, labels, _cifar_classes(directory), CIFAR10_MEAN, CIFAR10_STD, paths
-
-
 
 
 def cifar_file_records(path: Path, verify: bool = False) -> int:

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 #: ``images`` of a lazily generated dataset are materialised up to this many bytes.
 MAX_MATERIALIZE = 2 << 30
 
+
 class Dataset:
     """Images and labels of one split, with normalisation and a reproducible order.
 

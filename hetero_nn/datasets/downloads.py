@@ -22,9 +22,9 @@ from typing import Callable, Sequence
 from ..errors import ConfigError, HeteroNNError
 from .layout import canonical_name, resolve_data_dir
 
+
 class DownloadError(HeteroNNError, OSError):
     """A download failed: network error on every mirror, or a checksum that does not match."""
-
 
 
 _MNIST_FILES = {"train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",

@@ -126,8 +126,8 @@ def find_idx(directory: Path, stem: str) -> Path | None:
     return None
 
 
-
 def load_idx(name: str, split: str, data_dir: Path):
+    """``(images, labels, classes, mean, std, files)`` of one split of an IDX dataset."""
     spec = IDX_SPECS[name]
     directory = data_dir / spec["directory"]
     image_stem, label_stem = IDX_FILES[split]
@@ -146,7 +146,6 @@ def load_idx(name: str, split: str, data_dir: Path):
     n, height, width = images.shape
     return (images.reshape(n, 1, height, width), labels.astype(np.int64), spec["classes"],
             spec["mean"], spec["std"], [image_path, label_path])
-
 
 
 def idx_file_count(path: Path, verify: bool = False) -> int:

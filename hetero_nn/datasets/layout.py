@@ -35,7 +35,6 @@ class DatasetNotFoundError(DatasetFormatError, FileNotFoundError):
     """A dataset's files are not in the data directory (says where it looked and how to fix)."""
 
 
-
 def resolve_data_dir(data_dir=None) -> Path:
     """The data directory: ``data_dir``, else ``$HETERO_NN_DATA``, else the cache's ``data/``.
 
@@ -53,6 +52,7 @@ def resolve_data_dir(data_dir=None) -> Path:
 
 
 def canonical_name(name: str) -> str:
+    """``name`` as one of :data:`DATASETS` (aliases such as ``cifar-10`` accepted)."""
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
     if key not in DATASETS:
@@ -61,6 +61,7 @@ def canonical_name(name: str) -> str:
 
 
 def check_split(split: str) -> str:
+    """``split`` if it is one of :data:`SPLITS`, else a ConfigError."""
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; expected 'train' or 'test'")
     return split
@@ -75,6 +76,7 @@ def not_found(name: str, directory: Path, looked_for: str) -> DatasetNotFoundErr
 
 
 def check_labels(labels: np.ndarray, num_classes: int, path: Path, name: str) -> None:
+    """Refuse labels outside ``0 .. num_classes - 1``, naming the file and the first one."""
     bad = np.flatnonzero(labels >= num_classes)
     if bad.size:
         first = int(bad[0])

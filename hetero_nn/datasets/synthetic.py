@@ -114,6 +114,7 @@ def _positive_int(option: str, value) -> int:
 
 
 def load_synthetic(split: str, options: dict):
+    """``(generator, labels, classes, sample shape)`` of one synthetic split; options checked."""
     unknown = sorted(set(options) - set(_SYNTHETIC_DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown synthetic option(s) {', '.join(unknown)}; expected "
