@@ -14,8 +14,8 @@ directory::
 ``hetero-nn`` alone, or ``hetero-nn datasets`` alone, prints its usage (exit 0).
 
 Output directory (``--out DIR``), every file written under a temporary name and
-renamed: ``metrics.json`` (config, devices, per-epoch metrics, final test
-accuracy; rewritten after every epoch), ``metrics.csv``, ``trace.json`` (Chrome
+renamed: ``metrics.json`` (config, devices, the variants that ran per codelet,
+per-epoch metrics, final test accuracy; rewritten after every epoch), ``metrics.csv``, ``trace.json`` (Chrome
 trace of the last ``--trace-steps`` steps, with ``--trace``), ``checkpoint.npz``
 (every ``--checkpoint-every`` steps and every epoch end) and
 ``checkpoint-final.npz`` (the end of training). The folder is checked before
@@ -44,9 +44,10 @@ Errors: a bad option, missing dataset files, a device that is not there, a
 checkpoint that does not fit, an ``--out`` that cannot be written, a Dask scheduler
 that does not answer within ``--connect-timeout``: one line ``hetero-nn: error:
 ...`` on stderr, exit status 2. Training that diverges, a failing task or
-download, a codelet with no performance model: one line, exit status 1. Ctrl-C:
-one line ``hetero-nn: interrupted``, exit status 130 (Dask's worker processes
-ignore it and its logs are silenced while the run shuts down).
+download, a codelet with no performance model: one line, exit status 1. Ctrl-C
+ends a run at the end of the step in progress: one line ``hetero-nn:
+interrupted``, exit status 130 (Dask's worker processes ignore it and its logs
+are silenced while the run shuts down; see :class:`_Interrupts`).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
 DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9}, "adam": {"lr": 0.001}}
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds to reach a distributed=ADDRESS scheduler
-#: The files of a run in its --out folder: another run's refuse a new run there.
-RUN_FILES = ("metrics.json", "metrics.csv", "trace.json", "checkpoint.npz",
-             "checkpoint-final.npz")
+#: The files of a run in its --out folder besides its checkpoints (another run's refuse
+#: a new run there).
+RUN_FILES = ("metrics.json", "metrics.csv", "trace.json")
 _UNSET = None  # an option not given on the command line
 
 
@@ -447,7 +448,10 @@ def _check_out(out, *, resuming, overwrite) -> list[Path]:
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    found = [path / name for name in RUN_FILES if (path / name).exists()]
+    from .checkpoint import CHECKPOINT_NAME, FINAL_NAME
+
+    names = (*RUN_FILES, CHECKPOINT_NAME, FINAL_NAME)
+    found = [path / name for name in names if (path / name).exists()]
     if found and not resuming and not overwrite:
         raise ConfigError(f"--out {out} holds another run ({', '.join(p.name for p in found)}); "
                           "continue it with --resume, or pass --overwrite to replace it")

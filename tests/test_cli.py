@@ -247,13 +247,21 @@ def test_an_unreachable_scheduler_fails_at_start_within_the_connect_timeout(caps
     assert elapsed < 30, elapsed  # 1 s to connect; the bound is generous for a loaded machine
 
 
-def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path):
-    """SIGINT to the process group, as a terminal's Ctrl-C: Dask's workers stay quiet."""
+@pytest.mark.parametrize("scheduler", ["local-cluster", "address"])
+def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path, request, scheduler):
+    """SIGINT to the process group, as a terminal's Ctrl-C: Dask's workers stay quiet.
+
+    ``local-cluster``: the CLI's own LocalCluster, whose workers are in the group;
+    ``address``: the session's cluster, reached as ``distributed=ADDRESS``.
+    """
+    executor = "distributed"
+    if scheduler == "address":
+        executor += "=" + request.getfixturevalue("dist_client").scheduler.address
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetero_nn", "train", "--dataset", "synthetic", "--limit", "2048",
          "--batch-size", "16", "--epochs", "20", "--model", "dahl-basic", "--devices", "cpu:1",
-         "--executor", "distributed", "--checkpoint-every", "1", "--out", str(out), "-q"],
+         "--executor", executor, "--checkpoint-every", "1", "--out", str(out), "-q"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         start_new_session=True)
     try:
