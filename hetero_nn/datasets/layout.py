@@ -71,8 +71,8 @@ def not_found(name: str, directory: Path, looked_for: str) -> DatasetNotFoundErr
     """The error for ``name``'s files missing from ``directory`` (named once, with the fixes)."""
     return DatasetNotFoundError(
         f"{name}: {looked_for} not found in {directory}. Pass --data-dir DIR (or "
-        f"data_dir=...) or set {DATA_ENV} to the folder holding {directory.name}/, or fetch "
-        f"it with `hetero-nn datasets download {name}`")
+        f"data_dir=...) or set {DATA_ENV} to the parent of that folder, or fetch it with "
+        f"`hetero-nn datasets download {name}`")
 
 
 def check_labels(labels: np.ndarray, num_classes: int, path: Path, name: str) -> None:
