@@ -38,6 +38,7 @@ from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
+from .layers.base import evaluating
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD
 from .scheduler.runtime import Runtime
@@ -234,19 +235,21 @@ class Trainer:
         return value
 
     def evaluate_batch(self, x, y):
-        """``(mean loss, correct count)`` of one batch, without updating anything."""
+        """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
         xs, ys = self._batch(x, y)
-        logits = self.model.forward(rt, xs)
+        with evaluating(self.model):
+            logits = self.model.forward(rt, xs)
         loss, correct, _ = self.loss(rt, logits, ys, grad=False)
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     def predict(self, x) -> np.ndarray:
-        """Predicted class of every sample of ``x`` (in batches of ``batch_size``)."""
+        """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self._batch(x[start:start + self.batch_size], None)
-            logits = self.model.forward(self.runtime, xs)
+            with evaluating(self.model):
+                logits = self.model.forward(self.runtime, xs)
             preds = self.loss.predict(self.runtime, logits)
             self.runtime.wait()
             out.extend(self.runtime.fetch(p, copy=True) for p in preds)

@@ -14,6 +14,7 @@ creates a gradient handle for each.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -69,8 +70,33 @@ class Parameter:
         return f"Parameter({self.name!r}, shape={self.data.shape}, dtype={self.data.dtype.name})"
 
 
+class Buffer(Parameter):
+    """A non-trainable array in a layer's ``state_dict`` (running statistics): no gradient."""
+
+    __slots__ = ()
+
+    def bind(self, rt):
+        if self.runtime is rt and self.handle is not None and not rt._closed:
+            return
+        self.runtime = rt
+        self.handle = rt.register(self.data, name=self.name)
+
+
+@contextlib.contextmanager
+def evaluating(layer):
+    """``layer.eval()`` for the duration of the block, then its previous mode back."""
+    was_training = layer.training
+    layer.eval()
+    try:
+        yield layer
+    finally:
+        layer.train(was_training)
+
+
 class Layer:
     """Base class of every layer; see the module docstring."""
+
+    training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}
@@ -87,6 +113,29 @@ class Layer:
 
     def parameters(self):
         return list(self._params.values())
+
+    def named_buffers(self):
+        """Non-trainable state kept in the ``state_dict`` (``Buffer`` objects), by name."""
+        return []
+
+    def named_state(self):
+        """Parameters then buffers, in ``torch.nn.Module.state_dict``'s order."""
+        return self.named_parameters() + self.named_buffers()
+
+    def named_children(self):
+        """The layers this one is made of (Residual's body and shortcut), by name."""
+        return []
+
+    def train(self, mode: bool = True):
+        """Training mode, or evaluation mode with ``mode=False`` (``torch.nn.Module.train``)."""
+        self.training = bool(mode)
+        for _, child in self.named_children():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        """Evaluation mode: running statistics, no dropout (``torch.nn.Module.eval``)."""
+        return self.train(False)
 
     def reset_parameters(self, rng=None):
         """Draw initial weights (PyTorch's default distributions)."""
