@@ -242,8 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("perfmodel", help="show the performance models (hetero-nn perfmodel --help)",
                    add_help=False)
-    sub.add_parser("models", help="list the built-in models")
+    models = sub.add_parser("models", help="list the built-in models, or one's layer summary")
+    models.add_argument("--summary", choices=list(MODELS), metavar="MODEL",
+                        help="print MODEL's layers: output shapes and parameter counts")
+    models.add_argument("--input-shape", type=_input_shape, default=(3, 32, 32), metavar="CxHxW",
+                        help="one sample's shape for --summary (default: 3x32x32)")
     return parser
+
+
+def _input_shape(text):
+    parts = text.replace(",", "x").split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected C x H x W such as 3x32x32, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _add_runtime_options(parser, policies):
@@ -640,9 +651,15 @@ def cmd_datasets(args) -> int:
 
 
 def cmd_models(args) -> int:
-    """``hetero-nn models``: each built-in model with its parameter count for MNIST."""
+    """``hetero-nn models``: each built-in model with its parameter count for MNIST and
+    CIFAR-10 inputs; with ``--summary MODEL``, that model's layer table."""
     from .models import MODELS, build_model
 
+    if args.summary:
+        model = build_model(args.summary, args.input_shape, 10, seed=0)
+        print(f"{args.summary} for input {'x'.join(map(str, args.input_shape))}, 10 classes")
+        print(model.summary())
+        return 0
     for name in MODELS:
         for shape in ((1, 28, 28), (3, 32, 32)):
             model = build_model(name, shape, 10, seed=0)

@@ -311,14 +311,16 @@ tanh_bwd = _pointwise("tanh_bwd", _tanh_bwd_ref, _tanh_bwd_cpu_wrapper, _tanh_bw
 
 def _gelu_fwd_xp(xp, x, y):
     t = x.dtype.type
-    xp.copyto(y, x * t(0.5) * (t(1) + _erf(xp, x * t(_SQRT1_2))))
+    with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as in PyTorch
+        xp.copyto(y, x * t(0.5) * (t(1) + _erf(xp, x * t(_SQRT1_2))))
 
 
 def _gelu_bwd_xp(xp, x, dy, dx):
     t = x.dtype.type
     cdf = t(0.5) * (t(1) + _erf(xp, x * t(_SQRT1_2)))
     pdf = xp.exp(t(-0.5) * x * x) * t(_GELU_PDF)
-    xp.copyto(dx, dy * (cdf + x * pdf))
+    with np.errstate(invalid="ignore"):
+        xp.copyto(dx, dy * (cdf + x * pdf))
 
 
 def _gelu_fwd_ref(x, y):

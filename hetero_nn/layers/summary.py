@@ -10,8 +10,6 @@ fire), output shapes with ``-1`` for the batch, parameter counts, and the totals
 
 from __future__ import annotations
 
-import math
-
 _RULE = 72
 
 
@@ -75,7 +73,5 @@ def summary(model, input_shape=None, dtype=None) -> str:
               f"Non-trainable params: 0",
               f"Buffer values (running statistics): {buffers:,}",
               f"Params size (MB): {total * itemsize / 2 ** 20:.2f}",
-              f"Forward activations per sample (MB): "
-              f"{sum(math.prod(r[2]) for r in rows) * itemsize / 2 ** 20:.2f}",
               "-" * _RULE]
     return "\n".join(lines)
