@@ -75,6 +75,10 @@ class Buffer(Parameter):
 
     __slots__ = ()
 
+    def __init__(self, name: str, data: np.ndarray):
+        super().__init__(name, data)
+        self.data = np.array(data, order="C")  # 0-d stays 0-d (num_batches_tracked)
+
     def bind(self, rt):
         if self.runtime is rt and self.handle is not None and not rt._closed:
             return
