@@ -18,12 +18,7 @@ torch = pytest.importorskip("torch")
 TOL = {"float64": 1e-10, "float32": 1e-4}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def split(h, g):

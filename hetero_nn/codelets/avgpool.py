@@ -29,7 +29,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ._checks import pair, require_contiguous
-from ._jit import jit
+from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .xp import array_module
 
@@ -120,58 +120,52 @@ def avgpool2d_bwd_cuda(dy, dx, kernel_size, stride=None, padding=0):
 
 # --------------------------------------------------------------------------- cpu (Numba)
 
+@jit_inline
+def _span(i, stride, pad, k, size):
+    """The input rows (or columns) ``[lo, hi)`` of window ``i`` that are not padding."""
+    start = i * stride - pad
+    return max(start, 0), min(start + k, size)
+
+
 @jit
-def _fwd_cpu(x, y, kh, kw, sh, sw, ph, pw):
+def _pool_cpu(x, y, kh, kw, sh, sw, ph, pw, backward):
+    """Forward: ``y`` = each window's mean of ``x``. Backward (``x`` is ``dx``, ``y`` is
+    ``dy``): ``x`` = zero, then each ``y / (KH * KW)`` added over its window."""
     n, c, height, width = x.shape
     out_h, out_w = y.shape[2], y.shape[3]
     area = y.dtype.type(kh * kw)
+    if backward:
+        x[...] = 0
     for b in range(n):
         for ch in range(c):
             for i in range(out_h):
+                r0, r1 = _span(i, sh, ph, kh, height)
                 for j in range(out_w):
-                    acc = y.dtype.type(0)
-                    for p in range(kh):
-                        r = i * sh - ph + p
-                        if 0 <= r < height:
-                            for q in range(kw):
-                                s = j * sw - pw + q
-                                if 0 <= s < width:
-                                    acc += x[b, ch, r, s]
-                    y[b, ch, i, j] = acc / area
-
-
-@jit
-def _bwd_cpu(dy, dx, kh, kw, sh, sw, ph, pw):
-    n, c, height, width = dx.shape
-    out_h, out_w = dy.shape[2], dy.shape[3]
-    area = dx.dtype.type(kh * kw)
-    dx[...] = 0
-    for b in range(n):
-        for ch in range(c):
-            for i in range(out_h):
-                for j in range(out_w):
-                    share = dy[b, ch, i, j] / area
-                    for p in range(kh):
-                        r = i * sh - ph + p
-                        if 0 <= r < height:
-                            for q in range(kw):
-                                s = j * sw - pw + q
-                                if 0 <= s < width:
-                                    dx[b, ch, r, s] += share
+                    s0, s1 = _span(j, sw, pw, kw, width)
+                    if backward:
+                        share = y[b, ch, i, j] / area
+                        for r in range(r0, r1):
+                            x[b, ch, r, s0:s1] += share
+                    else:
+                        acc = y.dtype.type(0)
+                        for r in range(r0, r1):
+                            for q in range(s0, s1):
+                                acc += x[b, ch, r, q]
+                        y[b, ch, i, j] = acc / area
 
 
 def avgpool2d_fwd_cpu(x, y, kernel_size, stride=None, padding=0):
     """``avgpool2d_fwd`` by Numba loops."""
     kh, kw, sh, sw, ph, pw, _, _ = _geometry(x.shape, kernel_size, stride, padding)
     require_contiguous("avgpool2d_fwd", y=y)
-    _fwd_cpu(np.ascontiguousarray(x), y, kh, kw, sh, sw, ph, pw)
+    _pool_cpu(np.ascontiguousarray(x), y, kh, kw, sh, sw, ph, pw, False)
 
 
 def avgpool2d_bwd_cpu(dy, dx, kernel_size, stride=None, padding=0):
     """``avgpool2d_bwd`` by Numba loops."""
     kh, kw, sh, sw, ph, pw, _, _ = _geometry(dx.shape, kernel_size, stride, padding)
     require_contiguous("avgpool2d_bwd", dx=dx)
-    _bwd_cpu(np.ascontiguousarray(dy), dx, kh, kw, sh, sw, ph, pw)
+    _pool_cpu(dx, np.ascontiguousarray(dy), kh, kw, sh, sw, ph, pw, True)
 
 
 # --------------------------------------------------------------------------- codelets
