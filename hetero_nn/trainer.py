@@ -38,7 +38,7 @@ from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
-from .layers.base import evaluating
+from .layers.base import evaluating, keeping_state
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD
 from .scheduler.runtime import Runtime
@@ -271,8 +271,9 @@ class Trainer:
     def tune_granularity(self, x, y=None, candidates=None) -> int:
         """Choose and set the granularity by timing gradient passes on ``(x, y)``.
 
-        The rule is the module docstring's; the weights and the optimizer state are
-        not changed. The median seconds per candidate land in ``granularity_timings``.
+        The rule is the module docstring's; the weights, buffers (running statistics),
+        dropout steps and the optimizer state are not changed. The median seconds per
+        candidate land in ``granularity_timings``.
 
         Parameters
         ----------
@@ -292,10 +293,12 @@ class Trainer:
             candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
         candidates = [self._check_granularity(g) for g in candidates]
         timings = {}
-        for g in candidates:
-            self.granularity = g
-            self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
-            timings[g] = statistics.median(self._gradient_pass(x, y) for _ in range(_AUTO_REPEATS))
+        with keeping_state(self.model):  # running statistics and dropout steps as they were
+            for g in candidates:
+                self.granularity = g
+                self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
+                timings[g] = statistics.median(self._gradient_pass(x, y)
+                                               for _ in range(_AUTO_REPEATS))
         fastest = min(timings.values())
         self.granularity = min(g for g, t in timings.items() if t <= _AUTO_TOLERANCE * fastest)
         self.granularity_timings = timings

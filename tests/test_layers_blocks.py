@@ -175,6 +175,26 @@ def test_trainer_evaluates_in_eval_mode_and_restores_the_mode():
     assert int(after["1.num_batches_tracked"]) == 0
 
 
+def test_choosing_the_granularity_leaves_running_statistics_and_dropout_steps_alone():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3, 6, 6)), rng.integers(0, 4, 8)
+    hn.manual_seed(0)
+    model = hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(), hn.Dropout(0.5),
+                          hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(4, 4))
+    with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
+        trainer = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", dtype="float64")
+        trainer.train_step(x, y)  # tunes first, then one step
+        assert len(trainer.granularity_timings) > 1
+        state = model.state_dict()
+    assert int(state["1.num_batches_tracked"]) == 1 and model[3].steps == 1
+    hn.manual_seed(0)
+    twin = torch_twin(hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(),
+                                    hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(4, 4)).train())
+    twin(torch.from_numpy(x))  # one batch's update of the running statistics
+    expected = twin.state_dict()["1.running_mean"].numpy()
+    assert rel_err(state["1.running_mean"], expected) <= 1e-10
+
+
 # --------------------------------------------------------------------------- dropout
 
 def run_dropout_net(seed, g, training=True, policy="eager"):

@@ -97,6 +97,22 @@ def evaluating(layer):
         layer.train(was_training)
 
 
+@contextlib.contextmanager
+def keeping_state(model):
+    """Run the block, then put back ``model``'s buffers (running statistics) and its
+    dropout step counts: passes that only measure time must not train the model."""
+    buffers = {name: np.array(b.host(), copy=True) for name, b in model.named_buffers()}
+    steps = [(layer, layer.steps) for layer in model.modules()
+             if isinstance(getattr(layer, "steps", None), int)]
+    try:
+        yield model
+    finally:
+        for layer, count in steps:
+            layer.steps = count
+        if buffers:
+            model.load_state_dict(buffers, strict=False)
+
+
 class Layer:
     """Base class of every layer; see the module docstring."""
 
@@ -129,6 +145,12 @@ class Layer:
     def named_children(self):
         """The layers this one is made of (Residual's body and shortcut), by name."""
         return []
+
+    def modules(self):
+        """This layer and every layer it is made of, depth first (``torch.nn.Module.modules``)."""
+        yield self
+        for _, child in self.named_children():
+            yield from child.modules()
 
     def train(self, mode: bool = True):
         """Training mode, or evaluation mode with ``mode=False`` (``torch.nn.Module.train``)."""
