@@ -153,12 +153,17 @@ def test_train_and_eval_return_the_model_and_reach_residual_bodies():
     assert model[1].body[1].training
 
 
-def test_trainer_evaluates_in_eval_mode_and_restores_the_mode():
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 3, 6, 6)), rng.integers(0, 4, 8)
+def bn_net(p=0.5):
+    """A seeded conv + batch norm + dropout network, and a batch of 8 for it."""
     hn.manual_seed(0)
-    model = hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(), hn.Dropout(0.5),
+    model = hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(), hn.Dropout(p),
                           hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(4, 4))
+    rng = np.random.default_rng(0)
+    return model, rng.standard_normal((8, 3, 6, 6)), rng.integers(0, 4, 8)
+
+
+def test_trainer_evaluates_in_eval_mode_and_restores_the_mode():
+    model, x, y = bn_net()
     model.build((3, 6, 6), "float64")
     twin = torch_twin(model).eval()
     expected = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y))
@@ -176,20 +181,16 @@ def test_trainer_evaluates_in_eval_mode_and_restores_the_mode():
 
 
 def test_choosing_the_granularity_leaves_running_statistics_and_dropout_steps_alone():
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 3, 6, 6)), rng.integers(0, 4, 8)
-    hn.manual_seed(0)
-    model = hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(), hn.Dropout(0.5),
-                          hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(4, 4))
+    model, x, y = bn_net()
     with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
         trainer = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", dtype="float64")
         trainer.train_step(x, y)  # tunes first, then one step
         assert len(trainer.granularity_timings) > 1
         state = model.state_dict()
     assert int(state["1.num_batches_tracked"]) == 1 and model[3].steps == 1
-    hn.manual_seed(0)
-    twin = torch_twin(hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(),
-                                    hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(4, 4)).train())
+    fresh = bn_net()[0]
+    fresh.build((3, 6, 6), "float64")
+    twin = torch_twin(fresh).train()
     twin(torch.from_numpy(x))  # one batch's update of the running statistics
     expected = twin.state_dict()["1.running_mean"].numpy()
     assert rel_err(state["1.running_mean"], expected) <= 1e-10
@@ -339,13 +340,10 @@ def test_residual_rejects_what_is_not_a_layer():
 
 
 def test_checkpoint_carries_running_statistics(tmp_path):
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 3, 6, 6)), rng.integers(0, 4, 8)
+    _, x, y = bn_net()
 
     def model():
-        hn.manual_seed(0)
-        return hn.Sequential(hn.Conv2D(3, 4, 3), hn.BatchNorm2D(4), hn.ReLU(), hn.GlobalAvgPool2D(),
-                             hn.Flatten(), hn.Dense(4, 4))
+        return bn_net(p=0.0)[0]
 
     with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
         trainer = hn.Trainer(model(), runtime=rt, batch_size=8, dtype="float64")
