@@ -47,7 +47,8 @@ def test_variants_and_partitions_give_one_mask_scaled_as_torch(p, dtype):
 
 def test_mask_depends_on_seed_and_step_and_keeps_one_minus_p():
     shape = (64, 50)
-    masks = {(s, t): keep_mask(np, shape, 0.3, dropout_key(s, t), 0) for s in (0, 1) for t in (0, 1)}
+    masks = {(s, t): keep_mask(np, shape, 0.3, dropout_key(s, t), 0)
+             for s in (0, 1) for t in (0, 1)}
     assert len({m.tobytes() for m in masks.values()}) == 4
     rate = np.mean([m.mean() for m in masks.values()])
     assert abs(rate - 0.7) < 0.01  # 12,800 draws: the standard error is 0.004

@@ -318,7 +318,8 @@ def test_constructor_errors_name_the_layer_and_argument(make, match):
      r"layer 0 \(Residual.*body gives \(4, 5, 5\) but the input \(identity shortcut\)"),
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(3, 4, 1)], [hn.Conv2D(3, 4, 1, stride=2)])),
      (3, 5, 5), r"but the shortcut gives \(4, 3, 3\)"),
-    (lambda: hn.Sequential(hn.Residual([hn.Conv2D(2, 4, 1)])), (3, 5, 5), r"body: layer 0 \(Conv2D"),
+    (lambda: hn.Sequential(hn.Residual([hn.Conv2D(2, 4, 1)])), (3, 5, 5),
+     r"body: layer 0 \(Conv2D"),
     (lambda: hn.Sequential(hn.AvgPool2D(4)), (3, 2, 2), "AvgPool2D.*larger than"),
 ])
 def test_shape_errors_name_the_layer(model, shape, match):

@@ -4,19 +4,19 @@ normalisation, its backward pass, and the running-statistics update.
 This module owns these codelets and every variant of them (``x`` is one batch
 partition of shape ``(n, C, *spatial)``, statistics are per channel, ``(C,)``):
 
-=================  ===================================================================  ==============
-codelet            operands (access mode)                                               params
-=================  ===================================================================  ==============
-bn_sum             x (R), sum (REDUX)                                                   -
-bn_mean            sum (R), mean (W)                                                    count
-bn_sqdev           x (R), mean (R), sqdev (REDUX)                                        -
-bn_var             sqdev (R), var (W)                                                   count
-bn_running        mean (R), sqdev (R), running_mean (RW), running_var (RW)             count, momentum
-bn_fwd             x (R), mean (R), var (R), weight (R), bias (R), y (W)                eps
-bn_bwd_sums        x (R), dy (R), mean (R), sum_dy (REDUX), dotp (REDUX)                 -
-bn_param_grads     sum_dy (R), dotp (R), var (R), dweight (REDUX), dbias (REDUX)         eps
-bn_bwd_input       x, dy, mean, var, weight, sum_dy, dotp (R), dx (W)                   count, eps, batch_stats
-=================  ===================================================================  ==============
+==============  ====================================================  ====================
+codelet         operands (access mode)                                params
+==============  ====================================================  ====================
+bn_sum          x (R), sum (REDUX)                                    -
+bn_mean         sum (R), mean (W)                                     count
+bn_sqdev        x (R), mean (R), sqdev (REDUX)                        -
+bn_var          sqdev (R), var (W)                                    count
+bn_running      mean, sqdev (R), running_mean, running_var (RW)       count, momentum
+bn_fwd          x, mean, var, weight, bias (R), y (W)                 eps
+bn_bwd_sums     x, dy, mean (R), sum_dy, dotp (REDUX)                 -
+bn_param_grads  sum_dy, dotp, var (R), dweight, dbias (REDUX)         eps
+bn_bwd_input    x, dy, mean, var, weight, sum_dy, dotp (R), dx (W)    count, eps, batch_stats
+==============  ====================================================  ====================
 
 Policy: the statistics of a training step are those of the *whole* batch,
 whatever its partitioning, and computed as PyTorch's CPU kernel does, in two

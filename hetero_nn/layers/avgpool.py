@@ -32,8 +32,8 @@ class AvgPool2D(Layer):
         c, h, w = input_shape
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         if h + 2 * ph < kh or w + 2 * pw < kw:
-            raise ShapeError(f"kernel {self.kernel_size} is larger than input of shape {input_shape}"
-                             f" with padding {self.padding}")
+            raise ShapeError(f"kernel {self.kernel_size} is larger than input of shape "
+                             f"{input_shape} with padding {self.padding}")
         return (c, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
 
     @property

@@ -83,7 +83,8 @@ class BatchNorm2D(Layer):
 
     def infer_shape(self, input_shape):
         if len(input_shape) != 3 or input_shape[0] != self.num_features:
-            raise ShapeError(f"expects input of shape ({self.num_features}, H, W), got {input_shape}")
+            raise ShapeError(f"expects input of shape ({self.num_features}, H, W), "
+                             f"got {input_shape}")
         return input_shape
 
     def bind(self, rt):

@@ -71,7 +71,8 @@ class Sequential(Layer):
         return OrderedDict((name, np.array(p.host(), copy=True)) for name, p in self.named_state())
 
     def load_state_dict(self, state, strict: bool = True):
-        """Load arrays by name (shapes checked; values cast to each parameter's or buffer's dtype)."""
+        """Load arrays by name (shapes checked; values cast to each parameter's or buffer's
+        dtype)."""
         params = dict(self.named_state())
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
