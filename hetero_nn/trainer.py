@@ -39,6 +39,7 @@ from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_o
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.base import evaluating, keeping_state
+from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD
 from .scheduler.runtime import Runtime
@@ -485,6 +486,7 @@ class Trainer:
         spec = getattr(self.model, "spec", None)
         if spec is not None:
             cfg["model"] = dict(spec)
+        cfg["dropout"] = dropout_state(self.model)  # seeds and steps: the masks after resume
         cfg.update(self.config)
         return cfg
 
@@ -541,6 +543,7 @@ class Trainer:
         state = check_model_state(ckpt, self.model)
         opt_state = check_optimizer_state(ckpt, self.optimizer, self.model)
         self.model.load_state_dict(state)
+        load_dropout_state(self.model, ckpt.config.get("dropout", {}))
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
         self._bound = None  # bind the restored arrays at the next batch

@@ -340,11 +340,12 @@ def test_residual_rejects_what_is_not_a_layer():
         hn.Residual(torch.nn.ReLU())
 
 
-def test_checkpoint_carries_running_statistics(tmp_path):
+def test_checkpoint_carries_running_statistics_and_dropout_state_and_resume_is_bit_identical(
+        tmp_path):
     _, x, y = bn_net()
 
     def model():
-        return bn_net(p=0.0)[0]
+        return bn_net(p=0.3)[0]
 
     with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
         trainer = hn.Trainer(model(), runtime=rt, batch_size=8, dtype="float64")
@@ -353,9 +354,15 @@ def test_checkpoint_carries_running_statistics(tmp_path):
         path = trainer.save_checkpoint(tmp_path / "ck.npz")
         saved = trainer.model.state_dict()
         other = hn.Trainer(model(), runtime=rt, batch_size=8, dtype="float64")
+        other.model[3].seed += 1  # as a model built in another process: its own dropout seed
         other.load_checkpoint(path)
+        assert other.model[3].steps == 2
         loaded = other.model.state_dict()
         assert other.evaluate((x, y)) == trainer.evaluate((x, y))
+        for t in (trainer, other):  # resumed: the same bits (and masks) as the run that went on
+            t.train_step(x[::-1], y[::-1])
+        ahead, resumed = trainer.model.state_dict(), other.model.state_dict()
+        assert all(np.array_equal(ahead[k], resumed[k]) for k in ahead)
     assert int(saved["1.num_batches_tracked"]) == 2
     assert list(loaded) == list(saved)
     for key in saved:

@@ -146,11 +146,15 @@ class Layer:
         """The layers this one is made of (Residual's body and shortcut), by name."""
         return []
 
+    def named_modules(self, prefix=""):
+        """``(path, layer)`` for this layer and every layer it is made of, depth first."""
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
     def modules(self):
-        """This layer and every layer it is made of, depth first (``torch.nn.Module.modules``)."""
-        yield self
-        for _, child in self.named_children():
-            yield from child.modules()
+        """This layer and every layer it is made of (``torch.nn.Module.modules``)."""
+        return [layer for _, layer in self.named_modules()]
 
     def train(self, mode: bool = True):
         """Training mode, or evaluation mode with ``mode=False`` (``torch.nn.Module.train``)."""

@@ -5,7 +5,8 @@ Each training-mode forward call is one *step* of the layer; its mask comes from
 and from every element's position in the whole batch, so the same elements drop
 whatever the granularity, worker or policy, and a run is reproducible from its
 seed. In eval mode (or with ``p=0``) the layer is the identity: its input handles
-flow through, no task.
+flow through, no task. Checkpoints keep every Dropout's seed and step count
+(:func:`dropout_state`), so a resumed run draws the same masks.
 """
 
 from __future__ import annotations
@@ -13,8 +14,25 @@ from __future__ import annotations
 import numbers
 
 from ..codelets.dropout import dropout_bwd, dropout_fwd, dropout_key
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from .base import Layer, default_rng
+
+
+def dropout_state(model) -> dict:
+    """``{path: [seed, steps]}`` of every Dropout in ``model``: what a checkpoint keeps so
+    a resumed run draws the masks the uninterrupted run would have (JSON-serialisable)."""
+    return {path: [layer.seed, layer.steps] for path, layer in model.named_modules()
+            if isinstance(layer, Dropout)}
+
+
+def load_dropout_state(model, state: dict) -> None:
+    """Give every Dropout in ``model`` the seed and step count ``state`` holds for its path."""
+    layers = {path: layer for path, layer in model.named_modules() if isinstance(layer, Dropout)}
+    if set(layers) != set(state):
+        raise CheckpointError(f"dropout state for layers {sorted(state)}, the model has Dropout "
+                              f"layers {sorted(layers)}")
+    for path, (seed, steps) in state.items():
+        layers[path].seed, layers[path].steps = int(seed), int(steps)
 
 
 class Dropout(Layer):
