@@ -70,20 +70,20 @@ def initial_state():
     return model.state_dict()
 
 
-def fresh_model(p=0.0):
+def fresh_model(p=0.0, dtype="float64"):
     model = resnet(p)
-    model.build(INPUT_SHAPE, "float64")
+    model.build(INPUT_SHAPE, dtype)
     model.load_state_dict(initial_state())
     return model
 
 
 @functools.lru_cache(maxsize=None)
-def batches(steps=STEPS):
+def batches(steps=STEPS, dtype="float64"):
     rng = np.random.default_rng(SEED)
     out = []
     for _ in range(steps + 1):  # the last one is held out for evaluation
         x = rng.standard_normal((BATCH, *INPUT_SHAPE)) * rng.uniform(0.5, 3) + rng.uniform(-1, 1)
-        out.append((x, rng.integers(0, 10, BATCH)))
+        out.append((x.astype(dtype), rng.integers(0, 10, BATCH)))
     return tuple(out)
 
 
@@ -94,19 +94,19 @@ def with_eval_loss(run, eval_loss):
 
 
 @functools.lru_cache(maxsize=None)
-def torch_run(opt):
-    twin = torch_twin(fresh_model())
+def torch_run(opt, steps=STEPS, dtype="float64"):
+    twin = torch_twin(fresh_model(dtype=dtype), dtype)
     names = dict(twin.named_parameters())
     optimizer = OPTIMIZERS[opt][1](twin.parameters())
     losses = []
-    for x, y in batches()[:-1]:
+    for x, y in batches(steps, dtype)[:-1]:
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
     twin.eval()
-    x, y = batches()[-1]
+    x, y = batches(steps, dtype)[-1]
     with torch.no_grad():
         eval_loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)),
                                                       torch.from_numpy(y)).item()
@@ -116,20 +116,24 @@ def torch_run(opt):
     return with_eval_loss(Run(losses, state, buffers), eval_loss)
 
 
-def hn_run(opt, granularity, policy, p=0.0, variants=None):
-    model = fresh_model(p)
-    with hn.Runtime(devices="cpu:2", policy=policy, deterministic=True, perfmodel=False,
-                    variants=variants) as rt:
+def hn_run(opt, granularity, policy, p=0.0, variants=None, steps=STEPS, dtype="float64",
+           perfmodel=False):
+    model = fresh_model(p, dtype)
+    data = batches(steps, dtype)
+    with hn.Runtime(devices="cpu:2", policy=policy, deterministic=perfmodel is False,
+                    perfmodel=perfmodel, variants=variants) as rt:
         trainer = hn.Trainer(model, optimizer=OPTIMIZERS[opt][0](), runtime=rt, batch_size=BATCH,
-                             granularity=granularity, dtype="float64")
-        losses = [trainer.train_step(x, y) for x, y in batches()[:-1]]
-        eval_loss, _ = trainer.evaluate(batches()[-1])
+                             granularity=granularity, dtype=dtype)
+        losses = [trainer.train_step(x, y) for x, y in data[:-1]]
+        eval_loss, _ = trainer.evaluate(data[-1])
         assert model.training  # evaluate switched to eval mode and back
         state = model.state_dict()
         opt_state = trainer.optimizer.state_dict()["state"]
         ran = {(r.codelet, r.variant) for r in rt.trace()}
     if variants is not None:
         assert ("bn_fwd", variants[-1]) in ran and ("gelu_bwd", variants[-1]) in ran
+    if perfmodel is not False:  # explored: the references and the Numba kernels both ran
+        assert {("bn_fwd", "ref"), ("bn_fwd", "cpu")} <= ran
     buffers = {(name, b): a for name, st in opt_state.items() for b, a in st.items()}
     return with_eval_loss(Run(losses, state, buffers), eval_loss)
 
@@ -183,3 +187,14 @@ def test_seeded_dropout_training_is_reproducible_and_independent_of_granularity(
     assert not compare(other, first, 1e-9)  # the same masks: equal to rounding
     no_dropout = hn_run("sgd-momentum", 3, "eager")
     assert compare(no_dropout, first, 1e-3)  # dropout did change the run
+
+
+def test_float32_with_perfmodel_active_matches_torch_float32(tmp_path):
+    """Variants explored by the performance model (ref and Numba mixed in one run)."""
+    steps = 6
+    ref = torch_run("sgd-momentum", steps, "float32")
+    run = hn_run("sgd-momentum", 2, "dmda", steps=steps, dtype="float32",
+                 perfmodel=tmp_path / "perfmodel")
+    problems = compare(run, ref, 1e-4)
+    assert not problems, "\n".join(problems)
+    assert run.weights["0.weight"].dtype == np.float32
