@@ -268,7 +268,7 @@ def check_model_state(ckpt: Checkpoint, model) -> dict:
     CheckpointError
         Naming the file and the first missing, unexpected or misshapen key.
     """
-    params = dict(model.named_parameters())
+    params = dict(model.named_state())  # weights and buffers (running statistics)
     for name, p in params.items():  # in the model's order: the first layer at fault is named
         value = ckpt.model_state.get(name)
         if value is None:
@@ -277,7 +277,7 @@ def check_model_state(ckpt: Checkpoint, model) -> dict:
         if value.shape != p.data.shape:
             raise CheckpointError(f"{ckpt.path}: 'model/{name}' has shape {value.shape}, the "
                                   f"model expects {p.data.shape}")
-        if value.dtype.kind != "f":
+        if value.dtype.kind not in ("f", p.data.dtype.kind):
             raise CheckpointError(f"{ckpt.path}: 'model/{name}' has dtype {value.dtype}, "
                                   "expected floating point")
     for name, value in ckpt.model_state.items():

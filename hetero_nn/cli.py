@@ -275,8 +275,19 @@ def build_parser() -> argparse.ArgumentParser:
                                         "~/.cache/hetero_nn)")
     pm.add_argument("--list", action="store_true", help="list the codelets that have a model")
     pm.add_argument("--host", help="show another machine's models (default: this one)")
-    sub.add_parser("models", help="list the built-in models")
+    models = sub.add_parser("models", help="list the built-in models, or one's layer summary")
+    models.add_argument("--summary", choices=list(MODELS), metavar="MODEL",
+                        help="print MODEL's layers: output shapes and parameter counts")
+    models.add_argument("--input-shape", type=_input_shape, default=(3, 32, 32), metavar="CxHxW",
+                        help="one sample's shape for --summary (default: 3x32x32)")
     return parser
+
+
+def _input_shape(text):
+    parts = text.replace(",", "x").split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected C x H x W such as 3x32x32, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _add_runtime_options(parser, policies):
@@ -889,9 +900,15 @@ def format_perfmodel(model, codelet=None) -> str:
 
 
 def cmd_models(args) -> int:
-    """``hetero-nn models``: each built-in model with its parameter count for MNIST."""
+    """``hetero-nn models``: each built-in model with its parameter count for MNIST and
+    CIFAR-10 inputs; with ``--summary MODEL``, that model's layer table."""
     from .models import MODELS, build_model
 
+    if args.summary:
+        model = build_model(args.summary, args.input_shape, 10, seed=0)
+        print(f"{args.summary} for input {'x'.join(map(str, args.input_shape))}, 10 classes")
+        print(model.summary())
+        return 0
     for name in MODELS:
         for shape in ((1, 28, 28), (3, 32, 32)):
             model = build_model(name, shape, 10, seed=0)

@@ -38,6 +38,8 @@ from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
+from .layers.base import evaluating, keeping_state
+from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD
 from .scheduler.runtime import Runtime
@@ -257,19 +259,21 @@ class Trainer:
         return value
 
     def evaluate_batch(self, x, y):
-        """``(mean loss, correct count)`` of one batch, without updating anything."""
+        """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
         xs, ys = self._batch(x, y)
-        logits = self.model.forward(rt, xs)
+        with evaluating(self.model):
+            logits = self.model.forward(rt, xs)
         loss, correct, _ = self.loss(rt, logits, ys, grad=False)
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     def predict(self, x) -> np.ndarray:
-        """Predicted class of every sample of ``x`` (in batches of ``batch_size``)."""
+        """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self._batch(x[start:start + self.batch_size], None)
-            logits = self.model.forward(self.runtime, xs)
+            with evaluating(self.model):
+                logits = self.model.forward(self.runtime, xs)
             preds = self.loss.predict(self.runtime, logits)
             self.runtime.wait()
             out.extend(self.runtime.fetch(p, copy=True) for p in preds)
@@ -291,8 +295,9 @@ class Trainer:
     def tune_granularity(self, x, y=None, candidates=None) -> int:
         """Choose and set the granularity by timing gradient passes on ``(x, y)``.
 
-        The rule is the module docstring's; the weights and the optimizer state are
-        not changed. The median seconds per candidate land in ``granularity_timings``.
+        The rule is the module docstring's; the weights, buffers (running statistics),
+        dropout steps and the optimizer state are not changed. The median seconds per
+        candidate land in ``granularity_timings``.
 
         Parameters
         ----------
@@ -312,10 +317,12 @@ class Trainer:
             candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
         candidates = [self._check_granularity(g) for g in candidates]
         timings = {}
-        for g in candidates:
-            self.granularity = g
-            self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
-            timings[g] = statistics.median(self._gradient_pass(x, y) for _ in range(_AUTO_REPEATS))
+        with keeping_state(self.model):  # running statistics and dropout steps as they were
+            for g in candidates:
+                self.granularity = g
+                self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
+                timings[g] = statistics.median(self._gradient_pass(x, y)
+                                               for _ in range(_AUTO_REPEATS))
         fastest = min(timings.values())
         self.granularity = min(g for g, t in timings.items() if t <= _AUTO_TOLERANCE * fastest)
         self.granularity_timings = timings
@@ -513,6 +520,7 @@ class Trainer:
         spec = getattr(self.model, "spec", None)
         if spec is not None:
             cfg["model"] = dict(spec)
+        cfg["dropout"] = dropout_state(self.model)  # seeds and steps: the masks after resume
         cfg.update(self.config)
         return cfg
 
@@ -569,6 +577,7 @@ class Trainer:
         state = check_model_state(ckpt, self.model)
         opt_state = check_optimizer_state(ckpt, self.optimizer, self.model)
         self.model.load_state_dict(state)
+        load_dropout_state(self.model, ckpt.config.get("dropout", {}))
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
         self._bound = None  # bind the restored arrays at the next batch

@@ -17,6 +17,7 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from twins import torch_twin
 
 REL_F64 = 1e-9
 
@@ -49,26 +50,8 @@ def _runtime(**kw):
 
 
 def _torch_twin(torch, model):
-    """A torch.nn.Sequential of the same layers, holding the same weights (float64)."""
-    layers = []
-    for layer in model:
-        if isinstance(layer, hn.Conv2D):
-            layers.append(torch.nn.Conv2d(layer.in_channels, layer.out_channels,
-                                          layer.kernel_size, layer.stride, layer.padding))
-        elif isinstance(layer, hn.MaxPool2D):
-            layers.append(torch.nn.MaxPool2d(layer.kernel_size, layer.stride))
-        elif isinstance(layer, hn.ReLU):
-            layers.append(torch.nn.ReLU())
-        elif isinstance(layer, hn.Flatten):
-            layers.append(torch.nn.Flatten())
-        elif isinstance(layer, hn.Dense):
-            layers.append(torch.nn.Linear(layer.in_features, layer.out_features))
-        else:
-            raise TypeError(layer)
-    twin = torch.nn.Sequential(*layers).double()
-    twin.load_state_dict({k: torch.from_numpy(v.astype(np.float64))
-                          for k, v in model.state_dict().items()})
-    return twin
+    """A torch module of the same layers, holding the same weights and buffers (float64)."""
+    return torch_twin(model, "float64")
 
 
 def _rel(a, b):
@@ -84,7 +67,7 @@ def test_builtin_models_equal_their_torch_twins(torch, name, shape):
     model = hn.build_model(name, shape, 10, dtype="float64", seed=3)
     assert model.input_shape == shape and model.output_shape == (10,)
     assert model.spec == {"name": name, "input_shape": list(shape), "num_classes": 10}
-    twin = _torch_twin(torch, model)
+    twin = _torch_twin(torch, model).eval()  # evaluate_batch and predict run in eval mode
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, *shape))
     y = rng.integers(0, 10, 5)

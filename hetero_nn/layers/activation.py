@@ -1,8 +1,13 @@
-"""ReLU: ``max(x, 0)``; its backward passes the gradient where the output is positive."""
+"""Activations: ReLU (its backward passes the gradient where the output is positive),
+LeakyReLU, Sigmoid, Tanh and GELU, one codelet task per batch partition each way."""
 
 from __future__ import annotations
 
-from ..codelets.activation import relu_bwd, relu_fwd
+import numbers
+
+from ..codelets.activation import (gelu_bwd, gelu_fwd, leaky_relu_bwd, leaky_relu_fwd, relu_bwd,
+                                   relu_fwd, sigmoid_bwd, sigmoid_fwd, tanh_bwd, tanh_fwd)
+from ..errors import ConfigError
 from .base import Layer
 
 
@@ -23,3 +28,69 @@ class ReLU(Layer):
         for y, dy, dx in zip(self._ys, dys, dxs):
             rt.submit(relu_bwd, y, dy, dx)
         return dxs
+
+
+class _Pointwise(Layer):
+    """An elementwise activation: ``fwd`` per partition, ``bwd`` from the saved input or output."""
+
+    fwd = bwd = None
+    saves = "output"  # which forward operand the backward codelet reads
+
+    def _params_kw(self):
+        return {}
+
+    def forward(self, rt, xs):
+        ys = self.outputs(rt, xs)
+        kw = self._params_kw()
+        for x, y in zip(xs, ys):
+            rt.submit(self.fwd, x, y, **kw)
+        self._saved = ys if self.saves == "output" else xs
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        kw = self._params_kw()
+        for s, dy, dx in zip(self._saved, dys, dxs):
+            rt.submit(self.bwd, s, dy, dx, **kw)
+        return dxs
+
+
+class LeakyReLU(_Pointwise):
+    """``torch.nn.LeakyReLU(negative_slope=0.01)``."""
+
+    fwd, bwd, saves = leaky_relu_fwd, leaky_relu_bwd, "input"
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        if isinstance(negative_slope, bool) or not isinstance(negative_slope, numbers.Real):
+            raise ConfigError(f"LeakyReLU: negative_slope must be a number, got {negative_slope!r}")
+        self.negative_slope = float(negative_slope)
+
+    def _params_kw(self):
+        return {"negative_slope": self.negative_slope}
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}"
+
+
+class Sigmoid(_Pointwise):
+    """``torch.nn.Sigmoid()``."""
+
+    fwd, bwd = sigmoid_fwd, sigmoid_bwd
+
+
+class Tanh(_Pointwise):
+    """``torch.nn.Tanh()``."""
+
+    fwd, bwd = tanh_fwd, tanh_bwd
+
+
+class GELU(_Pointwise):
+    """``torch.nn.GELU()``: the exact form ``x * Phi(x)`` (``approximate='none'``)."""
+
+    fwd, bwd, saves = gelu_fwd, gelu_bwd, "input"
+
+    def extra_repr(self):
+        return "approximate='none'"
