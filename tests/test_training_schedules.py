@@ -20,6 +20,7 @@ import hetero_nn as hn  # noqa: E402
 from helpers import rel_err  # noqa: E402
 from test_training_vs_torch import (BATCH, POLICIES, Run, batches, compare,  # noqa: E402
                                     fresh_model, torch_twin, training_moved)
+from test_training_vs_torch import _one_torch_thread  # noqa: E402,F401 (autouse fixture)
 
 STEPS = 20
 REL_F64 = 1e-9
@@ -39,14 +40,6 @@ RECIPES = {  # name: (hetero_nn optimizer + schedule, torch's, loss kwargs, clip
         lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=8, eta_min=1e-3),
         {}, 1.0),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)
