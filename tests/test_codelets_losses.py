@@ -222,3 +222,45 @@ def test_new_loss_cuda_variants_on_cupy_match_ref(cupy):
     loss.log_softmax.variants["ref"](x, y_h)
     loss.log_softmax.variants["cuda"](cupy.asarray(x), y_d)
     assert rel_err(cupy.asnumpy(y_d), y_h) <= 1e-12
+
+
+# --------------------------------------------------------------------------- losses through the runtime
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_loss_layers_over_partitions_match_torch(reduction):
+    """Losses submitted over 3 uneven partitions: one REDUX scalar, torch's value."""
+    import hetero_nn as hn
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((10, 4))
+    t = rng.standard_normal((10, 4))
+    y = rng.integers(0, 4, 10)
+    logp = torch.log_softmax(torch.from_numpy(x), 1).numpy()
+    cases = [
+        (hn.losses.MSELoss(reduction), x, t, F.mse_loss(torch.from_numpy(x), torch.from_numpy(t),
+                                                       reduction=reduction), None),
+        (hn.losses.NLLLoss(reduction), logp, y,
+         F.nll_loss(torch.from_numpy(logp), torch.from_numpy(y), reduction=reduction),
+         int((x.argmax(1) == y).sum())),
+        (hn.losses.CrossEntropyLoss(reduction, label_smoothing=0.3), x, y,
+         F.cross_entropy(torch.from_numpy(x), torch.from_numpy(y), reduction=reduction,
+                         label_smoothing=0.3), int((x.argmax(1) == y).sum())),
+    ]
+    with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
+        for loss_fn, out, target, expected, expected_correct in cases:
+            outs = list(rt.register(out.copy()).split(0, 3))
+            targets = list(rt.register(target.copy()).split(0, 3))
+            value, correct, grads = loss_fn(rt, outs, targets)
+            assert rel_err(rt.fetch(value), expected.item()) <= 1e-12, loss_fn
+            assert len(grads) == 3
+            if expected_correct is not None:
+                assert int(rt.fetch(correct)) == expected_correct
+
+
+def test_reduction_none_is_refused_naming_it():
+    import hetero_nn as hn
+
+    with pytest.raises(hn.ConfigError, match="'none' gives no scalar"):
+        hn.losses.MSELoss("none")
+    with pytest.raises(hn.ConfigError, match="label_smoothing"):
+        hn.losses.CrossEntropyLoss(label_smoothing=2)
