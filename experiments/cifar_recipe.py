@@ -116,7 +116,7 @@ def torch_twin(model, torch):
                                   affine=layer.affine,
                                   track_running_stats=layer.track_running_stats)
         if kind == "Residual":
-            return _Residual(twin(layer.body),
+            return _residual(twin(layer.body),
                              None if layer.shortcut is None else twin(layer.shortcut), nn)
         raise TypeError(f"cifar_recipe: no PyTorch twin for layer {layer!r}")
 
@@ -127,21 +127,20 @@ def torch_twin(model, torch):
     return net
 
 
-class _Residual:
-    """``body(x) + (shortcut(x) if shortcut else x)`` as a ``torch.nn.Module``."""
+def _residual(body, shortcut, nn):
+    """``body(x) + (shortcut(x) if shortcut else x)`` as a ``torch.nn.Module`` holding
+    ``body`` and ``shortcut`` (the state_dict keys of hetero_nn's Residual)."""
 
-    def __new__(cls, body, shortcut, nn):
-        class Residual(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.body = body
-                if shortcut is not None:
-                    self.shortcut = shortcut
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = body
+            self.shortcut = shortcut
 
-            def forward(self, x):
-                return self.body(x) + (self.shortcut(x) if shortcut is not None else x)
+        def forward(self, x):
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
 
-        return Residual()
+    return Residual()
 
 
 def torch_run(args) -> dict:

@@ -30,9 +30,10 @@ performance models choose variants instead: faster on some machines,
 reproducible only up to rounding.
 
 ``--resume`` takes every option that changes the numbers (dataset, model,
-batch size, granularity, dtype, optimizer, lr, momentum, seed, limit,
-determinism) from the checkpoint's config; giving a different value is an
-error. ``--epochs`` may be raised to train further; devices, policy, executor,
+batch size, granularity, dtype, optimizer, lr, momentum, weight decay, Nesterov,
+label smoothing, schedule and its settings, clipping, augmentation,
+normalisation, seed, limit, determinism) from the checkpoint's config; giving a
+different value is an error. ``--epochs`` may be raised to train further; devices, policy, executor,
 tracing and checkpoint frequency may change freely.
 
 Errors: a bad option, missing dataset files, a device that is not there, a

@@ -20,8 +20,7 @@ from ..codelets.loss import (argmax_rows, count_correct, log_softmax, log_softma
                              nll_loss, one_hot, softmax_xent, softmax_xent_eval)
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
-from .activation import OutputGradLayer
-from .base import _like_batch
+from .base import Layer, _like_batch
 
 _REDUCTIONS = ("mean", "sum")
 
@@ -149,10 +148,12 @@ class MSELoss(_Loss):
         return loss, correct, dout if grad else None
 
 
-class LogSoftmax(OutputGradLayer):
-    """``torch.nn.LogSoftmax(dim=1)`` over ``(n, K)``: the layer before :class:`NLLLoss`."""
+class LogSoftmax(Layer):
+    """``torch.nn.LogSoftmax(dim=1)`` over ``(n, K)``: the layer before :class:`NLLLoss`.
 
-    fwd, bwd = log_softmax, log_softmax_bwd
+    Its backward reads its output, as ReLU's does (after issue 12's activations are
+    merged, this is one of their output-saving pointwise layers).
+    """
 
     def infer_shape(self, input_shape):
         if len(input_shape) != 1:
@@ -162,3 +163,18 @@ class LogSoftmax(OutputGradLayer):
 
     def extra_repr(self):
         return "dim=1"
+
+    def forward(self, rt, xs):
+        ys = self.outputs(rt, xs)
+        for x, y in zip(xs, ys):
+            rt.submit(log_softmax, x, y)
+        self._ys = ys
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        for y, dy, dx in zip(self._ys, dys, dxs):
+            rt.submit(log_softmax_bwd, y, dy, dx)
+        return dxs
