@@ -10,6 +10,7 @@ the same bits as an uninterrupted one.
 """
 
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -162,6 +163,17 @@ def _toy_images(n=40):
                                images=images)
 
 
+class _Recorded:
+    """An augmentation that records what it was asked to do, and on which thread."""
+
+    def __init__(self, augment):
+        self.augment, self.calls = augment, []
+
+    def __call__(self, x, indices, *, seed, epoch):
+        self.calls.append((epoch, tuple(indices), threading.current_thread().name))
+        return self.augment(x, indices, seed=seed, epoch=epoch)
+
+
 def _resume_trainer(data, schedule):
     hn.manual_seed(1)
     model = hn.Sequential(hn.Conv2D(1, 3, 3), hn.ReLU(), hn.MaxPool2D(2), hn.Flatten(),
@@ -173,7 +185,7 @@ def _resume_trainer(data, schedule):
     rt = hn.Runtime(devices="cpu:2", deterministic=True, perfmodel=False)
     return hn.Trainer(model, optimizer=opt, runtime=rt, batch_size=8, granularity=3,
                       dtype="float64", seed=4, scheduler=sched, clip_grad_norm=0.5,
-                      augment=hn.transforms.standard_augmentation(data, padding=2))
+                      augment=_Recorded(hn.transforms.standard_augmentation(data, padding=2)))
 
 
 @pytest.mark.parametrize("schedule", ["onecycle", "step"])  # per step / per epoch
@@ -181,6 +193,7 @@ def test_resume_through_schedule_and_augmentation_is_bit_identical(tmp_path, sch
     data = _toy_images()
     with _resume_trainer(data, schedule) as whole:
         history = whole.fit(data, epochs=3, verbose=0)
+        calls = whole.augment.calls
         expected = whole.model.state_dict()
         expected_lr = whole.optimizer.lr
         whole.runtime.close()
@@ -198,12 +211,18 @@ def test_resume_through_schedule_and_augmentation_is_bit_identical(tmp_path, sch
         resumed.load_checkpoint(tmp_path / "checkpoint.npz")
         assert resumed.global_step == 6 and resumed.step_in_epoch == 1  # on_step runs first
         history2 = resumed.fit(data, epochs=3, verbose=0)
+        resumed_calls = resumed.augment.calls
         got = resumed.model.state_dict()
         assert resumed.optimizer.lr == expected_lr
         resumed.runtime.close()
     for k in expected:
         assert np.array_equal(got[k], expected[k]), k
     assert [r["train_loss"] for r in history2] == [r["train_loss"] for r in history]
+    # every training batch was augmented, on the loader thread, with its epoch and samples
+    assert [c[0] for c in calls] == [e for e in range(3) for _ in range(5)]
+    assert all(c[2].startswith("hetero_nn-loader") for c in calls)
+    assert sorted(i for c in calls[5:10] for i in c[1]) == list(range(40))
+    assert resumed_calls == calls[6:]
 
 
 def test_checkpoint_without_the_schedule_is_refused(tmp_path):
