@@ -28,6 +28,8 @@ key                                    value
                                        epoch is ``default_rng([seed, epoch])``
 ``history``                            finished epochs' metrics (JSON string)
 ``config``                             the run's options (JSON string, 0-d unicode)
+``scheduler``                          the learning-rate schedule's ``state_dict``
+                                       (JSON string; only when the run has one)
 =====================================  =============================================
 
 Files are written under a temporary name in the target directory, flushed to
@@ -95,6 +97,7 @@ class Checkpoint:
     progress: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    scheduler: dict | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,7 +132,7 @@ def _text(value) -> np.ndarray:
 
 
 def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, global_step=0,
-                     seed=0, progress=None, history=(), config=None) -> Path:
+                     seed=0, progress=None, history=(), config=None, scheduler=None) -> Path:
     """Write a checkpoint atomically (see the module docstring for the layout).
 
     Parameters
@@ -145,6 +148,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
     history : list of dict
     config : dict
         JSON-serialisable options.
+    scheduler : dict, optional
+        ``scheduler.state_dict()`` (JSON-serialisable).
 
     Returns
     -------
@@ -172,6 +177,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
     arrays["rng/seed"] = np.int64(seed)
     arrays["history"] = _text(json.dumps(list(history)))
     arrays["config"] = _text(json.dumps(config or {}, sort_keys=True))
+    if scheduler is not None:
+        arrays["scheduler"] = _text(json.dumps(scheduler))
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise CheckpointError(f"{path}: {key} is an object array, which needs pickle")
@@ -253,7 +260,8 @@ def read_checkpoint(path) -> Checkpoint:
                       epoch=progress.pop("epoch"), step=progress.pop("step"),
                       global_step=progress.pop("global_step"),
                       seed=int(scalar("rng/seed", "iu")), progress=progress,
-                      history=document("history"), config=document("config"))
+                      history=document("history"), config=document("config"),
+                      scheduler=document("scheduler") if "scheduler" in arrays else None)
 
 
 # ---------------------------------------------------------------------------------------

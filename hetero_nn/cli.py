@@ -35,9 +35,10 @@ performance models choose variants instead: faster on some machines,
 reproducible only up to rounding.
 
 ``--resume`` takes every option that changes the numbers (dataset, model,
-batch size, granularity, dtype, optimizer, lr, momentum, seed, limit,
-determinism) from the checkpoint's config; giving a different value is an
-error. ``--epochs`` may be raised to train further; devices, policy, executor,
+batch size, granularity, dtype, optimizer, lr, momentum, weight decay, Nesterov,
+label smoothing, schedule and its settings, clipping, augmentation,
+normalisation, seed, limit, determinism) from the checkpoint's config; giving a
+different value is an error. ``--epochs`` may be raised to train further; devices, policy, executor,
 tracing and checkpoint frequency may change freely.
 
 Errors: a bad option, missing dataset files, a device that is not there, a
@@ -83,11 +84,17 @@ FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
                       "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
                       "dense_bwd_weight")}}
 DEFAULT_GRANULARITY = 2
-OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9}, "adam": {"lr": 0.001}}
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds to reach a distributed=ADDRESS scheduler
 #: The files of a run in its --out folder besides its checkpoints (another run's refuse
 #: a new run there).
 RUN_FILES = ("metrics.json", "metrics.csv", "trace.json")
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0},
+                      "adam": {"lr": 0.001, "weight_decay": 0.0},
+                      "adamw": {"lr": 0.001, "weight_decay": 0.01}}
+#: Each schedule's options and their defaults (None: computed from the run, see _schedule_defaults).
+SCHEDULE_OPTIONS = {"step": {"step_size": 10, "gamma": 0.1},
+                    "cosine": {"t_max": None},
+                    "onecycle": {"max_lr": None}}
 _UNSET = None  # an option not given on the command line
 
 
@@ -212,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="learning rate (default: 0.02 for sgd, 0.001 for adam)")
     model.add_argument("--momentum", type=_fraction, default=_UNSET,
                        help="SGD momentum (default: 0.9)")
+    _add_training_options(train, model)
     model.add_argument("--seed", type=_non_negative_int, default=_UNSET,
                        help="seed of the initial weights and the data order (default: 0)")
     model.add_argument("--dtype", choices=("float32", "float64"), default=_UNSET,
@@ -288,6 +296,52 @@ def _input_shape(text):
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"expected C x H x W such as 3x32x32, got {text!r}")
     return tuple(int(p) for p in parts)
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _add_training_options(train, model):
+    """The optimizer, loss, schedule, clipping and data-augmentation options of ``train``."""
+    model.add_argument("--weight-decay", type=_non_negative_float, default=_UNSET,
+                       help="weight decay (default: 0 for sgd and adam, 0.01 for adamw, "
+                            "which decouples it)")
+    model.add_argument("--nesterov", action="store_true", default=_UNSET,
+                       help="Nesterov momentum (sgd)")
+    model.add_argument("--label-smoothing", type=_fraction, default=_UNSET, metavar="EPS",
+                       help="cross-entropy label smoothing (default: 0)")
+    model.add_argument("--clip-grad-norm", type=_positive_float, default=_UNSET, metavar="MAX",
+                       help="clip the gradients to this global 2-norm before every step")
+    sched = train.add_argument_group("learning-rate schedule")
+    sched.add_argument("--schedule", choices=sorted(SCHEDULE_OPTIONS), default=_UNSET,
+                       help="step: StepLR; cosine: CosineAnnealingLR; onecycle: OneCycleLR "
+                            "(default: a constant lr)")
+    sched.add_argument("--schedule-interval", choices=("step", "epoch"), default=_UNSET,
+                       help="step the schedule after every batch or every epoch (default: "
+                            "epoch for step and cosine, step for onecycle)")
+    sched.add_argument("--step-size", type=_positive_int, default=_UNSET,
+                       help="step: multiply the lr by --gamma every N intervals (default: 10)")
+    sched.add_argument("--gamma", type=_positive_float, default=_UNSET,
+                       help="step: the factor (default: 0.1)")
+    sched.add_argument("--t-max", type=_positive_int, default=_UNSET, metavar="N",
+                       help="cosine: intervals of the half period (default: the whole run)")
+    sched.add_argument("--max-lr", type=_positive_float, default=_UNSET,
+                       help="onecycle: the peak lr (default: --lr); it starts at max-lr/25 "
+                            "and ends at max-lr/25e4 after the whole run")
+    aug = train.add_argument_group("data transforms")
+    aug.add_argument("--augment", action="store_true", default=_UNSET,
+                     help="random crop (padding 4, black) and horizontal flip of training "
+                          "images, seeded by (seed, epoch, sample)")
+    aug.add_argument("--normalize", action="store_true", default=_UNSET,
+                     help="standardise each channel with the training split's measured mean "
+                          "and std (on top of the dataset's fixed normalisation)")
 
 
 def _add_runtime_options(parser, policies):
@@ -367,7 +421,15 @@ _RESULT_OPTIONS = (("dataset", "--dataset", "mnist"), ("model", "--model", "lene
                    ("dtype", "--dtype", "float32"), ("optimizer", "--optimizer", "sgd"),
                    ("lr", "--lr", None), ("momentum", "--momentum", None),
                    ("seed", "--seed", 0), ("limit", "--limit", None),
-                   ("deterministic", "--deterministic", True))
+                   ("deterministic", "--deterministic", True),
+                   ("weight_decay", "--weight-decay", None), ("nesterov", "--nesterov", False),
+                   ("label_smoothing", "--label-smoothing", 0.0),
+                   ("clip_grad_norm", "--clip-grad-norm", None),
+                   ("schedule", "--schedule", None),
+                   ("schedule_interval", "--schedule-interval", None),
+                   ("step_size", "--step-size", None), ("gamma", "--gamma", None),
+                   ("t_max", "--t-max", None), ("max_lr", "--max-lr", None),
+                   ("augment", "--augment", False), ("normalize", "--normalize", False))
 
 
 def _resolve_run_options(args) -> tuple[dict, object]:
@@ -406,6 +468,7 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         run["epochs"] = args.epochs if args.epochs is not _UNSET else saved.get("epochs", 3)
         run["calibrate"] = bool(args.calibrate)
         run["data_dir"] = args.data_dir if args.data_dir is not None else saved.get("data_dir")
+        run["schedule_length"] = saved.get("schedule_length")
         return run, ckpt
     run = {key: getattr(args, key) if getattr(args, key) is not _UNSET else default
            for key, _, default in _RESULT_OPTIONS}
@@ -416,6 +479,7 @@ def _resolve_run_options(args) -> tuple[dict, object]:
     for key, value in defaults.items():
         if run[key] is None:
             run[key] = value
+    _check_training_options(run)
     if args.calibrate:
         if args.deterministic is True:
             raise ConfigError("--calibrate explores every variant: it cannot be combined with "
@@ -424,6 +488,52 @@ def _resolve_run_options(args) -> tuple[dict, object]:
     run["calibrate"] = bool(args.calibrate)
     run["data_dir"] = str(Path(args.data_dir).expanduser().resolve()) if args.data_dir else None
     return run, None
+
+
+def _check_training_options(run):
+    """Options that apply only to some optimizers or schedules, and the schedule's defaults."""
+    if run["nesterov"] and (run["optimizer"] != "sgd" or not run["momentum"]):
+        raise ConfigError("--nesterov needs --optimizer sgd with a --momentum above 0")
+    own = SCHEDULE_OPTIONS.get(run["schedule"], {})
+    for options in SCHEDULE_OPTIONS.values():
+        for key in options:
+            if run[key] is not None and key not in own:
+                raise ConfigError(f"--{key.replace('_', '-')} applies to --schedule "
+                                  f"{next(n for n, o in SCHEDULE_OPTIONS.items() if key in o)}")
+    if run["schedule"] is None:
+        if run["schedule_interval"] is not None:
+            raise ConfigError("--schedule-interval needs a --schedule")
+        return
+    for key, value in own.items():
+        if run[key] is None and value is not None:
+            run[key] = value
+    if run["schedule_interval"] is None:
+        run["schedule_interval"] = "step" if run["schedule"] == "onecycle" else "epoch"
+    if run["schedule"] == "onecycle" and run["max_lr"] is None:
+        run["max_lr"] = run["lr"]
+
+
+def make_schedule(run, optimizer, steps_per_epoch):
+    """The run's learning-rate schedule (None without ``--schedule``).
+
+    Cosine's half period and OneCycle's length default to the whole run,
+    ``epochs`` in intervals; both are fixed at the start (``run["schedule_length"]``)
+    so a resumed run keeps them.
+    """
+    from .optim import CosineAnnealingLR, OneCycleLR, StepLR
+
+    kind = run.get("schedule")
+    if kind is None:
+        return None
+    if run.get("schedule_length") is None:
+        per = steps_per_epoch if run["schedule_interval"] == "step" else 1
+        run["schedule_length"] = max(1, run["epochs"] * per)
+    length = run["schedule_length"]
+    if kind == "step":
+        return StepLR(optimizer, run["step_size"], run["gamma"])
+    if kind == "cosine":
+        return CosineAnnealingLR(optimizer, run["t_max"] or length)
+    return OneCycleLR(optimizer, run["max_lr"], total_steps=length)
 
 
 def _check_run(run, args):
@@ -569,6 +679,25 @@ class _Interrupts:
         return False
 
 
+def _transformed_data(run, train, test):
+    """``--normalize`` (the training split's channel statistics, for both splits) and
+    ``--augment``; returns ``(train, test, {"augment": ..., "config": ...})``."""
+    from .transforms import Normalize, NormalizedData, channel_stats, standard_augmentation
+
+    out = {}
+    if run.get("normalize"):
+        mean, std = channel_stats(train)
+        normalize = Normalize(mean, std)
+        train, test = NormalizedData(train, normalize), NormalizedData(test, normalize)
+        out["config"] = {"normalize": {"mean": list(mean), "std": list(std)}}
+    if run.get("augment"):
+        if len(train.input_shape) != 3:
+            raise ConfigError(f"--augment: expected images (C, H, W), --dataset {run['dataset']} "
+                              f"has samples of shape {train.input_shape}")
+        out["augment"] = standard_augmentation(train)
+    return train, test, out
+
+
 def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=False, trace=False):
     """The Runtime the CLI trains on; a failing device or executor names its option."""
     from .errors import DeviceError
@@ -683,6 +812,7 @@ def cmd_train(args) -> int:
 def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts) -> int:
     """The training run proper, on ``rt``: writes the output folder, prints the summary."""
     from .models import build_model
+    from .layers.loss import SoftmaxCrossEntropy
     from .optim import OPTIMIZERS
     from .scheduler.trace import Trace
     from .trainer import Trainer
@@ -690,18 +820,31 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts) -> int:
     # A diverging run overflows before its loss turns NaN; the error says so in one line.
     warnings.filterwarnings("ignore", category=RuntimeWarning,
                             message="(overflow|invalid value|divide by zero) encountered")
+    train, test, transforms = _transformed_data(run, train, test)
     model = build_model(run["model"], train.input_shape, train.num_classes, dtype=run["dtype"],
                         seed=run["seed"])
     hyper = {"lr": run["lr"]}
     if run["optimizer"] == "sgd":
-        hyper["momentum"] = run["momentum"]
+        hyper.update(momentum=run["momentum"], nesterov=bool(run.get("nesterov")))
+    if run.get("weight_decay") is not None:
+        hyper["weight_decay"] = run["weight_decay"]
     optimizer = OPTIMIZERS[run["optimizer"]](**hyper)
+    if run.get("schedule") == "onecycle" and ckpt is not None \
+            and run["epochs"] > ckpt.config["run"]["epochs"]:
+        raise ConfigError(f"--epochs {run['epochs']}: the onecycle schedule of {ckpt.path} "
+                          f"ends after {ckpt.config['run']['epochs']} epochs")
+    scheduler = make_schedule(run, optimizer, -(-len(train) // run["batch_size"]))
     granularity = run["granularity"]
     if ckpt is not None and isinstance(ckpt.config.get("granularity"), int):
         granularity = ckpt.config["granularity"]  # what the run used, 'auto' resolved
-    trainer = Trainer(model, optimizer=optimizer, runtime=rt, batch_size=run["batch_size"],
-                      granularity=granularity, seed=run["seed"])  # dtype: the model's
-    trainer.config = {"run": run}
+    trainer = Trainer(model, loss=SoftmaxCrossEntropy(
+                          label_smoothing=run.get("label_smoothing") or 0.0),
+                      optimizer=optimizer, runtime=rt, batch_size=run["batch_size"],
+                      granularity=granularity, seed=run["seed"],  # dtype: the model's
+                      scheduler=scheduler, scheduler_interval=run.get("schedule_interval"),
+                      clip_grad_norm=run.get("clip_grad_norm"),
+                      augment=transforms.get("augment"))
+    trainer.config = {"run": run, **transforms.get("config", {})}
     if ckpt is not None:
         trainer.load_checkpoint(ckpt.path)
         if not args.quiet:
@@ -770,6 +913,10 @@ def cmd_evaluate(args) -> int:
                     limit=args.limit)
     except HeteroNNError as exc:
         raise _dataset_error(name, exc) from None
+    stats = ckpt.config.get("normalize")
+    if stats:  # the run standardised its channels (--normalize): evaluate the same way
+        from .transforms import Normalize, NormalizedData
+        data = NormalizedData(data, Normalize(stats["mean"], stats["std"]))
     if tuple(data.input_shape) != tuple(model.input_shape):
         raise ConfigError(f"--dataset {name}: samples of shape {data.input_shape}, but the "
                           f"checkpoint's model expects {tuple(model.input_shape)}")

@@ -11,7 +11,8 @@ epoch in progress (``step_in_epoch``), optimizer steps in all
 (``global_step``), the history of finished epochs and the running sums of the
 epoch in progress. The order of the samples of epoch ``e`` is
 ``dataset.epoch_order(seed, e)``, a function of (seed, epoch) alone, so that
-position plus the weights and optimizer buffers is the whole state of a run:
+position plus the weights, optimizer buffers and the schedule's state is the
+whole state of a run (an augmentation draws from (seed, epoch, sample index)):
 a checkpoint holding them resumes bit for bit (given the same granularity and
 the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 ``deterministic``).
@@ -25,6 +26,7 @@ the fastest wins (fewer tasks, less overhead for the same speed).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -41,7 +43,7 @@ from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.base import evaluating, keeping_state
 from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
-from .optim import SGD
+from .optim import SGD, LRScheduler, submit_clip_grad_norm
 from .scheduler.runtime import Runtime
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
@@ -80,19 +82,24 @@ class _ArrayData:
         return xb, yb
 
 
-def prefetched_batches(data, order, batch_size, start, stop, dtype, pair):
+def prefetched_batches(data, order, batch_size, start, stop, dtype, pair, transform=None):
     """Yield batches ``start..stop-1`` of ``order``, loading the next while a step runs.
 
     Batch ``b`` lives in one arena of ``pair`` while a loader thread fills
     batch ``b + 1`` into the other; the arena is reset only once the step that
     used it has returned, so no reset ever waits for the step in flight.
+    ``transform(x, indices)``, if given, changes each batch in place on the
+    loader thread (the augmentation).
     """
     if start >= stop:
         return
 
     def load(b):
-        return data.batch(order[b * batch_size:(b + 1) * batch_size], dtype=dtype,
-                          out=pair.current.empty)
+        indices = order[b * batch_size:(b + 1) * batch_size]
+        x, y = data.batch(indices, dtype=dtype, out=pair.current.empty)
+        if transform is not None:
+            transform(x, indices)
+        return x, y
 
     with ThreadPoolExecutor(1, thread_name_prefix="hetero_nn-loader") as loader:
         pair.swap()
@@ -161,6 +168,21 @@ class Trainer:
         the model, or load its weights into one built for that dtype).
     seed : int
         The data-order seed: epoch ``e`` visits ``dataset.epoch_order(seed, e)``.
+    scheduler : LRScheduler, optional
+        Built on ``optimizer`` (``hn.optim.OneCycleLR(opt, max_lr=0.1, total_steps=...)``);
+        ``fit`` steps it after every optimizer step or at every epoch's end, as
+        ``scheduler_interval`` says. Its state goes into checkpoints.
+    scheduler_interval : "step" or "epoch", optional
+        Default: the schedule's own ``interval`` -- ``"step"`` for OneCycleLR,
+        ``"epoch"`` for StepLR and CosineAnnealingLR, as PyTorch's examples step them.
+    clip_grad_norm : float, optional
+        Clip the gradients to this global 2-norm before every optimizer step
+        (:func:`hetero_nn.optim.clip_grad_norm`); the norm before clipping lands in
+        ``last_grad_norm``.
+    augment : callable, optional
+        ``augment(x, indices, seed=, epoch=)`` applied to every training batch on the
+        loader thread (:mod:`hetero_nn.transforms`), e.g.
+        ``hn.transforms.standard_augmentation(train)``.
 
     Examples
     --------
@@ -175,7 +197,8 @@ class Trainer:
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype=None, seed=0):
+                 granularity=1, dtype=None, seed=0, *, scheduler=None,
+                 scheduler_interval=None, clip_grad_norm=None, augment=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
@@ -191,6 +214,7 @@ class Trainer:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
+        self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
         self._bound = None
         self._batch_arenas = ArenaPair("batches")
         self.last_correct = 0
@@ -205,6 +229,26 @@ class Trainer:
         self._warmed_up = False  # the first step of this process is timed apart (compilation)
         #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
         self.config: dict = {}
+
+    def _init_training_options(self, scheduler, interval, clip, augment):
+        if scheduler is not None and not isinstance(scheduler, LRScheduler):
+            raise ConfigError(f"scheduler must be a hetero_nn.optim schedule, got "
+                              f"{type(scheduler).__name__}")
+        if scheduler is not None and scheduler.optimizer is not self.optimizer:
+            raise ConfigError("scheduler: it was built on another optimizer than the trainer's")
+        self.scheduler = scheduler
+        interval = interval or (scheduler.interval if scheduler is not None else "epoch")
+        if interval not in ("step", "epoch"):
+            raise ConfigError(f"scheduler_interval must be 'step' or 'epoch', got {interval!r}")
+        self.scheduler_interval = interval
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                 or not clip > 0 or not math.isfinite(clip)):
+            raise ConfigError(f"clip_grad_norm must be a positive number, got {clip!r}")
+        self.clip_grad_norm = None if clip is None else float(clip)
+        self.last_grad_norm = None
+        if augment is not None and not callable(augment):
+            raise ConfigError(f"augment must be callable, got {type(augment).__name__}")
+        self.augment = augment
 
     def _check_granularity(self, g):
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
@@ -253,9 +297,13 @@ class Trainer:
         logits = self.model.forward(rt, xs)
         loss, correct, dlogits = self.loss(rt, logits, ys)
         self.model.backward(rt, dlogits)
+        norm_sq = (submit_clip_grad_norm(self.optimizer, self.clip_grad_norm)
+                   if self.clip_grad_norm is not None else None)
         self.optimizer.step(rt)
         value = float(rt.fetch(loss))
         self.last_correct = int(rt.fetch(correct))
+        if norm_sq is not None:
+            self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return value
 
     def evaluate_batch(self, x, y):
@@ -420,8 +468,10 @@ class Trainer:
                                 not bar_wanted)
             try:
                 t_last = time.perf_counter()
+                augment = None if self.augment is None else functools.partial(
+                    self.augment, seed=self.seed, epoch=e)
                 batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
-                                             self.dtype, self._batch_arenas)
+                                             self.dtype, self._batch_arenas, augment)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -437,6 +487,8 @@ class Trainer:
                         progress["warmup_samples"] += len(y)
                     self.step_in_epoch = b + 1
                     self.global_step += 1
+                    if self.scheduler is not None and self.scheduler_interval == "step":
+                        self.scheduler.step()
                     if bar is not None:
                         bar.set_postfix_str(_running(progress), refresh=False)
                         bar.update(1)
@@ -450,6 +502,8 @@ class Trainer:
                 batches.close()  # joins the loader thread, also when a step raised
                 if bar is not None:
                     bar.close()
+            if self.scheduler is not None and self.scheduler_interval == "epoch":
+                self.scheduler.step()
             record = self._end_epoch(val)
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
@@ -521,6 +575,12 @@ class Trainer:
         if spec is not None:
             cfg["model"] = dict(spec)
         cfg["dropout"] = dropout_state(self.model)  # seeds and steps: the masks after resume
+        if self.scheduler is not None:
+            cfg["scheduler"] = {"repr": repr(self.scheduler), "interval": self.scheduler_interval}
+        if self.clip_grad_norm is not None:
+            cfg["clip_grad_norm"] = self.clip_grad_norm
+        if self.augment is not None:
+            cfg["augment"] = repr(self.augment)
         cfg.update(self.config)
         return cfg
 
@@ -546,7 +606,9 @@ class Trainer:
                                 epoch=self.epoch, step=self.step_in_epoch,
                                 global_step=self.global_step, seed=self.seed,
                                 progress=self._progress, history=self.history,
-                                config=self.checkpoint_config())
+                                config=self.checkpoint_config(),
+                                scheduler=None if self.scheduler is None
+                                else self.scheduler.state_dict())
         self.last_checkpoint = {"path": str(path), "epoch": self.epoch,
                                 "step": self.step_in_epoch, "global_step": self.global_step}
         return path
@@ -580,6 +642,14 @@ class Trainer:
         load_dropout_state(self.model, ckpt.config.get("dropout", {}))
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
+        if (ckpt.scheduler is None) != (self.scheduler is None):
+            raise CheckpointError(f"{ckpt.path}: " + (
+                f"no schedule state, but the trainer has {self.scheduler!r}"
+                if ckpt.scheduler is None else
+                f"it holds a {ckpt.scheduler.get('type')} schedule's state; give the trainer "
+                f"that scheduler"))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(ckpt.scheduler)
         self._bound = None  # bind the restored arrays at the next batch
         self.epoch, self.step_in_epoch, self.global_step = ckpt.epoch, ckpt.step, ckpt.global_step
         self.seed = ckpt.seed

@@ -6,12 +6,13 @@ from .base import Buffer, Layer, Parameter, evaluating, manual_seed
 from .conv import Conv2D
 from .dense import Dense, Flatten
 from .dropout import Dropout
-from .loss import SoftmaxCrossEntropy
+from .loss import LogSoftmax, SoftmaxCrossEntropy
 from .normalization import BatchNorm2D
 from .pool import MaxPool2D
 from .residual import Residual
 from .sequential import Sequential
 
 __all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
-           "GlobalAvgPool2D", "Layer", "LeakyReLU", "MaxPool2D", "Parameter", "ReLU", "Residual",
-           "Sequential", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "evaluating", "manual_seed"]
+           "GlobalAvgPool2D", "Layer", "LeakyReLU", "LogSoftmax", "MaxPool2D", "Parameter", "ReLU",
+           "Residual", "Sequential", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "evaluating",
+           "manual_seed"]
