@@ -1,12 +1,12 @@
 """Layers: parameters as handles; forward and backward submit codelet tasks per batch partition."""
 
-from .activation import GELU, LeakyReLU, ReLU, Sigmoid, Tanh
+from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, Tanh
 from .avgpool import AvgPool2D, GlobalAvgPool2D
 from .base import Buffer, Layer, Parameter, evaluating, manual_seed
 from .conv import Conv2D
 from .dense import Dense, Flatten
 from .dropout import Dropout
-from .loss import LogSoftmax, SoftmaxCrossEntropy
+from .loss import SoftmaxCrossEntropy
 from .normalization import BatchNorm2D
 from .pool import MaxPool2D
 from .residual import Residual

@@ -1,5 +1,5 @@
 """Activations: ReLU (its backward passes the gradient where the output is positive),
-LeakyReLU, Sigmoid, Tanh and GELU, one codelet task per batch partition each way."""
+LeakyReLU, Sigmoid, Tanh, GELU and the row-wise LogSoftmax, one codelet task per batch partition each way."""
 
 from __future__ import annotations
 
@@ -7,27 +7,9 @@ import numbers
 
 from ..codelets.activation import (gelu_bwd, gelu_fwd, leaky_relu_bwd, leaky_relu_fwd, relu_bwd,
                                    relu_fwd, sigmoid_bwd, sigmoid_fwd, tanh_bwd, tanh_fwd)
-from ..errors import ConfigError
+from ..codelets.loss import log_softmax, log_softmax_bwd
+from ..errors import ConfigError, ShapeError
 from .base import Layer
-
-
-class ReLU(Layer):
-    """``torch.nn.ReLU()`` (gradient 0 at exactly 0, as PyTorch)."""
-
-    def forward(self, rt, xs):
-        ys = self.outputs(rt, xs)
-        for x, y in zip(xs, ys):
-            rt.submit(relu_fwd, x, y)
-        self._ys = ys
-        return ys
-
-    def backward(self, rt, dys, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
-        for y, dy, dx in zip(self._ys, dys, dxs):
-            rt.submit(relu_bwd, y, dy, dx)
-        return dxs
 
 
 class _Pointwise(Layer):
@@ -55,6 +37,30 @@ class _Pointwise(Layer):
         for s, dy, dx in zip(self._saved, dys, dxs):
             rt.submit(self.bwd, s, dy, dx, **kw)
         return dxs
+
+
+class ReLU(_Pointwise):
+    """``torch.nn.ReLU()`` (gradient 0 at exactly 0, as PyTorch)."""
+
+    fwd, bwd = relu_fwd, relu_bwd
+
+
+class LogSoftmax(_Pointwise):
+    """``torch.nn.LogSoftmax(dim=1)`` over ``(n, K)``: the layer before ``NLLLoss``.
+
+    Row-wise rather than elementwise, but the same task pattern: its backward reads its output.
+    """
+
+    fwd, bwd = log_softmax, log_softmax_bwd
+
+    def infer_shape(self, input_shape):
+        if len(input_shape) != 1:
+            raise ShapeError(f"LogSoftmax: expected inputs of shape (K,) per sample (after "
+                             f"Flatten/Dense), got {tuple(input_shape)}")
+        return input_shape
+
+    def extra_repr(self):
+        return "dim=1"
 
 
 class LeakyReLU(_Pointwise):

@@ -1,4 +1,4 @@
-"""Losses with PyTorch's reductions, and the LogSoftmax layer that feeds NLLLoss.
+"""Losses with PyTorch's reductions (the LogSoftmax layer that feeds NLLLoss is in activation.py).
 
 Every loss is called as ``loss(rt, outputs, labels, grad=True)`` on the
 partitions of one batch and returns ``(loss, correct, doutputs or None)``: the
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codelets.loss import (argmax_rows, count_correct, log_softmax, log_softmax_bwd, mse_loss,
-                             nll_loss, one_hot, softmax_xent, softmax_xent_eval)
+from ..codelets.loss import (argmax_rows, count_correct, mse_loss, nll_loss, one_hot,
+                             softmax_xent, softmax_xent_eval)
 from ..codelets.reduce import fill_zero
-from ..errors import ConfigError, ShapeError
-from .base import Layer, _like_batch
+from ..errors import ConfigError
+from .base import _like_batch
 
 _REDUCTIONS = ("mean", "sum")
 
@@ -146,35 +146,3 @@ class MSELoss(_Loss):
         for x, t, dx in zip(outputs, targets, dout):
             rt.submit(mse_loss, x, t, dx, loss, numel=numel)
         return loss, correct, dout if grad else None
-
-
-class LogSoftmax(Layer):
-    """``torch.nn.LogSoftmax(dim=1)`` over ``(n, K)``: the layer before :class:`NLLLoss`.
-
-    Its backward reads its output, as ReLU's does (after issue 12's activations are
-    merged, this is one of their output-saving pointwise layers).
-    """
-
-    def infer_shape(self, input_shape):
-        if len(input_shape) != 1:
-            raise ShapeError(f"LogSoftmax: expected inputs of shape (K,) per sample (after "
-                             f"Flatten/Dense), got {tuple(input_shape)}")
-        return input_shape
-
-    def extra_repr(self):
-        return "dim=1"
-
-    def forward(self, rt, xs):
-        ys = self.outputs(rt, xs)
-        for x, y in zip(xs, ys):
-            rt.submit(log_softmax, x, y)
-        self._ys = ys
-        return ys
-
-    def backward(self, rt, dys, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
-        for y, dy, dx in zip(self._ys, dys, dxs):
-            rt.submit(log_softmax_bwd, y, dy, dx)
-        return dxs

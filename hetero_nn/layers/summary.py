@@ -70,7 +70,7 @@ def summary(model, input_shape=None, dtype=None) -> str:
               f"Input shape: {list(model.input_shape)} ({model.dtype.name})",
               f"Total params: {total:,}",
               f"Trainable params: {total:,}",
-              f"Non-trainable params: 0",
+              "Non-trainable params: 0",
               f"Buffer values (running statistics): {buffers:,}",
               f"Params size (MB): {total * itemsize / 2 ** 20:.2f}",
               "-" * _RULE]
