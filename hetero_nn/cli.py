@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("perfmodel", help="show the performance models (hetero-nn perfmodel --help)",
                    add_help=False)
+    sub.add_parser("simulate", help="predict a training step's time on a platform "
+                   "(hetero-nn simulate --help)", add_help=False)
     sub.add_parser("models", help="list the built-in models")
     return parser
 
@@ -670,6 +672,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "perfmodel":
         from .scheduler.perfmodel import main as perfmodel_main
         return perfmodel_main(argv[1:])
+    if argv and argv[0] == "simulate":
+        from .simulation import main as simulate_main
+        return simulate_main(argv[1:])
     from .datasets import DownloadError
 
     try:

@@ -48,6 +48,7 @@ class Policy:
     """Base: the four hooks; see the module docstring."""
 
     name = ""
+    clock = staticmethod(_perf)  # what "now" is: the simulator gives its virtual time
 
     def __init__(self, runtime):
         self.rt = runtime
@@ -150,7 +151,7 @@ class Dmda(Policy):
         rt = self.rt
         pm = rt.perfmodel
         multi_node = not rt._single_node
-        now = _perf()
+        now = self.clock()
         best, best_eft, best_cost = None, None, 0.0
         costs = None
         # no model: every worker predicts the same small cost, so queues still balance
@@ -196,7 +197,7 @@ class Dmda(Policy):
         worker.queued_work -= t.predicted
         if worker.queued_work < 0.0:
             worker.queued_work = 0.0
-        worker.running_end = _perf() + t.predicted
+        worker.running_end = self.clock() + t.predicted
         return t
 
     def finished(self, task, worker):
