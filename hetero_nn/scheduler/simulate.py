@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..arena.handle import Handle
 from ..codelets.codelet import R, SCRATCH
 from ..errors import ConfigError
 from .devices import Worker, parse_devices
@@ -187,12 +188,7 @@ class SimHandle:
         if parent is not None:
             parent.children.append(self)
 
-    def descendants(self):
-        stack = list(self.children)
-        while stack:
-            h = stack.pop()
-            yield h
-            stack.extend(h.children)
+    descendants = Handle.descendants  # the same walk over ``children``
 
     def __repr__(self):
         return f"SimHandle({self.name!r}, {self.nbytes} B)"
