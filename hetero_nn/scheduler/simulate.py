@@ -544,22 +544,20 @@ def format_result(r: SimulationResult) -> str:
 
 
 def measured_dispatch(trace) -> float:
-    """Median seconds between a worker becoming free for a ready task and starting it,
-    from a real run's trace: the runtime's per-task cost besides the codelet."""
-    by_worker = {}
-    for r in trace.records:
-        by_worker.setdefault(r.worker, []).append(r)
+    """Mean seconds between the moment a task could start (its worker free and its
+    dependencies done) and its start, from a real run's trace: the runtime's per-task
+    cost besides the codelet (release, wake-up, placement, binding, stream hand-offs)."""
+    by_id = {r.task_id: r for r in trace.records}
+    last_end = {}
     gaps = []
-    for records in by_worker.values():
-        records.sort(key=lambda r: r.start)
-        for prev, r in zip(records, records[1:]):
-            gap = r.start - max(prev.end, r.ready)
-            if gap >= 0:
-                gaps.append(gap)
-    if not gaps:
-        return 0.0
-    gaps.sort()
-    return gaps[len(gaps) // 2]
+    for r in sorted(trace.records, key=lambda r: r.start):
+        ends = [by_id[d].end for d in r.deps if d in by_id] or [r.ready]  # roots: the flush
+        prev = last_end.get(r.worker)
+        if prev is not None:
+            ends.append(prev)
+        gaps.append(max(0.0, r.start - max(ends)))
+        last_end[r.worker] = max(r.end, prev or r.end)
+    return sum(gaps) / len(gaps) if gaps else 0.0
 
 
 __all__ = ["Platform", "SimHandle", "SimTask", "StepGraph", "SimulationResult", "MissingModels",
