@@ -188,3 +188,20 @@ def test_bad_device_memory_is_one_clear_line():
         hn.Runtime(devices="cuda-emu:1", device_memory={"cuda7": "1GiB"}, perfmodel=False)
     with pytest.raises(hn.DeviceError, match="device_memory: memory size .3 parsecs."):
         hn.Runtime(devices="cuda-emu:1", device_memory="3 parsecs", perfmodel=False)
+
+
+def _fail(x):
+    raise FloatingPointError("kernel exploded")
+
+
+def test_a_failing_kernel_on_the_stream_is_a_task_error_and_the_runtime_goes_on():
+    fail = hn.Codelet("emu_fail", modes=(RW,), variants={"cuda": _fail})
+    scale = hn.Codelet("emu_scale_after", modes=(RW,), variants={"cuda": _double})
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", perfmodel=False) as rt:
+        h = rt.register(np.ones(4))
+        rt.submit(fail, h)
+        rt.submit(scale, h)  # cancelled with the rest of that graph
+        with pytest.raises(hn.TaskError, match=r"emu_fail.*cuda-emu0.*kernel exploded"):
+            rt.wait()
+        rt.submit(scale, h)
+        np.testing.assert_array_equal(rt.fetch(h), np.full(4, 2.0))

@@ -59,6 +59,7 @@ class LocalExecutor:
         self._error = None
         self._idle: list = []
         self._closing = False
+        self._mixed = not policy.homogeneous  # device kinds differ: wake only eligible workers
         self._blas = None
         try:
             from threadpoolctl import threadpool_limits
@@ -85,7 +86,10 @@ class LocalExecutor:
                     t.t_ready = now
                     target = policy.push(t, None)
                     if target is None:
-                        shared += 1
+                        if self._mixed:
+                            self._wake_for(t)
+                        else:
+                            shared += 1
                     elif target.idle:
                         self._wake(target)
             self._wake_some(shared)
@@ -115,6 +119,13 @@ class LocalExecutor:
         w.idle = False
         self._idle.remove(w)
         w.cond.notify()
+
+    def _wake_for(self, task):
+        """Wake one idle worker that has a variant for ``task`` (workers of several kinds)."""
+        for w in self._idle:
+            if w in task.eligible:
+                self._wake(w)
+                return
 
     def _wake_some(self, n):
         idle = self._idle
@@ -195,7 +206,12 @@ class LocalExecutor:
                     s.t_ready = now
                     target = push(s, w)
                     if target is None:
-                        shared += 1
+                        if not self._mixed:
+                            shared += 1
+                        elif takes_one and w in s.eligible:
+                            takes_one = False  # this worker will take it
+                        else:
+                            self._wake_for(s)
                     elif target is not w:
                         if target.idle:
                             self._wake(target)
