@@ -48,6 +48,23 @@ def test_eager_on_two_cores_gives_the_hand_computed_schedule():
     assert moved == {}
 
 
+@pytest.mark.parametrize("policy", sorted(hn.POLICIES))
+def test_every_policy_replays_the_graph_between_its_bounds(policy):
+    """Every task runs once, after its predecessors; the makespan lies between the
+    critical path (A, C, D: 8 s) and the serial sum (10 s)."""
+    cl = hn.Codelet("sim_rw2", modes=(RW,), variants={"ref": _noop})
+    h = [SimHandle(f"h{i}", 8, valid={0}) for i in range(4)]
+    a = _task(0, cl, [h[0]], [], {"cpu": 3.0})
+    b = _task(1, cl, [h[1]], [a], {"cpu": 2.0})
+    c = _task(2, cl, [h[2]], [a], {"cpu": 4.0})
+    d = _task(3, cl, [h[3]], [b, c], {"cpu": 1.0})
+    machine = _Machine(Platform(workers={"cpu": 2}), None)
+    end = simulate_graph([a, b, c, d], machine, make_policy(policy, machine), 0.0, 0.0, {})
+    assert 8.0 <= end <= 10.0
+    for t in (b, c, d):
+        assert all(t.start >= p.end for p in t.preds)
+
+
 def test_dmda_with_a_transfer_gives_the_hand_computed_schedule():
     """X reads h (2 bytes on the host): 5 s on the CPU, 1 s on the GPU plus a copy of
     1 s + 2 B / (1 B/s) = 3 s: finish 5 vs 4, so the GPU [0, 4], 2 bytes moved. Y reads h
