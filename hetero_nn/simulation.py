@@ -115,8 +115,10 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
     platform = platform or Platform.from_devices(devices)
     with Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel) as rt:
         trainer, x, y = _trainer(model, shape, batch_size, granularity, dtype, rt)
-        steps = capture(rt, lambda: trainer.train_step(x, y), steps=3)[1:]  # after binding
-        return simulate(steps, platform, policy, rt, dispatch=dispatch)
+        steps = capture(rt, lambda: trainer.train_step(x, y), steps=6)[1:]  # after binding
+        # the host's submission time, one sample per step: the median, against preemptions
+        steps[-1].submit_seconds = statistics.median(s.submit_seconds for s in steps)
+        return simulate(steps[-2:], platform, policy, rt, dispatch=dispatch)
 
 
 def build_parser() -> argparse.ArgumentParser:
