@@ -2,6 +2,7 @@
 
 from .codelets import R, RW, REDUX, SCRATCH, W, AccessMode, Codelet
 from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatError, DeviceError,
+                     DeviceMemoryError,
                      HeteroNNError, PolicyError, ShapeError, SubmitError, TaskError,
                      TrainingDiverged)
 

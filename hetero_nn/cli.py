@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "~/.cache/hetero_nn)")
     pm.add_argument("--list", action="store_true", help="list the codelets that have a model")
     pm.add_argument("--host", help="show another machine's models (default: this one)")
+    sub.add_parser("simulate", help="predict a training step's time on a platform "
+                   "(hetero-nn simulate --help)", add_help=False)
     models = sub.add_parser("models", help="list the built-in models, or one's layer summary")
     models.add_argument("--summary", choices=list(MODELS), metavar="MODEL",
                         help="print MODEL's layers: output shapes and parameter counts")
@@ -1080,6 +1082,9 @@ def _one_line(exc) -> str:
 def main(argv=None) -> int:
     """Run ``hetero-nn`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "simulate":  # its own parser (hetero_nn/simulation.py)
+        from .simulation import main as simulate_main
+        return simulate_main(argv[1:])
     from .datasets import DownloadError
 
     try:
