@@ -626,7 +626,7 @@ def dask_client(executor, devices, stack, timeout=DEFAULT_CONNECT_TIMEOUT):
         return client
     from .scheduler.devices import parse_devices
 
-    cpu_workers, _ = parse_devices(devices)
+    cpu_workers = parse_devices(devices)[0]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     try:
