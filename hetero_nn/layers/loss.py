@@ -1,7 +1,8 @@
 """Softmax cross-entropy: mean over the whole batch, its gradient, the correct count.
 
-The loss and the count are REDUX scalars: each partition adds its share, and
-the balanced tree makes the sum independent of the schedule.
+The loss and the count are written by the first partition's task (the
+codelet's ``overwriting`` twin) and the other partitions add their shares
+(REDUX); the balanced tree makes the sum independent of the schedule.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codelets.loss import argmax_rows, softmax_xent, softmax_xent_eval
-from ..codelets.reduce import fill_zero
+from ..codelets.reduce import overwriting
 from .base import _like_batch
 
 
@@ -32,15 +33,16 @@ class SoftmaxCrossEntropy:
         batch = sum(x.shape[0] for x in logits)
         dtype = logits[0].dtype
         loss, correct = self._handles(rt, dtype)
-        rt.submit(fill_zero, loss)
-        rt.submit(fill_zero, correct)
+        # the first partition writes loss and count in place; the others add (REDUX)
         if not grad:
-            for lg, y in zip(logits, labels):
-                rt.submit(softmax_xent_eval, lg, y, loss, correct, batch=batch)
+            for i, (lg, y) in enumerate(zip(logits, labels)):
+                codelet = softmax_xent_eval if i else overwriting(softmax_xent_eval)
+                rt.submit(codelet, lg, y, loss, correct, batch=batch)
             return loss, correct, None
         dlogits = _like_batch(rt, logits, logits[0].shape[1:], dtype, "dlogits")
-        for lg, y, dl in zip(logits, labels, dlogits):
-            rt.submit(softmax_xent, lg, y, dl, loss, correct, batch=batch)
+        for i, (lg, y, dl) in enumerate(zip(logits, labels, dlogits)):
+            codelet = softmax_xent if i else overwriting(softmax_xent)
+            rt.submit(codelet, lg, y, dl, loss, correct, batch=batch)
         return loss, correct, dlogits
 
     @staticmethod
