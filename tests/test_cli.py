@@ -159,7 +159,7 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
 
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
-    assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= names
+    assert {"conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd_params", "sgd_step", "softmax_xent"} <= names
 
     with np.load(out / FINAL_NAME, allow_pickle=False) as npz:
         assert json.loads(npz["config"][()])["run"]["model"] == "dahl-basic"

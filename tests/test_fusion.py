@@ -120,6 +120,17 @@ def test_conv_relu_pool_equals_unfused_and_torch(variant, case, dtype):
     np.testing.assert_array_equal(pdb, db)
 
 
+@pytest.mark.parametrize("variant", ["cpu:direct", "cpu:im2col"])
+def test_conv_relu_pool_forward_by_chunks_gives_the_same_bits(variant, monkeypatch):
+    """Samples convolved chunk by chunk (here one at a time) give the whole batch's bits."""
+    x, w, b, dy, params = conv_operands(CONV_CASES[0], np.float32)
+    whole = run_conv(variant, x, w, b, dy, params, np.zeros_like(w), np.zeros_like(b))
+    monkeypatch.setattr(fused, "CHUNK_BYTES", 1)
+    chunked = run_conv(variant, x, w, b, dy, params, np.zeros_like(w), np.zeros_like(b))
+    for a, c in zip(whole, chunked):
+        np.testing.assert_array_equal(a, c)
+
+
 def test_conv_relu_pool_gradients_match_central_differences():
     x, w, b, dy, params = conv_operands(CONV_CASES[1], np.float64)
     _, _, dx, dw, db = run_conv("cpu:im2col", x, w, b, dy, params, np.zeros_like(w),
