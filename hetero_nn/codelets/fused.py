@@ -295,7 +295,9 @@ def _dense_relu_bwd_params_ref(x, y, dy, dw, db):
 
 
 def _masked_cpu(y, dy):
-    dz = conv._worker_buffer("fused:masked", dy.shape, dy.dtype)
+    """``dy * (y > 0)`` by the ReLU kernel (a fresh array: rows of a dense layer are small,
+    and the convolutions' scratch arrays keep the worker's buffers)."""
+    dz = np.empty(dy.shape, dy.dtype)
     _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
                   dz.reshape(-1))
     return dz
