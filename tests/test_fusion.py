@@ -360,3 +360,29 @@ def test_fused_and_unfused_steps_agree_and_equal_torch(g):
         assert rel_err(losses, ref_losses) <= 1e-9, fuse
         for name, value in twin.state_dict().items():
             assert rel_err(state[name], value.numpy()) <= 1e-9, (fuse, name)
+
+
+@pytest.mark.parametrize("config", [dict(devices="cpu:2", executor="dask"),
+                                    dict(devices="cpu:3", host_nodes=2, policy="dmda")],
+                         ids=["dask", "two-nodes"])
+def test_fused_steps_give_the_same_bits_on_dask_and_two_memory_nodes(config):
+    """The fused codelets and the in-place first contributions run pure in the Dask graph
+    and across memory nodes (copies, validity) with the local executor's bits."""
+    rng = np.random.default_rng(11)
+    data = [(rng.standard_normal((9, 1, 28, 28)), rng.integers(0, 10, 9)) for _ in range(2)]
+    hn.manual_seed(5)
+    start = lenet5().state_dict()
+    results = []
+    for cfg in (dict(devices="cpu:2"), config):
+        model = lenet5()
+        model.build((1, 28, 28), "float64")
+        model.load_state_dict(start)
+        with hn.Runtime(deterministic=True, perfmodel=False, **cfg) as rt:
+            trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9),
+                                 runtime=rt, batch_size=9, granularity=3, dtype="float64")
+            losses = [trainer.train_step(x, y) for x, y in data]
+            assert "conv2d_relu_pool_bwd.overwrite" in {r.codelet for r in rt.trace()}
+            results.append((losses, model.state_dict()))  # fetched while the runtime is open
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
