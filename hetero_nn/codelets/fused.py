@@ -43,7 +43,7 @@ Variants
     what the other variants are checked against.
 ``cpu:direct``, ``cpu:im2col`` (convolution) and ``cpu`` (dense)
     The Numba kernels of the composed codelets, called in turn on
-    worker-private buffers (``conv._worker_buffer``); the forward convolution
+    worker-private buffers (``_scratch``); the forward convolution
     runs chunk by chunk of samples, so ReLU and pooling read its output while
     it is still in cache.
 ``cuda``
@@ -55,6 +55,7 @@ REDUX operands (``dw``, ``db``) are added into, as in the codelets composed.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -75,6 +76,29 @@ pooling to read it from cache. Chunks much smaller cost more Python calls of the
 convolution than they save: with ~100 KiB chunks LeNet-5's first layer ran its chain
 about 30% slower than the three unfused kernels; from 1 MiB up the fused chain and the
 unfused kernels take the same time to within the noise of a shared machine."""
+
+
+_thread = threading.local()
+
+
+def _scratch(tag, shape, dtype):
+    """A C-contiguous ``shape`` array over the calling thread's one buffer for ``(tag, dtype)``.
+
+    The buffer grows to the largest request and is then reused by every layer and
+    partition size (the last partition is often one sample shorter): keyed by exact
+    shape, as ``conv._worker_buffer`` is, the fused chains' scratch arrays would
+    double its entries and push the convolutions' own out, reallocated every step.
+    The rules are ``conv._worker_buffer``'s: valid until the variant returns.
+    """
+    buffers = getattr(_thread, "buffers", None)
+    if buffers is None:
+        buffers = _thread.buffers = {}
+    key = (tag, np.dtype(dtype).str)
+    size = math.prod(shape)
+    buf = buffers.get(key)
+    if buf is None or buf.size < size:
+        buf = buffers[key] = np.empty(size, dtype=dtype)
+    return buf[:size].reshape(shape)
 
 
 # --------------------------------------------------------------------------- convolution chain
@@ -135,7 +159,7 @@ def _conv_relu_pool_fwd_cpu(conv_fwd):
                                               pool_stride)
         x = np.ascontiguousarray(x)
         step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
-        z = conv._worker_buffer("fused:z", (step, n_out, out_h, out_w), y.dtype)
+        z = _scratch("z", (step, n_out, out_h, out_w), y.dtype)
         for start in range(0, n_batch, step):
             stop = min(start + step, n_batch)
             zc = z[:stop - start]
@@ -149,10 +173,10 @@ def _conv_relu_pool_fwd_cpu(conv_fwd):
 
 def _masked_dz_cpu(y, argmax, dy, z_shape):
     """``_masked_dz_ref`` by the ReLU and pooling kernels, into worker buffers."""
-    masked = conv._worker_buffer("fused:masked", dy.shape, dy.dtype)
+    masked = _scratch("masked", dy.shape, dy.dtype)
     _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
                   masked.reshape(-1))
-    dz = conv._worker_buffer("fused:dz", z_shape, dy.dtype)
+    dz = _scratch("dz", z_shape, dy.dtype)
     pool._maxpool2d_bwd_cpu(masked, np.ascontiguousarray(argmax), dz)
     return dz
 
