@@ -12,7 +12,8 @@ import pytest
 import hetero_nn as hn
 from hetero_nn.codelets import REDUX, W, conv, dense, fused, pool
 from hetero_nn.codelets.activation import relu_bwd, relu_fwd
-from hetero_nn.codelets.reduce import overwriting
+from hetero_nn.codelets.reduce import add_redux, overwriting, zero_init
+from hetero_nn.layers import Layer
 from hetero_nn.layers.fused import ConvReLUPool, DenseReLU, plan
 from helpers import rel_err
 
@@ -259,6 +260,54 @@ def test_overwriting_writes_what_init_then_the_variant_would():
         assert rel_err(dw, dy.T @ x) <= 1e-12 and rel_err(db, dy.sum(0)) <= 1e-12, name
     with pytest.raises(ValueError, match="no REDUX operand"):
         overwriting(relu_fwd)
+
+
+def _scale_fwd(x, s, y):
+    np.multiply(x, s, out=y)
+
+
+def _scale_bwd(x, dy, ds):
+    ds += (x * dy).sum(axis=0)
+
+
+SCALE_FWD = hn.Codelet("test_scale_fwd", modes=(hn.R, hn.R, hn.W), variants={"ref": _scale_fwd})
+SCALE_BWD = hn.Codelet("test_scale_bwd", modes=(hn.R, hn.R, hn.REDUX), variants={"ref": _scale_bwd},
+                       init=zero_init, redux=add_redux)
+
+
+class Scale(Layer):
+    """A layer that adds its gradient contributions as REDUX itself (``overwrites_grads``
+    left False), as layers written before in-place first contributions do."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.add_parameter("scale", np.linspace(0.5, 1.5, n))
+
+    def forward(self, rt, xs):
+        self._xs, ys = xs, self.outputs(rt, xs)
+        for x, y in zip(xs, ys):
+            rt.submit(SCALE_FWD, x, self._params["scale"].handle, y)
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        for x, dy in zip(self._xs, dys):
+            rt.submit(SCALE_BWD, x, dy, self._params["scale"].grad)
+
+
+def test_layers_that_accumulate_their_gradients_still_get_them_zeroed():
+    layer = Scale(3)
+    layer.build((3,), "float64")
+    rng = np.random.default_rng(4)
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        layer.bind(rt)
+        for _ in range(2):  # the second step must not add onto the first
+            x, dy = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
+            layer.zero_grad(rt)
+            layer.forward(rt, list(rt.register(x).split(0, 2)))
+            layer.backward(rt, list(rt.register(dy).split(0, 2)))
+            grad = rt.fetch(layer._params["scale"].grad, copy=True)
+            assert rel_err(grad, (x * dy).sum(axis=0)) <= 1e-12
+        assert "fill_zero" in {r.codelet for r in rt.trace()}
 
 
 # --------------------------------------------------------------------------- layers and steps

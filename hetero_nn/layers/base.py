@@ -7,12 +7,15 @@ output; ``backward(rt, dys)`` does the same for gradients, accumulating
 parameter gradients into REDUX handles. Activations are temporaries from the
 runtime's arenas: they live for the step's flush.
 
-No bookkeeping where none is needed: ``zero_grad`` submits no task, it marks
-each gradient *fresh*; the first contribution of the step is then submitted
-as the codelet's ``overwriting`` twin (the gradient written in place, its
-``init`` inside the task) and only the later partitions' contributions are
-REDUX. With one partition a gradient costs no ``fill_zero``, no partial and
-no ``add``; with ``g`` partitions, ``g - 1`` partials and adds.
+No bookkeeping where none is needed: in a layer that submits its gradient
+contributions through :func:`contribution` (``overwrites_grads = True``, as
+``AffineLayer``), ``zero_grad`` submits no task, it marks each gradient
+*fresh*; the first contribution of the step is then submitted as the codelet's
+``overwriting`` twin (the gradient written in place, its ``init`` inside the
+task) and only the later partitions' contributions are REDUX. With one
+partition a gradient costs no ``fill_zero``, no partial and no ``add``; with
+``g`` partitions, ``g - 1`` partials and adds. Other layers' gradients are
+zeroed by a ``fill_zero`` task and accumulated into, as before.
 
 Parameters are NumPy arrays owned by the layer (as ``torch.nn.Parameter`` owns
 its tensor); ``bind(rt)`` registers them with a runtime without copying, and
@@ -104,10 +107,18 @@ class Layer:
         for p in self._params.values():
             p.bind(rt)
 
+    overwrites_grads = False
+    """True where ``backward`` submits through :func:`contribution`: then the first
+    contribution of a step overwrites each gradient and ``zero_grad`` needs no task."""
+
     def zero_grad(self, rt):
-        """Mark the gradients fresh: the step's first contribution overwrites them (no task)."""
+        """Zero the gradients: mark them fresh (no task) or submit ``fill_zero``."""
         for p in self._params.values():
-            p.fresh = True
+            if self.overwrites_grads:
+                p.fresh = True
+            else:
+                rt.submit(fill_zero, p.grad)
+                p.fresh = False
 
     # ------------------------------------------------------------ shapes
     def build(self, input_shape, dtype):
@@ -153,6 +164,7 @@ class AffineLayer(Layer):
 
     fwd = fwd_nobias = bwd_input = bwd_params = bwd_weight = None
     bias = True
+    overwrites_grads = True
     _kw: dict = {}
 
     @property
