@@ -17,7 +17,8 @@ a shared machine spreads over all of them); the figures are medians over the
 rounds. Reported per configuration: images per second, milliseconds per step, the
 ratio to PyTorch, tasks per step and, from the trace, the per-step overhead: step
 wall time minus the busiest worker's kernel time (what the runtime costs over the
-critical worker), as a share of the step. Example (a few minutes on 2 cores)::
+critical worker), as a share of the step; the JSON adds the kernel time per step of
+every (codelet, variant) that ran. Example (a few minutes on 2 cores)::
 
     python benchmarks/bench_training.py --batches 16 64 --granularities 1 2 4 \
         --rounds 5 --json training.json
@@ -76,6 +77,7 @@ class HeteroConfig:
         self.trainer = hn.Trainer(self.model, optimizer=hn.optim.SGD(lr=LR, momentum=MOMENTUM),
                                   runtime=self.rt, batch_size=batch, granularity=g)
         self.steps, self.overheads, self.tasks = [], [], []
+        self.kernels = {}  # (codelet, variant) -> seconds over the timed steps
 
     def run(self, data, timed=True):
         for x, y in data:
@@ -89,6 +91,8 @@ class HeteroConfig:
             busy = {}
             for r in records:
                 busy[r.worker] = busy.get(r.worker, 0.0) + (r.end - r.start)
+                key = (r.codelet, r.variant)
+                self.kernels[key] = self.kernels.get(key, 0.0) + (r.end - r.start)
             self.steps.append(wall)
             self.overheads.append(wall - max(busy.values(), default=0.0))
             self.tasks.append(len(records))
@@ -106,6 +110,7 @@ class TorchConfig:
         self.twin = torch_twin(model, torch)
         self.opt = torch.optim.SGD(self.twin.parameters(), lr=LR, momentum=MOMENTUM)
         self.steps, self.overheads, self.tasks = [], [], []
+        self.kernels = {}
 
     def run(self, data, timed=True):
         torch = self.torch
@@ -161,7 +166,10 @@ def bench(name, batch, args, torch, cache):
                          "images_per_s": batch / step, "ratio": torch_step / step,
                          "tasks": int(statistics.median(c.tasks)) if c.tasks else None,
                          "overhead_ms": None if over is None else 1e3 * over,
-                         "overhead_share": None if over is None else over / step})
+                         "overhead_share": None if over is None else over / step,
+                         # kernel ms per step by codelet and variant: which variants ran
+                         "kernels_ms": {f"{k[0]}/{k[1]}": 1e3 * t / len(c.steps)
+                                        for k, t in sorted(c.kernels.items())}})
         return rows
     finally:
         for c in configs:
