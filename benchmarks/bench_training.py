@@ -35,34 +35,15 @@ import sys
 import tempfile
 import time
 
+from pathlib import Path
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import torch_twin  # noqa: E402  (the tests' PyTorch twin of a Sequential)
 
 MODELS = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32)}
 LR, MOMENTUM = 0.01, 0.9
-
-
-def torch_twin(model, torch):
-    """``torch.nn.Sequential`` of the same layers with ``model``'s weights (float32)."""
-    import hetero_nn as hn
-    layers = []
-    for layer in model:
-        if isinstance(layer, hn.Conv2D):
-            layers.append(torch.nn.Conv2d(layer.in_channels, layer.out_channels,
-                                          layer.kernel_size, stride=layer.stride,
-                                          padding=layer.padding, bias=layer.bias))
-        elif isinstance(layer, hn.MaxPool2D):
-            layers.append(torch.nn.MaxPool2d(layer.kernel_size, layer.stride))
-        elif isinstance(layer, hn.Dense):
-            layers.append(torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias))
-        elif isinstance(layer, hn.ReLU):
-            layers.append(torch.nn.ReLU())
-        elif isinstance(layer, hn.Flatten):
-            layers.append(torch.nn.Flatten())
-        else:
-            raise TypeError(f"no torch twin for {layer!r}")
-    twin = torch.nn.Sequential(*layers)
-    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
-    return twin
 
 
 class HeteroConfig:
@@ -107,7 +88,7 @@ class TorchConfig:
         self.label = f"pytorch {threads} thread{'s' if threads > 1 else ''}"
         self.threads = threads
         self.torch = torch
-        self.twin = torch_twin(model, torch)
+        self.twin = torch_twin(model, "float32")
         self.opt = torch.optim.SGD(self.twin.parameters(), lr=LR, momentum=MOMENTUM)
         self.steps, self.overheads, self.tasks = [], [], []
         self.kernels = {}

@@ -15,7 +15,7 @@ from hetero_nn.codelets.activation import relu_bwd, relu_fwd
 from hetero_nn.codelets.reduce import add_redux, overwriting, zero_init
 from hetero_nn.layers import Layer
 from hetero_nn.layers.fused import ConvReLUPool, DenseReLU, plan
-from helpers import rel_err
+from helpers import rel_err, torch_twin
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -391,12 +391,10 @@ def test_fused_and_unfused_steps_agree_and_equal_torch(g):
                                  batch_size=12, granularity=g, dtype="float64")
             losses = [trainer.train_step(x, y) for x, y in data]
             results[fuse] = losses, model.state_dict()
-    twin = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 6, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-        torch.nn.Linear(400, 120), torch.nn.ReLU(), torch.nn.Linear(120, 84), torch.nn.ReLU(),
-        torch.nn.Linear(84, 10)).double()
-    twin.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in start.items()})
+    model = lenet5()
+    model.build((1, 28, 28), "float64")
+    model.load_state_dict(start)
+    twin = torch_twin(model, "float64")
     opt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
     ref_losses = []
     for x, y in data:

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import hetero_nn as hn
-from helpers import rel_err
+from helpers import rel_err, torch_twin
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 GRANULARITIES = (1, 3, 8)
@@ -61,29 +61,6 @@ def small_net():
 
 
 NETS = {"lenet5": lenet5, "small": small_net}
-
-
-def torch_twin(model: hn.Sequential, dtype) -> torch.nn.Sequential:
-    """A ``torch.nn.Sequential`` of the same layers holding a copy of ``model``'s weights."""
-    layers = []
-    for layer in model:
-        if isinstance(layer, hn.Conv2D):
-            layers.append(torch.nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                                          stride=layer.stride, padding=layer.padding,
-                                          bias=layer.bias))
-        elif isinstance(layer, hn.MaxPool2D):
-            layers.append(torch.nn.MaxPool2d(layer.kernel_size, layer.stride))
-        elif isinstance(layer, hn.Dense):
-            layers.append(torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias))
-        elif isinstance(layer, hn.ReLU):
-            layers.append(torch.nn.ReLU())
-        elif isinstance(layer, hn.Flatten):
-            layers.append(torch.nn.Flatten())
-        else:
-            raise TypeError(f"no torch twin for {layer!r}")
-    twin = torch.nn.Sequential(*layers).to(getattr(torch, np.dtype(dtype).name))
-    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
-    return twin
 
 
 @functools.lru_cache(maxsize=None)
