@@ -23,7 +23,7 @@ F = torch.nn.functional
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]
 CONV_VARIANTS = ["ref", "cpu:direct", "cpu:im2col", "cuda"]
-DENSE_VARIANTS = ["ref", "cpu", "cuda"]
+DENSE_VARIANTS = ["ref", "cpu", "cpu:blas", "cuda"]
 
 # (N, C, H, W, O, kernel, stride, padding, pool, pool stride)
 CONV_CASES = [

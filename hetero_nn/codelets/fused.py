@@ -46,6 +46,9 @@ Variants
     worker-private buffers (``_scratch``); the forward convolution
     runs chunk by chunk of samples, so ReLU and pooling read its output while
     it is still in cache.
+``cpu:blas`` (dense)
+    The Numba ReLU kernels around the reference's BLAS GEMMs: the mix the
+    performance model picks most often for the unfused dense and ReLU tasks.
 ``cuda``
     The composition of the ``cuda`` variants, written against the array module.
 
@@ -299,6 +302,12 @@ def _dense_relu_fwd_cpu(x, w, b, y):
     _relu_fwd_cpu(flat, flat)
 
 
+def _dense_relu_fwd_cpu_blas(x, w, b, y):
+    dense._dense_fwd_ref(x, w, b, y)
+    flat = y.reshape(-1)
+    _relu_fwd_cpu(flat, flat)
+
+
 def _dense_relu_fwd_cuda(x, w, b, y):
     xp = array_module(x, w, b, y)
     dense._dense_fwd_cuda(x, w, b, y)
@@ -327,14 +336,26 @@ def _masked_cpu(y, dy):
     return dz
 
 
-def _dense_relu_bwd_cpu(x, w, y, dy, dx, dw, db):
-    dz = _masked_cpu(y, dy)
-    dense._dense_bwd_params_cpu_wrapper(x, dz, dw, db)
-    dense._dense_bwd_input_cpu_wrapper(dz, w, dx)
+def _dense_relu_bwd_variants(bwd_params, bwd_input, label):
+    """The fused backward variants, with and without ``dx``: the Numba ReLU mask, then the
+    dense layer's ``bwd_params`` (and ``bwd_input``) on the masked gradient."""
+    def with_input(x, w, y, dy, dx, dw, db):
+        dz = _masked_cpu(y, dy)
+        bwd_params(x, dz, dw, db)
+        bwd_input(dz, w, dx)
+
+    def params_only(x, y, dy, dw, db):
+        bwd_params(x, _masked_cpu(y, dy), dw, db)
+
+    with_input.__name__ = f"dense_relu_bwd_{label}"
+    params_only.__name__ = f"dense_relu_bwd_params_{label}"
+    return with_input, params_only
 
 
-def _dense_relu_bwd_params_cpu(x, y, dy, dw, db):
-    dense._dense_bwd_params_cpu_wrapper(x, _masked_cpu(y, dy), dw, db)
+_dense_relu_bwd_cpu, _dense_relu_bwd_params_cpu = _dense_relu_bwd_variants(
+    dense._dense_bwd_params_cpu_wrapper, dense._dense_bwd_input_cpu_wrapper, "cpu")
+_dense_relu_bwd_cpu_blas, _dense_relu_bwd_params_cpu_blas = _dense_relu_bwd_variants(
+    dense._dense_bwd_params_ref, dense._dense_bwd_input_ref, "cpu_blas")
 
 
 def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):
@@ -371,20 +392,22 @@ def _rows_of(variants, *indices, output=()):
 dense_relu_fwd = Codelet(
     "dense_relu_fwd", modes=(R, R, R, W),
     variants=_rows_of({"ref": _dense_relu_fwd_ref, "cpu": _dense_relu_fwd_cpu,
-                       "cuda": _dense_relu_fwd_cuda}, 0),
+                       "cpu:blas": _dense_relu_fwd_cpu_blas, "cuda": _dense_relu_fwd_cuda}, 0),
     flops=_dense_relu_fwd_flops)
 """``y = relu(x @ w.T + b)`` (R x[N,I], R w[O,I], R b[O], W y[N,O])."""
 
 dense_relu_bwd = Codelet(
     "dense_relu_bwd", modes=(R, R, R, R, W, REDUX, REDUX),
     variants=_rows_of({"ref": _dense_relu_bwd_ref, "cpu": _dense_relu_bwd_cpu,
-                       "cuda": _dense_relu_bwd_cuda}, 0, 4, output=(4,)),
+                       "cpu:blas": _dense_relu_bwd_cpu_blas, "cuda": _dense_relu_bwd_cuda},
+                      0, 4, output=(4,)),
     init=zero_init, redux=add_redux, flops=_dense_relu_bwd_flops)
 """The chain's gradients: ``(x R, w R, y R, dy R, dx W, dw REDUX, db REDUX)``, ``dz = dy * (y > 0)``."""
 
 dense_relu_bwd_params = Codelet(
     "dense_relu_bwd_params", modes=(R, R, R, REDUX, REDUX),
     variants=_rows_of({"ref": _dense_relu_bwd_params_ref, "cpu": _dense_relu_bwd_params_cpu,
+                       "cpu:blas": _dense_relu_bwd_params_cpu_blas,
                        "cuda": _dense_relu_bwd_params_cuda}, 0),
     init=zero_init, redux=add_redux, flops=_dense_relu_bwd_params_flops)
 """The chain's parameter gradients only: ``(x R, y R, dy R, dw REDUX, db REDUX)``."""
