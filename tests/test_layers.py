@@ -15,10 +15,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 import hetero_nn as hn
 from helpers import rel_err
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {"float64": 1e-10, "float32": 1e-4}
 

@@ -22,10 +22,11 @@ import hashlib
 
 import numpy as np
 import pytest
-import torch
 
 import hetero_nn as hn
 from helpers import rel_err, torch_twin
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 GRANULARITIES = (1, 3, 8)

@@ -24,6 +24,7 @@ creates a gradient handle for each.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -81,8 +82,53 @@ class Parameter:
         return f"Parameter({self.name!r}, shape={self.data.shape}, dtype={self.data.dtype.name})"
 
 
+class Buffer(Parameter):
+    """A non-trainable array in a layer's ``state_dict`` (running statistics): no gradient."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, data: np.ndarray):
+        super().__init__(name, data)
+        self.data = np.array(data, order="C")  # 0-d stays 0-d (num_batches_tracked)
+
+    def bind(self, rt):
+        if self.runtime is rt and self.handle is not None and not rt._closed:
+            return
+        self.runtime = rt
+        self.handle = rt.register(self.data, name=self.name)
+
+
+@contextlib.contextmanager
+def evaluating(layer):
+    """``layer.eval()`` for the duration of the block, then its previous mode back."""
+    was_training = layer.training
+    layer.eval()
+    try:
+        yield layer
+    finally:
+        layer.train(was_training)
+
+
+@contextlib.contextmanager
+def keeping_state(model):
+    """Run the block, then put back ``model``'s buffers (running statistics) and its
+    dropout step counts: passes that only measure time must not train the model."""
+    buffers = {name: np.array(b.host(), copy=True) for name, b in model.named_buffers()}
+    steps = [(layer, layer.steps) for layer in model.modules()
+             if isinstance(getattr(layer, "steps", None), int)]
+    try:
+        yield model
+    finally:
+        for layer, count in steps:
+            layer.steps = count
+        if buffers:
+            model.load_state_dict(buffers, strict=False)
+
+
 class Layer:
     """Base class of every layer; see the module docstring."""
+
+    training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}
@@ -99,6 +145,39 @@ class Layer:
 
     def parameters(self):
         return list(self._params.values())
+
+    def named_buffers(self):
+        """Non-trainable state kept in the ``state_dict`` (``Buffer`` objects), by name."""
+        return []
+
+    def named_state(self):
+        """Parameters then buffers, in ``torch.nn.Module.state_dict``'s order."""
+        return self.named_parameters() + self.named_buffers()
+
+    def named_children(self):
+        """The layers this one is made of (Residual's body and shortcut), by name."""
+        return []
+
+    def named_modules(self, prefix=""):
+        """``(path, layer)`` for this layer and every layer it is made of, depth first."""
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        """This layer and every layer it is made of (``torch.nn.Module.modules``)."""
+        return [layer for _, layer in self.named_modules()]
+
+    def train(self, mode: bool = True):
+        """Training mode, or evaluation mode with ``mode=False`` (``torch.nn.Module.train``)."""
+        self.training = bool(mode)
+        for _, child in self.named_children():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        """Evaluation mode: running statistics, no dropout (``torch.nn.Module.eval``)."""
+        return self.train(False)
 
     def reset_parameters(self, rng=None):
         """Draw initial weights (PyTorch's default distributions)."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..fileio import atomic_write
+from ..tables import format_table
 
 __all__ = ["TaskRecord", "Trace"]
 
@@ -185,14 +186,14 @@ class Trace:
         grand_total = math.fsum(row["total"] for row in rows)
         header = ("codelet", "variant", "count", "total ms", "mean ms", "std ms", "min ms",
                   "max ms", "share %")
-        lines = [header]
+        lines = []
         for row in rows:
             share = 100.0 * row["total"] / grand_total if grand_total > 0 else 0.0
             lines.append((row["codelet"], row["variant"], str(row["count"]),
                           *(f"{1e3 * row[key]:.3f}" for key in ("total", "mean", "std", "min",
                                                                   "max")),
                           f"{share:.1f}"))
-        return _format_table(lines)
+        return format_table(header, lines)
 
     def utilisation(self) -> dict[str, float]:
         """Fraction of the makespan each worker spent running tasks (0 for idle ones)."""
@@ -223,12 +224,12 @@ class Trace:
         counts = {w: 0 for w in self.workers}
         for r in self.records:
             counts[r.worker] += 1
-        lines = [("worker", "device", "tasks", "busy ms", "util %", "")]
+        lines = []
         for w in self.workers:
             fraction = utilisation[w]
             lines.append((w, devices.get(w, "-"), str(counts[w]), f"{1e3 * busy[w]:.3f}",
                           f"{100 * fraction:.1f}", "#" * round(20 * fraction)))
-        table = _format_table(lines, left=frozenset({0, 1, 5}))
+        table = format_table(("worker", "device", "tasks", "busy ms", "util %", ""), lines)
         return f"{table}\nmakespan {1e3 * self.makespan:.3f} ms over {len(self.workers)} workers"
 
     # -- exporters ----------------------------------------------------------------------------
@@ -399,12 +400,3 @@ class Trace:
         return (f"Trace({len(self.records)} tasks, {len(self.workers)} workers, "
                 f"makespan {1e3 * self.makespan:.3f} ms)")
 
-
-def _format_table(rows: list[tuple[str, ...]], left: frozenset = frozenset({0, 1})) -> str:
-    """Align ``rows`` (the first is the header): columns in ``left`` to the left, others right."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) if i in left else cell.rjust(width)
-                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths).rstrip())
-    return "\n".join(lines)
