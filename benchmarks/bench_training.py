@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import torch_twin  # noqa: E402  (the tests' PyTorch twin of a Sequential)
+from twins import torch_twin  # noqa: E402  (the tests' PyTorch twin of a model)
 
 MODELS = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32)}
 LR, MOMENTUM = 0.01, 0.9

@@ -15,7 +15,8 @@ from hetero_nn.codelets.activation import relu_bwd, relu_fwd
 from hetero_nn.codelets.reduce import add_redux, overwriting, zero_init
 from hetero_nn.layers import Layer
 from hetero_nn.layers.fused import ConvReLUPool, DenseReLU, plan
-from helpers import rel_err, torch_twin
+from helpers import rel_err
+from twins import torch_twin
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

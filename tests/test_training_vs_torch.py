@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from helpers import rel_err, torch_twin
+from helpers import rel_err
+from twins import torch_twin
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
