@@ -327,9 +327,10 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
 
     # the variants that ran, per codelet, from the runtime's task records: one each when pinned
     ran = metrics["variants_run"]
-    assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= set(ran)
-    from hetero_nn.codelets import conv
-    assert set(ran["conv2d_fwd"]) <= set(conv.conv2d_fwd.variants)
+    assert {"conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd_params", "sgd_step",
+            "softmax_xent"} <= set(ran)  # the model's Conv2D, ReLU, MaxPool2D run fused
+    from hetero_nn.codelets import fused
+    assert set(ran["conv2d_relu_pool_fwd"]) <= set(fused.conv2d_relu_pool_fwd.variants)
     assert all(len(variants) == 1 and min(variants.values()) > 0 for variants in ran.values())
     assert sum(ran["sgd_step"].values()) % 16 == 0  # one task per weight per step
     # the first step (kernel compilation) is timed apart from epoch 1's images/s
@@ -341,7 +342,7 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
 
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
-    assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= names
+    assert {"conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd_params", "sgd_step", "softmax_xent"} <= names
 
     with np.load(out / FINAL_NAME, allow_pickle=False) as npz:
         assert json.loads(npz["config"][()])["run"]["model"] == "dahl-basic"

@@ -3,7 +3,9 @@
 Every loss is called as ``loss(rt, outputs, labels, grad=True)`` on the
 partitions of one batch and returns ``(loss, correct, doutputs or None)``: the
 loss and the count of correct argmaxes are REDUX scalars (each partition adds
-its share, and the balanced tree makes the sum independent of the schedule),
+its share, and the balanced tree makes the sum independent of the schedule;
+``SoftmaxCrossEntropy``'s first partition writes them in place instead, with the
+codelet's ``overwriting`` twin, so they need no ``fill_zero`` task),
 ``doutputs`` the partitions of the loss's gradient with respect to the model's
 outputs. The mean is over the *whole* batch, whatever the partitioning.
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from ..codelets.loss import (argmax_rows, count_correct, mse_loss, nll_loss, one_hot,
                              softmax_xent, softmax_xent_eval)
-from ..codelets.reduce import fill_zero
+from ..codelets.reduce import fill_zero, overwriting
 from ..errors import ConfigError
 from .base import _like_batch
 
@@ -35,15 +37,17 @@ class _Loss:
         self.reduction = reduction
         self._scalars = {}
 
-    def _handles(self, rt, dtype):
-        """The zeroed ``(loss, correct)`` scalars of ``rt`` (zeroing submitted as tasks)."""
+    def _handles(self, rt, dtype, zero=True):
+        """The ``(loss, correct)`` scalars of ``rt``, zeroed by tasks unless ``zero`` is
+        False (a loss whose first partition writes them with an ``overwriting`` codelet)."""
         key = (id(rt), np.dtype(dtype))
         h = self._scalars.get(key)
         if h is None or h[0].owner is not rt:
             h = (rt.empty((), dtype, name="loss"), rt.empty((), np.int64, name="correct"))
             self._scalars[key] = h
-        rt.submit(fill_zero, h[0])
-        rt.submit(fill_zero, h[1])
+        if zero:
+            rt.submit(fill_zero, h[0])
+            rt.submit(fill_zero, h[1])
         return h
 
     def _divisor(self, outputs, per_sample=False):
@@ -86,16 +90,18 @@ class SoftmaxCrossEntropy(_Loss):
         """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``."""
         batch = self._divisor(logits)
         dtype = logits[0].dtype
-        loss, correct = self._handles(rt, dtype)
+        loss, correct = self._handles(rt, dtype, zero=False)
         eps = self.label_smoothing
+        # the first partition writes loss and count in place; the others add (REDUX)
         if not grad:
-            for lg, y in zip(logits, labels):
-                rt.submit(softmax_xent_eval, lg, y, loss, correct, batch=batch,
-                          label_smoothing=eps)
+            for i, (lg, y) in enumerate(zip(logits, labels)):
+                codelet = softmax_xent_eval if i else overwriting(softmax_xent_eval)
+                rt.submit(codelet, lg, y, loss, correct, batch=batch, label_smoothing=eps)
             return loss, correct, None
         dlogits = _like_batch(rt, logits, logits[0].shape[1:], dtype, "dlogits")
-        for lg, y, dl in zip(logits, labels, dlogits):
-            rt.submit(softmax_xent, lg, y, dl, loss, correct, batch=batch, label_smoothing=eps)
+        for i, (lg, y, dl) in enumerate(zip(logits, labels, dlogits)):
+            codelet = softmax_xent if i else overwriting(softmax_xent)
+            rt.submit(codelet, lg, y, dl, loss, correct, batch=batch, label_smoothing=eps)
         return loss, correct, dlogits
 
     def extra_repr(self):

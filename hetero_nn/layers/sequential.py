@@ -7,6 +7,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import CheckpointError, ShapeError
+from . import fused
 from .base import Layer
 from .summary import layer_repr, summary
 
@@ -17,14 +18,20 @@ class Sequential(Layer):
     ``build(input_shape, dtype)`` infers and checks every shape; a mismatch
     raises :class:`~hetero_nn.errors.ShapeError` naming the layer, its index and
     both shapes, before any task is submitted.
+
+    ``fuse`` (default True; an attribute, may be changed between steps): submit
+    the runs ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as one fused task per
+    partition (``layers/fused.py``); ``fuse=False`` submits every layer's own tasks.
     """
 
-    def __init__(self, *layers):
+    def __init__(self, *layers, fuse=True):
         super().__init__()
         for i, layer in enumerate(layers):
             if not isinstance(layer, Layer):
                 raise TypeError(f"Sequential: argument {i} is {type(layer).__name__}, not a Layer")
         self.layers = list(layers)
+        self.fuse = bool(fuse)
+        self._blocks = None
 
     def __len__(self):
         return len(self.layers)
@@ -113,14 +120,14 @@ class Sequential(Layer):
 
     # ------------------------------------------------------------ tasks
     def forward(self, rt, xs):
-        for layer in self.layers:
-            xs = layer.forward(rt, xs)
+        self._blocks = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
+        for _, block in self._blocks:
+            xs = block.forward(rt, xs)
         return xs
 
     def backward(self, rt, dys, need_input_grad=False):
-        last = len(self.layers) - 1
-        for i in range(last, -1, -1):
-            dys = self.layers[i].backward(rt, dys, need_input_grad=(i > 0 or need_input_grad))
+        for i, block in reversed(self._blocks):  # the blocks the forward pass ran
+            dys = block.backward(rt, dys, need_input_grad=(i > 0 or need_input_grad))
         return dys
 
     def summary(self, input_shape=None, dtype=None) -> str:
