@@ -16,6 +16,13 @@ State (all under ``_lock``)
 first :class:`~hetero_nn.errors.TaskError`; once set, the remaining tasks are
 cancelled (released without running). ``_idle``: workers asleep.
 
+Faults
+------
+A failure while binding a task's operands (a transfer, an arena allocation)
+fails that task as its codelet would. A failing prefetch, done by a worker
+for another worker's task, fails the flush the same way: a ``TaskError``
+naming the task and the node, the rest cancelled, the runtime usable.
+
 Threads
 -------
 BLAS is held to one thread (``threadpoolctl``) while the executor lives, so
@@ -172,7 +179,10 @@ class LocalExecutor:
             if prefetch is not None:
                 for s, target_node in prefetch:
                     if s.t_start == 0.0:
-                        rt.prefetch(s, target_node)
+                        try:
+                            rt.prefetch(s, target_node)
+                        except BaseException as exc:  # noqa: BLE001 - fails the flush
+                            self._prefetch_failed(s, target_node, exc)
             task.worker = w
             if not failed:
                 execute(task, w, kind, rt)
@@ -197,6 +207,15 @@ class LocalExecutor:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             task.t_end = _perf()
             task.error = exc
+
+    def _prefetch_failed(self, task, node, exc):
+        err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "
+                        f"{node.name} failed: {type(exc).__name__}: {exc}",
+                        codelet=task.codelet.name, task_id=task.id)
+        err.__cause__ = exc
+        with self._lock:
+            if self._error is None:
+                self._error = err
 
     @staticmethod
     def _task_error(task):
