@@ -235,12 +235,17 @@ def test_dependencies_local(cfg):
         for name, h in handles.items():
             np.testing.assert_array_equal(rt.fetch(h), expected[name], err_msg=name)
         records = {r.task_id: r for r in rt.trace()}
+    _check_edges(records, tasks, EDGES, NO_EDGES)
+
+
+def _check_edges(records, tasks, edges, no_edges):
+    """The trace shows each edge (and its order in time) and none of ``no_edges``."""
     _check_times(records.values())
-    for a, b in EDGES:
+    for a, b in edges:
         ra, rb = records[tasks[a].id], records[tasks[b].id]
         assert ra.task_id in rb.deps, (a, b, rb.deps)
         assert rb.start >= ra.end, (a, b)
-    for a, b in NO_EDGES:
+    for a, b in no_edges:
         assert tasks[a].id not in records[tasks[b].id].deps, (a, b)
 
 
@@ -251,6 +256,8 @@ def test_dependencies_dask(executor, dist_client):
         handles, expected, _ = _dependency_program(rt)
         for name, h in handles.items():
             np.testing.assert_array_equal(rt.fetch(h), expected[name], err_msg=name)
+        root, _, expected = _plans_program(rt)  # views of three plans in the pure graph
+        np.testing.assert_array_equal(rt.fetch(root), expected)
         _check_times(rt.trace())
 
 
@@ -725,20 +732,7 @@ def test_partition_plans_order_overlapping_views(cfg):
         root, tasks, expected = _plans_program(rt)
         np.testing.assert_array_equal(rt.fetch(root), expected)
         records = {r.task_id: r for r in rt.trace()}
-    _check_times(records.values())
-    for a, b in PLAN_EDGES:
-        assert tasks[a].id in records[tasks[b].id].deps, (a, b)
-        assert records[tasks[b].id].start >= records[tasks[a].id].end, (a, b)
-    for a, b in PLAN_NO_EDGES:
-        assert tasks[a].id not in records[tasks[b].id].deps, (a, b)
-
-
-@pytest.mark.parametrize("executor", ["dask", "distributed"])
-def test_partition_plans_in_the_dask_graph(executor, dist_client):
-    with hn.Runtime(devices="cpu:2", executor=dist_client if executor == "distributed"
-                    else executor) as rt:
-        root, _, expected = _plans_program(rt)
-        np.testing.assert_array_equal(rt.fetch(root), expected)
+    _check_edges(records, tasks, PLAN_EDGES, PLAN_NO_EDGES)
 
 
 def test_plans_on_two_axes_and_a_task_writing_overlapping_views():
