@@ -19,7 +19,7 @@ trace of the last ``--trace-steps`` steps, with ``--trace``), ``checkpoint.npz``
 ``checkpoint-final.npz`` (the end of training).
 
 Reproducibility: by default the runtime runs one fixed variant per codelet and
-device kind (``Runtime(deterministic=True, variants=FIXED_VARIANTS)``: the
+device kind (``Runtime()``'s default, the table ``codelets/pinned.py``: the
 Numba kernels, im2col convolutions, BLAS dense layers), because variants differ in the last bits
 and a performance model would pick them by timing. With a fixed granularity
 (recorded in the checkpoint, ``auto`` included) and REDUX trees whose shape
@@ -60,13 +60,6 @@ from pathlib import Path
 from .errors import ArenaError, ConfigError, HeteroNNError, TaskError, TrainingDiverged
 
 PROG = "hetero-nn"
-#: Variants run when results must be reproducible (the first one a codelet has wins):
-#: the fastest in benchmarks/bench_codelets.py — im2col convolutions, Numba kernels,
-#: and the NumPy (BLAS) references for the dense layers.
-FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
-                  **{name: ("ref", "cuda") for name in (
-                      "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
-                      "dense_bwd_weight")}}
 DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9}, "adam": {"lr": 0.001}}
 _UNSET = None  # an option not given on the command line
@@ -407,7 +400,6 @@ def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=Fal
     try:
         return Runtime(devices=devices, policy=policy, executor=executor,
                        deterministic=deterministic,
-                       variants=FIXED_VARIANTS if deterministic else None,
                        calibrate=calibrate, trace=trace)
     except DeviceError as exc:
         option = "--executor" if "executor" in str(exc) else "--devices"

@@ -50,7 +50,7 @@ class Parameter:
         return self.data.shape
 
     def bind(self, rt):
-        if self.runtime is rt and self.handle is not None and not rt._closed:
+        if self.runtime is rt and self.handle is not None and not rt.closed:
             return
         self.runtime = rt
         self.handle = rt.register(self.data, name=self.name)
@@ -61,7 +61,7 @@ class Parameter:
 
     def host(self) -> np.ndarray:
         """The current values as a host array (coherent if bound)."""
-        if self.handle is not None and not self.runtime._closed:
+        if self.handle is not None and not self.runtime.closed:
             return self.runtime.fetch(self.handle)
         return self.data
 

@@ -575,11 +575,6 @@ class Runtime:
         """Whether :meth:`close` ran (handles of a closed runtime cannot be used)."""
         return self._closed
 
-    @property
-    def single_node(self) -> bool:
-        """Whether every worker computes in one memory node (no coherence to keep)."""
-        return self._single_node
-
     def arena_stats(self) -> dict:
         """Per memory node: the temporaries arena's statistics."""
         return {n.name: n.arena.stats for n in self.nodes}
