@@ -145,6 +145,8 @@ class Handle:
                                    generation=self.generation))
             start += size
         plan = Plan(self, axis, n, tuple(children))
+        for child in children:
+            child.plan = plan
         with self._lock:
             self.grid.cut(axis, plan.starts)
             self.plans[(axis, n)] = plan

@@ -322,9 +322,15 @@ class Runtime:
             for x in conflicting:
                 if x.within(h):
                     _set_state(x, None, [], self._tracked)
-            for r in h._readers:
-                preds[r] = None
-            _set_state(h, task, [], self._tracked)
+            readers = h._readers
+            if readers:
+                for r in readers:
+                    preds[r] = None
+                h._readers = []
+            if own is None and not readers:  # h had no state: count it in its ancestors
+                _set_state(h, task, [], self._tracked)
+            else:
+                h._last_writer = task
         elif own is None and not h._readers:
             _set_state(h, None, [task], self._tracked)
         else:
@@ -336,8 +342,10 @@ class Runtime:
             h._last_writer = None
             h._readers = []
             h._live_below = 0
-            for a in h.ancestors():
+            a = h.parent
+            while a is not None and a._live_below:  # above a zeroed one, all are zeroed
                 a._live_below = 0
+                a = a.parent
         self._tracked = []
 
     # ------------------------------------------------------------------ REDUX
@@ -647,20 +655,19 @@ def _conflicting(h) -> list:
     each ancestor's other plans, the handles whose ranges meet ``h``'s (siblings of
     one plan are disjoint and skipped)."""
     out = []
-    box = h.box
     child, a = h, h.parent
     while a is not None:
         if a._last_writer is not None or a._readers:
             out.append(a)
-        on_path = child._live_below + (child._last_writer is not None or bool(child._readers))
-        if a._live_below > on_path and len(a.plans) > 1:  # state beside the path
+        if len(a.plans) > 1 and a._live_below > child._live_below + (
+                child._last_writer is not None or bool(child._readers)):  # state beside the path
             for plan in a.plans.values():
                 if plan is not child.plan:
-                    _tracked_meeting(plan, box, out)
+                    _tracked_meeting(plan, h.box, out)
         child, a = a, a.parent
     if h._live_below:
         for plan in h.plans.values():
-            _tracked_meeting(plan, box, out)
+            _tracked_meeting(plan, h.box, out)
     return out
 
 
@@ -687,8 +694,10 @@ def _set_state(h, writer, readers, tracked):
         step = 1 if has else -1
         if has:
             tracked.append(h)
-        for a in h.ancestors():
+        a = h.parent
+        while a is not None:
             a._live_below += step
+            a = a.parent
 
 
 def _record(t):
