@@ -462,14 +462,18 @@ def test_failing_transfer_or_prefetch_fails_the_flush_and_runtime_stays_usable(p
         copies = [node.copy for node in rt.nodes]
         for node in rt.nodes:
             node.copy = _failing_copy
+        failed = 0
         for _ in range(8):
             h = rt.register(np.zeros(16))
-            for part in h.split(axis=0, n=4):
-                rt.submit(ADD, part, amount=1.0)
+            for part in h.split(axis=0, n=4):  # slow: both workers take some
+                rt.submit(ADD, part, amount=1.0, delay=SLOW)
             rt.submit(ADD, h, amount=1.0)  # reads parts written on both nodes
             err = _wait_bounded(rt)
-            assert isinstance(err, hn.TaskError), err
-            assert "injected" in str(err) and isinstance(err.__cause__, OSError)
+            if err is not None:  # None: every task happened to run on host0, no copy
+                assert isinstance(err, hn.TaskError), err
+                assert "injected" in str(err) and isinstance(err.__cause__, OSError)
+                failed += 1
+        assert failed
         for node, copy in zip(rt.nodes, copies):
             node.copy = copy
         h = rt.register(np.zeros(16))

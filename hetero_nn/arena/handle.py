@@ -205,7 +205,9 @@ class Handle:
     def valid(self) -> set:
         """Memory node indices whose replica holds the current data of the whole handle."""
         with self._lock:
-            common = int(np.bitwise_and.reduce(self.grid.mask[self.cells()], axis=None))
+            sub = self.grid.mask[self.cells()]
+            common = int(sub.flat[0]) if sub.size == 1 else int(
+                np.bitwise_and.reduce(sub, axis=None))
         return _nodes_of(common)
 
     @valid.setter

@@ -498,7 +498,8 @@ class Runtime:
 
     def _acquire(self, h, node, reads, writes):
         """``acquire`` that feeds measured transfers to the performance model."""
-        src = self.nodes[min(h.valid)] if reads and h.valid and node.index not in h.valid else None
+        valid = h.valid if reads else None
+        src = self.nodes[min(valid)] if valid and node.index not in valid else None
         t0 = _perf()
         arr, moved = acquire(h, node, self.nodes, reads, writes)
         if moved and src is not None and self.perfmodel is not None:
