@@ -657,6 +657,16 @@ def test_deterministic_always_runs_the_first_variant(tmp_path):
     assert set(ran) == {"cpu:slow"}
 
 
+def test_pinned_by_default_and_calibration_explores(tmp_path):
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        assert rt.deterministic and rt.candidates(TWO_VARIANTS, "cpu") == ("cpu:slow",)
+    with hn.Runtime(devices="cpu:1", calibrate=True, perfmodel=hn.PerfModel(tmp_path)) as rt:
+        assert not rt.deterministic
+        assert rt.candidates(TWO_VARIANTS, "cpu") == ("cpu:slow", "cpu:fast")
+    with pytest.raises(hn.ConfigError, match="calibrate"):
+        hn.Runtime(devices="cpu:1", calibrate=True, deterministic=True)
+
+
 def test_perfmodel_path_and_false(tmp_path):
     with hn.Runtime(devices="cpu:1", perfmodel=str(tmp_path)) as rt:
         assert isinstance(rt.perfmodel, hn.PerfModel)

@@ -62,7 +62,7 @@ import numpy as np
 from ..arena.handle import Handle, acquire
 from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..codelets.pinned import PINNED_VARIANTS
-from ..errors import DeviceError, SubmitError
+from ..errors import ConfigError, DeviceError, SubmitError
 from .devices import make_workers
 from .trace import TaskRecord, Trace
 
@@ -86,8 +86,8 @@ class Runtime:
         or a ``distributed.Client``. Dask executors run codelets pure.
     host_nodes : int
         Split the host into this many memory nodes (CPU workers dealt in turn).
-    deterministic : bool
-        True (the default): run, per codelet and device kind, one pinned
+    deterministic : bool, optional
+        True (the default, unless ``calibrate``): run, per codelet and device kind, one pinned
         variant, the first of ``variants`` the codelet has (by default
         :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first
         declared one; results are then bit-identical under every policy and
@@ -104,7 +104,8 @@ class Runtime:
         Where measurements go (default: ``HETERO_NN_CACHE``); False records nothing.
     calibrate : bool
         Explore every variant until each footprint has ``calibrate_samples`` runs
-        (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each.
+        (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each. It
+        implies ``deterministic=False``; asking for both is a ``ConfigError``.
     trace : bool
         Keep a record of every executed task (see :meth:`trace`).
 
@@ -122,12 +123,17 @@ class Runtime:
     """
 
     def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
-                 deterministic: bool = True, variants=None, perfmodel=None,
+                 deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
                  seed: int = 0):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
+        if deterministic is None:
+            deterministic = not calibrate
+        elif deterministic and calibrate:
+            raise ConfigError("Runtime: calibrate=True explores every variant; it cannot be "
+                              "combined with deterministic=True")
         self._lock = threading.Lock()
         self.workers, self.nodes = make_workers(devices, host_nodes, self._lock)
         self.devices = devices
