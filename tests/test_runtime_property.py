@@ -2,8 +2,9 @@
 
 Hypothesis draws a program: 1-3 root handles (1-D or 2-D float64), partition
 plans (a handle split one, two or three ways -- another ``n``, another axis --
-and children of any plan split again, uneven sizes allowed), then 5-60 tasks of small elementwise codelets with ``R``/``W``/``RW``/``REDUX``/
-``SCRATCH`` operands drawn among roots and partition children, with a few ``wait()`` and
+and children of any plan split again, uneven sizes allowed), then 5-60 tasks
+of small elementwise codelets with ``R``/``W``/``RW``/``REDUX``/``SCRATCH``
+operands drawn among roots and partition children, with a few ``wait()`` and
 ``fetch()`` calls in between. The same program runs sequentially in NumPy (the
 reference: REDUX contributions go to zeroed partials combined by the same
 balanced tree, in submission order, at the same points the runtime combines

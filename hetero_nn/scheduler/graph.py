@@ -9,9 +9,9 @@ make, see :mod:`hetero_nn.arena.handle`): each cell maps to the key and box of
 the last value written over it. A read whose cells all come from one value is
 that key or a slice of it; otherwise the view is assembled from the pieces
 (one per cell), so views of different plans compose however they overlap.
-Registered data enters the graph as literal arrays. Because nothing is updated in place, ``dask.threaded.get``
-and a ``distributed.Client`` can run the graph unchanged and Dask can recompute
-what a dead worker lost.
+Registered data enters the graph as literal arrays. Because nothing is updated
+in place, ``dask.threaded.get`` and a ``distributed.Client`` can run the graph
+unchanged and Dask can recompute what a dead worker lost.
 """
 
 from __future__ import annotations

@@ -45,9 +45,10 @@ State
 ``_pending``: tasks submitted since the last flush, in submission order (a
 topological order). ``_redux_pending``: root handle -> handles of that root with
 REDUX partials not yet combined, in the order of their first contribution.
-``_tracked``: handles given dependency state in this flush (dropped at its end). ``_generation``: number of flushes run; temporaries (arena-backed
-handles, REDUX partials) belong to one generation, and the node arenas are reset
-when the next flush starts. ``_records``: trace records of executed tasks.
+``_tracked``: handles given dependency state in this flush (dropped at its end).
+``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
+partials) belong to one generation, and the node arenas are reset when the next
+flush starts. ``_records``: trace records of executed tasks.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class Runtime:
     host_nodes : int
         Split the host into this many memory nodes (CPU workers dealt in turn).
     deterministic : bool, optional
-        True (the default, unless ``calibrate``): run, per codelet and device kind, one pinned
-        variant, the first of ``variants`` the codelet has (by default
+        True (the default, unless ``calibrate``): run, per codelet and device
+        kind, one pinned variant, the first of ``variants`` the codelet has (by default
         :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first
         declared one; results are then bit-identical under every policy and
         worker count. False: let the performance model pick among the
