@@ -76,7 +76,7 @@ class Handle:
                  "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
                  "_redux", "__weakref__")
 
-    def __init__(self, shape, dtype, name=None, *, owner=None, parent=None, plan=None, index=None,
+    def __init__(self, shape, dtype, name=None, *, owner=None, parent=None, index=None,
                  box=None, temporary=False, generation=0):
         self.id = next(_ids)
         self.shape = tuple(int(d) for d in shape)
@@ -84,7 +84,7 @@ class Handle:
         self.name = name or f"h{self.id}"
         self.owner = owner
         self.parent = parent
-        self.plan = plan              # the Plan this handle is a child of (None for a root)
+        self.plan = None              # the Plan this handle is a child of (None for a root)
         self.index = index            # tuple of slices into the parent (None for a root)
         self.box = box if box is not None else tuple((0, d) for d in self.shape)
         self.plans: dict[tuple[int, int], Plan] = {}
@@ -151,21 +151,6 @@ class Handle:
             self.grid.cut(axis, plan.starts)
             self.plans[(axis, n)] = plan
         return plan.children
-
-    def ancestors(self):
-        h = self.parent
-        while h is not None:
-            yield h
-            h = h.parent
-
-    def descendants(self):
-        """Every handle below this one, through every plan."""
-        stack = [c for p in self.plans.values() for c in p.children]
-        while stack:
-            h = stack.pop()
-            yield h
-            for p in h.plans.values():
-                stack.extend(p.children)
 
     def overlaps(self, other: "Handle") -> bool:
         """Whether the two handles share elements (same root, intersecting boxes)."""
