@@ -766,3 +766,34 @@ def test_plans_on_two_axes_and_a_task_writing_overlapping_views():
     expected[2:, 2:] = expected[:2, :2]
     expected[:2] = -1.0
     np.testing.assert_array_equal(out, expected)
+
+
+def test_coherence_is_kept_per_cell_across_plans():
+    """Two host nodes, views of two plans overlapping partially: a read copies in exactly
+    the cells another node wrote, whichever plan wrote them."""
+    from hetero_nn.arena.handle import Handle, acquire
+    from hetero_nn.arena.memory import host_nodes
+
+    nodes = host_nodes(2)
+    data = np.arange(12.0)
+    root = Handle(data.shape, data.dtype, "root")
+    root._replicas[0] = data
+    root.valid = {0}
+    halves, thirds = root.split(0, 2), root.split(0, 3)    # [0,6) [6,12) / [0,4) [4,8) [8,12)
+    assert root.grid.cuts == [[0, 4, 6, 8, 12]]
+
+    arr, moved = acquire(thirds[1], nodes[1], nodes, reads=True, writes=True)
+    assert moved == 4 * 8  # the view came over whole, from node 0
+    arr *= -1.0                                             # [4,8) written on node 1
+    assert root.valid == set() and thirds[0].valid == {0}  # node 1 never read [0,4)
+    assert halves[0].valid == set() and thirds[1].valid == {1}
+
+    arr, moved = acquire(halves[0], nodes[0], nodes, reads=True, writes=False)
+    assert moved == 2 * 8  # only cell [4,6) came back; [0,4) was current on node 0
+    np.testing.assert_array_equal(arr, [0, 1, 2, 3, -4, -5])
+    assert halves[0].valid == {0} and thirds[1].valid == {1}  # [6,8) is still only on node 1
+
+    arr, moved = acquire(root, nodes[0], nodes, reads=True, writes=False)
+    assert moved == 2 * 8
+    np.testing.assert_array_equal(arr, [0, 1, 2, 3, -4, -5, -6, -7, 8, 9, 10, 11])
+    assert root.valid == {0}
