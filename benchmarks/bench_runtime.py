@@ -24,6 +24,10 @@ Two more tables:
   traces and performance models off): microseconds per task of submission alone
   and of submission plus ``wait()``. Submission must stay flat in the number of
   pending readers;
+- ``plans``: one handle split two ways, into ``P`` and ``P/2`` parts (the same
+  ``--readers`` counts as ``P``), an ``RW`` task on every part of the first plan,
+  then on every part of the second (each waits for the two parts it overlaps):
+  submission must stay flat in the number of partitions;
 - ``perfmodel hot calls``: nanoseconds per ``PerfModel.predict`` (from the
   history and from the regression), ``predict_transfer`` and ``record`` call.
 
@@ -176,6 +180,26 @@ def time_wide_readers(n, repeat, workers):
     return best_submit, best_total
 
 
+def time_two_plans(parts, repeat, workers):
+    """``(submit, total)`` best seconds per task for ``RW`` tasks on every part of two
+    plans of one handle (``parts`` and ``parts // 2`` parts)."""
+    best_submit = best_total = float("inf")
+    with hn.Runtime(devices=f"cpu:{workers}", perfmodel=False, trace=False) as rt:
+        for _ in range(repeat):
+            h = rt.register(np.zeros(2 * parts))
+            fine, coarse = h.split(axis=0, n=parts), h.split(axis=0, n=parts // 2)
+            t0 = time.perf_counter()
+            for p in (*fine, *coarse):
+                rt.submit(EMPTY, p)
+            t1 = time.perf_counter()
+            rt.wait()
+            t2 = time.perf_counter()
+            ntasks = len(fine) + len(coarse)
+            best_submit = min(best_submit, (t1 - t0) / ntasks)
+            best_total = min(best_total, (t2 - t0) / ntasks)
+    return best_submit, best_total
+
+
 def time_perfmodel_calls(calls=20_000):
     """Nanoseconds per call of the performance model's hot methods (history of two sizes)."""
     from hetero_nn.scheduler.perfmodel import PerfModel
@@ -215,8 +239,8 @@ def main(argv=None):
     parser.add_argument("--no-distributed", action="store_true", help="skip the distributed rows")
     parser.add_argument("--readers", type=int, nargs="+", default=[1_000, 5_000, 20_000],
                         help="reader counts of the wide-readers table (default 1000 5000 20000)")
-    parser.add_argument("--only", choices=("tasks", "readers", "perfmodel"), nargs="+",
-                        default=("tasks", "readers", "perfmodel"),
+    parser.add_argument("--only", choices=("tasks", "readers", "plans", "perfmodel"), nargs="+",
+                        default=("tasks", "readers", "plans", "perfmodel"),
                         help="tables to measure (default: all)")
     parser.add_argument("--json", help="write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -236,6 +260,14 @@ def main(argv=None):
         for count in args.readers:
             sub, total = time_wide_readers(count, repeat, workers)
             doc["readers_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
+            print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
+    if "plans" in args.only:
+        print(f"RW on every part of two plans of one handle (local eager, best of {repeat})")
+        print(f"{'parts':>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
+        doc["plans_us_per_task"] = {}
+        for count in args.readers:
+            sub, total = time_two_plans(count, repeat, workers)
+            doc["plans_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
             print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
     if "perfmodel" in args.only:
         doc["perfmodel_ns_per_call"] = calls = time_perfmodel_calls()
