@@ -19,7 +19,8 @@ is a whole number of cells. ``Grid.mask`` holds, per cell, a bit per memory
 node whose replica of that cell is current. Reading a handle on node ``n``
 copies in the cells not valid on ``n`` (the whole view at once when one node
 holds all of them); writing it on ``n`` makes ``n`` the only valid node of its
-cells. Transitions happen under the root's lock when a task starts, in an order
+cells. A root never split (most handles) keeps one mask, a plain int, and no
+grid. Transitions happen under the root's lock when a task starts, in an order
 the task dependencies already make safe.
 
 The scheduler keeps its per-handle dependency state in the ``_last_writer``,
@@ -72,7 +73,7 @@ class Handle:
     """
 
     __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "index", "box",
-                 "plans", "_replicas", "root", "grid", "_lock", "temporary", "generation",
+                 "plans", "_replicas", "root", "_grid", "_lock", "temporary", "generation",
                  "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
                  "_redux", "__weakref__")
 
@@ -89,13 +90,14 @@ class Handle:
         self.box = box if box is not None else tuple((0, d) for d in self.shape)
         self.plans: dict[tuple[int, int], Plan] = {}
         self._replicas: dict[int, object] = {}
+        # a root's coherence state: an int (one node mask for the whole root) until a
+        # split or a transfer needs cells, then its Grid; children use their root's
+        self._grid = 0
         if parent is None:
             self.root = self
-            self.grid = Grid(self.shape)
             self._lock = threading.RLock()
         else:
             self.root = parent.root
-            self.grid = self.root.grid
             self._lock = self.root._lock
         self.temporary = temporary
         self.generation = generation
@@ -177,6 +179,18 @@ class Handle:
             self._replicas[node.index] = arr
         return arr
 
+    @property
+    def grid(self) -> "Grid":
+        """The root's :class:`Grid` (made on first use)."""
+        root = self.root
+        grid = root._grid
+        if type(grid) is int:
+            with root._lock:
+                grid = root._grid
+                if type(grid) is int:
+                    grid = root._grid = Grid(root.shape, grid)
+        return grid
+
     def cells(self) -> tuple:
         """Slices of :attr:`grid` ``.mask`` covering this handle."""
         cached = self._cells
@@ -189,16 +203,23 @@ class Handle:
     @property
     def valid(self) -> set:
         """Memory node indices whose replica holds the current data of the whole handle."""
+        grid = self.root._grid
+        if type(grid) is int:
+            return _nodes_of(grid)
         with self._lock:
-            sub = self.grid.mask[self.cells()]
+            sub = grid.mask[self.cells()]
             common = int(sub.flat[0]) if sub.size == 1 else int(
                 np.bitwise_and.reduce(sub, axis=None))
         return _nodes_of(common)
 
     @valid.setter
     def valid(self, nodes):
+        bits = sum(1 << n for n in nodes)
         with self._lock:
-            self.grid.mask[self.cells()] = sum(1 << n for n in nodes)
+            if self.parent is None and type(self._grid) is int:
+                self._grid = bits
+            else:
+                self.grid.mask[self.cells()] = bits
 
     def __repr__(self):
         return f"Handle({self.name!r}, shape={self.shape}, dtype={self.dtype.name})"
@@ -215,10 +236,10 @@ class Grid:
 
     __slots__ = ("cuts", "mask", "version")
 
-    def __init__(self, shape):
+    def __init__(self, shape, mask: int = 0):
         self.cuts = [[0, d] if d else [0] for d in shape]
         cells = tuple(max(len(c) - 1, 1) for c in self.cuts) or (1,)  # a 0-d root: one cell
-        self.mask = np.zeros(cells, dtype=np.uint64)
+        self.mask = np.full(cells, mask, dtype=np.uint64)
         self.version = 0
 
     def cut(self, axis, positions):
@@ -266,6 +287,14 @@ def _lowest(mask: int) -> int:
 # -------------------------------------------------------------------- coherence
 def make_valid(h: Handle, node, nodes) -> int:
     """Bring ``h``'s replica on ``node`` up to date; returns bytes copied. Root lock held."""
+    held = h.root._grid
+    if type(held) is int:  # a root never split: one mask for all of it
+        if held >> node.index & 1:
+            return 0
+        dst = h.replica(node)
+        moved = node.copy(dst, h.replica(nodes[_lowest(held)])) if held else 0
+        h._grid = held | 1 << node.index
+        return moved
     bit = np.uint64(1 << node.index)
     sl = h.cells()
     grid = h.grid
@@ -293,7 +322,10 @@ def make_valid(h: Handle, node, nodes) -> int:
 
 def mark_written(h: Handle, n: int) -> None:
     """Record that ``h`` was written on node index ``n``. Root lock held."""
-    h.grid.mask[h.cells()] = np.uint64(1 << n)
+    if type(h.root._grid) is int:
+        h._grid = 1 << n
+    else:
+        h.grid.mask[h.cells()] = np.uint64(1 << n)
 
 
 def acquire(h: Handle, node, nodes, reads: bool, writes: bool):
