@@ -71,9 +71,10 @@ def test_default_runtime_is_pinned():
     with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
         assert rt.deterministic and rt.preferred == PINNED_VARIANTS
     weights, ran = run("eager", 2)
-    assert ran["conv2d_fwd"] == {"cpu:im2col"} and ran["dense_fwd"] == {"ref"}
-    assert ran["relu_fwd"] == {"cpu"}
     assert all(len(variants) == 1 for variants in ran.values()), ran
+    convolutions = [name for name in ran if name.startswith("conv2d") and "." not in name]
+    assert convolutions and all(ran[name] == {"cpu:im2col"} for name in convolutions), ran
+    assert ran["dense_fwd"] == {"ref"} and ran["sgd_step"] == {"cpu"}, ran
 
 
 @pytest.mark.parametrize("policy, workers", CONFIGS[1:], ids=[f"{p}-{w}" for p, w in CONFIGS[1:]])

@@ -175,7 +175,7 @@ class Handle:
             elif self.temporary:
                 arr = node.arena.empty(self.shape, self.dtype)
             else:
-                arr = node.empty(self.shape, self.dtype)
+                arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
             self._replicas[node.index] = arr
         return arr
 
@@ -292,7 +292,10 @@ def make_valid(h: Handle, node, nodes) -> int:
         if held >> node.index & 1:
             return 0
         dst = h.replica(node)
-        moved = node.copy(dst, h.replica(nodes[_lowest(held)])) if held else 0
+        moved = 0
+        if held:
+            src = nodes[_lowest(held)]
+            moved = node.copy(dst, h.replica(src), src)
         h._grid = held | 1 << node.index
         return moved
     bit = np.uint64(1 << node.index)
@@ -306,7 +309,8 @@ def make_valid(h: Handle, node, nodes) -> int:
     common = int(np.bitwise_and.reduce(sub, axis=None))
     moved = 0
     if common:  # one node holds the whole view: one copy
-        moved = node.copy(dst, h.replica(nodes[_lowest(common)]))
+        src = nodes[_lowest(common)]
+        moved = node.copy(dst, h.replica(src), src)
     else:
         root = h.root
         offset = tuple(s.start for s in sl)
@@ -315,9 +319,31 @@ def make_valid(h: Handle, node, nodes) -> int:
             if not held:  # never written: nothing to bring, the fresh replica is the data
                 continue
             box = grid.cell_box(tuple(o + int(i) for o, i in zip(offset, rel)))
-            moved += node.copy(root.replica(node)[box], root.replica(nodes[_lowest(held)])[box])
+            src = nodes[_lowest(held)]
+            moved += node.copy(root.replica(node)[box], root.replica(src)[box], src)
     grid.mask[sl] = sub | bit
     return moved
+
+
+def drop_replicas(root: Handle, node, nodes) -> None:
+    """Forget ``root``'s replica on ``node`` and its views there (eviction), first
+    copying to ``nodes[0]`` (the host) the cells only ``node`` holds. Root lock held."""
+    bit = 1 << node.index
+    grid = root._grid
+    if type(grid) is int:
+        if grid == bit:
+            make_valid(root, nodes[0], nodes)
+        root._grid &= ~bit
+    else:
+        if (grid.mask == np.uint64(bit)).any():
+            make_valid(root, nodes[0], nodes)
+        grid.mask &= ~np.uint64(bit)
+    stack = [root]
+    while stack:
+        h = stack.pop()
+        h._replicas.pop(node.index, None)
+        for plan in h.plans.values():
+            stack.extend(plan.children)
 
 
 def mark_written(h: Handle, n: int) -> None:
