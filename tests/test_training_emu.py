@@ -73,7 +73,7 @@ def test_training_on_emulated_devices_equals_torch_and_is_the_same_under_every_p
         assert "cuda-emu0" in run.workers and run.moved > 0
         if devices != "cuda-emu:1":
             continue  # bits depend on the placement of conv2d_fwd (module docstring)
-        assert run.variants["conv2d_fwd"] == {"cuda"}
+        assert all(v == {"cuda"} for v in run.variants.values()), run.variants  # device only
         digests = run.digests()
         if first is None:
             first = digests
