@@ -17,6 +17,20 @@ Run through:
 - ``distributed``: a ``LocalCluster`` of 2 processes through ``executor=client``
   and a hand-built dict through ``client.get`` (``--dist-tasks`` tasks, default 2,000).
 
+Two more tables:
+
+- ``readers``: ``--readers`` (default 1,000, 5,000, 20,000) ``R`` tasks on one
+  handle and then one ``RW`` task, in one flush, on the local executor (eager,
+  traces and performance models off): microseconds per task of submission alone
+  and of submission plus ``wait()``. Submission must stay flat in the number of
+  pending readers;
+- ``plans``: one handle split two ways, into ``P`` and ``P/2`` parts (the same
+  ``--readers`` counts as ``P``), an ``RW`` task on every part of the first plan,
+  then on every part of the second (each waits for the two parts it overlaps):
+  submission must stay flat in the number of partitions;
+- ``perfmodel hot calls``: nanoseconds per ``PerfModel.predict`` (from the
+  history and from the regression), ``predict_transfer`` and ``record`` call.
+
 Prints a table (best of ``--repeat`` local runs, ``--dask-repeat`` Dask runs) and
 the ratios dask / local; ``--json`` writes the numbers with the machine and
 versions. Example (about 2 minutes on 2 cores)::
@@ -50,6 +64,7 @@ def _noop_value(*args):
 
 
 EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop})
+READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop})
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 
 
@@ -147,6 +162,68 @@ def time_plain_distributed(client, program, n, repeat):
     return best / n
 
 
+def time_wide_readers(n, repeat, workers):
+    """``(submit, total)`` best seconds per task for ``n`` readers of one handle and a writer."""
+    best_submit = best_total = float("inf")
+    with hn.Runtime(devices=f"cpu:{workers}", perfmodel=False, trace=False) as rt:
+        for _ in range(repeat):
+            h = rt.register(np.zeros(1))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                rt.submit(READ, h)
+            rt.submit(EMPTY, h)
+            t1 = time.perf_counter()
+            rt.wait()
+            t2 = time.perf_counter()
+            best_submit = min(best_submit, (t1 - t0) / (n + 1))
+            best_total = min(best_total, (t2 - t0) / (n + 1))
+    return best_submit, best_total
+
+
+def time_two_plans(parts, repeat, workers):
+    """``(submit, total)`` best seconds per task for ``RW`` tasks on every part of two
+    plans of one handle (``parts`` and ``parts // 2`` parts)."""
+    best_submit = best_total = float("inf")
+    with hn.Runtime(devices=f"cpu:{workers}", perfmodel=False, trace=False) as rt:
+        for _ in range(repeat):
+            h = rt.register(np.zeros(2 * parts))
+            fine, coarse = h.split(axis=0, n=parts), h.split(axis=0, n=parts // 2)
+            t0 = time.perf_counter()
+            for p in (*fine, *coarse):
+                rt.submit(EMPTY, p)
+            t1 = time.perf_counter()
+            rt.wait()
+            t2 = time.perf_counter()
+            ntasks = len(fine) + len(coarse)
+            best_submit = min(best_submit, (t1 - t0) / ntasks)
+            best_total = min(best_total, (t2 - t0) / ntasks)
+    return best_submit, best_total
+
+
+def time_perfmodel_calls(calls=20_000):
+    """Nanoseconds per call of the performance model's hot methods (history of two sizes)."""
+    from hetero_nn.scheduler.perfmodel import PerfModel
+
+    key = ("bench_codelet", "ref", "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        pm = PerfModel(tmp)
+        for size in (100, 1000):
+            pm.record(*key, f"f32[{size}]", float(size), size * 1e-9)
+        timed = {
+            "predict (history)": lambda: pm.predict(*key, "f32[100]", 100.0),
+            "predict (regression)": lambda: pm.predict(*key, "f32[555]", 555.0),
+            "predict_transfer": lambda: pm.predict_transfer("host0", "cuda0", 4096),
+            "record": lambda: pm.record(*key, "f32[100]", 100.0, 1e-7),
+        }
+        out = {}
+        for name, call in timed.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            out[name] = (time.perf_counter() - start) / calls * 1e9
+    return out
+
+
 # ---------------------------------------------------------------- main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -160,6 +237,11 @@ def main(argv=None):
     parser.add_argument("--dist-tasks", type=int, default=2_000,
                         help="tasks per graph for distributed (default 2000)")
     parser.add_argument("--no-distributed", action="store_true", help="skip the distributed rows")
+    parser.add_argument("--readers", type=int, nargs="+", default=[1_000, 5_000, 20_000],
+                        help="reader counts of the wide-readers table (default 1000 5000 20000)")
+    parser.add_argument("--only", choices=("tasks", "readers", "plans", "perfmodel"), nargs="+",
+                        default=("tasks", "readers", "plans", "perfmodel"),
+                        help="tables to measure (default: all)")
     parser.add_argument("--json", help="write the results to this JSON file")
     args = parser.parse_args(argv)
     n, repeat, workers, slow = args.tasks, args.repeat, args.workers, args.dask_repeat
@@ -167,6 +249,34 @@ def main(argv=None):
     devices = f"cpu:{workers}"
 
     rows = []  # (label, tasks, {program: seconds per task})
+    doc = {"tasks": n, "dist_tasks": args.dist_tasks, "repeat": repeat, "dask_repeat": slow,
+           "workers": workers, "cpu_count": os.cpu_count(), "machine": platform.platform(),
+           "python": platform.python_version(), "numpy": np.__version__,
+           "hetero_nn": hn.__version__}
+    if "readers" in args.only:
+        print(f"readers of one handle, then one writer, one flush (local eager, best of {repeat})")
+        print(f"{'readers':>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
+        doc["readers_us_per_task"] = {}
+        for count in args.readers:
+            sub, total = time_wide_readers(count, repeat, workers)
+            doc["readers_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
+            print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
+    if "plans" in args.only:
+        print(f"RW on every part of two plans of one handle (local eager, best of {repeat})")
+        print(f"{'parts':>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
+        doc["plans_us_per_task"] = {}
+        for count in args.readers:
+            sub, total = time_two_plans(count, repeat, workers)
+            doc["plans_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
+            print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
+    if "perfmodel" in args.only:
+        doc["perfmodel_ns_per_call"] = calls = time_perfmodel_calls()
+        print("perfmodel hot calls: " + ", ".join(f"{k} {v:.0f} ns" for k, v in calls.items()))
+    if "tasks" not in args.only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+        return 0
 
     def measure(label, tasks, fn):
         result = {p: fn(p) for p in PROGRAMS}
@@ -220,14 +330,10 @@ def main(argv=None):
             print(f"  {dask_label} / {local}: chain {r['chain']:.1f}x, wide {r['wide']:.1f}x")
     if args.json:
         import dask
-        doc = {"tasks": n, "dist_tasks": args.dist_tasks, "repeat": repeat, "dask_repeat": slow,
-               "workers": workers,
-               "cpu_count": os.cpu_count(), "machine": platform.platform(),
-               "python": platform.python_version(), "numpy": np.__version__,
-               "dask": dask.__version__, "hetero_nn": hn.__version__,
-               "us_per_task": {label: {p: 1e6 * s for p, s in result.items()}
-                               for label, _, result in rows},
-               "ratios": ratios}
+        doc.update({"dask": dask.__version__,
+                    "us_per_task": {label: {p: 1e6 * s for p, s in result.items()}
+                                    for label, _, result in rows},
+                    "ratios": ratios})
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

@@ -24,7 +24,7 @@ one holding another run's files unless the run is resumed (``--resume``) or
 replaced (``--overwrite``, which removes those files first).
 
 Reproducibility: by default the runtime runs one fixed variant per codelet and
-device kind (``Runtime(deterministic=True, variants=FIXED_VARIANTS)``: the
+device kind (``Runtime()``'s default, the table ``codelets/pinned.py``: the
 Numba kernels, im2col convolutions, BLAS dense layers), because variants differ in the last bits
 and a performance model would pick them by timing. With a fixed granularity
 (recorded in the checkpoint, ``auto`` included) and REDUX trees whose shape
@@ -76,13 +76,6 @@ from .errors import ArenaError, ConfigError, HeteroNNError, TaskError, TrainingD
 from .tables import format_table
 
 PROG = "hetero-nn"
-#: Variants run when results must be reproducible (the first one a codelet has wins):
-#: the fastest in benchmarks/bench_codelets.py — im2col convolutions, Numba kernels,
-#: and the NumPy (BLAS) references for the dense layers.
-FIXED_VARIANTS = {"*": ("cpu:im2col", "cpu", "cuda"),
-                  **{name: ("ref", "cuda") for name in (
-                      "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
-                      "dense_bwd_weight")}}
 DEFAULT_GRANULARITY = 2
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds to reach a distributed=ADDRESS scheduler
 #: The files of a run in its --out folder besides its checkpoints (another run's refuse
@@ -708,7 +701,6 @@ def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=Fal
     try:
         return Runtime(devices=devices, policy=policy, executor=executor,
                        deterministic=deterministic,
-                       variants=FIXED_VARIANTS if deterministic else None,
                        calibrate=calibrate, trace=trace)
     except DeviceError as exc:
         option = "--executor" if "executor" in str(exc) else "--devices"

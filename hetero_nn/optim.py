@@ -64,7 +64,7 @@ class Optimizer:
 
     def _sync(self):
         """Make the host copies of the buffers current."""
-        if self._rt is not None and not self._rt._closed:
+        if self._rt is not None and not self._rt.closed:
             for hs in self._handles.values():
                 for h in hs:
                     self._rt.fetch(h)
@@ -100,7 +100,7 @@ class Optimizer:
                     cur[...] = a
                 else:
                     self.state.setdefault(name, {})[b] = np.array(a)
-        if self._rt is not None and not self._rt._closed:
+        if self._rt is not None and not self._rt.closed:
             self.bind(self.params, self._rt)  # host copies changed: register them again
 
     @property

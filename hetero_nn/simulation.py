@@ -113,7 +113,8 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
     from .scheduler.runtime import Runtime
 
     platform = platform or Platform.from_devices(devices)
-    with Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel) as rt:
+    # deterministic=False: each kind's candidates are all its variants (the fastest modelled)
+    with Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel, deterministic=False) as rt:
         trainer, x, y = _trainer(model, shape, batch_size, granularity, dtype, rt)
         steps = capture(rt, lambda: trainer.train_step(x, y), steps=6)[1:]  # after binding
         # the host's submission time, one sample per step: the median, against preemptions

@@ -1,11 +1,9 @@
 """Performance models: history statistics, regression on size, transfer fits, files, threads."""
 
 import json
-import math
 import subprocess
 import sys
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -328,28 +326,3 @@ def test_threads_recording_predicting_and_saving_add_up(tmp_path):
         assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
         assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
         assert model.transfer_entries()[0]["count"] == n_threads * per_thread
-
-
-# -- speed ---------------------------------------------------------------------------------
-
-def test_hot_calls_micro_benchmark(tmp_path):
-    """Prints ns per call (run with -s to see); asserts only that the calls work."""
-    pm = PerfModel(tmp_path)
-    for size in (100, 1000):
-        pm.record(*KEY, f"f32[{size}]", float(size), size * 1e-9)
-    n = 20000
-    timings = {}
-    calls = {
-        "predict (history)": lambda: pm.predict(*KEY, "f32[100]", 100.0),
-        "predict (regression)": lambda: pm.predict(*KEY, "f32[555]", 555.0),
-        "predict_transfer": lambda: pm.predict_transfer("host0", "cuda0", 4096),
-        "record": lambda: pm.record(*KEY, "f32[100]", 100.0, 1e-7),
-    }
-    for name, call in calls.items():
-        assert call() is None or call() >= 0
-        start = time.perf_counter()
-        for _ in range(n):
-            call()
-        timings[name] = (time.perf_counter() - start) / n * 1e9
-    print("\nperfmodel hot calls: " + ", ".join(f"{k} {v:.0f} ns" for k, v in timings.items()))
-    assert all(math.isfinite(v) for v in timings.values())

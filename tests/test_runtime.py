@@ -130,9 +130,8 @@ def test_split_is_nestable_and_returns_views():
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
         h = rt.register(np.zeros((5, 4)))
         rows = h.split(axis=0, n=2)
-        assert h.split(axis=0, n=2) is rows  # one partitioning per handle
-        with pytest.raises(ValueError, match="already split"):
-            h.split(axis=1, n=2)
+        assert h.split(axis=0, n=2) is rows  # the same plan for the same arguments
+        assert h.split(axis=1, n=2) is not rows  # another plan of the same handle
         cols = rows[0].split(axis=1, n=3)
         assert [c.shape for c in cols] == [(3, 2), (3, 1), (3, 1)]
         for i, c in enumerate(cols):
@@ -236,12 +235,17 @@ def test_dependencies_local(cfg):
         for name, h in handles.items():
             np.testing.assert_array_equal(rt.fetch(h), expected[name], err_msg=name)
         records = {r.task_id: r for r in rt.trace()}
+    _check_edges(records, tasks, EDGES, NO_EDGES)
+
+
+def _check_edges(records, tasks, edges, no_edges):
+    """The trace shows each edge (and its order in time) and none of ``no_edges``."""
     _check_times(records.values())
-    for a, b in EDGES:
+    for a, b in edges:
         ra, rb = records[tasks[a].id], records[tasks[b].id]
         assert ra.task_id in rb.deps, (a, b, rb.deps)
         assert rb.start >= ra.end, (a, b)
-    for a, b in NO_EDGES:
+    for a, b in no_edges:
         assert tasks[a].id not in records[tasks[b].id].deps, (a, b)
 
 
@@ -252,6 +256,8 @@ def test_dependencies_dask(executor, dist_client):
         handles, expected, _ = _dependency_program(rt)
         for name, h in handles.items():
             np.testing.assert_array_equal(rt.fetch(h), expected[name], err_msg=name)
+        root, _, expected = _plans_program(rt)  # views of three plans in the pure graph
+        np.testing.assert_array_equal(rt.fetch(root), expected)
         _check_times(rt.trace())
 
 
@@ -427,6 +433,75 @@ def test_failing_codelet_raises_task_error_and_runtime_stays_usable(executor, di
         assert rt.fetch(x)[0] in (2.0, 3.0)
 
 
+def _wait_bounded(rt, seconds=60):
+    """``rt.wait()`` in a thread: a hang fails the test instead of blocking the suite."""
+    outcome = {}
+
+    def run():
+        try:
+            rt.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "wait() hung after a fault outside a codelet"
+    return outcome.get("error")
+
+
+def _failing_copy(dst, src, src_node=None):
+    raise OSError("injected: the link to this node is down")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_failing_transfer_or_prefetch_fails_the_flush_and_runtime_stays_usable(policy):
+    """A memory node whose copies fail: whether a task's own bind or another worker's
+    prefetch for it meets the failure, the flush raises TaskError and nothing hangs."""
+    with hn.Runtime(devices="cpu:2", policy=policy, host_nodes=2, perfmodel=False) as rt:
+        copies = [node.copy for node in rt.nodes]
+        for node in rt.nodes:
+            node.copy = _failing_copy
+        failed = 0
+        for _ in range(8):
+            h = rt.register(np.zeros(16))
+            for part in h.split(axis=0, n=4):  # slow: both workers take some
+                rt.submit(ADD, part, amount=1.0, delay=SLOW)
+            rt.submit(ADD, h, amount=1.0)  # reads parts written on both nodes
+            err = _wait_bounded(rt)
+            if err is not None:  # None: every task happened to run on host0, no copy
+                assert isinstance(err, hn.TaskError), err
+                assert "injected" in str(err) and isinstance(err.__cause__, OSError)
+                failed += 1
+        assert failed
+        for node, copy in zip(rt.nodes, copies):
+            node.copy = copy
+        h = rt.register(np.zeros(16))
+        for part in h.split(axis=0, n=4):
+            rt.submit(ADD, part, amount=1.0)
+        rt.submit(ADD, h, amount=1.0)
+        assert _wait_bounded(rt) is None
+        np.testing.assert_array_equal(rt.fetch(h), np.full(16, 2.0))
+
+
+def test_failing_arena_allocation_fails_the_flush_and_runtime_stays_usable():
+    with hn.Runtime(devices="cpu:2", policy="dmda", host_nodes=2, perfmodel=False) as rt:
+        for node in rt.nodes:
+            node.arena.limit_bytes = 0
+        x = rt.register(np.arange(8.0))
+        tmp = rt.temporary((8,), "float64")
+        rt.submit(COPY, x, tmp)
+        rt.submit(ADD, tmp, amount=1.0)
+        err = _wait_bounded(rt)
+        assert isinstance(err, hn.TaskError) and isinstance(err.__cause__, hn.ArenaError), err
+        for node in rt.nodes:
+            node.arena.limit_bytes = None
+        tmp = rt.temporary((8,), "float64")
+        rt.submit(COPY, x, tmp)
+        rt.submit(ADD, tmp, amount=1.0)
+        np.testing.assert_array_equal(rt.fetch(tmp), np.arange(8.0) + 1)
+
+
 def test_failure_cancels_the_queued_rest_of_the_graph():
     """One worker, FIFO: every task queued behind the failing one is cancelled."""
     with hn.Runtime(devices="cpu:1", policy="eager", perfmodel=False) as rt:
@@ -570,7 +645,8 @@ def _run_two_variants(rt, flushes=4, per_flush=10):
 
 
 def test_perfmodel_picks_the_faster_variant_after_exploring(tmp_path):
-    with hn.Runtime(devices="cpu:2", policy="dmda", perfmodel=hn.PerfModel(tmp_path)) as rt:
+    with hn.Runtime(devices="cpu:2", policy="dmda", deterministic=False,
+                    perfmodel=hn.PerfModel(tmp_path)) as rt:
         ran = _run_two_variants(rt)
     assert "cpu:slow" in ran[:10] and "cpu:fast" in ran[:10]  # both explored first
     late = ran[20:]
@@ -582,6 +658,16 @@ def test_deterministic_always_runs_the_first_variant(tmp_path):
     with hn.Runtime(devices="cpu:2", deterministic=True, perfmodel=hn.PerfModel(tmp_path)) as rt:
         ran = _run_two_variants(rt, flushes=2, per_flush=6)
     assert set(ran) == {"cpu:slow"}
+
+
+def test_pinned_by_default_and_calibration_explores(tmp_path):
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        assert rt.deterministic and rt.candidates(TWO_VARIANTS, "cpu") == ("cpu:slow",)
+    with hn.Runtime(devices="cpu:1", calibrate=True, perfmodel=hn.PerfModel(tmp_path)) as rt:
+        assert not rt.deterministic
+        assert rt.candidates(TWO_VARIANTS, "cpu") == ("cpu:slow", "cpu:fast")
+    with pytest.raises(hn.ConfigError, match="calibrate"):
+        hn.Runtime(devices="cpu:1", calibrate=True, deterministic=True)
 
 
 def test_perfmodel_path_and_false(tmp_path):
@@ -626,3 +712,91 @@ def test_variant_preferences_per_codelet():
         rt.submit(b, hb)
         assert rt.fetch(ha).tolist() == [2, 2] and rt.fetch(hb).tolist() == [3, 3]
         assert rt.candidates(a, "cpu") == ("cpu",) and rt.candidates(b, "cpu") == ("ref",)
+
+
+# ---------------------------------------------------------------- partition plans
+def _plans_program(rt):
+    """Views of one buffer through three plans; returns (root, tasks, expected root)."""
+    root = rt.register(np.zeros(12))
+    halves = root.split(axis=0, n=2)        # [0,6) [6,12)
+    thirds = root.split(axis=0, n=3)        # [0,4) [4,8) [8,12)
+    quarters = halves[1].split(axis=0, n=2)  # [6,9) [9,12), nested below plan "halves"
+    assert root.split(axis=0, n=2) is halves and halves[1].split(0, 2) is quarters
+    t = {}
+    t["half0_w"] = rt.submit(FILL, halves[0], value=1.0, delay=SLOW)
+    t["third1_rw"] = rt.submit(ADD, thirds[1], amount=10.0)   # [4,8) meets half0 and half1
+    t["third0_r"] = rt.submit(COPY, thirds[0], rt.register(np.zeros(4)))
+    t["quarter1_w"] = rt.submit(FILL, quarters[1], value=5.0, delay=SLOW)  # [9,12)
+    t["third2_rw"] = rt.submit(ADD, thirds[2], amount=100.0)  # [8,12) meets quarter1
+    t["half1_rw"] = rt.submit(ADD, halves[1], amount=1000.0)
+    t["third0_w"] = rt.submit(FILL, thirds[0], value=7.0)     # after the read of third0
+    expected = np.r_[7, 7, 7, 7, 11, 11, 1010, 1010, 1100, 1105, 1105, 1105]
+    return root, t, expected
+
+
+PLAN_EDGES = [("half0_w", "third1_rw"), ("half0_w", "third0_r"), ("quarter1_w", "third2_rw"),
+              ("third1_rw", "half1_rw"), ("third2_rw", "half1_rw"), ("third0_r", "third0_w"),
+              ("half0_w", "third0_w")]
+PLAN_NO_EDGES = [("third1_rw", "third0_r"), ("half0_w", "quarter1_w"),
+                 ("third1_rw", "quarter1_w"), ("third0_r", "half1_rw")]
+
+
+@pytest.mark.parametrize("cfg", [dict(devices="cpu:2", policy=p, host_nodes=k)
+                                 for p in ("eager", "dmda", "heft") for k in (1, 2)], ids=_label)
+def test_partition_plans_order_overlapping_views(cfg):
+    """Children of different plans conflict where their ranges meet, and only there."""
+    with hn.Runtime(**cfg) as rt:
+        root, tasks, expected = _plans_program(rt)
+        np.testing.assert_array_equal(rt.fetch(root), expected)
+        records = {r.task_id: r for r in rt.trace()}
+    _check_edges(records, tasks, PLAN_EDGES, PLAN_NO_EDGES)
+
+
+def test_plans_on_two_axes_and_a_task_writing_overlapping_views():
+    copy = hn.Codelet("copy_plans", modes=(hn.R, hn.W),
+                      variants={"ref": lambda src, dst: np.copyto(dst, src)})
+    with hn.Runtime(devices="cpu:2", host_nodes=2, perfmodel=False) as rt:
+        h = rt.register(np.arange(16.0).reshape(4, 4))
+        rows = h.split(axis=0, n=2)
+        cols = h.split(axis=1, n=2)
+        with pytest.raises(hn.SubmitError, match=r"operands 0 .* and 1 .* overlap"):
+            rt.submit(copy, rows[0], cols[1])                             # share [0:2, 2:4]
+        corner = rows[1].split(axis=1, n=2)[1]                            # [2:4, 2:4]
+        rt.submit(copy, cols[0].split(axis=0, n=2)[0], corner)            # [0:2, 0:2] -> corner
+        rt.submit(FILL, rows[0], value=-1.0)                              # after the read
+        out = rt.fetch(h)
+    expected = np.arange(16.0).reshape(4, 4)
+    expected[2:, 2:] = expected[:2, :2]
+    expected[:2] = -1.0
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_coherence_is_kept_per_cell_across_plans():
+    """Two host nodes, views of two plans overlapping partially: a read copies in exactly
+    the cells another node wrote, whichever plan wrote them."""
+    from hetero_nn.arena.handle import Handle, acquire
+    from hetero_nn.arena.memory import host_nodes
+
+    nodes = host_nodes(2)
+    data = np.arange(12.0)
+    root = Handle(data.shape, data.dtype, "root")
+    root._replicas[0] = data
+    root.valid = {0}
+    halves, thirds = root.split(0, 2), root.split(0, 3)    # [0,6) [6,12) / [0,4) [4,8) [8,12)
+    assert root.grid.cuts == [[0, 4, 6, 8, 12]]
+
+    arr, moved = acquire(thirds[1], nodes[1], nodes, reads=True, writes=True)
+    assert moved == 4 * 8  # the view came over whole, from node 0
+    arr *= -1.0                                             # [4,8) written on node 1
+    assert root.valid == set() and thirds[0].valid == {0}  # node 1 never read [0,4)
+    assert halves[0].valid == set() and thirds[1].valid == {1}
+
+    arr, moved = acquire(halves[0], nodes[0], nodes, reads=True, writes=False)
+    assert moved == 2 * 8  # only cell [4,6) came back; [0,4) was current on node 0
+    np.testing.assert_array_equal(arr, [0, 1, 2, 3, -4, -5])
+    assert halves[0].valid == {0} and thirds[1].valid == {1}  # [6,8) is still only on node 1
+
+    arr, moved = acquire(root, nodes[0], nodes, reads=True, writes=False)
+    assert moved == 2 * 8
+    np.testing.assert_array_equal(arr, [0, 1, 2, 3, -4, -5, -6, -7, 8, 9, 10, 11])
+    assert root.valid == {0}

@@ -1,19 +1,22 @@
 """Random task programs give the sequential NumPy result under every executor and policy.
 
-Hypothesis draws a program: 1-3 root handles (1-D or 2-D float64), nested
-partitions (a root split, some children split again, uneven sizes allowed),
-then 5-60 tasks of small elementwise codelets with ``R``/``W``/``RW``/``REDUX``/
-``SCRATCH`` operands drawn among roots and partition children, with a few ``wait()`` and
+Hypothesis draws a program: 1-3 root handles (1-D or 2-D float64), partition
+plans (a handle split one, two or three ways -- another ``n``, another axis --
+and children of any plan split again, uneven sizes allowed), then 5-60 tasks
+of small elementwise codelets with ``R``/``W``/``RW``/``REDUX``/``SCRATCH``
+operands drawn among roots and partition children, with a few ``wait()`` and
 ``fetch()`` calls in between. The same program runs sequentially in NumPy (the
 reference: REDUX contributions go to zeroed partials combined by the same
 balanced tree, in submission order, at the same points the runtime combines
 them), and on 32 runtimes: the local executor with 1, 2, 3 workers under each
-policy, each with one and two host memory nodes, ``executor="dask"`` and a
+policy, each with one and two host memory nodes (pinned variants with one,
+variants chosen by the performance model with two), ``executor="dask"`` and a
 ``distributed.Client`` of two worker processes. Every fetched array must equal
 the reference bit for bit.
 
-Operands of one task never overlap when one of them is written (a parent and
-its child in one task would alias in place but not in the pure Dask graph).
+Operands of one task never overlap when one of them is written (two views of
+one region in one task would alias in place but not in the pure Dask graph);
+views of different plans do overlap, partially, across tasks.
 The codelets live at module level so ``distributed`` workers can unpickle them.
 """
 
@@ -98,31 +101,37 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 # ---------------------------------------------------------------- programs
-# A handle is named (root index, path of child indices); roots are (r, ()).
+# A handle is named (root index, path); a path is a tuple of (plan index, child index)
+# steps, and ``splits[(r, path)]`` lists the plans (axis, n) of that handle.
+
+def _box_of(roots, splits, name):
+    """The handle's index range per dimension in its root, splitting as numpy.array_split."""
+    r, path = name
+    box = [(0, d) for d in roots[r].shape]
+    for depth, (plan, i) in enumerate(path):
+        axis, n = splits[(r, path[:depth])][plan]
+        lo, hi = box[axis]
+        base, extra = divmod(hi - lo, n)
+        start = lo + i * base + min(i, extra)
+        box[axis] = (start, start + base + (1 if i < extra else 0))
+    return tuple(box)
+
 
 def _shape_of(roots, splits, name):
-    """Shape of a handle, splitting as numpy.array_split does."""
-    r, path = name
-    shape = roots[r].shape
-    for depth in range(len(path)):
-        axis, n = splits[(r, path[:depth])]
-        base, extra = divmod(shape[axis], n)
-        size = base + (1 if path[depth] < extra else 0)
-        shape = tuple(size if d == axis else s for d, s in enumerate(shape))
-    return shape
+    return tuple(hi - lo for lo, hi in _box_of(roots, splits, name))
 
 
-def _overlap(a, b):
-    """Handles of one root overlap when one's path is a prefix of the other's."""
+def _overlap(roots, splits, a, b):
+    """Handles overlap when they share a root and their boxes intersect."""
     if a[0] != b[0]:
         return False
-    k = min(len(a[1]), len(b[1]))
-    return a[1][:k] == b[1][:k]
+    return all(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in
+               zip(_box_of(roots, splits, a), _box_of(roots, splits, b)))
 
 
 @st.composite
 def programs(draw):
-    """``(roots, splits, ops)``: root arrays, ``{handle: (axis, n)}``, and the program."""
+    """``(roots, splits, ops)``: root arrays, ``{handle: [(axis, n), ...]}``, the program."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     roots = []
     for _ in range(draw(st.integers(1, 3))):
@@ -138,14 +147,18 @@ def programs(draw):
         shape = _shape_of(roots, splits, name)
         if depth > 2 or not draw(st.booleans()):
             return
-        axis = draw(st.integers(0, len(shape) - 1))
-        n = draw(st.integers(1, min(shape[axis], 4)))
-        splits[name] = (axis, n)
-        for i in range(n):
-            child = (name[0], name[1] + (i,))
-            handles.append(child)
-            if draw(st.integers(0, 2)) == 0:
-                maybe_split(child, depth + 1)
+        plans = splits.setdefault(name, [])
+        for _ in range(draw(st.sampled_from([1, 1, 2, 3]) if depth < 2 else st.just(1))):
+            axis = draw(st.integers(0, len(shape) - 1))
+            n = draw(st.integers(1, min(shape[axis], 4)))
+            if (axis, n) in plans:  # the same arguments give the same children
+                continue
+            plans.append((axis, n))
+            for i in range(n):
+                child = (name[0], name[1] + ((len(plans) - 1, i),))
+                handles.append(child)
+                if draw(st.integers(0, 2)) == 0:
+                    maybe_split(child, depth + 1)
 
     for r in range(len(roots)):
         maybe_split((r, ()), 0)
@@ -154,8 +167,8 @@ def programs(draw):
     for h in handles:
         by_shape.setdefault(_shape_of(roots, splits, h), []).append(h)
     pairs = [(a, b) for group in by_shape.values() for a in group for b in group
-             if not _overlap(a, b)]
-    any_pairs = [(a, b) for a in handles for b in handles if not _overlap(a, b)]
+             if not _overlap(roots, splits, a, b)]
+    any_pairs = [(a, b) for a in handles for b in handles if not _overlap(roots, splits, a, b)]
 
     ops = []
     for _ in range(draw(st.integers(5, 60))):
@@ -208,8 +221,8 @@ def run_reference(roots, splits, ops):
     def view(name):
         r, path = name
         v = arrays[r]
-        for depth, i in enumerate(path):
-            axis, n = splits[(r, path[:depth])]
+        for depth, (plan, i) in enumerate(path):
+            axis, n = splits[(r, path[:depth])][plan]
             v = np.array_split(v, n, axis=axis)[i]
         return v
 
@@ -259,8 +272,8 @@ def run_runtime(rt, roots, splits, ops):
     def handle(name):
         r, path = name
         h = root_handles[r]
-        for depth, i in enumerate(path):
-            axis, n = splits[(r, path[:depth])]
+        for depth, (plan, i) in enumerate(path):
+            axis, n = splits[(r, path[:depth])][plan]
             h = h.split(axis=axis, n=n)[i]
         return h
 
@@ -293,7 +306,8 @@ def runtimes(dist_client):
             for policy in POLICIES:
                 for host_nodes in (1, 2):
                     rt = hn.Runtime(devices=f"cpu:{workers}", policy=policy, executor="local",
-                                    host_nodes=host_nodes, seed=workers)
+                                    host_nodes=host_nodes, seed=workers,
+                                    deterministic=host_nodes == 1)
                     made.append((f"local cpu:{workers} {policy} host_nodes={host_nodes}", rt))
         made.append(("dask threads", hn.Runtime(devices="cpu:2", executor="dask")))
         made.append(("distributed", hn.Runtime(devices="cpu:2", executor=dist_client)))

@@ -1,36 +1,68 @@
-"""Handles: logical arrays with one replica per memory node and MSI coherency.
+"""Handles: logical arrays with one replica per memory node, partition plans, coherence.
 
 A :class:`Handle` is what tasks access: a shape, a dtype, a name, and for each
-memory node a replica that is either valid or not. Reading on a node where the
-replica is invalid copies it in from a node where it is valid; writing on a node
-makes that replica the only valid one. ``split(axis, n)`` partitions a handle
-into child handles whose replicas are *views* of the parent's (no copy), nested
-as deep as wanted.
+memory node a replica. ``split(axis, n)`` partitions a handle into child handles
+whose replicas are *views* of the parent's (no copy). A handle may be split
+several ways (StarPU's partition plans): another ``n``, another axis, each
+child split again, as deep as wanted; each plan is a :class:`Plan` and asking
+for the same ``(axis, n)`` again returns the same children. Children of one
+plan are disjoint; children of different plans overlap where their index
+ranges do. Every handle knows its ``box``, its index range per dimension in its
+root's coordinates, which is what the runtime compares to order accesses.
 
-Coherence state, per handle: ``valid``, the set of node indices whose replica
-holds the current data. Two invariants make partitions work:
-
-1. ``n in h.valid`` means ``h``'s replica on node ``n`` is current over the
-   whole of ``h``;
-2. ``n in h.valid`` implies ``n in d.valid`` for every descendant ``d``.
-
-A write to ``h`` on node ``n`` sets ``h`` and its descendants to ``{n}`` and
-intersects every ancestor's set with ``{n}``. Reading an ancestor whose set is
-empty gathers it child by child. Transitions happen under the root's lock when a
-task starts, in an order the task dependencies already make safe.
+Coherence (MSI, per cell)
+-------------------------
+Views of different plans may overlap partially, so validity is not kept per
+handle but per *cell* of a root's :class:`Grid`: the cuts of every plan made
+below the root, along each axis, divide the root into cells, and every handle
+is a whole number of cells. ``Grid.mask`` holds, per cell, a bit per memory
+node whose replica of that cell is current. Reading a handle on node ``n``
+copies in the cells not valid on ``n`` (the whole view at once when one node
+holds all of them); writing it on ``n`` makes ``n`` the only valid node of its
+cells. A root never split (most handles) keeps one mask, a plain int, and no
+grid. Transitions happen under the root's lock when a task starts, in an order
+the task dependencies already make safe.
 
 The scheduler keeps its per-handle dependency state in the ``_last_writer``,
-``_readers`` and ``_redux`` slots (StarPU keeps it in the handle too).
+``_readers``, ``_live_below`` and ``_redux`` slots (StarPU keeps it in the
+handle too).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 
 import numpy as np
 
 _ids = itertools.count()
+
+
+class Plan:
+    """One partitioning of a handle: ``n`` children along ``axis``, sizes as
+    ``numpy.array_split``; ``starts`` are the children's first indices in the
+    root's coordinates (sorted, for finding the children a range meets)."""
+
+    __slots__ = ("parent", "axis", "n", "children", "starts")
+
+    def __init__(self, parent, axis, n, children):
+        self.parent = parent
+        self.axis = axis
+        self.n = n
+        self.children = children
+        self.starts = [c.box[axis][0] for c in children]
+
+    def meeting(self, box):
+        """The children whose range along the plan's axis meets ``box``'s."""
+        lo, hi = box[self.axis]
+        starts = self.starts
+        first = max(bisect.bisect_right(starts, lo) - 1, 0)
+        last = bisect.bisect_left(starts, hi)
+        return self.children[first:last]
+
+    def __repr__(self):
+        return f"Plan({self.parent.name!r}, axis={self.axis}, n={self.n})"
 
 
 class Handle:
@@ -40,26 +72,33 @@ class Handle:
     ``Runtime.temporary`` and by :meth:`split`, never directly by users.
     """
 
-    __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "axis", "index", "children",
-                 "_split_spec", "_replicas", "valid", "root", "_lock", "temporary", "generation",
-                 "footprint", "nbytes", "_last_writer", "_readers", "_redux", "__weakref__")
+    __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "index", "box",
+                 "plans", "_replicas", "root", "_grid", "_lock", "temporary", "generation",
+                 "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
+                 "_redux", "__weakref__")
 
     def __init__(self, shape, dtype, name=None, *, owner=None, parent=None, index=None,
-                 temporary=False, generation=0):
+                 box=None, temporary=False, generation=0):
         self.id = next(_ids)
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.name = name or f"h{self.id}"
         self.owner = owner
         self.parent = parent
+        self.plan = None              # the Plan this handle is a child of (None for a root)
         self.index = index            # tuple of slices into the parent (None for a root)
-        self.axis = None              # axis of the split that made the children
-        self.children: tuple[Handle, ...] = ()
-        self._split_spec = None
+        self.box = box if box is not None else tuple((0, d) for d in self.shape)
+        self.plans: dict[tuple[int, int], Plan] = {}
         self._replicas: dict[int, object] = {}
-        self.valid: set[int] = set()
-        self.root = self if parent is None else parent.root
-        self._lock = threading.RLock() if parent is None else self.root._lock
+        # a root's coherence state: an int (one node mask for the whole root) until a
+        # split or a transfer needs cells, then its Grid; children use their root's
+        self._grid = 0
+        if parent is None:
+            self.root = self
+            self._lock = threading.RLock()
+        else:
+            self.root = parent.root
+            self._lock = self.root._lock
         self.temporary = temporary
         self.generation = generation
         size = 1
@@ -67,8 +106,10 @@ class Handle:
             size *= d
         self.nbytes = size * self.dtype.itemsize
         self.footprint = "x".join(map(str, self.shape)) + ":" + self.dtype.str
+        self._cells = None            # (grid version, cell slices) cache
         self._last_writer = None
         self._readers: list = []
+        self._live_below = 0          # handles below this one with dependency state
         self._redux: list = []
 
     # ---------------------------------------------------------------- partitioning
@@ -76,8 +117,8 @@ class Handle:
         """Partition along ``axis`` into ``n`` child handles (views, no copy).
 
         Sizes follow ``numpy.array_split``: when ``n`` does not divide the
-        length the first parts are one longer. A handle has one partitioning;
-        asking again with the same arguments returns the same children.
+        length the first parts are one longer. A handle may be split several
+        ways; the same arguments return the same children.
         """
         axis = int(axis)
         if axis < 0:
@@ -88,40 +129,41 @@ class Handle:
         if not 1 <= n <= max(length, 1):
             raise ValueError(f"handle {self.name!r}: cannot split axis {axis} of length {length} "
                              f"into {n} parts")
-        if self._split_spec is not None:
-            if self._split_spec == (axis, n):
-                return self.children
-            raise ValueError(f"handle {self.name!r} is already split as (axis={self._split_spec[0]}, "
-                             f"n={self._split_spec[1]}); one partitioning per handle")
+        plan = self.plans.get((axis, n))
+        if plan is not None:
+            return plan.children
         base, extra = divmod(length, n)
+        offset = self.box[axis][0]
         children, start = [], 0
         for i in range(n):
             size = base + (1 if i < extra else 0)
             index = tuple(slice(start, start + size) if d == axis else slice(None)
                           for d in range(len(self.shape)))
             shape = tuple(size if d == axis else s for d, s in enumerate(self.shape))
-            child = Handle(shape, self.dtype, f"{self.name}[{i}]", owner=self.owner, parent=self,
-                           index=index, temporary=self.temporary, generation=self.generation)
-            child.valid = set(self.valid)
-            children.append(child)
+            box = tuple((offset + start, offset + start + size) if d == axis else b
+                        for d, b in enumerate(self.box))
+            children.append(Handle(shape, self.dtype, f"{self.name}[{i}]", owner=self.owner,
+                                   parent=self, index=index, box=box, temporary=self.temporary,
+                                   generation=self.generation))
             start += size
-        self.axis = axis
-        self.children = tuple(children)
-        self._split_spec = (axis, n)
-        return self.children
+        plan = Plan(self, axis, n, tuple(children))
+        for child in children:
+            child.plan = plan
+        with self._lock:
+            self.grid.cut(axis, plan.starts)
+            self.plans[(axis, n)] = plan
+        return plan.children
 
-    def ancestors(self):
-        h = self.parent
-        while h is not None:
-            yield h
-            h = h.parent
+    def overlaps(self, other: "Handle") -> bool:
+        """Whether the two handles share elements (same root, intersecting boxes)."""
+        if other.root is not self.root:
+            return False
+        return all(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in zip(self.box, other.box))
 
-    def descendants(self):
-        stack = list(self.children)
-        while stack:
-            h = stack.pop()
-            yield h
-            stack.extend(h.children)
+    def within(self, other: "Handle") -> bool:
+        """Whether every element of this handle belongs to ``other``."""
+        return other.root is self.root and all(
+            b0 <= a0 and a1 <= b1 for (a0, a1), (b0, b1) in zip(self.box, other.box))
 
     # ---------------------------------------------------------------- replicas
     def replica(self, node) -> object:
@@ -137,51 +179,179 @@ class Handle:
             self._replicas[node.index] = arr
         return arr
 
-    def _drop_replicas(self):
-        """Forget arena-backed replicas (their arena was reset)."""
-        self._replicas.clear()
-        for d in self.descendants():
-            d._replicas.clear()
+    @property
+    def grid(self) -> "Grid":
+        """The root's :class:`Grid` (made on first use)."""
+        root = self.root
+        grid = root._grid
+        if type(grid) is int:
+            with root._lock:
+                grid = root._grid
+                if type(grid) is int:
+                    grid = root._grid = Grid(root.shape, grid)
+        return grid
+
+    def cells(self) -> tuple:
+        """Slices of :attr:`grid` ``.mask`` covering this handle."""
+        cached = self._cells
+        grid = self.grid
+        if cached is None or cached[0] != grid.version:
+            cached = (grid.version, grid.cell_slices(self.box))
+            self._cells = cached
+        return cached[1]
+
+    @property
+    def valid(self) -> set:
+        """Memory node indices whose replica holds the current data of the whole handle."""
+        grid = self.root._grid
+        if type(grid) is int:
+            return _nodes_of(grid)
+        with self._lock:
+            sub = grid.mask[self.cells()]
+            common = int(sub.flat[0]) if sub.size == 1 else int(
+                np.bitwise_and.reduce(sub, axis=None))
+        return _nodes_of(common)
+
+    @valid.setter
+    def valid(self, nodes):
+        bits = sum(1 << n for n in nodes)
+        with self._lock:
+            if self.parent is None and type(self._grid) is int:
+                self._grid = bits
+            else:
+                self.grid.mask[self.cells()] = bits
 
     def __repr__(self):
         return f"Handle({self.name!r}, shape={self.shape}, dtype={self.dtype.name})"
 
 
+class Grid:
+    """Per root: the cells that every plan's cuts make, and per cell a bit mask of the
+    memory nodes holding it current (see the module docstring). Guarded by the root's lock.
+
+    ``cuts[d]``: sorted cell boundaries along dimension ``d`` (``0`` and the length
+    included); ``mask``: ``uint64`` array with one entry per cell; ``version``:
+    bumped when a cut refines the cells, so handles refresh their cached slices.
+    """
+
+    __slots__ = ("cuts", "mask", "version")
+
+    def __init__(self, shape, mask: int = 0):
+        self.cuts = [[0, d] if d else [0] for d in shape]
+        cells = tuple(max(len(c) - 1, 1) for c in self.cuts) or (1,)  # a 0-d root: one cell
+        self.mask = np.full(cells, mask, dtype=np.uint64)
+        self.version = 0
+
+    def cut(self, axis, positions):
+        """Add cell boundaries along ``axis``; each new cell keeps its old cell's mask."""
+        cuts = self.cuts[axis]
+        new = sorted(set(positions).union(cuts))
+        if len(new) == len(cuts):
+            return
+        # how many new cells each old cell becomes
+        counts = [bisect.bisect_left(new, hi) - bisect.bisect_left(new, lo)
+                  for lo, hi in zip(cuts, cuts[1:])]
+        self.mask = np.repeat(self.mask, counts, axis=axis)
+        self.cuts[axis] = new
+        self.version += 1
+
+    def cell_slices(self, box) -> tuple:
+        out = []
+        for (lo, hi), cuts in zip(box, self.cuts):
+            if lo == hi:  # an empty dimension: its one (empty) cell
+                out.append(slice(0, 1))
+            else:
+                out.append(slice(bisect.bisect_left(cuts, lo), bisect.bisect_left(cuts, hi)))
+        return tuple(out) or (slice(0, 1),)
+
+    def cell_box(self, index) -> tuple:
+        """The root-coordinate slices of the cell at ``index`` (a tuple of ints)."""
+        return tuple(slice(c[i], c[i + 1]) if len(c) > 1 else slice(0, 0)
+                     for i, c in zip(index, self.cuts))
+
+
+def _nodes_of(mask: int) -> set:
+    nodes, n = set(), 0
+    while mask and n < 64:
+        if mask & 1:
+            nodes.add(n)
+        mask >>= 1
+        n += 1
+    return nodes
+
+
+def _lowest(mask: int) -> int:
+    return (mask & -mask).bit_length() - 1
+
+
 # -------------------------------------------------------------------- coherence
-def _add_valid(h: Handle, n: int) -> None:
-    h.valid.add(n)
-    for d in h.descendants():
-        d.valid.add(n)
-
-
 def make_valid(h: Handle, node, nodes) -> int:
     """Bring ``h``'s replica on ``node`` up to date; returns bytes copied. Root lock held."""
-    n = node.index
-    if n in h.valid:
-        return 0
-    if h.valid:
-        src = nodes[min(h.valid)]
-        moved = node.copy(h.replica(node), h.replica(src), src)
-        _add_valid(h, n)
+    held = h.root._grid
+    if type(held) is int:  # a root never split: one mask for all of it
+        if held >> node.index & 1:
+            return 0
+        dst = h.replica(node)
+        moved = 0
+        if held:
+            src = nodes[_lowest(held)]
+            moved = node.copy(dst, h.replica(src), src)
+        h._grid = held | 1 << node.index
         return moved
+    bit = np.uint64(1 << node.index)
+    sl = h.cells()
+    grid = h.grid
+    sub = grid.mask[sl]
+    missing = (sub & bit) == 0
+    if not missing.any():
+        return 0
+    dst = h.replica(node)
+    common = int(np.bitwise_and.reduce(sub, axis=None))
     moved = 0
-    if h.children:
-        for c in h.children:
-            moved += make_valid(c, node, nodes)
-    else:  # never written: nothing to bring, the fresh replica is the data
-        h.replica(node)
-    h.valid.add(n)
+    if common:  # one node holds the whole view: one copy
+        src = nodes[_lowest(common)]
+        moved = node.copy(dst, h.replica(src), src)
+    else:
+        root = h.root
+        offset = tuple(s.start for s in sl)
+        for rel in zip(*np.nonzero(missing)):
+            held = int(sub[rel])
+            if not held:  # never written: nothing to bring, the fresh replica is the data
+                continue
+            box = grid.cell_box(tuple(o + int(i) for o, i in zip(offset, rel)))
+            src = nodes[_lowest(held)]
+            moved += node.copy(root.replica(node)[box], root.replica(src)[box], src)
+    grid.mask[sl] = sub | bit
     return moved
+
+
+def drop_replicas(root: Handle, node, nodes) -> None:
+    """Forget ``root``'s replica on ``node`` and its views there (eviction), first
+    copying to ``nodes[0]`` (the host) the cells only ``node`` holds. Root lock held."""
+    bit = 1 << node.index
+    grid = root._grid
+    if type(grid) is int:
+        if grid == bit:
+            make_valid(root, nodes[0], nodes)
+        root._grid &= ~bit
+    else:
+        if (grid.mask == np.uint64(bit)).any():
+            make_valid(root, nodes[0], nodes)
+        grid.mask &= ~np.uint64(bit)
+    stack = [root]
+    while stack:
+        h = stack.pop()
+        h._replicas.pop(node.index, None)
+        for plan in h.plans.values():
+            stack.extend(plan.children)
 
 
 def mark_written(h: Handle, n: int) -> None:
     """Record that ``h`` was written on node index ``n``. Root lock held."""
-    h.valid = {n}
-    for d in h.descendants():
-        d.valid = {n}
-    for a in h.ancestors():
-        if a.valid:
-            a.valid = {n} if n in a.valid else set()
+    if type(h.root._grid) is int:
+        h._grid = 1 << n
+    else:
+        h.grid.mask[h.cells()] = np.uint64(1 << n)
 
 
 def acquire(h: Handle, node, nodes, reads: bool, writes: bool):

@@ -147,7 +147,7 @@ class MemoryNode:
     def evict(self, root) -> bool:
         """Drop ``root``'s replica here (written back to the host first if valid only
         here). False when its lock is busy or a task holds it."""
-        from .handle import make_valid
+        from .handle import drop_replicas
 
         if not root._lock.acquire(blocking=False):
             return False
@@ -155,13 +155,7 @@ class MemoryNode:
             with self._mem_lock:
                 if self._held.get(root.id) or root.id not in self._resident:
                     return False
-            n = self.index
-            family = [root, *root.descendants()]
-            if any(h.valid == {n} for h in family):
-                make_valid(root, self.peers[0], self.peers)  # write back to the host
-            for h in family:
-                h._replicas.pop(n, None)
-                h.valid.discard(n)
+            drop_replicas(root, self, self.peers)  # written back to the host first if needed
             with self._mem_lock:
                 _, size = self._resident.pop(root.id)
                 self.used -= size

@@ -104,10 +104,6 @@ class Codelet:
         self.redux = redux
         self.flops = flops
 
-    @property
-    def nbuffers(self) -> int:
-        return len(self.modes)
-
     def check_operands(self, n: int) -> None:
         if n != len(self.modes):
             raise SubmitError(

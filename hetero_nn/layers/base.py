@@ -62,7 +62,7 @@ class Parameter:
         return self.data.shape
 
     def bind(self, rt):
-        if self.runtime is rt and self.handle is not None and not rt._closed:
+        if self.runtime is rt and self.handle is not None and not rt.closed:
             return
         self.runtime = rt
         self.handle = rt.register(self.data, name=self.name)
@@ -74,7 +74,7 @@ class Parameter:
 
     def host(self) -> np.ndarray:
         """The current values as a host array (coherent if bound)."""
-        if self.handle is not None and not self.runtime._closed:
+        if self.handle is not None and not self.runtime.closed:
             return self.runtime.fetch(self.handle)
         return self.data
 
@@ -92,7 +92,7 @@ class Buffer(Parameter):
         self.data = np.array(data, order="C")  # 0-d stays 0-d (num_batches_tracked)
 
     def bind(self, rt):
-        if self.runtime is rt and self.handle is not None and not rt._closed:
+        if self.runtime is rt and self.handle is not None and not rt.closed:
             return
         self.runtime = rt
         self.handle = rt.register(self.data, name=self.name)

@@ -97,7 +97,7 @@ class BatchNorm2D(Layer):
         """``(weight, bias)`` handles: the parameters, or constants 1 and 0 without ``affine``."""
         if self.affine:
             return self._params["weight"].handle, self._params["bias"].handle
-        if self._constants is None or self._constants[0] is not rt or rt._closed:
+        if self._constants is None or self._constants[0] is not rt or rt.closed:
             c = self.num_features
             self._constants = (rt, rt.register(np.ones(c, self.dtype), name="bn.ones"),
                                rt.register(np.zeros(c, self.dtype), name="bn.zeros"))

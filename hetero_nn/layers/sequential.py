@@ -96,7 +96,7 @@ class Sequential(Layer):
             p.data[...] = value
             rt = p.runtime
             p.unbind()  # other replicas are stale: a fresh handle whose host copy is valid
-            if rt is not None and not rt._closed:
+            if rt is not None and not rt.closed:
                 p.bind(rt)  # a trainer bound to rt keeps training with the loaded values
 
     # ------------------------------------------------------------ shapes

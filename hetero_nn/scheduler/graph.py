@@ -3,12 +3,15 @@
 Every task becomes one key (``Task.key`` plus a token unique to the graph, so
 graphs never share keys on a shared scheduler) whose arguments are the keys holding
 the values it reads; its value is the tuple of the arrays it writes plus its
-timing. Reads of a handle resolve to the key of its latest version: the output
-of the task that last wrote it, a slice of a parent's version (partitions), or
-the concatenation of the children's versions. Registered data enters the graph
-as literal arrays. Because nothing is updated in place, ``dask.threaded.get``
-and a ``distributed.Client`` can run the graph unchanged and Dask can recompute
-what a dead worker lost.
+timing. Reads of a handle resolve to the key of its latest version. Versions
+are kept per cell of the root's grid (the cells every partition plan's cuts
+make, see :mod:`hetero_nn.arena.handle`): each cell maps to the key and box of
+the last value written over it. A read whose cells all come from one value is
+that key or a slice of it; otherwise the view is assembled from the pieces
+(one per cell), so views of different plans compose however they overlap.
+Registered data enters the graph as literal arrays. Because nothing is updated
+in place, ``dask.threaded.get`` and a ``distributed.Client`` can run the graph
+unchanged and Dask can recompute what a dead worker lost.
 """
 
 from __future__ import annotations
@@ -23,9 +26,6 @@ import numpy as np
 
 from ..codelets.codelet import REDUX
 from ..errors import TaskError
-
-_PARENT = "parent"    # version derives from the parent's
-_GATHER = "gather"    # version is the concatenation of the children's
 
 
 class PureTask:
@@ -71,8 +71,17 @@ class PureTask:
         return (*outputs, (start, time.time(), worker))
 
 
-def _gather(parts, axis):
-    return np.concatenate(parts, axis=axis)
+def _assemble(shape, dtype, pieces, *values):
+    """A view's value from pieces: ``(dst slices, value index, src slices)``."""
+    out = np.empty(shape, dtype)
+    for dst, i, src in pieces:
+        out[dst] = values[i][src]
+    return out
+
+
+def _relative(box, within):
+    """``box`` (root coordinates) as slices into a value of box ``within``."""
+    return tuple(slice(lo - w0, hi - w0) for (lo, hi), (w0, _) in zip(box, within))
 
 
 class GraphBuilder:
@@ -84,7 +93,7 @@ class GraphBuilder:
         # earlier graph (or of another runtime sharing the client) when this one arrives.
         self.token = uuid.uuid4().hex[:12]
         self.dsk: dict = {}
-        self.src: dict = {}        # handle -> key | _PARENT | _GATHER
+        self.versions: dict = {}   # root -> object array over its grid's cells of (key, box)
         self.written_roots: dict = {}
         self._n = 0
 
@@ -92,38 +101,44 @@ class GraphBuilder:
         self._n += 1
         return f"{prefix}-{self._n}-{self.token}"
 
+    def _cells(self, root):
+        cells = self.versions.get(root)
+        if cells is None:
+            key = f"data-{root.id}-{self.token}"
+            self.dsk[key] = self.rt.host_replica(root)
+            cells = np.empty(root.grid.mask.shape, dtype=object)
+            cells.fill((key, root.box))
+            self.versions[root] = cells
+        return cells
+
     def value(self, h) -> str:
-        """The key holding ``h``'s current version (adding slice/gather nodes as needed)."""
-        s = self.src.get(h)
-        if s is None:
-            s = _PARENT if h.parent is not None else None
-        if s is None:  # root never written in this graph: its registered data
-            key = f"data-{h.id}-{self.token}"
-            self.dsk[key] = self.rt.host_replica(h)
-        elif s is _PARENT:
-            key = self._new_key(f"slice-{h.id}")
-            self.dsk[key] = (operator.getitem, self.value(h.parent), h.index)
-        elif s is _GATHER:
-            key = self._new_key(f"gather-{h.id}")
-            self.dsk[key] = (_gather, [self.value(c) for c in h.children], h.axis)
+        """The key holding ``h``'s current version (adding slice/assemble nodes as needed)."""
+        cells = self._cells(h.root)
+        sl = h.cells()
+        sub = cells[sl]
+        first = sub.flat[0]
+        if all(v is first for v in sub.flat):
+            key, box = first
+            if box == h.box:
+                return key
+            out = self._new_key(f"slice-{h.id}")
+            self.dsk[out] = (operator.getitem, key, _relative(h.box, box))
         else:
-            return s
-        self.src[h] = key
-        return key
+            grid = h.grid
+            offset = tuple(s.start for s in sl)
+            keys, pieces = {}, []
+            for rel, (key, box) in np.ndenumerate(sub):
+                cell = grid.cell_box(tuple(o + i for o, i in zip(offset, rel)))
+                cell = tuple((c.start, c.stop) for c in cell)
+                i = keys.setdefault(key, len(keys))
+                pieces.append((_relative(cell, h.box), i, _relative(cell, box)))
+            out = self._new_key(f"assemble-{h.id}")
+            self.dsk[out] = (_assemble, h.shape, h.dtype, pieces, *keys)
+        sub[...] = _single((out, h.box))
+        return out
 
     def _written(self, h, key):
-        path = [h, *h.ancestors()]
-        on_path = set(path)
-        for a in path[1:]:  # freeze siblings that derive from an ancestor about to change
-            if self.src.get(a) is not _GATHER:
-                for c in a.children:
-                    if c not in on_path and self.src.get(c, _PARENT) is _PARENT:
-                        self.value(c)
-        self.src[h] = key
-        for d in h.descendants():
-            self.src[d] = _PARENT
-        for a in path[1:]:
-            self.src[a] = _GATHER
+        self._cells(h.root)[h.cells()] = _single((key, h.box))
         self.written_roots[h.root] = None
 
     def task_key(self, task) -> str:
@@ -146,6 +161,13 @@ class GraphBuilder:
     def outputs(self) -> dict:
         """Root handle -> key of its final version, for every root written."""
         return {h: self.value(h) for h in self.written_roots}
+
+
+def _single(value):
+    """A 0-d object array holding ``value`` (a tuple), to fill cells with it."""
+    a = np.empty((), dtype=object)
+    a[()] = value
+    return a
 
 
 def build_graph(runtime, tasks):

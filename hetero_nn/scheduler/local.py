@@ -29,6 +29,13 @@ stream only where it needs the data (a copy back to a host node) and when a
 flushed graph ends. Roots a task uses are held on the node (no eviction under a
 memory limit) until it completes.
 
+Faults
+------
+A failure while binding a task's operands (a transfer, an arena allocation)
+fails that task as its codelet would. A failing prefetch, done by a worker
+for another worker's task, fails the flush the same way: a ``TaskError``
+naming the task and the node, the rest cancelled, the runtime usable.
+
 Threads
 -------
 BLAS is held to one thread (``threadpoolctl``) while the executor lives, so
@@ -175,7 +182,10 @@ class LocalExecutor:
             if prefetch is not None:
                 for s, target_node in prefetch:
                     if s.t_start == 0.0:
-                        rt.prefetch(s, target_node)
+                        try:
+                            rt.prefetch(s, target_node)
+                        except BaseException as exc:  # noqa: BLE001 - fails the flush
+                            self._prefetch_failed(s, target_node, exc)
             task.worker = w
             if not failed:
                 if w.stream is not None:
@@ -291,6 +301,15 @@ class LocalExecutor:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             task.t_end = _perf()
             task.error = exc
+
+    def _prefetch_failed(self, task, node, exc):
+        err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "
+                        f"{node.name} failed: {type(exc).__name__}: {exc}",
+                        codelet=task.codelet.name, task_id=task.id)
+        err.__cause__ = exc
+        with self._lock:
+            if self._error is None:
+                self._error = err
 
     @staticmethod
     def _task_error(task):

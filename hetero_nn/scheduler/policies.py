@@ -184,8 +184,9 @@ class Dmda(Policy):
             return 0.0
         total = 0.0
         for h, m in zip(task.handles, task.modes):
-            if m.reads and h.valid and node.index not in h.valid:
-                src = rt.nodes[min(h.valid)]
+            valid = h.valid if m.reads else None  # computed from the cells: once
+            if valid and node.index not in valid:
+                src = rt.nodes[min(valid)]
                 total += pm.predict_transfer(src.name, node.name, h.nbytes)
         return total
 
@@ -276,9 +277,9 @@ class Heft(Policy):
         nodes = self.rt.nodes
         total = 0.0
         for h, m in zip(task.handles, task.modes):
-            if m.reads and h.valid and node.index not in h.valid and not any(
-                    _writes(p, h) for p in task.preds):
-                total += pm.predict_transfer(nodes[min(h.valid)].name, node.name, h.nbytes)
+            valid = h.valid if m.reads else None  # computed from the cells: once
+            if valid and node.index not in valid and not any(_writes(p, h) for p in task.preds):
+                total += pm.predict_transfer(nodes[min(valid)].name, node.name, h.nbytes)
         return total
 
     def push(self, task, from_worker):

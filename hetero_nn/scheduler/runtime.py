@@ -5,18 +5,36 @@ Policy
 Tasks are submitted in program order (StarPU's sequential task flow). For every
 operand the runtime keeps, per handle, the last writer and the readers since;
 an ``R`` access waits for the last writer, a ``W``/``RW`` access waits for the
-last writer and every reader since (write-after-read), and an access to a
-handle conflicts with accesses to its ancestors and descendants (partitions).
+last writer and every reader since (write-after-read). Accesses through any
+handle of one root are ordered as sequential NumPy on the same views would be:
+two handles conflict when their boxes (index ranges in the root) intersect,
+whether one is below the other or they belong to different partition plans.
+Children of one plan are disjoint by construction and never compared.
+
+The cost of a submission does not grow with what is pending. A reader appends
+itself to its handle's reader list; a writer takes that list as dependencies
+once and empties it, and empties the state of every handle inside the region
+it writes (it depends on them, so later accesses need only it). Finding the
+conflicting handles walks the ancestors, the descendants that hold state
+(``_live_below`` counts them), and, per other plan of an ancestor, only the
+children whose range meets the access (a bisection). All dependency state
+belongs to the tasks of one flush and is dropped when the flush ends.
+
 ``REDUX`` contributions make no dependency on the handle: each one gets a
-private partial; at the next non-REDUX access to the handle's family (or at
+private partial; at the next non-REDUX access to the handle's root (or at
 ``wait``) the runtime submits a balanced tree of ``redux`` tasks over the
 partials in submission order and adds the result into the handle, so the
 result is bit-for-bit the same whatever the executor, policy or timing. A
 task's non-REDUX operands are processed before its REDUX ones, and a REDUX
-access combines the other handles of its family but keeps those the same task
+access combines the other handles of its root but keeps those the same task
 accumulates into, so no tree ever takes the partial of the task being
 submitted (the pending list stays in topological order).
 ``SCRATCH`` operands are private temporaries and make no dependency.
+
+Variants: a pinned runtime (the default) runs per codelet and device kind the
+variant :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS` names, so results
+are the same bits under every policy and worker count;
+``deterministic=False`` lets the performance model choose.
 
 Submitted tasks accumulate until ``wait()`` / ``fetch()``, which hand the DAG
 to the executor and block until it has run (a whole training step is one such
@@ -25,10 +43,12 @@ graph, which is what lets ``heft`` plan it statically).
 State
 -----
 ``_pending``: tasks submitted since the last flush, in submission order (a
-topological order). ``_redux_roots``: root handles with REDUX partials not yet
-combined. ``_generation``: number of flushes run; temporaries (arena-backed
-handles, REDUX partials) belong to one generation, and the node arenas are reset
-when the next flush starts. ``_records``: trace records of executed tasks.
+topological order). ``_redux_pending``: root handle -> handles of that root with
+REDUX partials not yet combined, in the order of their first contribution.
+``_tracked``: handles given dependency state in this flush (dropped at its end).
+``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
+partials) belong to one generation, and the node arenas are reset when the next
+flush starts. ``_records``: trace records of executed tasks.
 """
 
 from __future__ import annotations
@@ -42,12 +62,12 @@ import numpy as np
 
 from ..arena.handle import Handle, acquire
 from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
-from ..errors import DeviceError, SubmitError
+from ..codelets.pinned import PINNED_VARIANTS
+from ..errors import ConfigError, DeviceError, SubmitError
 from .devices import make_workers
 from .trace import TaskRecord, TransferRecord, Trace
 
 _perf = time.perf_counter
-_MAX_READERS = 32
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
 
@@ -70,22 +90,26 @@ class Runtime:
     device_memory : int, str or mapping, optional
         Memory limit of each CUDA node (``"2GiB"``), or ``{node name: limit}``;
         replicas valid elsewhere are evicted to stay under it.
-    deterministic : bool
-        Always run, per device kind, the first variant of a codelet (in the
-        order of ``variants`` if given, else declaration order) instead of the
-        one the performance model predicts fastest: variants may differ in the
-        last bits, as cuDNN algorithms do in PyTorch.
+    deterministic : bool, optional
+        True (the default, unless ``calibrate``): run, per codelet and device
+        kind, one pinned variant, the first of ``variants`` the codelet has (by default
+        :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first
+        declared one; results are then bit-identical under every policy and
+        worker count. False: let the performance model pick among the
+        variants (faster on some machines; variants differ in the last bits,
+        as cuDNN algorithms do in PyTorch).
     variants : sequence of str, or mapping, optional
         Preferred variant names, e.g. ``("ref",)`` to run the NumPy references
         wherever a codelet has one; or a mapping from codelet name to such a
         sequence, with ``"*"`` for the codelets not named (e.g. ``{"*": ("cpu",),
         "dense_fwd": ("ref",)}``). A codelet with none of its preferred names runs
-        as if none were given.
+        as if none were given. Given, they pin even with ``deterministic=False``.
     perfmodel : PerfModel, path, or False
         Where measurements go (default: ``HETERO_NN_CACHE``); False records nothing.
     calibrate : bool
         Explore every variant until each footprint has ``calibrate_samples`` runs
-        (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each.
+        (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each. It
+        implies ``deterministic=False``; asking for both is a ``ConfigError``.
     trace : bool
         Keep a record of every executed task (see :meth:`trace`).
 
@@ -104,12 +128,17 @@ class Runtime:
 
     def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
                  device_memory=None,
-                 deterministic: bool = False, variants=None, perfmodel=None,
+                 deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
                  seed: int = 0):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
+        if deterministic is None:
+            deterministic = not calibrate
+        elif deterministic and calibrate:
+            raise ConfigError("Runtime: calibrate=True explores every variant; it cannot be "
+                              "combined with deterministic=True")
         self._lock = threading.Lock()
         self.workers, self.nodes = make_workers(devices, host_nodes, self._lock, device_memory)
         self._transfers: list = []
@@ -118,7 +147,8 @@ class Runtime:
         self.devices = devices
         self.policy_name = policy
         self.deterministic = bool(deterministic)
-        self.preferred = _preferences(variants)
+        self.preferred = _preferences(
+            variants if variants is not None or not deterministic else PINNED_VARIANTS)
         self.calibrate = bool(calibrate)
         self.calibrate_samples = int(calibrate_samples)
         self.seed = seed
@@ -133,7 +163,8 @@ class Runtime:
         self._single_node = len(self.nodes) == 1
         self._ids = itertools.count()
         self._pending: list = []
-        self._redux_roots: set = set()
+        self._redux_pending: dict = {}
+        self._tracked: list = []
         self._redux_codelets: dict = {}
         self._candidates: dict = {}
         self._eligible: dict = {}
@@ -203,9 +234,10 @@ class Runtime:
             eligible = self._compute_eligible(codelet)
         task = _Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
+        preds: dict = {}
         redux = False
         generation = self._generation
-        redux_roots = self._redux_roots
+        redux_pending = self._redux_pending
         i = 0
         for h in handles:
             if type(h) is not Handle or h.owner is not self:
@@ -218,27 +250,32 @@ class Runtime:
             if m is REDUX:
                 redux = True
             elif m is not SCRATCH:
-                if redux_roots and h.root in redux_roots:
+                if redux_pending and h.root in redux_pending:
                     self._combine_family(h.root)
-                self._depend(task, h, m is not R)
+                if h.parent is None and not h.plans:
+                    self._depend_root(task, h, m is not R, preds)
+                else:
+                    self._depend(task, h, m is not R, preds)
         if redux:  # after the other operands, so no combine ever takes this task's own partials
             ops = list(handles)
             keep = {h for h, m in zip(handles, modes) if m is REDUX}
             for i, h in enumerate(handles):
                 if modes[i] is REDUX:
-                    if h.root in self._redux_roots:
+                    if h.root in redux_pending:
                         self._combine_family(h.root, keep=keep)
                     partial = Handle(h.shape, h.dtype, f"{h.name}.partial{len(h._redux)}",
                                      owner=self, temporary=True, generation=self._generation)
                     partial._last_writer = task
+                    if not h._redux:
+                        redux_pending.setdefault(h.root, []).append(h)
                     h._redux.append((partial, codelet))
-                    self._redux_roots.add(h.root)
                     ops[i] = partial
             task.handles = ops
-        preds = task.preds
         if preds:
-            task.npred = len(preds)
-            for p in preds:
+            preds.pop(task, None)  # a handle twice in one task
+            task.preds = list(preds)
+            task.npred = len(task.preds)
+            for p in task.preds:
                 p.succ.append(task)
         self._pending.append(task)
         return task
@@ -260,55 +297,70 @@ class Runtime:
         self._eligible[codelet] = eligible
         return eligible
 
-    @staticmethod
-    def _depend(task, h, writes):
-        """Add the dependencies of ``task`` accessing ``h`` and update ``h``'s state."""
-        preds = task.preds
-        if h.parent is None and not h.children:  # an unpartitioned root: the common case
-            lw = h._last_writer
-            if lw is not None and not lw.done and lw is not task and lw not in preds:
-                preds.append(lw)
-            if writes:
-                readers = h._readers
-                if readers:
-                    for r in readers:
-                        if not r.done and r is not task and r not in preds:
-                            preds.append(r)
-                    h._readers = []
-                h._last_writer = task
-            else:
-                readers = h._readers
-                if len(readers) >= _MAX_READERS:
-                    readers[:] = [r for r in readers if not r.done]
-                readers.append(task)
-            return
-        family = [h]
-        a = h.parent
-        while a is not None:
-            family.append(a)
-            a = a.parent
-        below = tuple(h.descendants()) if h.children else ()
-        family.extend(below)
-        for x in family:
+    def _depend_root(self, task, h, writes, preds):
+        """``_depend`` for a root never split, the common case: O(1) for a reader."""
+        lw = h._last_writer
+        readers = h._readers
+        if lw is None and not readers:
+            self._tracked.append(h)
+        elif lw is not None:
+            preds[lw] = None
+        if writes:
+            if readers:
+                for r in readers:
+                    preds[r] = None
+                h._readers = []
+            h._last_writer = task
+        else:
+            readers.append(task)
+
+    def _depend(self, task, h, writes, preds):
+        """Add to ``preds`` the tasks ``task`` must follow to access ``h``; update the state.
+
+        Every handle of ``h``'s root with state whose box meets ``h``'s conflicts:
+        ``task`` follows its last writer, and, when writing, its readers; a
+        write then empties the state of the handles it covers.
+        """
+        conflicting = _conflicting(h)
+        for x in conflicting:
             lw = x._last_writer
-            if lw is not None and not lw.done and lw is not task and lw not in preds:
-                preds.append(lw)
+            if lw is not None:
+                preds[lw] = None
             if writes:
                 for r in x._readers:
-                    if not r.done and r is not task and r not in preds:
-                        preds.append(r)
+                    preds[r] = None
+        own = h._last_writer
+        if own is not None:
+            preds[own] = None
         if writes:
-            h._last_writer = task
-            if h._readers:
-                h._readers = []
-            for d in below:
-                d._last_writer = None
-                d._readers = []
-        else:
+            for x in conflicting:
+                if x.within(h):
+                    _set_state(x, None, [], self._tracked)
             readers = h._readers
-            if len(readers) >= _MAX_READERS:
-                readers[:] = [r for r in readers if not r.done]
-            readers.append(task)
+            if readers:
+                for r in readers:
+                    preds[r] = None
+                h._readers = []
+            if own is None and not readers:  # h had no state: count it in its ancestors
+                _set_state(h, task, [], self._tracked)
+            else:
+                h._last_writer = task
+        elif own is None and not h._readers:
+            _set_state(h, None, [task], self._tracked)
+        else:
+            h._readers.append(task)
+
+    def _drop_dependency_state(self):
+        """Forget the flushed tasks: every dependency is on a task of the same flush."""
+        for h in self._tracked:
+            h._last_writer = None
+            h._readers = []
+            h._live_below = 0
+            a = h.parent
+            while a is not None and a._live_below:  # above a zeroed one, all are zeroed
+                a._live_below = 0
+                a = a.parent
+        self._tracked = []
 
     # ------------------------------------------------------------------ REDUX
     def _redux_codelet(self, codelet):
@@ -320,19 +372,16 @@ class Runtime:
         return rc
 
     def _combine_family(self, root, keep=()):
-        """Submit the REDUX trees pending anywhere in ``root``'s partition tree, but those
-        of the handles in ``keep`` (the REDUX operands of the task being submitted)."""
-        self._redux_roots.discard(root)
-        family = [root, *root.descendants()] if root.children else [root]
-        kept = False
-        for x in family:
-            if x._redux:
-                if x in keep:
-                    kept = True
-                else:
-                    self._combine(x)
+        """Submit the REDUX trees pending on any handle of ``root`` (any plan), in the
+        order of their first contribution, but those of the handles in ``keep`` (the
+        REDUX operands of the task being submitted)."""
+        handles = self._redux_pending.pop(root)
+        kept = [x for x in handles if x in keep]
         if kept:
-            self._redux_roots.add(root)
+            self._redux_pending[root] = kept
+        for x in handles:
+            if x not in keep:
+                self._combine(x)
 
     def _combine(self, h):
         parts = [p for p, _ in h._redux]
@@ -346,8 +395,8 @@ class Runtime:
         self.submit(rc, h, parts[0])
 
     def _combine_all(self):
-        while self._redux_roots:
-            self._combine_family(next(iter(self._redux_roots)))
+        while self._redux_pending:
+            self._combine_family(next(iter(self._redux_pending)))
 
     # ------------------------------------------------------------------ variants, perfmodel
     def candidates(self, codelet, kind) -> tuple:
@@ -506,6 +555,7 @@ class Runtime:
         try:
             self.executor.run(tasks)
         finally:
+            self._drop_dependency_state()
             self._generation += 1
             if self._measured:
                 self._feed_perfmodel()
@@ -549,6 +599,11 @@ class Runtime:
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (handles of a closed runtime cannot be used)."""
+        return self._closed
 
     def arena_stats(self) -> dict:
         """Per memory node: the temporaries arena's statistics."""
@@ -599,32 +654,74 @@ def _preferences(variants) -> dict:
 
 
 def _check_overlap(codelet, handles, modes):
-    """Refuse a task that writes a region it also reaches through a parent or child handle.
+    """Refuse a task that writes a region it also reaches through another handle.
 
     In place the two arrays would alias, in the pure Dask graph they would not:
     the result would depend on the executor. (One handle twice is fine.)
     """
     for i, a in enumerate(handles):
-        root = getattr(a, "root", None)
-        if root is None:
-            continue  # not a handle: the operand check names it
+        if type(a) is not Handle:
+            continue  # the operand check names it
         for j in range(i + 1, len(handles)):
             b = handles[j]
-            if b is a or getattr(b, "root", None) is not root:
+            if b is a or type(b) is not Handle:
                 continue
-            if (modes[i].writes or modes[j].writes) and (_within(a, b) or _within(b, a)):
+            if (modes[i].writes or modes[j].writes) and a.overlaps(b):
                 raise SubmitError(
                     f"codelet {codelet.name!r}: operands {i} ({a.name!r}, {modes[i].value}) and "
-                    f"{j} ({b.name!r}, {modes[j].value}) overlap (one partitions the other) and "
-                    "one of them is written; pass disjoint handles")
+                    f"{j} ({b.name!r}, {modes[j].value}) overlap and one of them is written; "
+                    "pass disjoint handles")
 
 
-def _within(outer, h):
-    while h is not None:
-        if h is outer:
-            return True
-        h = h.parent
-    return False
+def _conflicting(h) -> list:
+    """The handles of ``h``'s root, other than ``h``, that hold dependency state and
+    whose boxes meet ``h``'s: ancestors; descendants through every plan; and below
+    each ancestor's other plans, the handles whose ranges meet ``h``'s (siblings of
+    one plan are disjoint and skipped)."""
+    out = []
+    child, a = h, h.parent
+    while a is not None:
+        if a._last_writer is not None or a._readers:
+            out.append(a)
+        if len(a.plans) > 1 and a._live_below > child._live_below + (
+                child._last_writer is not None or bool(child._readers)):  # state beside the path
+            for plan in a.plans.values():
+                if plan is not child.plan:
+                    _tracked_meeting(plan, h.box, out)
+        child, a = a, a.parent
+    if h._live_below:
+        for plan in h.plans.values():
+            _tracked_meeting(plan, h.box, out)
+    return out
+
+
+def _tracked_meeting(plan, box, out):
+    """Append to ``out`` the handles with state below ``plan`` whose boxes meet ``box``."""
+    for c in plan.meeting(box):
+        if not all(c0 < b1 and b0 < c1 for (c0, c1), (b0, b1) in zip(c.box, box)):
+            continue
+        if c._last_writer is not None or c._readers:
+            out.append(c)
+        if c._live_below:
+            for p in c.plans.values():
+                _tracked_meeting(p, box, out)
+
+
+def _set_state(h, writer, readers, tracked):
+    """Give ``h`` dependency state (or none), keeping the ``_live_below`` counts of
+    its ancestors and the list of handles to clear at the end of the flush."""
+    had = h._last_writer is not None or bool(h._readers)
+    has = writer is not None or bool(readers)
+    h._last_writer = writer
+    h._readers = readers
+    if has != had:
+        step = 1 if has else -1
+        if has:
+            tracked.append(h)
+        a = h.parent
+        while a is not None:
+            a._live_below += step
+            a = a.parent
 
 
 def _record(t):

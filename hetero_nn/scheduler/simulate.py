@@ -188,7 +188,13 @@ class SimHandle:
         if parent is not None:
             parent.children.append(self)
 
-    descendants = Handle.descendants  # the same walk over ``children``
+    def descendants(self):
+        """Every handle below this one (the children of all its partition plans)."""
+        stack = list(self.children)
+        while stack:
+            h = stack.pop()
+            yield h
+            stack.extend(h.children)
 
     def __repr__(self):
         return f"SimHandle({self.name!r}, {self.nbytes} B)"

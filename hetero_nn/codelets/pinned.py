@@ -1,0 +1,27 @@
+"""The variants codelets run when results must be reproducible: ``Runtime()``'s default.
+
+Variants of one operation agree to rounding, not bit for bit (a Numba loop and a
+BLAS call sum in different orders, as cuDNN's algorithms do in PyTorch). A
+performance model picks variants by timing, so two runs could mix them
+differently; a pinned runtime (``Runtime(deterministic=True)``, the default, and
+the CLI unless ``--no-deterministic``) runs, per codelet and device kind, the
+first variant of this table the codelet has, and its first declared variant for
+a kind the table names none of. With REDUX trees whose shape does not depend on
+the schedule, runs then give the same bits whatever the policy, the worker count
+or the executor.
+
+The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
+convolutions, the Numba kernels, and the NumPy (BLAS) references for the dense
+layers. Changing an entry changes the last bits of every training run (and of a
+resumed one against its checkpoint): do it deliberately.
+"""
+
+from __future__ import annotations
+
+#: Codelet name (``"*"``: every codelet not named) -> variant names, preferred first.
+PINNED_VARIANTS = {
+    "*": ("cpu:im2col", "cpu", "cuda"),
+    **{name: ("ref", "cuda") for name in (
+        "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
+        "dense_bwd_weight")},
+}
