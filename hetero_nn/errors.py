@@ -62,3 +62,7 @@ class CheckpointError(HeteroNNError, ValueError):
 
 class TrainingDiverged(HeteroNNError, FloatingPointError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class ClusterError(HeteroNNError, RuntimeError):
+    """A Dask cluster lost the work of a step (no worker left, scheduler gone)."""

@@ -136,6 +136,11 @@ class Trainer:
         ``"float32"`` or ``"float64"``; the model is built for it on the first batch.
     seed : int
         The data-order seed: epoch ``e`` visits ``dataset.epoch_order(seed, e)``.
+    cluster : distributed.Client, str or Cluster, optional
+        Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
+        a client or a :class:`hetero_nn.cluster.Cluster`); the optimizer step runs here.
+        See :mod:`hetero_nn.cluster`; a cluster made from a string or client is closed
+        by :meth:`close`.
 
     Examples
     --------
@@ -150,7 +155,7 @@ class Trainer:
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype="float32", seed=0):
+                 granularity=1, dtype="float32", seed=0, cluster=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.model = model
@@ -180,6 +185,14 @@ class Trainer:
         self.last_checkpoint: dict | None = None
         #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
         self.config: dict = {}
+        self.cluster = None
+        if cluster is not None:
+            from .cluster import Cluster, connect
+            if self.auto_granularity:
+                raise ConfigError("granularity='auto' times local passes; with a cluster give "
+                                  "an integer (a power of two multiple of the workers deals best)")
+            self._own_cluster = not isinstance(cluster, Cluster)
+            self.cluster = connect(cluster)
 
     def _check_granularity(self, g):
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
@@ -222,6 +235,8 @@ class Trainer:
     # ------------------------------------------------------------ steps
     def train_step(self, x, y) -> float:
         """One optimizer step on one batch; returns the batch's mean loss."""
+        if self.cluster is not None:
+            return self.cluster.train_step(self, x, y)
         rt = self.runtime
         xs, ys = self._batch(x, y)
         self.model.zero_grad(rt)
@@ -390,8 +405,11 @@ class Trainer:
                                 not bar_wanted)
             try:
                 t_last = time.perf_counter()
-                batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
-                                             self.dtype, self._batch_arenas)
+                if self.cluster is not None:  # the data is on the workers: batches are indices
+                    batches = self.cluster.batches(data, order, bs, self.step_in_epoch, num_batches)
+                else:
+                    batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
+                                                 self.dtype, self._batch_arenas)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -551,6 +569,8 @@ class Trainer:
 
     # ------------------------------------------------------------ lifetime
     def close(self):
+        if self.cluster is not None and self._own_cluster:
+            self.cluster.close()
         if self._own_runtime:
             self.runtime.close()
 

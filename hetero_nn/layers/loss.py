@@ -27,9 +27,14 @@ class SoftmaxCrossEntropy:
             self._scalars[key] = h
         return h
 
-    def __call__(self, rt, logits, labels, *, grad=True):
-        """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``."""
-        batch = sum(x.shape[0] for x in logits)
+    def __call__(self, rt, logits, labels, *, grad=True, batch=None):
+        """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``.
+
+        ``batch``: the sample count the mean is over, when ``logits`` are only some of
+        the batch's partitions (a cluster worker's block); default their total.
+        """
+        if batch is None:
+            batch = sum(x.shape[0] for x in logits)
         dtype = logits[0].dtype
         loss, correct = self._handles(rt, dtype)
         rt.submit(fill_zero, loss)
