@@ -57,7 +57,8 @@ import warnings
 from collections import deque
 from pathlib import Path
 
-from .errors import ArenaError, ConfigError, HeteroNNError, TaskError, TrainingDiverged
+from .errors import (ArenaError, ClusterError, ConfigError, HeteroNNError, TaskError,
+                     TrainingDiverged)
 
 PROG = "hetero-nn"
 #: Variants run when results must be reproducible (the first one a codelet has wins):
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=("float32", "float64"), default=_UNSET,
                        help="default: float32")
     _add_runtime_options(train, POLICIES)
+    _add_cluster_options(train)
     run = train.add_argument_group("reproducibility")
     run.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=_UNSET,
                      help="run one fixed variant per codelet so results are bit-reproducible "
@@ -254,6 +256,37 @@ def _add_runtime_options(parser, policies):
                        help="scheduling policy (default: eager)")
     group.add_argument("--executor", type=_executor, default="local",
                        help="local, dask, distributed or distributed=ADDRESS (default: local)")
+
+
+def _add_cluster_options(parser):
+    group = parser.add_argument_group("cluster (data-parallel over Dask; see docs/cluster.md)")
+    group.add_argument("--cluster", metavar="SPEC",
+                       help="compute gradients on Dask workers: 'local:N' (N worker processes "
+                            "here) or a scheduler address 'tcp://HOST:PORT'")
+    group.add_argument("--cluster-threads", type=_positive_int, default=1, metavar="N",
+                       help="cores of each worker's runtime (default: 1)")
+    group.add_argument("--cluster-devices", type=_devices, metavar="SPEC",
+                       help="each worker's devices instead, e.g. 'cpu:2'")
+    group.add_argument("--cluster-timeout", type=_positive_float, default=10.0, metavar="S",
+                       help="seconds to reach a --cluster address (default: 10)")
+
+
+def _connect_cluster(args):
+    """The ``--cluster`` the run computes on (None without it); says where it is."""
+    if args.cluster is None:
+        if args.cluster_devices is not None or args.cluster_threads != 1:
+            raise ConfigError("--cluster-threads and --cluster-devices need --cluster")
+        return None
+    from .cluster import connect
+
+    try:
+        cluster = connect(args.cluster, threads=args.cluster_threads,
+                          devices=args.cluster_devices, timeout=args.cluster_timeout)
+    except ConfigError as exc:
+        raise ConfigError(f"--cluster: {exc}") from None
+    if not args.quiet:
+        print(f"{PROG}: {cluster.describe()}", file=sys.stderr, flush=True)
+    return cluster
 
 
 # ---------------------------------------------------------------------------------------
@@ -439,6 +472,7 @@ class _RunFiles:
                             "policy": self.rt.policy_name, "executor": self.rt.executor_name,
                             "deterministic": self.rt.deterministic,
                             "variants": list(self.rt.preferred)},
+                "cluster": t.cluster.facts() if t.cluster is not None else None,
                 "granularity": t.granularity,
                 "granularity_timings": {str(g): s for g, s in t.granularity_timings.items()},
                 "epochs": history,
@@ -505,12 +539,15 @@ def cmd_train(args) -> int:
     rt = make_runtime(args.devices, args.policy, args.executor,
                       deterministic=run["deterministic"], calibrate=run["calibrate"],
                       trace=args.trace)
+    cluster = None
     try:
+        cluster = _connect_cluster(args)
         granularity = run["granularity"]
         if ckpt is not None and isinstance(ckpt.config.get("granularity"), int):
             granularity = ckpt.config["granularity"]  # what the run used, 'auto' resolved
         trainer = Trainer(model, optimizer=optimizer, runtime=rt, batch_size=run["batch_size"],
-                          granularity=granularity, dtype=run["dtype"], seed=run["seed"])
+                          granularity=granularity, dtype=run["dtype"], seed=run["seed"],
+                          cluster=cluster)
         trainer.config = {"run": run}
         if ckpt is not None:
             trainer.load_checkpoint(ckpt.path)
@@ -549,6 +586,8 @@ def cmd_train(args) -> int:
                   + (", trace.json" if args.trace else ""))
         return 0
     finally:
+        if cluster is not None:
+            cluster.close()
         rt.close()
 
 
@@ -657,7 +696,7 @@ def cmd_models(args) -> int:
 
 _COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "datasets": cmd_datasets,
              "models": cmd_models}
-_RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError)
+_RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError, ClusterError)
 
 
 def _one_line(exc) -> str:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import io
 import logging
+from concurrent.futures import CancelledError
 import os
 import threading
 import time
@@ -73,6 +74,8 @@ from .layers.base import Parameter
 _perf = time.perf_counter
 #: Seconds without a single worker before a step gives up.
 WORKER_GRACE = 20.0
+#: Tries of a step whose scattered inputs went with the workers holding them.
+_ATTEMPTS = 3
 #: Seconds a connection to a scheduler may take.
 CONNECT_TIMEOUT = 10.0
 
@@ -239,12 +242,12 @@ def template_bytes(model, loss, runtime_kwargs, input_shape, dtype) -> bytes:
 # ---------------------------------------------------------------------------------------
 
 class DatasetBatch:
-    """A batch named by its sample indices into a dataset already on the workers."""
+    """A batch named by its sample indices into a dataset the workers hold."""
 
-    __slots__ = ("source", "indices")
+    __slots__ = ("data", "indices")
 
-    def __init__(self, source, indices):
-        self.source, self.indices = source, indices
+    def __init__(self, data, indices):
+        self.data, self.indices = data, indices
 
     def __len__(self):
         return len(self.indices)
@@ -290,20 +293,27 @@ class Cluster:
 
     @property
     def dashboard(self) -> str | None:
-        """The Dask dashboard's address, or None when the scheduler runs none (no bokeh)."""
+        """The Dask dashboard's address, or None when the scheduler serves none.
+
+        Without bokeh the scheduler serves only its HTML pages (no plots): the
+        address is then that of the workers' page.
+        """
         try:
             services = self.client.scheduler_info(n_workers=0).get("services", {})
         except TypeError:  # older distributed: no n_workers
             services = self.client.scheduler_info().get("services", {})
         if "dashboard" not in services:
             return None
-        return self.client.dashboard_link
+        link = self.client.dashboard_link
+        return link if _has_bokeh() else link.replace("/status", "/info/main/workers.html")
 
     def describe(self) -> str:
         """One line for the start of a run: scheduler, workers, devices, dashboard."""
         dash = self.dashboard
-        return (f"cluster {self.spec}: {len(self.workers)} worker(s), {self.worker_devices} each; "
-                f"dashboard {dash if dash else 'not running (install bokeh)'}")
+        note = "" if _has_bokeh() else " (install bokeh for the plots)"
+        return (f"cluster {self.spec} (scheduler {self.client.scheduler.address}): "
+                f"{len(self.workers)} worker(s), {self.worker_devices} each; "
+                f"dashboard {dash + note if dash else 'not served'}")
 
     def facts(self) -> dict:
         return {"spec": self.spec, "scheduler": self.client.scheduler.address,
@@ -323,57 +333,79 @@ class Cluster:
             data = template_bytes(model, trainer.loss, runtime_kwargs, model.input_shape,
                                   model.dtype)
             version = 0 if self._template is None else self._template[2] + 1
-            [future] = self.client.scatter([data], broadcast=True, hash=False)
+            future = self._scatter(data)
             self._template = (key, future, version)
         return f"{self.run_id}-{self._template[2]}", self._template[1]
 
     def _source(self, data):
         entry = self._sources.get(id(data))
         if entry is None or entry[0] is not data:
-            [future] = self.client.scatter([data], broadcast=True, hash=False)
+            future = self._scatter(data)
             entry = self._sources[id(data)] = (data, future)
         return entry[1]
 
     def batches(self, data, order, batch_size, start, stop):
         """Yield ``(DatasetBatch, indices)`` for batches ``start..stop-1`` of ``order``.
 
-        The dataset goes to the workers once; each batch is its indices. (The
+        The dataset goes to the workers once, at the first step; each batch is its indices. (The
         trainer's ``fit`` uses ``len`` of the second item.)
         """
-        source = self._source(data)
         for b in range(start, stop):
             indices = np.asarray(order[b * batch_size:(b + 1) * batch_size], dtype=np.int64)
-            yield DatasetBatch(source, indices), indices
+            yield DatasetBatch(data, indices), indices
 
     # ------------------------------------------------------------ the step
     def train_step(self, trainer, x, y) -> float:
         """One optimizer step of ``trainer`` with the gradients computed on the workers.
 
         ``x`` is a :class:`DatasetBatch` (from :meth:`batches`) or an array of
-        images with ``y`` its labels (sent with the step's tasks).
+        images with ``y`` its labels (sent with the step's tasks). If the step's
+        inputs were lost with the workers holding them (scattered data cannot be
+        recomputed) or a worker died receiving them, they are sent again and the
+        step rerun (``_ATTEMPTS`` tries in all).
         """
         t_start = _perf()
-        rt, model = trainer.runtime, trainer.model
+        model = trainer.model
         if isinstance(x, DatasetBatch):
-            n, source = len(x), x.source
-            sample = tuple(self._input_shape(trainer, x))
+            n = len(x)
+            sample = tuple(getattr(x.data, "input_shape", None) or model.input_shape)
         else:
             x = np.asarray(x)
             y = np.asarray(y)
             if y.shape != (x.shape[0],):
                 raise ConfigError(f"labels of shape {y.shape} do not match a batch of "
                                   f"{x.shape[0]} samples")
-            n, source, sample = x.shape[0], None, tuple(x.shape[1:])
+            n, sample = x.shape[0], tuple(x.shape[1:])
         trainer._prepare(np.empty((0, *sample), trainer.dtype))
-        key, template = self._template_future(trainer)
         params = model.named_parameters()
-
-        t0 = _perf()
         self._step += 1
         weights = (f"{self.run_id}-{self._step}", {name: p.host() for name, p in params})
-        [weights_future] = self.client.scatter([weights], broadcast=True, hash=False)
-        t_scatter = _perf() - t0
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                results, timings = self._gradients(trainer, x, y, n, weights, attempt)
+                break
+            except _InputsLost:
+                if attempt == _ATTEMPTS or not self.client.nthreads():
+                    raise ClusterError(self._lost(trainer)) from None
+                self._template, self._sources = None, {}  # send them again
+        t0 = _perf()
+        value, correct = self._apply(trainer, params, results)
+        compute = [r[3] for r in results]
+        self.last_timings = {**timings, "apply": _perf() - t0, "worker_max": max(compute),
+                             "worker_sum": sum(compute), "blocks": len(results),
+                             "workers": sorted({r[4] for r in results}),
+                             "total": _perf() - t_start,
+                             "gradient_bytes": sum(a.nbytes for r in results for a in r[0])}
+        trainer.last_correct = correct
+        return value
 
+    def _gradients(self, trainer, x, y, n, weights, attempt):
+        """Submit the step's blocks and gather their results, in block order."""
+        key, template = self._template_future(trainer)
+        source = self._source(x.data) if isinstance(x, DatasetBatch) else None
+        t0 = _perf()
+        weights_future = self._scatter(weights)
+        t_scatter = _perf() - t0
         g = min(trainer.granularity, n)
         starts = partition_starts(n, g)
         workers = self.workers or self._workers
@@ -384,36 +416,34 @@ class Cluster:
             block = x.indices[lo:hi] if source is not None else (x[lo:hi], y[lo:hi])
             futures.append(self.client.submit(
                 run_block, key, template, weights_future, source, block, parts, n,
-                key=f"hetero_nn-block-{self.run_id}-{self._step}-{j}", pure=False,
+                key=f"hetero_nn-block-{self.run_id}-{self._step}.{attempt}-{j}", pure=False,
                 workers=[workers[j % len(workers)]] if workers else None,
                 allow_other_workers=True))
         t0 = _perf()
         self._wait(trainer, futures)
         t_wait = _perf() - t0
         t0 = _perf()
-        results = self.client.gather(futures)
-        t_gather = _perf() - t0
-        del futures, weights_future
+        try:
+            results = self.client.gather(futures)
+        except CancelledError:
+            raise _InputsLost() from None
+        return results, {"scatter": t_scatter, "wait": t_wait, "gather": _perf() - t0}
 
-        t0 = _perf()
-        value, correct = self._apply(trainer, params, results)
-        t_apply = _perf() - t0
-        compute = [r[3] for r in results]
-        self.last_timings = {"scatter": t_scatter, "wait": t_wait, "gather": t_gather,
-                             "apply": t_apply, "worker_max": max(compute),
-                             "worker_sum": sum(compute), "blocks": len(results),
-                             "workers": sorted({r[4] for r in results}),
-                             "total": _perf() - t_start,
-                             "gradient_bytes": sum(a.nbytes for r in results for a in r[0])}
-        trainer.last_correct = correct
-        return value
+    def _scatter(self, value):
+        """``value`` on every worker now (one future); no worker within the grace: lost."""
+        try:
+            [future] = self.client.scatter([value], broadcast=True, hash=False,
+                                           timeout=self.worker_grace)
+        except (TimeoutError, OSError):  # no worker in time, or one died receiving it
+            raise _InputsLost() from None
+        return future
 
-    @staticmethod
-    def _input_shape(trainer, batch):
-        shape = getattr(batch.source, "input_shape", None)
-        if shape is None:
-            shape = trainer.model.input_shape
-        return shape
+    def _lost(self, trainer) -> str:
+        workers = len(self.client.nthreads())
+        why = "no worker left" if not workers else \
+            f"the step's inputs were lost {_ATTEMPTS} times over"
+        return (f"cluster {self.spec}: {why}; step {trainer.global_step + 1} was not applied; "
+                f"{trainer._kept()}")
 
     def _wait(self, trainer, futures):
         """Block until every block is done; a step with no worker for ``worker_grace`` s fails."""
@@ -425,6 +455,8 @@ class Cluster:
                 wait(futures, timeout=1.0)
             except TimeoutError:
                 pass
+            except CancelledError:  # the scattered inputs went with the workers holding them
+                raise _InputsLost() from None
             except Exception as exc:  # a lost connection to the scheduler
                 raise ClusterError(f"cluster {self.spec}: {type(exc).__name__}: {exc}; "
                                    f"{trainer._kept()}") from None
@@ -446,6 +478,8 @@ class Cluster:
                                    f"{self.worker_grace:.0f} s; step {trainer.global_step + 1} "
                                    f"was not applied; {trainer._kept()}")
         for f in futures:
+            if f.status == "cancelled":
+                raise _InputsLost()
             if f.status == "error":
                 exc = f.exception()
                 if isinstance(exc, HeteroNNError):
@@ -509,6 +543,10 @@ class Cluster:
         return f"Cluster({self.spec!r}, worker_devices={self.worker_devices!r})"
 
 
+class _InputsLost(Exception):
+    """A step's scattered inputs (weights, template, data) are gone from the cluster."""
+
+
 def _array(a):
     a = np.asarray(a)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
@@ -550,7 +588,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
             raise ConfigError(f"cluster {spec!r}: expected 'local:N' with N a positive integer")
         cluster = distributed.LocalCluster(
             n_workers=int(count), threads_per_worker=1, processes=True,
-            dashboard_address=":0" if _has_bokeh() else None, silence_logs=logging.ERROR)
+            dashboard_address=":0", silence_logs=logging.ERROR)
         client = distributed.Client(cluster)
         return Cluster(client, threads=threads, devices=devices, cluster=cluster,
                        own_client=True, worker_grace=worker_grace, spec=spec)
