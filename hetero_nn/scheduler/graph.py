@@ -6,9 +6,11 @@ the values it reads; its value is the tuple of the arrays it writes plus its
 timing. Reads of a handle resolve to the key of its latest version: the output
 of the task that last wrote it, a slice of a parent's version (partitions), or
 the concatenation of the children's versions. Registered data enters the graph
-as literal arrays. Because nothing is updated in place, ``dask.threaded.get``
-and a ``distributed.Client`` can run the graph unchanged and Dask can recompute
-what a dead worker lost.
+as arrays under ``data-*`` keys, which the distributed executor replaces by
+scattered futures (no array travels inside the graph). Because nothing is
+updated in place, ``dask.threaded.get`` and a ``distributed.Client`` can run the
+graph unchanged and Dask can recompute what a dead worker lost (but for a
+scattered input: its loss fails the flush).
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def build_graph(runtime, tasks):
     """``(dsk, outputs, timing_keys)`` for ``tasks``; see :class:`GraphBuilder`."""
     g = GraphBuilder(runtime)
     for t in tasks:
-        cands = runtime.candidates(t.codelet, "cpu") or runtime.candidates(t.codelet, "cuda")
-        t.variant = cands[0]
+        # the variant the local executor would run (pinned, preferred, or the perfmodel's)
+        kind = "cpu" if runtime.candidates(t.codelet, "cpu") else "cuda"
+        t.variant = runtime.choose_variant(t, kind)
         g.add(t, t.variant)
     return g.dsk, g.outputs(), [f"{g.task_key(t)}-time" for t in tasks]
