@@ -76,6 +76,8 @@ _perf = time.perf_counter
 WORKER_GRACE = 20.0
 #: Tries of a step whose scattered inputs went with the workers holding them.
 _ATTEMPTS = 3
+#: Seconds between two looks at the scheduler's list of workers.
+WORKER_REFRESH = 0.5
 #: Seconds a connection to a scheduler may take.
 CONNECT_TIMEOUT = 10.0
 
@@ -283,6 +285,7 @@ class Cluster:
         self._handles = None           # client-side loss/correct handles
         self._step = 0
         self._workers: list[str] = []
+        self._workers_at = 0.0
         self.last_timings: dict = {}
 
     # ------------------------------------------------------------ facts
@@ -408,8 +411,7 @@ class Cluster:
         t_scatter = _perf() - t0
         g = min(trainer.granularity, n)
         starts = partition_starts(n, g)
-        workers = self.workers or self._workers
-        self._workers = workers
+        workers = self._current_workers()
         futures = []
         for j, (first, parts) in enumerate(blocks(g, len(workers))):
             lo, hi = starts[first], starts[first + parts]
@@ -437,6 +439,16 @@ class Cluster:
         except (TimeoutError, OSError):  # no worker in time, or one died receiving it
             raise _InputsLost() from None
         return future
+
+    def _current_workers(self) -> list[str]:
+        """The workers to deal blocks to: asked of the scheduler at most every
+        ``WORKER_REFRESH`` seconds (a round trip), so a joining worker gets blocks soon."""
+        now = _perf()
+        if not self._workers or now - self._workers_at > WORKER_REFRESH:
+            workers = self.workers
+            if workers:
+                self._workers, self._workers_at = workers, now
+        return self._workers
 
     def _lost(self, trainer) -> str:
         workers = len(self.client.nthreads())
