@@ -426,7 +426,7 @@ class Cluster:
         t_wait = _perf() - t0
         t0 = _perf()
         try:
-            results = self.client.gather(futures, direct=True)
+            results = self.client.gather(futures)
         except CancelledError:
             raise _InputsLost() from None
         return results, {"scatter": t_scatter, "wait": t_wait, "gather": _perf() - t0}
@@ -434,7 +434,7 @@ class Cluster:
     def _scatter(self, value):
         """``value`` on every worker now (one future); no worker within the grace: lost."""
         try:
-            [future] = self.client.scatter([value], broadcast=True, hash=False, direct=True,
+            [future] = self.client.scatter([value], broadcast=True, hash=False,
                                            timeout=self.worker_grace)
         except (TimeoutError, OSError):  # no worker in time, or one died receiving it
             raise _InputsLost() from None
