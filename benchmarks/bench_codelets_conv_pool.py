@@ -117,12 +117,17 @@ def pool_rows(name, x_shape, kernel, dtype, repeat, rng):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(doc, argv=None):
+    """``--repeat``, ``--dtype`` and ``--seed``, the options of the one-thread benchmarks."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per median")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(__doc__, argv)
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)
     dtype = np.dtype(args.dtype)

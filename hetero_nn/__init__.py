@@ -2,6 +2,7 @@
 
 from .codelets import R, RW, REDUX, SCRATCH, W, AccessMode, Codelet
 from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatError, DeviceError,
+                     DeviceMemoryError,
                      HeteroNNError, PolicyError, ShapeError, SubmitError, TaskError,
                      TrainingDiverged)
 
@@ -10,7 +11,10 @@ from .arena import Arena, ArenaPair, Handle
 from .scheduler import POLICIES, PerfModel, Runtime, Trace
 from . import losses, optim
 from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_seed
+from .layers import (GELU, AvgPool2D, BatchNorm2D, Dropout, GlobalAvgPool2D, LeakyReLU, Residual,
+                     Sigmoid, Tanh)
+from .layers import LogSoftmax
 from .trainer import Trainer
-from . import checkpoint, datasets, models
+from . import checkpoint, datasets, models, transforms
 from .models import MODELS, build_model
 from .trainer import HISTORY_KEYS

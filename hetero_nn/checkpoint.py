@@ -20,11 +20,16 @@ key                                    value
 ``progress/loss_sum``, ``/correct``,   the epoch in progress so far: summed loss
 ``/samples``, ``/seconds``             (times batch size), correct count, samples,
                                        training seconds
+``progress/warmup_samples``,           of those, the first step of the process that
+``/warmup_seconds``                    ran it (kernel compilation), timed apart;
+                                       optional (0 when absent)
 ``rng/seed``                           the data-order seed; with (epoch, step) it
                                        fixes the next batch, as the order of an
                                        epoch is ``default_rng([seed, epoch])``
 ``history``                            finished epochs' metrics (JSON string)
 ``config``                             the run's options (JSON string, 0-d unicode)
+``scheduler``                          the learning-rate schedule's ``state_dict``
+                                       (JSON string; only when the run has one)
 =====================================  =============================================
 
 Files are written under a temporary name in the target directory, flushed to
@@ -52,8 +57,11 @@ CHECKPOINT_NAME = "checkpoint.npz"
 FINAL_NAME = "checkpoint-final.npz"
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
+_ZIP_MAGIC = b"PK\x03\x04"
 _PROGRESS_INT = ("epoch", "step", "global_step", "correct", "samples")
 _PROGRESS_FLOAT = ("loss_sum", "seconds")
+#: Progress keys added later: read as 0 from a checkpoint that lacks them.
+_PROGRESS_OPTIONAL = {"warmup_samples": int, "warmup_seconds": float}
 
 
 @dataclass
@@ -89,6 +97,7 @@ class Checkpoint:
     progress: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    scheduler: dict | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,7 +132,7 @@ def _text(value) -> np.ndarray:
 
 
 def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, global_step=0,
-                     seed=0, progress=None, history=(), config=None) -> Path:
+                     seed=0, progress=None, history=(), config=None, scheduler=None) -> Path:
     """Write a checkpoint atomically (see the module docstring for the layout).
 
     Parameters
@@ -139,6 +148,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
     history : list of dict
     config : dict
         JSON-serialisable options.
+    scheduler : dict, optional
+        ``scheduler.state_dict()`` (JSON-serialisable).
 
     Returns
     -------
@@ -161,9 +172,13 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
         arrays[f"progress/{key}"] = np.int64(progress.get(key, 0))
     for key in _PROGRESS_FLOAT:
         arrays[f"progress/{key}"] = np.float64(progress.get(key, 0.0))
+    for key, kind in _PROGRESS_OPTIONAL.items():
+        arrays[f"progress/{key}"] = (np.int64 if kind is int else np.float64)(progress.get(key, 0))
     arrays["rng/seed"] = np.int64(seed)
     arrays["history"] = _text(json.dumps(list(history)))
     arrays["config"] = _text(json.dumps(config or {}, sort_keys=True))
+    if scheduler is not None:
+        arrays["scheduler"] = _text(json.dumps(scheduler))
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise CheckpointError(f"{path}: {key} is an object array, which needs pickle")
@@ -188,12 +203,21 @@ def read_checkpoint(path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != _ZIP_MAGIC:
+        raise CheckpointError(f"{path}: not a hetero_nn checkpoint (expected a .npz zip of "
+                              f"arrays, the file starts with {magic!r})")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
-        raise CheckpointError(f"{path}: corrupt or not a checkpoint "
-                              f"({type(exc).__name__}: {exc})") from exc
+    except ValueError as exc:  # numpy's message would suggest allow_pickle: never here
+        reason = ("it holds object arrays, which are never unpickled" if "pickle" in str(exc)
+                  else f"ValueError: {exc}")
+        raise CheckpointError(f"{path}: not a hetero_nn checkpoint ({reason})") from None
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as exc:
+        raise CheckpointError(f"{path}: not a hetero_nn checkpoint, or a damaged one "
+                              f"({type(exc).__name__}: {exc})") from None
 
     def take(key):
         if key not in arrays:
@@ -230,11 +254,14 @@ def read_checkpoint(path) -> Checkpoint:
                      "hyper": document("optimizer/hyper"), "state": state}
     progress = {k: int(scalar(f"progress/{k}", "iu")) for k in _PROGRESS_INT}
     progress.update({k: float(scalar(f"progress/{k}", "f")) for k in _PROGRESS_FLOAT})
+    progress.update({k: kind(scalar(f"progress/{k}", "iuf")) for k, kind in _PROGRESS_OPTIONAL.items()
+                     if f"progress/{k}" in arrays})
     return Checkpoint(path=path, model_state=model_state, optimizer=optimizer,
                       epoch=progress.pop("epoch"), step=progress.pop("step"),
                       global_step=progress.pop("global_step"),
                       seed=int(scalar("rng/seed", "iu")), progress=progress,
-                      history=document("history"), config=document("config"))
+                      history=document("history"), config=document("config"),
+                      scheduler=document("scheduler") if "scheduler" in arrays else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,7 +276,7 @@ def check_model_state(ckpt: Checkpoint, model) -> dict:
     CheckpointError
         Naming the file and the first missing, unexpected or misshapen key.
     """
-    params = dict(model.named_parameters())
+    params = dict(model.named_state())  # weights and buffers (running statistics)
     for name, p in params.items():  # in the model's order: the first layer at fault is named
         value = ckpt.model_state.get(name)
         if value is None:
@@ -258,7 +285,7 @@ def check_model_state(ckpt: Checkpoint, model) -> dict:
         if value.shape != p.data.shape:
             raise CheckpointError(f"{ckpt.path}: 'model/{name}' has shape {value.shape}, the "
                                   f"model expects {p.data.shape}")
-        if value.dtype.kind != "f":
+        if value.dtype.kind not in ("f", p.data.dtype.kind):
             raise CheckpointError(f"{ckpt.path}: 'model/{name}' has dtype {value.dtype}, "
                                   "expected floating point")
     for name, value in ckpt.model_state.items():

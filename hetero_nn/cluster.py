@@ -9,27 +9,29 @@ The client combines what the blocks return and runs the optimizer step once.
 Policy
 ------
 A batch of ``n`` samples is cut into the trainer's ``g`` partitions
-(``numpy.array_split`` sizes, as in one process). Partitions are dealt in
-contiguous *blocks* of ``B`` partitions, ``B`` the largest power of two that still
-gives every worker a block (``ceil(g / B) >= min(workers, g)``); block ``j`` goes
-to worker ``j mod workers`` as a preference only, so Dask may run it elsewhere.
+(``numpy.array_split`` sizes, as in one process). The partitions are dealt in
+``min(workers, g)`` contiguous *blocks* of near-equal length; block ``j`` goes to
+worker ``j mod workers`` as a preference only, so Dask may run it elsewhere.
 
-Bit-identity with one process. In one process, a parameter's gradient is formed
-as: ``fill_zero`` into the gradient handle, one REDUX partial per partition
-(initialised by the codelet's ``init``), a balanced tree of ``redux`` adds over
-the partials in submission order, and a final add into the zeroed handle
-(:meth:`Runtime._combine`). An aligned block of ``B`` partitions is a complete
-subtree of that tree, and the blocks' roots meet in the same tree one level up.
-So a worker runs the trainer's own sequence for its block (``zero_grad``, forward,
-loss with the *whole* batch's size, backward, wait): its runtime combines the
-block's partials by the runtime's tree, which is the subtree. The client then
-submits ``fill_zero`` and, per block in order, one REDUX contribution that copies
-the block's result into its private partial; the optimizer's read makes the
-client runtime combine them by the same tree, which is the rest of the tree. The
-only extra operations are exact (``0 + x`` and a copy), so with the same pinned
-variants the weights are bit for bit those of ``--devices cpu:N`` at the same
-granularity (up to the sign of a zero gradient, which ``0 + x`` clears on both
-paths). The loss and the correct count travel the same way.
+Bit-identity with one process. In one process, each layer's backward submits one
+contribution per partition to each parameter gradient, in partition order
+(:func:`~hetero_nn.layers.base.contribution`): after ``zero_grad`` the first one
+overwrites the fresh gradient (the codelet's ``overwriting`` twin) and the others
+are REDUX partials, which the runtime combines by its balanced tree in submission
+order and adds into the gradient at the optimizer's read (:meth:`Runtime._combine`);
+layers that do not overwrite start from ``fill_zero`` instead. A worker computes
+each partition of its block on its own: the batch's first partition after
+``zero_grad`` (so it runs the twin, as in one process), any other after
+``fill_zero`` on non-fresh gradients (so it runs the REDUX codelet, with its
+variant), each with the loss's mean over the *whole* batch (``batch=n``). A
+partition's gradient is then exactly its contribution (``0 + x`` at most). The
+client replays the contributions in partition order through the same
+``contribution`` rule with :data:`deliver` (a copy into the handle or the
+partial): ``zero_grad``, the first overwrites, the others are REDUX, and its own
+runtime combines them by its own tree. Same kernels, same variants, same tree:
+with pinned variants the weights are bit for bit those of ``--devices cpu:N`` at
+the same granularity. The loss and the correct count travel the same way
+(``SoftmaxCrossEntropy``'s pattern: the first partition writes in place).
 
 State
 -----
@@ -67,9 +69,10 @@ import numpy as np
 
 from .arena.handle import Handle
 from .codelets.codelet import REDUX, R, Codelet
-from .codelets.reduce import add_redux, fill_zero, zero_init
+from .codelets.reduce import add_redux, fill_zero, overwriting, zero_init
 from .errors import ClusterError, ConfigError, HeteroNNError, TaskError
-from .layers.base import Parameter
+from .layers.base import Parameter, contribution
+from .optim import submit_clip_grad_norm
 
 _perf = time.perf_counter
 #: Seconds without a single worker before a step gives up.
@@ -103,12 +106,10 @@ def partition_starts(n: int, g: int) -> list[int]:
 
 
 def blocks(g: int, workers: int) -> list[tuple[int, int]]:
-    """``(first partition, partitions)`` of each block: aligned power-of-two runs (module docstring)."""
-    want = max(1, min(workers, g))
-    size = 1
-    while -(-g // (size * 2)) >= want and size * 2 <= g:
-        size *= 2
-    return [(first, min(size, g - first)) for first in range(0, g, size)]
+    """``(first partition, partitions)`` of each block: ``min(workers, g)`` contiguous runs
+    of ``g`` partitions, as even as ``numpy.array_split`` makes them."""
+    starts = partition_starts(g, max(1, min(workers, g)))
+    return [(a, b - a) for a, b in zip(starts, starts[1:])]
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,13 +142,24 @@ class _WorkerState:
             self.model.load_state_dict(weights)
             self.weights_token = token
 
-    def gradients(self, x, y, parts, total):
-        """The trainer's step sequence on one block, without the update; returns its results."""
+    def gradients(self, x, y, total, first):
+        """The trainer's step sequence on one partition, without the update: its gradient
+        contributions, loss share and correct count.
+
+        The batch's ``first`` partition starts from ``zero_grad`` (its contributions
+        overwrite fresh gradients, as in one process); any other starts from zeroed,
+        not fresh, gradients, so its contributions are submitted as REDUX with the
+        codelet one process uses for them (the overwriting twin may run another variant).
+        """
         rt, model = self.runtime, self.model
-        xs, ys = _split(rt.register(x, name="x"), parts), _split(rt.register(y, name="y"), parts)
-        model.zero_grad(rt)
-        logits = model.forward(rt, xs)
-        loss, correct, dlogits = self.loss(rt, logits, ys, batch=total)
+        if first:
+            model.zero_grad(rt)
+        else:
+            for _, p in model.named_parameters():
+                rt.submit(fill_zero, p.grad)
+                p.fresh = False
+        logits = model.forward(rt, [rt.register(x, name="x")])
+        loss, correct, dlogits = self.loss(rt, logits, [rt.register(y, name="y")], batch=total)
         model.backward(rt, dlogits)
         rt.wait()
         grads = [rt.fetch(p.grad, copy=True) for _, p in model.named_parameters()]
@@ -155,10 +167,6 @@ class _WorkerState:
 
     def close(self):
         self.runtime.close()
-
-
-def _split(h, parts):
-    return list(h.split(0, parts)) if parts > 1 else [h]
 
 
 def _state(key, template) -> _WorkerState:
@@ -169,12 +177,13 @@ def _state(key, template) -> _WorkerState:
         return state
 
 
-def run_block(key, template, weights, source, block, parts, total):
-    """One coarse task: gradients of one block of partitions (a pure function of its inputs).
+def run_block(key, template, weights, source, block, first, sizes, total):
+    """One coarse task: the contributions of one block of partitions (a pure function of
+    its inputs).
 
     ``weights`` is ``(token, {name: array})``; ``source`` a dataset (``block`` its
-    sample indices) or None (``block`` is ``(x, y)``). Returns ``(grads, loss,
-    correct, seconds, worker)``.
+    sample indices) or None (``block`` is ``(x, y)``); ``first`` the index of its first
+    partition in the batch, ``sizes`` the sizes of its partitions. Returns ``([(grads, loss, correct) per partition], seconds, worker)``.
     """
     state = _state(key, template)
     with state.lock:  # one step at a time per process, however many Dask threads it has
@@ -186,8 +195,12 @@ def run_block(key, template, weights, source, block, parts, total):
             y = np.ascontiguousarray(y, dtype=np.int64)
         else:
             x, y = source.batch(block, dtype=state.dtype)
-        grads, loss, correct = state.gradients(x, y, parts, total)
-        return grads, loss, correct, _perf() - t0, _worker_name()
+        results, start = [], 0
+        for i, size in enumerate(sizes):
+            results.append(state.gradients(x[start:start + size], y[start:start + size], total,
+                                           first + i == 0))
+            start += size
+        return results, _perf() - t0, _worker_name()
 
 
 def _worker_name():
@@ -393,12 +406,13 @@ class Cluster:
                 self._template, self._sources = None, {}  # send them again
         t0 = _perf()
         value, correct = self._apply(trainer, params, results)
-        compute = [r[3] for r in results]
+        compute = [r[1] for r in results]
         self.last_timings = {**timings, "apply": _perf() - t0, "worker_max": max(compute),
                              "worker_sum": sum(compute), "blocks": len(results),
-                             "workers": sorted({r[4] for r in results}),
+                             "workers": sorted({r[2] for r in results}),
                              "total": _perf() - t_start,
-                             "gradient_bytes": sum(a.nbytes for r in results for a in r[0])}
+                             "gradient_bytes": sum(a.nbytes for r in results for part in r[0]
+                                                   for a in part[0])}
         trainer.last_correct = correct
         return value
 
@@ -416,8 +430,9 @@ class Cluster:
         for j, (first, parts) in enumerate(blocks(g, len(workers))):
             lo, hi = starts[first], starts[first + parts]
             block = x.indices[lo:hi] if source is not None else (x[lo:hi], y[lo:hi])
+            sizes = [starts[i + 1] - starts[i] for i in range(first, first + parts)]
             futures.append(self.client.submit(
-                run_block, key, template, weights_future, source, block, parts, n,
+                run_block, key, template, weights_future, source, block, first, sizes, n,
                 key=f"hetero_nn-block-{self.run_id}-{self._step}.{attempt}-{j}", pure=False,
                 workers=[workers[j % len(workers)]] if workers else None,
                 allow_other_workers=True))
@@ -507,25 +522,35 @@ class Cluster:
                                    f"{trainer._kept()}")
 
     def _apply(self, trainer, params, results):
-        """Combine the blocks' results by the runtime's tree and run the optimizer step."""
+        """Replay the partitions' contributions in partition order, as one process
+        submits them, then clip (if asked) and run the optimizer step."""
         rt, model = trainer.runtime, trainer.model
         handles = self._handles
         if handles is None or handles[0].owner is not rt or handles[0].dtype != model.dtype:
             handles = self._handles = (rt.empty((), model.dtype, name="loss"),
                                        rt.empty((), np.int64, name="correct"))
         loss, correct = handles
-        model.zero_grad(rt)
-        rt.submit(fill_zero, loss)
-        rt.submit(fill_zero, correct)
-        for grads, block_loss, block_correct, _, _ in results:
-            if len(grads) != len(params):
-                raise ClusterError(f"a worker returned {len(grads)} gradients for "
-                                   f"{len(params)} parameters")
-            for (name, p), grad in zip(params, grads):
-                rt.submit(deliver, rt.register(_array(grad), name=f"{name}.block"), p.grad)
-            rt.submit(deliver, rt.register(_array(block_loss), name="loss.block"), loss)
-            rt.submit(deliver, rt.register(_array(block_correct), name="correct.block"), correct)
+        model.zero_grad(rt)  # fresh gradients, or fill_zero: what the layers do
+        first = True
+        for block in results:
+            for grads, part_loss, part_correct in block[0]:
+                if len(grads) != len(params):
+                    raise ClusterError(f"a worker returned {len(grads)} gradients for "
+                                       f"{len(params)} parameters")
+                for (name, p), grad in zip(params, grads):
+                    rt.submit(contribution(deliver, [p]),
+                              rt.register(_array(grad), name=f"{name}.part"), p.grad)
+                # the loss's first partition writes in place, as SoftmaxCrossEntropy's does
+                codelet = overwriting(deliver) if first else deliver
+                rt.submit(codelet, rt.register(_array(part_loss), name="loss.part"), loss)
+                rt.submit(codelet, rt.register(_array(part_correct), name="correct.part"),
+                          correct)
+                first = False
+        clip = getattr(trainer, "clip_grad_norm", None)
+        norm_sq = submit_clip_grad_norm(trainer.optimizer, clip) if clip is not None else None
         trainer.optimizer.step(rt)
+        if norm_sq is not None:
+            trainer.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     # ------------------------------------------------------------ lifetime

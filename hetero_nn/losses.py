@@ -1,5 +1,5 @@
-"""Loss functions (``hetero_nn.losses.SoftmaxCrossEntropy``)."""
+"""Loss functions: ``SoftmaxCrossEntropy`` (``CrossEntropyLoss``), ``NLLLoss``, ``MSELoss``."""
 
-from .layers.loss import SoftmaxCrossEntropy
+from .layers.loss import CrossEntropyLoss, MSELoss, NLLLoss, SoftmaxCrossEntropy
 
-__all__ = ["SoftmaxCrossEntropy"]
+__all__ = ["CrossEntropyLoss", "MSELoss", "NLLLoss", "SoftmaxCrossEntropy"]

@@ -19,7 +19,8 @@ import math
 import numpy as np
 
 from .errors import ConfigError, ShapeError
-from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential
+from .layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, ReLU,
+                     Residual, Sequential)
 from .layers.base import default_rng
 
 
@@ -49,8 +50,31 @@ def cifar_small(input_shape, num_classes=10) -> list:
     return [*features, Flatten(), Dense(_features_out(features, input_shape), num_classes)]
 
 
+def _basic_block(in_channels, out_channels, stride=1) -> list:
+    """ResNet's basic block, then ReLU: two 3x3 conv + batch norm, a strided 1x1 conv +
+    batch norm shortcut where the shape changes."""
+    body = [Conv2D(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
+            BatchNorm2D(out_channels), ReLU(),
+            Conv2D(out_channels, out_channels, 3, padding=1, bias=False), BatchNorm2D(out_channels)]
+    shortcut = None
+    if stride != 1 or in_channels != out_channels:
+        shortcut = [Conv2D(in_channels, out_channels, 1, stride=stride, bias=False),
+                    BatchNorm2D(out_channels)]
+    return [Residual(body, shortcut), ReLU()]
+
+
+def resnet_small(input_shape, num_classes=10) -> list:
+    """A small ResNet: a 3x3 conv + batch norm + ReLU stem (16 channels), three basic
+    blocks (16, 32 and 64 channels; the last two stride 2 with 1x1 conv shortcuts),
+    global average pooling and one Dense (about 78,000 parameters for 10 classes)."""
+    return [Conv2D(input_shape[0], 16, 3, padding=1, bias=False), BatchNorm2D(16), ReLU(),
+            *_basic_block(16, 16), *_basic_block(16, 32, 2), *_basic_block(32, 64, 2),
+            GlobalAvgPool2D(), Flatten(), Dense(64, num_classes)]
+
+
 #: Model name -> builder ``(input_shape, num_classes) -> list of layers``.
-MODELS = {"dahl-basic": dahl_basic, "lenet5": lenet5, "cifar-small": cifar_small}
+MODELS = {"dahl-basic": dahl_basic, "lenet5": lenet5, "cifar-small": cifar_small,
+          "resnet-small": resnet_small}
 
 
 def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
@@ -59,7 +83,7 @@ def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
 
     Parameters
     ----------
-    name : {"dahl-basic", "lenet5", "cifar-small"}
+    name : {"dahl-basic", "lenet5", "cifar-small", "resnet-small"}
     input_shape : tuple of int
         One sample's ``(C, H, W)``.
     num_classes : int

@@ -11,7 +11,8 @@ epoch in progress (``step_in_epoch``), optimizer steps in all
 (``global_step``), the history of finished epochs and the running sums of the
 epoch in progress. The order of the samples of epoch ``e`` is
 ``dataset.epoch_order(seed, e)``, a function of (seed, epoch) alone, so that
-position plus the weights and optimizer buffers is the whole state of a run:
+position plus the weights, optimizer buffers and the schedule's state is the
+whole state of a run (an augmentation draws from (seed, epoch, sample index)):
 a checkpoint holding them resumes bit for bit (given the same granularity and
 the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 ``deterministic``).
@@ -25,6 +26,7 @@ the fastest wins (fewer tasks, less overhead for the same speed).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -38,13 +40,15 @@ from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
+from .layers.base import evaluating, keeping_state
+from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
-from .optim import SGD
+from .optim import SGD, LRScheduler, submit_clip_grad_norm
 from .scheduler.runtime import Runtime
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                "seconds", "images_per_second")
+                "seconds", "images_per_second", "warmup_seconds")
 
 _AUTO_REPEATS = 3
 _AUTO_TOLERANCE = 1.05
@@ -78,19 +82,24 @@ class _ArrayData:
         return xb, yb
 
 
-def prefetched_batches(data, order, batch_size, start, stop, dtype, pair):
+def prefetched_batches(data, order, batch_size, start, stop, dtype, pair, transform=None):
     """Yield batches ``start..stop-1`` of ``order``, loading the next while a step runs.
 
     Batch ``b`` lives in one arena of ``pair`` while a loader thread fills
     batch ``b + 1`` into the other; the arena is reset only once the step that
     used it has returned, so no reset ever waits for the step in flight.
+    ``transform(x, indices)``, if given, changes each batch in place on the
+    loader thread (the augmentation).
     """
     if start >= stop:
         return
 
     def load(b):
-        return data.batch(order[b * batch_size:(b + 1) * batch_size], dtype=dtype,
-                          out=pair.current.empty)
+        indices = order[b * batch_size:(b + 1) * batch_size]
+        x, y = data.batch(indices, dtype=dtype, out=pair.current.empty)
+        if transform is not None:
+            transform(x, indices)
+        return x, y
 
     with ThreadPoolExecutor(1, thread_name_prefix="hetero_nn-loader") as loader:
         pair.swap()
@@ -112,8 +121,28 @@ def _as_data(data, what):
                       f"got {type(data).__name__}")
 
 
+def _trainer_dtype(model, dtype) -> np.dtype:
+    """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
+    built = getattr(model, "dtype", None) if getattr(model, "input_shape", None) else None
+    if dtype is None:
+        return np.dtype(built) if built is not None else np.dtype(np.float32)
+    try:
+        chosen = np.dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen not in (np.float32, np.float64):
+        raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+    if built is not None and chosen != built:
+        raise ConfigError(f"Trainer(dtype={chosen.name!r}) contradicts the model, which is "
+                          f"built in {np.dtype(built).name}; leave dtype out to train in "
+                          f"{np.dtype(built).name}, or build the model with dtype="
+                          f"{chosen.name!r}")
+    return chosen
+
+
 def _new_progress():
-    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0}
+    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0,
+            "warmup_samples": 0, "warmup_seconds": 0.0}
 
 
 class Trainer:
@@ -132,10 +161,28 @@ class Trainer:
     granularity : int or "auto"
         Partitions per batch: every per-sample codelet is submitted that many
         times. ``"auto"`` times the candidates on the first batch (module docstring).
-    dtype : str
-        ``"float32"`` or ``"float64"``; the model is built for it on the first batch.
+    dtype : str, optional
+        ``"float32"`` or ``"float64"``. Default: the model's dtype when it is built,
+        float32 otherwise. A built model is never silently converted: a ``dtype``
+        that contradicts it raises :class:`~hetero_nn.errors.ConfigError` (rebuild
+        the model, or load its weights into one built for that dtype).
     seed : int
         The data-order seed: epoch ``e`` visits ``dataset.epoch_order(seed, e)``.
+    scheduler : LRScheduler, optional
+        Built on ``optimizer`` (``hn.optim.OneCycleLR(opt, max_lr=0.1, total_steps=...)``);
+        ``fit`` steps it after every optimizer step or at every epoch's end, as
+        ``scheduler_interval`` says. Its state goes into checkpoints.
+    scheduler_interval : "step" or "epoch", optional
+        Default: the schedule's own ``interval`` -- ``"step"`` for OneCycleLR,
+        ``"epoch"`` for StepLR and CosineAnnealingLR, as PyTorch's examples step them.
+    clip_grad_norm : float, optional
+        Clip the gradients to this global 2-norm before every optimizer step
+        (:func:`hetero_nn.optim.clip_grad_norm`); the norm before clipping lands in
+        ``last_grad_norm``.
+    augment : callable, optional
+        ``augment(x, indices, seed=, epoch=)`` applied to every training batch on the
+        loader thread (:mod:`hetero_nn.transforms`), e.g.
+        ``hn.transforms.standard_augmentation(train)``.
     cluster : distributed.Client, str or Cluster, optional
         Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
         a client or a :class:`hetero_nn.cluster.Cluster`); the optimizer step runs here.
@@ -155,9 +202,11 @@ class Trainer:
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype="float32", seed=0, cluster=None):
+                 granularity=1, dtype=None, seed=0, *, scheduler=None,
+                 scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
         self.model = model
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.02, momentum=0.9)
@@ -167,12 +216,10 @@ class Trainer:
         self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
         self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
         self.granularity_timings: dict[int, float] = {}
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
+        self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
         self._bound = None
         self._batch_arenas = ArenaPair("batches")
         self.last_correct = 0
@@ -183,6 +230,8 @@ class Trainer:
         self.history: list[dict] = []
         self._progress = _new_progress()
         self.last_checkpoint: dict | None = None
+        self._checkpoint_dir = None
+        self._warmed_up = False  # the first step of this process is timed apart (compilation)
         #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
         self.config: dict = {}
         self.cluster = None
@@ -190,9 +239,32 @@ class Trainer:
             from .cluster import Cluster, connect
             if self.auto_granularity:
                 raise ConfigError("granularity='auto' times local passes; with a cluster give "
-                                  "an integer (a power of two multiple of the workers deals best)")
+                                  "an integer (a multiple of the workers deals best)")
+            if self.augment is not None:
+                raise ConfigError("augment= runs on the client's loader thread; with a cluster "
+                                  "the workers read their batches themselves: give one or the other")
             self._own_cluster = not isinstance(cluster, Cluster)
             self.cluster = connect(cluster)
+
+    def _init_training_options(self, scheduler, interval, clip, augment):
+        if scheduler is not None and not isinstance(scheduler, LRScheduler):
+            raise ConfigError(f"scheduler must be a hetero_nn.optim schedule, got "
+                              f"{type(scheduler).__name__}")
+        if scheduler is not None and scheduler.optimizer is not self.optimizer:
+            raise ConfigError("scheduler: it was built on another optimizer than the trainer's")
+        self.scheduler = scheduler
+        interval = interval or (scheduler.interval if scheduler is not None else "epoch")
+        if interval not in ("step", "epoch"):
+            raise ConfigError(f"scheduler_interval must be 'step' or 'epoch', got {interval!r}")
+        self.scheduler_interval = interval
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                 or not clip > 0 or not math.isfinite(clip)):
+            raise ConfigError(f"clip_grad_norm must be a positive number, got {clip!r}")
+        self.clip_grad_norm = None if clip is None else float(clip)
+        self.last_grad_norm = None
+        if augment is not None and not callable(augment):
+            raise ConfigError(f"augment must be callable, got {type(augment).__name__}")
+        self.augment = augment
 
     def _check_granularity(self, g):
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
@@ -243,25 +315,31 @@ class Trainer:
         logits = self.model.forward(rt, xs)
         loss, correct, dlogits = self.loss(rt, logits, ys)
         self.model.backward(rt, dlogits)
+        norm_sq = (submit_clip_grad_norm(self.optimizer, self.clip_grad_norm)
+                   if self.clip_grad_norm is not None else None)
         self.optimizer.step(rt)
         value = float(rt.fetch(loss))
         self.last_correct = int(rt.fetch(correct))
+        if norm_sq is not None:
+            self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return value
 
     def evaluate_batch(self, x, y):
-        """``(mean loss, correct count)`` of one batch, without updating anything."""
+        """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
         xs, ys = self._batch(x, y)
-        logits = self.model.forward(rt, xs)
+        with evaluating(self.model):
+            logits = self.model.forward(rt, xs)
         loss, correct, _ = self.loss(rt, logits, ys, grad=False)
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     def predict(self, x) -> np.ndarray:
-        """Predicted class of every sample of ``x`` (in batches of ``batch_size``)."""
+        """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self._batch(x[start:start + self.batch_size], None)
-            logits = self.model.forward(self.runtime, xs)
+            with evaluating(self.model):
+                logits = self.model.forward(self.runtime, xs)
             preds = self.loss.predict(self.runtime, logits)
             self.runtime.wait()
             out.extend(self.runtime.fetch(p, copy=True) for p in preds)
@@ -283,8 +361,9 @@ class Trainer:
     def tune_granularity(self, x, y=None, candidates=None) -> int:
         """Choose and set the granularity by timing gradient passes on ``(x, y)``.
 
-        The rule is the module docstring's; the weights and the optimizer state are
-        not changed. The median seconds per candidate land in ``granularity_timings``.
+        The rule is the module docstring's; the weights, buffers (running statistics),
+        dropout steps and the optimizer state are not changed. The median seconds per
+        candidate land in ``granularity_timings``.
 
         Parameters
         ----------
@@ -304,10 +383,12 @@ class Trainer:
             candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
         candidates = [self._check_granularity(g) for g in candidates]
         timings = {}
-        for g in candidates:
-            self.granularity = g
-            self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
-            timings[g] = statistics.median(self._gradient_pass(x, y) for _ in range(_AUTO_REPEATS))
+        with keeping_state(self.model):  # running statistics and dropout steps as they were
+            for g in candidates:
+                self.granularity = g
+                self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
+                timings[g] = statistics.median(self._gradient_pass(x, y)
+                                               for _ in range(_AUTO_REPEATS))
         fastest = min(timings.values())
         self.granularity = min(g for g, t in timings.items() if t <= _AUTO_TOLERANCE * fastest)
         self.granularity_timings = timings
@@ -391,7 +472,7 @@ class Trainer:
                                   f"only {num_batches} steps: not the same training set")
         ckdir = None
         if checkpoint_dir is not None:
-            ckdir = Path(checkpoint_dir)
+            ckdir = self._checkpoint_dir = Path(checkpoint_dir)
             ckdir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
         bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
@@ -408,8 +489,11 @@ class Trainer:
                 if self.cluster is not None:  # the data is on the workers: batches are indices
                     batches = self.cluster.batches(data, order, bs, self.step_in_epoch, num_batches)
                 else:
-                    batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
-                                                 self.dtype, self._batch_arenas)
+                    augment = None if self.augment is None else functools.partial(
+                        self.augment, seed=self.seed, epoch=e)
+                    batches = prefetched_batches(data, order, bs, self.step_in_epoch,
+                                                 num_batches, self.dtype, self._batch_arenas,
+                                                 augment)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -419,8 +503,14 @@ class Trainer:
                     progress["samples"] += len(y)
                     now = time.perf_counter()
                     progress["seconds"] += now - t_last
+                    if not self._warmed_up:  # kernel compilation: kept out of images/s
+                        self._warmed_up = True
+                        progress["warmup_seconds"] += now - t_last
+                        progress["warmup_samples"] += len(y)
                     self.step_in_epoch = b + 1
                     self.global_step += 1
+                    if self.scheduler is not None and self.scheduler_interval == "step":
+                        self.scheduler.step()
                     if bar is not None:
                         bar.set_postfix_str(_running(progress), refresh=False)
                         bar.update(1)
@@ -434,6 +524,8 @@ class Trainer:
                 batches.close()  # joins the loader thread, also when a step raised
                 if bar is not None:
                     bar.close()
+            if self.scheduler is not None and self.scheduler_interval == "epoch":
+                self.scheduler.step()
             record = self._end_epoch(val)
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
@@ -448,12 +540,17 @@ class Trainer:
     def _end_epoch(self, validation) -> dict:
         p = self._progress
         seconds = p["seconds"]
+        timed_seconds = seconds - p["warmup_seconds"]
+        timed_samples = p["samples"] - p["warmup_samples"]
+        if timed_samples <= 0 or timed_seconds <= 0:  # an epoch of the warm-up step alone
+            timed_seconds, timed_samples = seconds, p["samples"]
         record = {"epoch": self.epoch + 1,
                   "train_loss": p["loss_sum"] / p["samples"],
                   "train_accuracy": p["correct"] / p["samples"],
                   "test_loss": None, "test_accuracy": None,
                   "seconds": seconds,
-                  "images_per_second": p["samples"] / seconds if seconds > 0 else None,
+                  "images_per_second": timed_samples / timed_seconds if timed_seconds > 0 else None,
+                  "warmup_seconds": p["warmup_seconds"],
                   "eval_seconds": 0.0, "samples": p["samples"], "steps": self.step_in_epoch,
                   "granularity": self.granularity}
         if validation is not None:
@@ -474,6 +571,8 @@ class Trainer:
 
     def _kept(self) -> str:
         last = self.last_checkpoint
+        if last is None and self._checkpoint_dir is not None:
+            return f"no checkpoint was written in {self._checkpoint_dir} yet"
         if last is None:
             return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
         return (f"the last good checkpoint is {last['path']} (after "
@@ -497,6 +596,13 @@ class Trainer:
         spec = getattr(self.model, "spec", None)
         if spec is not None:
             cfg["model"] = dict(spec)
+        cfg["dropout"] = dropout_state(self.model)  # seeds and steps: the masks after resume
+        if self.scheduler is not None:
+            cfg["scheduler"] = {"repr": repr(self.scheduler), "interval": self.scheduler_interval}
+        if self.clip_grad_norm is not None:
+            cfg["clip_grad_norm"] = self.clip_grad_norm
+        if self.augment is not None:
+            cfg["augment"] = repr(self.augment)
         cfg.update(self.config)
         return cfg
 
@@ -522,7 +628,9 @@ class Trainer:
                                 epoch=self.epoch, step=self.step_in_epoch,
                                 global_step=self.global_step, seed=self.seed,
                                 progress=self._progress, history=self.history,
-                                config=self.checkpoint_config())
+                                config=self.checkpoint_config(),
+                                scheduler=None if self.scheduler is None
+                                else self.scheduler.state_dict())
         self.last_checkpoint = {"path": str(path), "epoch": self.epoch,
                                 "step": self.step_in_epoch, "global_step": self.global_step}
         return path
@@ -531,7 +639,7 @@ class Trainer:
         """Restore weights, optimizer state and the run's position from ``path``.
 
         The model is built first for the checkpoint's input shape and the
-        trainer's dtype. With ``granularity="auto"`` the checkpoint's granularity
+        trainer's dtype (the checkpoint's weights are cast to it). With ``granularity="auto"`` the checkpoint's granularity
         is adopted, so a resumed run splits batches as the original did.
 
         Returns
@@ -553,8 +661,17 @@ class Trainer:
         state = check_model_state(ckpt, self.model)
         opt_state = check_optimizer_state(ckpt, self.optimizer, self.model)
         self.model.load_state_dict(state)
+        load_dropout_state(self.model, ckpt.config.get("dropout", {}))
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
+        if (ckpt.scheduler is None) != (self.scheduler is None):
+            raise CheckpointError(f"{ckpt.path}: " + (
+                f"no schedule state, but the trainer has {self.scheduler!r}"
+                if ckpt.scheduler is None else
+                f"it holds a {ckpt.scheduler.get('type')} schedule's state; give the trainer "
+                f"that scheduler"))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(ckpt.scheduler)
         self._bound = None  # bind the restored arrays at the next batch
         self.epoch, self.step_in_epoch, self.global_step = ckpt.epoch, ckpt.step, ckpt.global_step
         self.seed = ckpt.seed

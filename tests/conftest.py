@@ -52,3 +52,13 @@ def cupy():
     if module is None:
         pytest.skip("CuPy with a GPU is not available")
     return module
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """PyTorch on one thread for a module's tests: the runtime's two workers take both cores."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

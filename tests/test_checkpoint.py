@@ -171,7 +171,9 @@ def test_corrupt_files_raise_checkpoint_error_naming_the_file(tmp_path, damage):
         np.savez(bad, format=np.array(FORMAT), config=np.array([{"a": 1}], dtype=object))
     with pytest.raises(hn.CheckpointError) as info:
         read_checkpoint(bad)
-    assert str(bad) in str(info.value)
+    assert str(bad) in str(info.value) and "allow_pickle" not in str(info.value)
+    if damage in ("truncated", "garbage", "empty", "no-format", "object-array"):
+        assert f"{bad}: not a hetero_nn checkpoint" in str(info.value)
     with pytest.raises(hn.CheckpointError):
         read_checkpoint(tmp_path / "does-not-exist.npz")
 
@@ -237,7 +239,7 @@ def test_resume_mid_epoch_ends_bit_identical_to_an_uninterrupted_run(tmp_path, d
         for buffer, array in ref_opt["state"][name].items():
             assert array.tobytes() == opt["state"][name][buffer].tobytes(), (name, buffer)
     assert opt["steps"] == ref_opt["steps"] == 10
-    timing = {"seconds", "images_per_second", "eval_seconds"}
+    timing = {"seconds", "images_per_second", "eval_seconds", "warmup_seconds"}
     assert [{k: v for k, v in r.items() if k not in timing} for r in history] == \
         [{k: v for k, v in r.items() if k not in timing} for r in ref_history]
     final = read_checkpoint(tmp_path / FINAL_NAME)

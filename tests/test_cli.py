@@ -79,6 +79,8 @@ BAD_OPTIONS = [
     (["evaluate"], "--checkpoint"),
     (["datasets", "download", "imagenet"], "name"),
     (["frobnicate"], "invalid choice"),
+    (["train", "--resume", "--overwrite", "--out", "somewhere"], "--overwrite"),
+    (["train", "--connect-timeout", "0"], "--connect-timeout"),
 ]
 
 
@@ -92,6 +94,7 @@ def test_missing_dataset_files_name_the_dataset_and_the_folder(tmp_path, capsys)
     assert main(["train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)]) == 2
     line = _error_line(capsys)
     assert "--dataset fashion-mnist" in line and str(tmp_path) in line and "--data-dir" in line
+    assert line.count("fashion-mnist:") == 1 and "hetero-nn datasets download fashion-mnist" in line
 
 
 @pytest.mark.skipif(_cuda_available(), reason="this machine has a GPU with CuPy")
@@ -111,6 +114,171 @@ def test_resume_from_a_missing_or_corrupt_checkpoint(tmp_path, capsys):
     assert str(bad) in _error_line(capsys)
     assert main(["evaluate", "--checkpoint", str(bad)]) == 2
     assert str(bad) in _error_line(capsys)
+
+
+@pytest.mark.parametrize("content", ["garbage", "pickled", "npy"])
+def test_a_garbage_checkpoint_is_not_a_hetero_nn_checkpoint(tmp_path, capsys, content):
+    bad = tmp_path / "bad.npz"
+    if content == "garbage":
+        bad.write_bytes(np.random.default_rng(0).bytes(1000))
+    elif content == "pickled":
+        with open(bad, "wb") as f:
+            np.savez(f, config=np.array([{"a": 1}], dtype=object))
+    else:
+        with open(bad, "wb") as f:
+            np.save(f, np.arange(3))
+    for argv in (["evaluate", "--checkpoint", str(bad)], ["train", "--resume", str(bad)]):
+        assert main(argv) == 2
+        line = _error_line(capsys)
+        assert f"{bad}: not a hetero_nn checkpoint" in line and "pickle=" not in line, line
+
+
+def test_bare_commands_print_their_usage(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hetero-nn") and "train" in out and "datasets" in out
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hetero-nn datasets") and "download" in out
+
+
+# --------------------------------------------------------------------------- --out and --executor
+
+SYNTHETIC = ["--dataset", "synthetic", "--limit", "64", "--batch-size", "32", "--epochs", "1",
+             "--model", "dahl-basic", "--devices", "cpu:1", "-q"]
+
+
+def _synthetic_run(out, *extra):
+    return main(["train", *SYNTHETIC, "--out", str(out), *extra])
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.write_text("mine")
+    for target in (out, out / "below"):
+        assert _synthetic_run(target) == 2
+        line = _error_line(capsys)
+        assert f"--out {target}: " in line and "is not a folder" in line
+    assert out.read_text() == "mine"
+    # a refused run leaves nothing behind, not even the folder it would have made
+    missing = tmp_path / "new" / "run"
+    assert main(["train", *SYNTHETIC, "--dataset", "mnist", "--data-dir", str(tmp_path),
+                 "--out", str(missing)]) == 2
+    assert "--dataset mnist" in _error_line(capsys) and not (tmp_path / "new").exists()
+
+
+def test_a_read_only_out_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("this user writes through read-only permissions (root)")
+        assert _synthetic_run(out) == 2
+        assert f"--out {out}: cannot write there" in _error_line(capsys)
+    finally:
+        out.chmod(0o755)
+    assert list(out.iterdir()) == []
+
+
+def test_an_immutable_out_is_refused_before_training(tmp_path, capsys):
+    out = tmp_path / "frozen"
+    out.mkdir()
+    if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE)")
+    try:
+        for target in (out, out / "new" / "run"):  # a folder to create below it: the same
+            assert _synthetic_run(target) == 2
+            assert f"--out {target}: cannot write there" in _error_line(capsys)
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], check=True)
+    assert list(out.iterdir()) == []
+
+
+def test_a_new_run_into_another_runs_out_refuses_and_touches_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _synthetic_run(out) == 0
+    capsys.readouterr()
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    assert {"metrics.json", CHECKPOINT_NAME, FINAL_NAME} <= set(before)
+    assert _synthetic_run(out, "--seed", "3") == 2
+    line = _error_line(capsys)
+    assert f"--out {out} holds another run" in line and "metrics.json" in line
+    assert "--resume" in line and "--overwrite" in line
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    # --overwrite replaces it: the new run's config, and no file of the old run left over
+    (out / "trace.json").write_text("{}")  # as an earlier run with --trace would have left
+    assert _synthetic_run(out, "--seed", "3", "--overwrite") == 0
+    assert json.loads((out / "metrics.json").read_text())["config"]["seed"] == 3
+    assert not (out / "trace.json").exists()
+    # only one checkpoint of the old run: refused too
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / CHECKPOINT_NAME).write_bytes(before[CHECKPOINT_NAME][0])
+    assert _synthetic_run(only) == 2
+    assert CHECKPOINT_NAME in _error_line(capsys)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_divergence_before_any_checkpoint_says_so_without_denying_out(tmp_path, capsys):
+    out = tmp_path / "nan"
+    assert main(["train", *SYNTHETIC, "--limit", "256", "--batch-size", "16", "--lr", "1e6",
+                 "--out", str(out)]) == 1
+    line = _error_line(capsys)
+    assert "training diverged" in line and f"no checkpoint was written in {out} yet" in line
+    assert "--out to keep one" not in line
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_fails_at_start_within_the_connect_timeout(capsys):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    assert main(["train", *SYNTHETIC, "--executor", f"distributed={address}",
+                 "--connect-timeout", "1"]) == 2
+    elapsed = time.monotonic() - t0
+    line = _error_line(capsys)
+    assert f"--executor distributed={address}" in line and "--connect-timeout" in line
+    assert elapsed < 30, elapsed  # 1 s to connect; the bound is generous for a loaded machine
+
+
+@pytest.mark.parametrize("scheduler", ["local-cluster", "address"])
+def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path, request, scheduler):
+    """SIGINT to the process group, as a terminal's Ctrl-C: Dask's workers stay quiet.
+
+    ``local-cluster``: the CLI's own LocalCluster, whose workers are in the group;
+    ``address``: the session's cluster, reached as ``distributed=ADDRESS``.
+    """
+    executor = "distributed"
+    if scheduler == "address":
+        executor += "=" + request.getfixturevalue("dist_client").scheduler.address
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetero_nn", "train", "--dataset", "synthetic", "--limit", "2048",
+         "--batch-size", "16", "--epochs", "20", "--model", "dahl-basic", "--devices", "cpu:1",
+         "--executor", executor, "--checkpoint-every", "1", "--out", str(out), "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / CHECKPOINT_NAME).exists():  # training steps are running on Dask
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["hetero-nn: interrupted"], stderr
+    assert json.loads((out / "metrics.json").read_text())["status"] == "interrupted"
 
 
 def test_the_installed_entry_point_prints_one_line_and_no_traceback(tmp_path):
@@ -157,9 +325,24 @@ def test_train_writes_metrics_trace_and_checkpoints_and_evaluate_agrees(tmp_path
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert float(rows[1]["test_accuracy"]) == metrics["test_accuracy"]
 
+    # the variants that ran, per codelet, from the runtime's task records: one each when pinned
+    ran = metrics["variants_run"]
+    assert {"conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd_params", "sgd_step",
+            "softmax_xent"} <= set(ran)  # the model's Conv2D, ReLU, MaxPool2D run fused
+    from hetero_nn.codelets import fused
+    assert set(ran["conv2d_relu_pool_fwd"]) <= set(fused.conv2d_relu_pool_fwd.variants)
+    assert all(len(variants) == 1 and min(variants.values()) > 0 for variants in ran.values())
+    assert sum(ran["sgd_step"].values()) % 16 == 0  # one task per weight per step
+    # the first step (kernel compilation) is timed apart from epoch 1's images/s
+    first = metrics["epochs"][0]
+    assert 0 < first["warmup_seconds"] < first["seconds"]
+    assert first["images_per_second"] == pytest.approx((256 - 32) / (first["seconds"]
+                                                                     - first["warmup_seconds"]))
+    assert metrics["epochs"][1]["warmup_seconds"] == 0
+
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
-    assert {"conv2d_fwd", "conv2d_bwd_params", "sgd_step", "softmax_xent"} <= names
+    assert {"conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd_params", "sgd_step", "softmax_xent"} <= names
 
     with np.load(out / FINAL_NAME, allow_pickle=False) as npz:
         assert json.loads(npz["config"][()])["run"]["model"] == "dahl-basic"
@@ -208,6 +391,66 @@ def test_datasets_list_and_perfmodel_delegate(capsys):
     assert capsys.readouterr().out.strip()
 
 
+@needs_mnist
+def test_datasets_download_takes_mirrors_and_list_checks_sizes_and_checksums(tmp_path, capsys):
+    data = tmp_path / "data"
+    mirrors = ["--mirror", (tmp_path / "absent").as_uri() + "/", "--mirror",
+               (DATA / "mnist").as_uri() + "/"]
+    assert main(["datasets", "download", "mnist", "--data-dir", str(data), *mirrors]) == 0
+    assert f"mnist: ready in {data / 'mnist'}" in capsys.readouterr().out
+    files = sorted((data / "mnist").iterdir())
+    assert len(files) == 4 and all(p.stat().st_mode & 0o777 == 0o644 for p in files)
+    assert main(["datasets", "list", "--data-dir", str(data), "--verify"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["mnist"][1:4] == ["yes", "60000", "10000"] and rows["cifar10"][1] == "no"
+
+    labels = data / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    good = labels.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF  # the same size: only the checksum tells
+    labels.write_bytes(bytes(damaged))
+    assert main(["datasets", "list", "--data-dir", str(data)]) == 0
+    assert "mnist          yes" in capsys.readouterr().out
+    assert main(["datasets", "list", "--data-dir", str(data), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "mnist          damaged" in out and f"mnist: {labels}: MD5 checksum differs" in out
+    labels.write_bytes(good[:-100])  # truncated: the size check finds it
+    assert main(["datasets", "list", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "mnist          damaged" in out and f"mnist: {labels}" in out
+
+
+def test_perfmodel_shows_the_models_and_exits_1_for_a_codelet_without_one(tmp_path, capsys):
+    from hetero_nn.cli import format_perfmodel
+    from hetero_nn.scheduler.perfmodel import PerfModel
+
+    pm = PerfModel(tmp_path)
+    assert "no performance model yet" in format_perfmodel(pm)
+    assert main(["perfmodel", "--cache-dir", str(tmp_path)]) == 0
+    assert "no performance model yet" in capsys.readouterr().out
+    key = ("conv2d_fwd", "cpu", "cpu")
+    for size in (100, 1000, 10000):
+        pm.record(*key, f"f32[{size}]", float(size), size * 1e-9)
+    pm.record("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0, 2.5e-6)
+    pm.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
+    table = format_perfmodel(pm)
+    for text in ("codelet", "footprint", "mean (us)", "stddev (us)", "f32[1000]", "1.000",
+                 "pool_fwd", "2.500", "regression", "need >= 2 distinct sizes",
+                 "transfers", "host0", "cuda0", "bandwidth (GB/s)"):
+        assert text in table, text
+    only = format_perfmodel(pm, "pool_fwd")
+    assert "pool_fwd" in only and "conv2d_fwd" not in only and "transfers" not in only
+    pm.save()
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["conv2d_fwd", "pool_fwd"]
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "conv2d_fwd"]) == 0
+    out = capsys.readouterr().out
+    assert "f32[10000]" in out and "pool_fwd" not in out
+    assert main(["perfmodel", "--cache-dir", str(tmp_path), "nope"]) == 1
+    line = _error_line(capsys)
+    assert "no performance model for codelet 'nope'" in line and str(tmp_path) in line
+
+
 # --------------------------------------------------------------------------- resume after SIGKILL
 
 def _final_state(path):
@@ -217,7 +460,7 @@ def _final_state(path):
 
 
 def _history_without_timing(path):
-    timing = {"seconds", "images_per_second", "eval_seconds"}
+    timing = {"seconds", "images_per_second", "eval_seconds", "warmup_seconds"}
     return [{k: v for k, v in r.items() if k not in timing} for r in read_checkpoint(path).history]
 
 

@@ -4,11 +4,12 @@ partitions, finite differences of the loss gradient, and label checking."""
 
 import numpy as np
 import pytest
-import torch
 
 from hetero_nn.codelets import activation, loss
 from hetero_nn.codelets.reduce import add_redux, zero_init
 from helpers import rel_err
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]

@@ -4,12 +4,13 @@ and the reduce.py codelets and REDUX helpers (zero_init, add_redux) they rely on
 
 import numpy as np
 import pytest
-import torch
 
 from hetero_nn.codelets import REDUX, W
 from hetero_nn.codelets import dense, reduce
 from hetero_nn.codelets.reduce import add_redux, zero_init
 from helpers import rel_err
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]

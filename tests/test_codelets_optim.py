@@ -3,10 +3,11 @@ steps with the same gradients over a grid of hyper-parameters."""
 
 import numpy as np
 import pytest
-import torch
 
 from hetero_nn.codelets import optim
 from helpers import rel_err
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]

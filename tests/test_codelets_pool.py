@@ -6,14 +6,15 @@ import zlib
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_nn.codelets import R, W
 from hetero_nn.codelets import pool
 from helpers import rel_err, pair
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
+F = torch.nn.functional
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 DTYPES = [np.float64, np.float32]

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +35,7 @@ needs_shared = pytest.mark.skipif(
     reason=f"the shared datasets folder {SHARED} (real MNIST, Fashion-MNIST and the "
            f"CIFAR-10 subset) is not on this machine")
 
+NEEDS_TORCH = "PyTorch is optional; the cross-checks against it need it"
 CIFAR_TRAIN_COUNTS = [396, 366, 420, 384, 422, 393, 414, 385, 407, 413]
 CIFAR_TEST_COUNTS = [103, 89, 100, 103, 90, 86, 112, 102, 106, 109]
 
@@ -123,10 +123,11 @@ def test_normalised_train_set_has_zero_mean_unit_std(real, name, tol):
 
 @needs_shared
 @pytest.mark.parametrize("name", ["mnist", "cifar10"])
-@pytest.mark.parametrize("dtype, torch_dtype", [("float32", torch.float32),
-                                                ("float64", torch.float64)])
-def test_batch_matches_torch_normalisation(real, name, dtype, torch_dtype):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batch_matches_torch_normalisation(real, name, dtype):
     """x = (pixel / 255 - mean) / std, as torchvision's ToTensor + Normalize compute it."""
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
+    torch_dtype = getattr(torch, dtype)
     ds = real[name, "train"]
     idx = np.random.default_rng(7).integers(0, len(ds), 37)
     x, y = ds.batch(idx, dtype=dtype)
@@ -269,7 +270,7 @@ def _write_idx_dataset(root, gz, n=6, name="mnist"):
     images = rng.integers(0, 256, (n, 5, 4), dtype=np.uint8)
     labels = rng.integers(0, 10, n).astype(np.uint8)
     paths = {}
-    for split, (image_stem, label_stem) in datasets._IDX_FILES.items():
+    for split, (image_stem, label_stem) in datasets.idx.IDX_FILES.items():
         paths[split] = (_write(root / name, image_stem, _idx(images, 2051), gz),
                         _write(root / name, label_stem, _idx(labels, 2049), gz))
     return images, labels, paths
@@ -530,6 +531,7 @@ def test_synthetic_is_learnable_with_templates_shared_across_splits():
 
 def test_synthetic_softmax_regression_beats_chance():
     """A model that never sees the templates learns them from samples (torch, 60 steps)."""
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
     options = dict(image_size=10, channels=1, num_classes=5, noise=2.0, seed=7)
     x, y = load("synthetic", num_samples=400, **options).batch(np.arange(400))
     xt, yt = load("synthetic", "test", num_samples=200, **options).batch(np.arange(200))
@@ -554,7 +556,7 @@ def test_synthetic_samples_follow_their_definition():
         np.testing.assert_allclose(template.mean(axis=(1, 2)), 0.0, atol=1e-12)
         np.testing.assert_allclose(template.std(axis=(1, 2)), 1.0, rtol=1e-12)
     i = 5
-    rng = np.random.default_rng([1, datasets._TAG_SAMPLE, 0, i])
+    rng = np.random.default_rng([1, datasets.synthetic._TAG_SAMPLE, 0, i])
     amplitude = rng.uniform(0.5, 1.5)
     noise = rng.standard_normal((2, 16, 16), dtype=np.float32)
     expected = (amplitude * generator.template(ds.labels[i]) + 0.5 * noise) \
@@ -725,3 +727,63 @@ def test_describe_reports_missing_and_damaged(tmp_path):
     assert rows["mnist"].present and rows["mnist"].samples == {"train": 6, "test": 6}
     assert not rows["cifar10"].present
     assert "cifar-10/test_batch.bin" in rows["cifar10"].files
+    assert "test_batch.bin" in rows["cifar10"].problem and "3073" in rows["cifar10"].problem
+    assert rows["mnist"].problem is None and rows["fashion-mnist"].problem is None  # absent
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gz", "plain"])
+def test_describe_refuses_a_truncated_idx_file(tmp_path, gz):
+    _, _, paths = _write_idx_dataset(tmp_path, gz=gz, n=6)
+    images = paths["train"][0]
+    data = images.read_bytes()
+    images.write_bytes(gzip.compress(gzip.decompress(data)[:-7]) if gz else data[:-7])
+    row = describe(tmp_path)[0]
+    assert row.name == "mnist" and not row.present and row.samples is None
+    assert str(images) in row.problem and "truncated" in row.problem
+    # a file with the header's size but cut short inside its gzip stream: only a read finds it
+    if gz:
+        images.write_bytes(data[:len(data) - 12] + data[-4:])
+        assert describe(tmp_path)[0].present
+        verified = describe(tmp_path, verify=True)[0]
+        assert not verified.present and str(images) in verified.problem
+
+
+@needs_shared
+def test_describe_verify_compares_published_checksums(tmp_path):
+    download("mnist", tmp_path, mirrors=[_mirror(SHARED / "mnist")])
+    assert describe(tmp_path, verify=True)[0].present
+    labels = tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    data = bytearray(labels.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, so the size check passes
+    labels.write_bytes(bytes(data))
+    assert describe(tmp_path)[0].present
+    row = describe(tmp_path, verify=True)[0]
+    assert not row.present and "MD5" in row.problem and str(labels) in row.problem
+
+
+@needs_shared
+def test_download_from_a_local_http_mirror_writes_world_readable_files(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(SHARED / "mnist"))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        old = os.umask(0o077)  # the mode does not depend on the umask
+        try:
+            target = download("mnist", tmp_path, mirrors=[url], timeout=10)
+        finally:
+            os.umask(old)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    for name in datasets.SOURCES["mnist"]["files"]:
+        assert (target / name).stat().st_mode & 0o777 == 0o644, name
+    assert len(load("mnist", "test", data_dir=tmp_path)) == 10000

@@ -15,10 +15,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 import hetero_nn as hn
 from helpers import rel_err
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {"float64": 1e-10, "float32": 1e-4}
 
@@ -239,8 +240,8 @@ def test_flatten_then_dense_gives_the_input_gradient_in_the_input_layout():
     yt.backward(torch.from_numpy(dy))
     assert rel_err(y, yt.detach().numpy()) <= 1e-12
     assert dx.shape == x.shape and rel_err(dx, xt.grad.numpy()) <= 1e-12
-    assert set(codelets) == {"fill_zero", "dense_fwd", "dense_bwd_params", "dense_bwd_params.redux",
-                             "dense_bwd_input"}  # Flatten is a view: no task of its own
+    assert set(codelets) == {"dense_fwd", "dense_bwd_params.overwrite", "dense_bwd_params",
+                             "dense_bwd_params.redux", "dense_bwd_input"}  # Flatten: no task
 
 
 # --------------------------------------------------------------------------- finite differences
@@ -314,17 +315,22 @@ def test_network_loss_gradient_matches_central_differences():
 # --------------------------------------------------------------------------- tasks per partition
 
 def lenet_step_counts(g):
-    """Tasks of one LeNet-5 training step at granularity ``g`` (SGD with momentum)."""
-    return {
-        "fill_zero": 10 + 2,                       # 10 gradients, the loss and the correct count
+    """Tasks of one unfused LeNet-5 training step at granularity ``g`` (SGD with momentum).
+
+    The first partition's contribution to each gradient, the loss and the count
+    overwrites it (``.overwrite``, no ``fill_zero``); the ``g - 1`` others are REDUX."""
+    counts = {
         "conv2d_fwd": 2 * g, "relu_fwd": 4 * g, "maxpool2d_fwd": 2 * g, "dense_fwd": 3 * g,
-        "softmax_xent": g, "softmax_xent.redux": 2 * g,   # loss and count: g-1 tree adds + 1
-        "dense_bwd_params": 3 * g, "dense_bwd_input": 3 * g, "relu_bwd": 4 * g,
-        "maxpool2d_bwd": 2 * g, "conv2d_bwd_params": 2 * g,
+        "softmax_xent.overwrite": 1, "softmax_xent": g - 1,
+        "softmax_xent.redux": 2 * (g - 1),        # loss and count: g-2 tree adds + 1
+        "dense_bwd_params.overwrite": 3, "dense_bwd_params": 3 * (g - 1),
+        "dense_bwd_input": 3 * g, "relu_bwd": 4 * g,
+        "maxpool2d_bwd": 2 * g, "conv2d_bwd_params.overwrite": 2, "conv2d_bwd_params": 2 * (g - 1),
         "conv2d_bwd_input": g,                      # the first layer needs no input gradient
-        "dense_bwd_params.redux": 3 * 2 * g, "conv2d_bwd_params.redux": 2 * 2 * g,
+        "dense_bwd_params.redux": 3 * 2 * (g - 1), "conv2d_bwd_params.redux": 2 * 2 * (g - 1),
         "sgd_step": 10,
     }
+    return {k: v for k, v in counts.items() if v}
 
 
 @pytest.mark.parametrize("g", [1, 3, 8])
@@ -332,7 +338,9 @@ def test_a_training_step_submits_one_task_per_partition(g):
     hn.manual_seed(0)
     rng = np.random.default_rng(g)
     with hn.Runtime(devices="cpu:2", policy="dmda", deterministic=True, perfmodel=False) as rt:
-        trainer = hn.Trainer(lenet5(), optimizer=hn.optim.SGD(lr=0.01, momentum=0.9), runtime=rt,
+        model = lenet5()
+        model.fuse = False  # the fused step: tests/test_fusion.py
+        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.01, momentum=0.9), runtime=rt,
                              batch_size=16, granularity=g, dtype="float32")
         for _ in range(2):
             rt.trace(clear=True)
@@ -341,38 +349,54 @@ def test_a_training_step_submits_one_task_per_partition(g):
             assert dict(counts) == lenet_step_counts(g)
         assert trainer.evaluate_batch(rng.standard_normal((16, 1, 28, 28)), rng.integers(0, 10, 16))
         evaluation = Counter(r.codelet for r in rt.trace()) - counts
-    assert dict(evaluation) == {"fill_zero": 2, "conv2d_fwd": 2 * g, "relu_fwd": 4 * g,
-                                "maxpool2d_fwd": 2 * g, "dense_fwd": 3 * g, "softmax_xent_eval": g,
-                                "softmax_xent_eval.redux": 2 * g}
+    assert dict(evaluation) == {k: v for k, v in {
+        "conv2d_fwd": 2 * g, "relu_fwd": 4 * g, "maxpool2d_fwd": 2 * g, "dense_fwd": 3 * g,
+        "softmax_xent_eval.overwrite": 1, "softmax_xent_eval": g - 1,
+        "softmax_xent_eval.redux": 2 * (g - 1)}.items() if v}
 
 
 @pytest.mark.parametrize("g", [1, 2, 5])
 @pytest.mark.parametrize("make, x_shape, expected", [
     (lambda: hn.Conv2D(2, 3, 3), (5, 2, 6, 6),
-     {"fill_zero": 2, "conv2d_fwd": 1, "conv2d_bwd_params": 1, "conv2d_bwd_input": 1,
+     {"conv2d_fwd": 1, "conv2d_bwd_params": 1, "conv2d_bwd_input": 1,
       "conv2d_bwd_params.redux": 2}),
     (lambda: hn.Conv2D(2, 3, 3, bias=False), (5, 2, 6, 6),
-     {"fill_zero": 1, "conv2d_fwd_nobias": 1, "conv2d_bwd_weight": 1, "conv2d_bwd_input": 1,
+     {"conv2d_fwd_nobias": 1, "conv2d_bwd_weight": 1, "conv2d_bwd_input": 1,
       "conv2d_bwd_weight.redux": 1}),
     (lambda: hn.Dense(4, 3), (5, 4),
-     {"fill_zero": 2, "dense_fwd": 1, "dense_bwd_params": 1, "dense_bwd_input": 1,
+     {"dense_fwd": 1, "dense_bwd_params": 1, "dense_bwd_input": 1,
       "dense_bwd_params.redux": 2}),
     (lambda: hn.Dense(4, 3, bias=False), (5, 4),
-     {"fill_zero": 1, "dense_fwd_nobias": 1, "dense_bwd_weight": 1, "dense_bwd_input": 1,
+     {"dense_fwd_nobias": 1, "dense_bwd_weight": 1, "dense_bwd_input": 1,
       "dense_bwd_weight.redux": 1}),
     (lambda: hn.MaxPool2D(2), (5, 2, 4, 4), {"maxpool2d_fwd": 1, "maxpool2d_bwd": 1}),
     (hn.ReLU, (5, 7), {"relu_fwd": 1, "relu_bwd": 1}),
 ], ids=["conv", "conv-nobias", "dense", "dense-nobias", "pool", "relu"])
 def test_each_layer_submits_one_task_per_partition(make, x_shape, expected, g):
-    """Counts per partition (``fill_zero`` once per gradient); each REDUX handle's tree
-    adds its ``g`` partials with ``g`` tasks (``g - 1`` pairs and one into the handle)."""
+    """Counts per partition; the first contribution overwrites the gradients, each REDUX
+    handle's tree adds the ``g - 1`` other partials with ``g - 1`` tasks."""
     layer = make()
     rng = np.random.default_rng(0)
     x = rng.standard_normal(x_shape)
     dy = rng.standard_normal((x_shape[0], *layer.infer_shape(x_shape[1:])))
     _, _, _, trace = run_layer(layer, x, dy, g, "float64")
     counts = Counter(r.codelet for r in trace)
-    assert dict(counts) == {k: v if k == "fill_zero" else v * g for k, v in expected.items()}
+    assert dict(counts) == {k: v for k, v in _first_overwrites(expected, g).items() if v}
+
+
+def _first_overwrites(per_partition, g):
+    """Counts at ``g`` partitions: the first contribution to the gradients overwrites them
+    (``<codelet>.overwrite``), the ``g - 1`` others are REDUX, added by ``g - 1`` tasks."""
+    counts = {}
+    for k, v in per_partition.items():
+        if k.endswith("_bwd_params") or k.endswith("_bwd_weight"):
+            counts[k + ".overwrite"] = v
+            counts[k] = v * (g - 1)
+        elif k.endswith(".redux"):
+            counts[k] = v * (g - 1)
+        else:
+            counts[k] = v * g
+    return counts
 
 
 def test_without_input_gradient_no_input_gradient_task():

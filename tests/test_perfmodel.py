@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hetero_nn.scheduler.perfmodel import (FORMAT_VERSION, PerfModel, PerfModelWarning,
-                                           default_cache_dir, fit_regression, main)
+                                           default_cache_dir, fit_regression)
 
 KEY = ("conv2d_fwd", "cpu", "cpu")
 
@@ -56,13 +56,12 @@ def test_keys_do_not_mix_and_unknown_is_none(tmp_path):
     assert pm.fit(*KEY) is None
 
 
-def test_needs_calibration_counts_to_min_samples(tmp_path):
+def test_count_counts_the_records_of_one_key(tmp_path):
     pm = PerfModel(tmp_path)
     for i in range(10):
-        assert pm.needs_calibration(*KEY, "fp")
+        assert pm.count(*KEY, "fp") == i
         pm.record(*KEY, "fp", 1.0, 1e-6)
-    assert not pm.needs_calibration(*KEY, "fp")
-    assert pm.needs_calibration(*KEY, "fp", min_samples=11)
+    assert pm.count(*KEY, "fp") == 10 and pm.count(*KEY, "other") == 0
 
 
 @pytest.mark.parametrize("bad", [-1e-6, float("nan")])
@@ -329,33 +328,6 @@ def test_threads_recording_predicting_and_saving_add_up(tmp_path):
         assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
         assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
         assert model.transfer_entries()[0]["count"] == n_threads * per_thread
-
-
-# -- display -----------------------------------------------------------------------------
-
-def test_format_table_and_cli(tmp_path, capsys):
-    pm = PerfModel(tmp_path)
-    assert "no performance model yet" in pm.format_table()
-    assert main(["--cache-dir", str(tmp_path)]) == 0
-    assert "no performance model yet" in capsys.readouterr().out
-    for size in (100, 1000, 10000):
-        pm.record(*KEY, f"f32[{size}]", float(size), size * 1e-9)
-    pm.record("pool_fwd", "ref", "cpu", "f64[2,2]", 4.0, 2.5e-6)
-    pm.record_transfer("host0", "cuda0", 1 << 20, 1e-4)
-    table = pm.format_table()
-    for text in ("codelet", "footprint", "mean (us)", "stddev (us)", "f32[1000]", "1.000",
-                 "pool_fwd", "2.500", "regression", "need >= 2 distinct sizes",
-                 "transfers", "host0", "cuda0", "bandwidth (GB/s)"):
-        assert text in table, text
-    only = pm.format_table("pool_fwd")
-    assert "pool_fwd" in only and "conv2d_fwd" not in only and "transfers" not in only
-    assert "no performance model for codelet 'nope'" in pm.format_table("nope")
-    pm.save()
-    assert main(["--cache-dir", str(tmp_path), "--list"]) == 0
-    assert capsys.readouterr().out.split() == ["conv2d_fwd", "pool_fwd"]
-    assert main(["--cache-dir", str(tmp_path), "conv2d_fwd"]) == 0
-    out = capsys.readouterr().out
-    assert "f32[10000]" in out and "pool_fwd" not in out
 
 
 # -- speed ---------------------------------------------------------------------------------

@@ -530,8 +530,11 @@ def test_trace_records_transfers_across_host_nodes(tmp_path):
         assert r.bytes_in == (64 * 8 if r.node == "host1" else 0), r  # x lives on host0
     assert {r.worker for r in records} == {"cpu0", "cpu1"}
     doc = json.loads(path.read_text())
-    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "transfer"]
     assert len(spans) == 16 and {e["name"] for e in spans} == {"copy"}
+    copies = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "transfer"]
+    assert sum(e["args"]["bytes"] for e in copies) == trace.bytes_moved >= sum(
+        r.bytes_in for r in records)  # copies back to host0 (fetch) are counted too
 
 
 def test_trace_off_records_nothing():

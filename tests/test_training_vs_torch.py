@@ -7,6 +7,8 @@ image-like, sparse and shifted inputs; random labels). After 20 SGD or Adam step
 the losses, the weights and the optimizer's buffers equal PyTorch's (float64,
 relative error <= 1e-9) at granularity 1, 3 and 8 under every policy; at a given
 granularity every policy gives the same bits (REDUX trees have a fixed shape).
+The models run fused (the default: ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as
+one task each); one test runs them unfused (``fuse=False``).
 ``deterministic=True`` pins one variant per codelet (the reference unless ``variants``
 names others) and ``perfmodel=False`` keeps the runs from writing caches. A float32
 run with the performance model active (variants explored and mixed) stays within
@@ -20,10 +22,12 @@ import hashlib
 
 import numpy as np
 import pytest
-import torch
 
 import hetero_nn as hn
 from helpers import rel_err
+from twins import torch_twin
+
+torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 GRANULARITIES = (1, 3, 8)
@@ -59,29 +63,6 @@ def small_net():
 
 
 NETS = {"lenet5": lenet5, "small": small_net}
-
-
-def torch_twin(model: hn.Sequential, dtype) -> torch.nn.Sequential:
-    """A ``torch.nn.Sequential`` of the same layers holding a copy of ``model``'s weights."""
-    layers = []
-    for layer in model:
-        if isinstance(layer, hn.Conv2D):
-            layers.append(torch.nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                                          stride=layer.stride, padding=layer.padding,
-                                          bias=layer.bias))
-        elif isinstance(layer, hn.MaxPool2D):
-            layers.append(torch.nn.MaxPool2d(layer.kernel_size, layer.stride))
-        elif isinstance(layer, hn.Dense):
-            layers.append(torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias))
-        elif isinstance(layer, hn.ReLU):
-            layers.append(torch.nn.ReLU())
-        elif isinstance(layer, hn.Flatten):
-            layers.append(torch.nn.Flatten())
-        else:
-            raise TypeError(f"no torch twin for {layer!r}")
-    twin = torch.nn.Sequential(*layers).to(getattr(torch, np.dtype(dtype).name))
-    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
-    return twin
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,8 +170,9 @@ def torch_run(net, opt, dtype="float64", steps=STEPS) -> Run:
 
 
 def hn_run(net, opt, granularity, policy, dtype="float64", steps=STEPS, *, variants=None,
-           deterministic=True, perfmodel=False) -> Run:
+           deterministic=True, perfmodel=False, fuse=True) -> Run:
     model = fresh_model(net, dtype)
+    model.fuse = fuse
     with hn.Runtime(devices="cpu:2", policy=policy, deterministic=deterministic,
                     perfmodel=perfmodel, variants=variants) as rt:
         trainer = hn.Trainer(model, hn.losses.SoftmaxCrossEntropy(), ALL_OPTIMIZERS[opt][0](),
@@ -258,7 +240,7 @@ def test_training_steps_equal_torch(net, opt, granularity, policy):
     problems = compare(run, ref, REL_F64, f"{net}/{opt}/g={granularity}/{policy}")
     assert not problems, "\n".join(problems)
     assert training_moved(run, net, "float64")
-    assert run.variants["conv2d_fwd"] == {"ref"}  # deterministic: one variant per codelet
+    assert run.variants["conv2d_relu_pool_fwd"] == {"ref"}  # deterministic: one variant each
     if granularity == 8:  # partitions did run side by side: identity is not trivial
         assert run.workers == {"cpu0", "cpu1"}, run.workers
     _DIGESTS[(net, opt, granularity, policy, None)] = run.digests()
@@ -284,8 +266,8 @@ def test_numba_variants_train_like_torch_and_identically_under_every_policy(vari
     first = None
     for policy in POLICIES:
         run = hn_run("lenet5", "adam", 3, policy, "float64", steps, variants=variants)
-        assert run.variants["conv2d_fwd"] == {variants[0]}
-        assert run.variants["dense_fwd"] == {"cpu"} and run.variants["relu_bwd"] == {"cpu"}
+        assert run.variants["conv2d_relu_pool_fwd"] == {variants[0]}  # fused (the default)
+        assert run.variants["dense_fwd"] == {"cpu"} and run.variants["dense_relu_bwd"] == {"cpu"}
         problems = compare(run, ref, REL_F64, f"{variants}/{policy}")
         assert not problems, "\n".join(problems)
         digests = run.digests()
@@ -293,6 +275,20 @@ def test_numba_variants_train_like_torch_and_identically_under_every_policy(vari
             first = digests
         differ = [k for k in first if first[k] != digests[k]]
         assert not differ, f"{policy} differs from {POLICIES[0]} in {differ}"
+
+
+@pytest.mark.parametrize("granularity", [1, 3])
+def test_unfused_training_equals_torch_and_is_identical_under_every_policy(granularity):
+    """``fuse=False`` (every layer's own tasks): PyTorch's results, one set of bits."""
+    ref = torch_run("lenet5", "sgd-momentum")
+    first = None
+    for policy in POLICIES:
+        run = hn_run("lenet5", "sgd-momentum", granularity, policy, fuse=False)
+        assert "conv2d_fwd" in run.variants and "conv2d_relu_pool_fwd" not in run.variants
+        problems = compare(run, ref, REL_F64, f"unfused/g={granularity}/{policy}")
+        assert not problems, "\n".join(problems)
+        first = first or run.digests()
+        assert run.digests() == first, f"{policy} differs from {POLICIES[0]}"
 
 
 def test_granularity_changes_only_the_last_bits():
@@ -319,7 +315,7 @@ def test_float32_with_perfmodel_active_matches_torch_float32(net, tmp_path):
     problems = compare(run, ref, REL_F32, f"{net}/float32")
     assert not problems, "\n".join(problems)
     assert all(w.dtype == np.float32 for w in run.weights.values())
-    assert len(run.variants["conv2d_fwd"]) >= 2, run.variants["conv2d_fwd"]
+    assert len(run.variants["conv2d_relu_pool_fwd"]) >= 2, run.variants["conv2d_relu_pool_fwd"]
     assert (tmp_path / "perfmodel").exists()  # the model was written where it was told
 
 

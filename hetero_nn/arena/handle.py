@@ -133,7 +133,7 @@ class Handle:
             elif self.temporary:
                 arr = node.arena.empty(self.shape, self.dtype)
             else:
-                arr = node.empty(self.shape, self.dtype)
+                arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
             self._replicas[node.index] = arr
         return arr
 
@@ -161,7 +161,7 @@ def make_valid(h: Handle, node, nodes) -> int:
         return 0
     if h.valid:
         src = nodes[min(h.valid)]
-        moved = node.copy(h.replica(node), h.replica(src))
+        moved = node.copy(h.replica(node), h.replica(src), src)
         _add_valid(h, n)
         return moved
     moved = 0

@@ -1,6 +1,8 @@
-"""ReLU codelets: forward and backward, on arrays of any shape.
+"""Activation codelets (ReLU, LeakyReLU, Sigmoid, Tanh, GELU): forward and backward,
+on arrays of any shape.
 
-Semantics follow PyTorch exactly, NaN included:
+Semantics follow PyTorch's formulas (named beside each codelet below); ReLU's to
+the letter, NaN included:
 
 - forward ``y = 0 if x <= 0 else x`` (``clamp_min(x, 0)``: NaN stays NaN);
 - backward ``dx = 0 if y <= 0 else dy`` (``threshold_backward(dy, y, 0)``:
@@ -13,6 +15,8 @@ LLVM vectorises); the ``"cuda"`` variants use ``xp.where``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._jit import jit
@@ -20,7 +24,8 @@ from .codelet import R, W, Codelet
 from .reduce import flat_view
 from .xp import array_module
 
-__all__ = ["relu_fwd", "relu_bwd"]
+__all__ = ["relu_fwd", "relu_bwd", "leaky_relu_fwd", "leaky_relu_bwd", "sigmoid_fwd",
+           "sigmoid_bwd", "tanh_fwd", "tanh_bwd", "gelu_fwd", "gelu_bwd"]
 
 
 def _check_same_shape(name, *arrays):
@@ -109,3 +114,257 @@ relu_bwd = Codelet(
     flops=lambda y, dy, dx, **params: float(np.prod(y)),
 )
 """``dx = dy where y > 0 else 0`` (R y, R dy, W dx): PyTorch's ``threshold_backward``."""
+
+
+# --------------------------------------------------------------------------- more activations
+#
+# LeakyReLU, Sigmoid, Tanh and GELU (exact, erf form), each a forward and a backward
+# codelet with PyTorch's formulas: ``leaky_relu_backward`` and ``gelu_backward`` read
+# the forward *input*, ``sigmoid_backward`` and ``tanh_backward`` its *output*. The
+# Numba kernels run over flat buffers through ``_run_flat``.
+
+_SQRT1_2 = 0.7071067811865476        # M_SQRT1_2
+_GELU_PDF = 0.3989422804014327       # M_2_SQRTPI * M_SQRT1_2 * 0.5 = 1 / sqrt(2 pi)
+
+
+def _run_flat(kernel, name, inputs, out, *scalars):
+    """Run a flat Numba kernel ``kernel(*inputs, out, *scalars)`` on same-shape arrays."""
+    _check_same_shape(name, *inputs, out)
+    flat_in = [np.ascontiguousarray(a).reshape(-1) for a in inputs]
+    out_flat = flat_view(out)
+    if out_flat is None:
+        tmp = np.empty(out.shape, out.dtype)
+        kernel(*flat_in, tmp.reshape(-1), *scalars)
+        out[...] = tmp
+        return
+    kernel(*flat_in, out_flat, *scalars)
+
+
+def _erf(xp, x):
+    """``erf`` elementwise: CuPy's on a GPU, SciPy's or ``math.erf`` per element on the host."""
+    if xp is not np:
+        import cupyx.scipy.special
+        return cupyx.scipy.special.erf(x)
+    try:
+        from scipy.special import erf
+    except ImportError:  # SciPy is optional: the exact same function, per element
+        return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype, copy=False)
+    return erf(x)
+
+
+def _unary_flops(*shapes, **params):
+    return float(np.prod(shapes[0]))
+
+
+def _pointwise(name, ref, cpu, cuda, modes):
+    return Codelet(name, modes=modes, variants={"ref": ref, "cpu": cpu, "cuda": cuda},
+                   flops=_unary_flops)
+
+
+# LeakyReLU: y = x if x > 0 else slope * x; dx = dy if x > 0 else slope * dy
+
+def _leaky_relu_fwd_ref(x, y, negative_slope=0.01):
+    np.copyto(y, np.where(x > 0, x, x * x.dtype.type(negative_slope)))
+
+
+@jit
+def _leaky_relu_fwd_cpu(x, y, slope):
+    for i in range(x.shape[0]):
+        v = x[i]
+        y[i] = v if v > 0 else v * slope
+
+
+def _leaky_relu_fwd_cpu_wrapper(x, y, negative_slope=0.01):
+    _run_flat(_leaky_relu_fwd_cpu, "leaky_relu_fwd", (x,), y, x.dtype.type(negative_slope))
+
+
+def _leaky_relu_fwd_cuda(x, y, negative_slope=0.01):
+    xp = array_module(x, y)
+    xp.copyto(y, xp.where(x > 0, x, x * x.dtype.type(negative_slope)))
+
+
+def _leaky_relu_bwd_ref(x, dy, dx, negative_slope=0.01):
+    np.copyto(dx, np.where(x > 0, dy, dy * dy.dtype.type(negative_slope)))
+
+
+@jit
+def _leaky_relu_bwd_cpu(x, dy, dx, slope):
+    for i in range(x.shape[0]):
+        dx[i] = dy[i] if x[i] > 0 else dy[i] * slope
+
+
+def _leaky_relu_bwd_cpu_wrapper(x, dy, dx, negative_slope=0.01):
+    _run_flat(_leaky_relu_bwd_cpu, "leaky_relu_bwd", (x, dy), dx, dy.dtype.type(negative_slope))
+
+
+def _leaky_relu_bwd_cuda(x, dy, dx, negative_slope=0.01):
+    xp = array_module(x, dy, dx)
+    xp.copyto(dx, xp.where(x > 0, dy, dy * dy.dtype.type(negative_slope)))
+
+
+leaky_relu_fwd = _pointwise("leaky_relu_fwd", _leaky_relu_fwd_ref, _leaky_relu_fwd_cpu_wrapper,
+                            _leaky_relu_fwd_cuda, (R, W))
+"""``y = leaky_relu(x, negative_slope)`` (R x, W y)."""
+leaky_relu_bwd = _pointwise("leaky_relu_bwd", _leaky_relu_bwd_ref, _leaky_relu_bwd_cpu_wrapper,
+                            _leaky_relu_bwd_cuda, (R, R, W))
+"""``dx = dy if x > 0 else negative_slope * dy`` (R x, R dy, W dx)."""
+
+
+# Sigmoid: y = 1 / (1 + exp(-x)); dx = dy * (1 - y) * y
+
+def _sigmoid_fwd_ref(x, y):
+    one = x.dtype.type(1)
+    np.copyto(y, one / (one + np.exp(-x)))
+
+
+@jit
+def _sigmoid_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        y[i] = 1 / (1 + np.exp(-x[i]))
+
+
+def _sigmoid_fwd_cpu_wrapper(x, y):
+    _run_flat(_sigmoid_fwd_cpu, "sigmoid_fwd", (x,), y)
+
+
+def _sigmoid_fwd_cuda(x, y):
+    xp = array_module(x, y)
+    one = x.dtype.type(1)
+    xp.copyto(y, one / (one + xp.exp(-x)))
+
+
+def _sigmoid_bwd_ref(y, dy, dx):
+    np.copyto(dx, dy * (y.dtype.type(1) - y) * y)
+
+
+@jit
+def _sigmoid_bwd_cpu(y, dy, dx):
+    for i in range(y.shape[0]):
+        dx[i] = dy[i] * (1 - y[i]) * y[i]
+
+
+def _sigmoid_bwd_cpu_wrapper(y, dy, dx):
+    _run_flat(_sigmoid_bwd_cpu, "sigmoid_bwd", (y, dy), dx)
+
+
+def _sigmoid_bwd_cuda(y, dy, dx):
+    xp = array_module(y, dy, dx)
+    xp.copyto(dx, dy * (y.dtype.type(1) - y) * y)
+
+
+sigmoid_fwd = _pointwise("sigmoid_fwd", _sigmoid_fwd_ref, _sigmoid_fwd_cpu_wrapper,
+                         _sigmoid_fwd_cuda, (R, W))
+"""``y = sigmoid(x)`` (R x, W y)."""
+sigmoid_bwd = _pointwise("sigmoid_bwd", _sigmoid_bwd_ref, _sigmoid_bwd_cpu_wrapper,
+                         _sigmoid_bwd_cuda, (R, R, W))
+"""``dx = dy * (1 - y) * y`` from the forward output (R y, R dy, W dx)."""
+
+
+# Tanh: y = tanh(x); dx = dy * (1 - y * y)
+
+def _tanh_fwd_ref(x, y):
+    np.tanh(x, out=y)
+
+
+@jit
+def _tanh_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        y[i] = np.tanh(x[i])
+
+
+def _tanh_fwd_cpu_wrapper(x, y):
+    _run_flat(_tanh_fwd_cpu, "tanh_fwd", (x,), y)
+
+
+def _tanh_fwd_cuda(x, y):
+    xp = array_module(x, y)
+    xp.copyto(y, xp.tanh(x))
+
+
+def _tanh_bwd_ref(y, dy, dx):
+    np.copyto(dx, dy * (y.dtype.type(1) - y * y))
+
+
+@jit
+def _tanh_bwd_cpu(y, dy, dx):
+    for i in range(y.shape[0]):
+        dx[i] = dy[i] * (1 - y[i] * y[i])
+
+
+def _tanh_bwd_cpu_wrapper(y, dy, dx):
+    _run_flat(_tanh_bwd_cpu, "tanh_bwd", (y, dy), dx)
+
+
+def _tanh_bwd_cuda(y, dy, dx):
+    xp = array_module(y, dy, dx)
+    xp.copyto(dx, dy * (y.dtype.type(1) - y * y))
+
+
+tanh_fwd = _pointwise("tanh_fwd", _tanh_fwd_ref, _tanh_fwd_cpu_wrapper, _tanh_fwd_cuda, (R, W))
+"""``y = tanh(x)`` (R x, W y)."""
+tanh_bwd = _pointwise("tanh_bwd", _tanh_bwd_ref, _tanh_bwd_cpu_wrapper, _tanh_bwd_cuda,
+                      (R, R, W))
+"""``dx = dy * (1 - y^2)`` from the forward output (R y, R dy, W dx)."""
+
+
+# GELU (exact): y = x * 0.5 * (1 + erf(x / sqrt 2)); dx = dy * (cdf(x) + x * pdf(x))
+
+def _gelu_fwd_xp(xp, x, y):
+    t = x.dtype.type
+    with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as in PyTorch
+        xp.copyto(y, x * t(0.5) * (t(1) + _erf(xp, x * t(_SQRT1_2))))
+
+
+def _gelu_bwd_xp(xp, x, dy, dx):
+    t = x.dtype.type
+    cdf = t(0.5) * (t(1) + _erf(xp, x * t(_SQRT1_2)))
+    pdf = xp.exp(t(-0.5) * x * x) * t(_GELU_PDF)
+    with np.errstate(invalid="ignore"):
+        xp.copyto(dx, dy * (cdf + x * pdf))
+
+
+def _gelu_fwd_ref(x, y):
+    _gelu_fwd_xp(np, x, y)
+
+
+@jit
+def _gelu_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        v = x[i]
+        y[i] = v * 0.5 * (1 + math.erf(v * _SQRT1_2))
+
+
+def _gelu_fwd_cpu_wrapper(x, y):
+    _run_flat(_gelu_fwd_cpu, "gelu_fwd", (x,), y)
+
+
+def _gelu_fwd_cuda(x, y):
+    _gelu_fwd_xp(array_module(x, y), x, y)
+
+
+def _gelu_bwd_ref(x, dy, dx):
+    _gelu_bwd_xp(np, x, dy, dx)
+
+
+@jit
+def _gelu_bwd_cpu(x, dy, dx):
+    for i in range(x.shape[0]):
+        v = x[i]
+        cdf = 0.5 * (1 + math.erf(v * _SQRT1_2))
+        pdf = np.exp(-0.5 * v * v) * _GELU_PDF
+        dx[i] = dy[i] * (cdf + v * pdf)
+
+
+def _gelu_bwd_cpu_wrapper(x, dy, dx):
+    _run_flat(_gelu_bwd_cpu, "gelu_bwd", (x, dy), dx)
+
+
+def _gelu_bwd_cuda(x, dy, dx):
+    _gelu_bwd_xp(array_module(x, dy, dx), x, dy, dx)
+
+
+gelu_fwd = _pointwise("gelu_fwd", _gelu_fwd_ref, _gelu_fwd_cpu_wrapper, _gelu_fwd_cuda, (R, W))
+"""``y = gelu(x)``, exact erf form (torch's ``approximate='none'``) (R x, W y)."""
+gelu_bwd = _pointwise("gelu_bwd", _gelu_bwd_ref, _gelu_bwd_cpu_wrapper, _gelu_bwd_cuda,
+                      (R, R, W))
+"""``dx = dy * (Phi(x) + x * phi(x))`` from the forward input (R x, R dy, W dx)."""

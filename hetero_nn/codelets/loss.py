@@ -1,4 +1,4 @@
-"""Softmax cross-entropy codelets (training and evaluation) and row-wise argmax.
+"""Loss codelets: softmax cross-entropy (with label smoothing), log-softmax, NLL, MSE.
 
 A mini-batch of ``B`` samples is split into partitions; each task sees one
 partition ``logits[n, K]`` but the loss is PyTorch's ``reduction='mean'`` over
@@ -14,6 +14,21 @@ The softmax is numerically stable: the row maximum is subtracted before the
 exponentials, and ``log softmax = (x - max) - log(sum(exp(x - max)))`` as in
 PyTorch's ``log_softmax``. A label outside ``[0, K)`` raises ``ValueError``
 naming the row and the label before anything is read with it.
+
+With ``label_smoothing = eps`` the target of row ``i`` is ``(1 - eps) onehot(label_i)
++ eps / K`` as in PyTorch: the loss adds ``eps / K * sum_k -log p_k`` per row
+(``(1 - eps) * nll + eps / K * smooth``, PyTorch's formula) and ``dlogits = (p -
+(1 - eps) onehot - eps / K) / B``. ``batch = 1`` gives ``reduction='sum'``.
+
+The other losses follow PyTorch's decomposition:
+
+- ``log_softmax`` / ``log_softmax_bwd``: ``y = (x - max) - log sum exp(x - max)``
+  and ``dx = dy - exp(y) * sum(dy)`` per row (``torch.log_softmax`` and its backward);
+- ``nll_loss``: ``loss += -sum_i logp[i, label_i] / batch``, ``dlogp = -onehot / batch``;
+- ``mse_loss``: ``loss += sum (x - t)^2 / numel``, ``dx = (2 / numel) * (x - t)``
+  (``numel`` = all elements of the batch for ``'mean'``, 1 for ``'sum'``);
+- ``one_hot``: float targets from int labels (MSE on class labels);
+- ``count_correct``: ``correct += count(argmax(scores_i) == label_i)``.
 """
 
 from __future__ import annotations
@@ -21,11 +36,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit, jit_inline
+from ._checks import require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
-__all__ = ["softmax_xent", "softmax_xent_eval", "argmax_rows"]
+__all__ = ["softmax_xent", "softmax_xent_eval", "argmax_rows", "log_softmax", "log_softmax_bwd",
+           "nll_loss", "mse_loss", "one_hot", "count_correct"]
 
 
 def _check_logits(name, logits, labels):
@@ -55,25 +72,41 @@ def _log_softmax_ref(logits):
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def _softmax_xent_ref(logits, labels, dlogits, loss, correct, *, batch):
-    _check_logits("softmax_xent", logits, labels)
-    _check_labels_xp("softmax_xent", np, labels, logits.shape[1])
+def _smoothed_loss(nll, smooth, n_classes, label_smoothing):
+    """PyTorch's ``(1 - eps) * nll + smooth * (eps / K)`` (just ``nll`` without smoothing)."""
+    if not label_smoothing:
+        return nll
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / n_classes)
+
+
+def _xent_loss_ref(logits, labels, loss, correct, batch, label_smoothing):
+    """Add the batch share of the loss and the correct count; return the log-probabilities."""
     rows = np.arange(logits.shape[0])
     log_probs = _log_softmax_ref(logits)
-    loss[...] += -log_probs[rows, labels].sum() / batch
+    nll = -log_probs[rows, labels].sum()
+    smooth = -log_probs.sum() if label_smoothing else 0.0
+    loss[...] += _smoothed_loss(nll, smooth, logits.shape[1], label_smoothing) / batch
     correct[...] += np.count_nonzero(logits.argmax(axis=1) == labels)
-    inv_batch = dlogits.dtype.type(1.0 / batch)
+    return rows, log_probs
+
+
+def _softmax_xent_ref(logits, labels, dlogits, loss, correct, *, batch, label_smoothing=0.0):
+    _check_logits("softmax_xent", logits, labels)
+    _check_labels_xp("softmax_xent", np, labels, logits.shape[1])
+    rows, log_probs = _xent_loss_ref(logits, labels, loss, correct, batch, label_smoothing)
+    dtype = dlogits.dtype.type
+    inv_batch = dtype(1.0 / batch)
     dlogits[...] = np.exp(log_probs) * inv_batch
+    if label_smoothing:
+        dlogits -= dtype(label_smoothing / logits.shape[1] / batch)
+        inv_batch = dtype((1 - label_smoothing) / batch)
     dlogits[rows, labels] -= inv_batch
 
 
-def _softmax_xent_eval_ref(logits, labels, loss, correct, *, batch):
+def _softmax_xent_eval_ref(logits, labels, loss, correct, *, batch, label_smoothing=0.0):
     _check_logits("softmax_xent_eval", logits, labels)
     _check_labels_xp("softmax_xent_eval", np, labels, logits.shape[1])
-    rows = np.arange(logits.shape[0])
-    log_probs = _log_softmax_ref(logits)
-    loss[...] += -log_probs[rows, labels].sum() / batch
-    correct[...] += np.count_nonzero(logits.argmax(axis=1) == labels)
+    _xent_loss_ref(logits, labels, loss, correct, batch, label_smoothing)
 
 
 def _argmax_rows_ref(logits, pred):
@@ -104,15 +137,20 @@ def _row_max_cpu(logits, i):
 
 
 @jit
-def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad):
-    """Return ``(sum of -log p[label], number of correct argmaxes)``; fill dlogits if asked.
+def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad, smoothing, label_grad,
+                      smooth_grad):
+    """Return ``(sum of -log p[label], sum of -sum_k log p_k, correct argmaxes)``.
 
-    The caller has checked the labels. Per row: max and first argmax, then
-    ``s = sum exp(x - max)``, ``-log p_label = -((x_label - max) - log s)`` and
-    ``p_k = exp(x_k - max) / s`` (each exponential computed once).
+    Fills dlogits if asked. The caller has checked the labels. Per row: max and
+    first argmax, then ``s = sum exp(x - max)``, ``-log p_label = -((x_label -
+    max) - log s)`` and ``p_k = exp(x_k - max) / s`` (each exponential computed
+    once). With ``smoothing``, ``sum_k log p_k = sum_k (x_k - max) - K log s`` and
+    ``smooth_grad`` (``eps / K / B``) is taken from every gradient entry;
+    ``label_grad`` (``(1 - eps) / B``) is taken from the label's.
     """
     n_rows, n_classes = logits.shape
     total = 0.0
+    total_smooth = 0.0
     correct = 0
     for i in range(n_rows):
         row_max, best = _row_max_cpu(logits, i)
@@ -126,15 +164,23 @@ def _softmax_xent_cpu(logits, labels, dlogits, inv_batch, with_grad):
             for k in range(n_classes):
                 sum_exp += np.exp(logits[i, k] - row_max)
         label = labels[i]
-        total -= (logits[i, label] - row_max) - np.log(sum_exp)
+        log_sum = np.log(sum_exp)
+        total -= (logits[i, label] - row_max) - log_sum
+        if smoothing:
+            shifted = inv_batch - inv_batch
+            for k in range(n_classes):
+                shifted += logits[i, k] - row_max
+            total_smooth -= shifted - n_classes * log_sum
         if best == label:
             correct += 1
         if with_grad:
             scale = inv_batch / sum_exp
             for k in range(n_classes):
                 dlogits[i, k] *= scale
-            dlogits[i, label] -= inv_batch
-    return total, correct
+                if smoothing:
+                    dlogits[i, k] -= smooth_grad
+            dlogits[i, label] -= label_grad
+    return total, total_smooth, correct
 
 
 @jit
@@ -149,7 +195,18 @@ def _check_labels_cpu(name, logits, labels):
         raise _bad_label_error(name, row, int(labels[row]), logits.shape[1])
 
 
-def _softmax_xent_cpu_wrapper(logits, labels, dlogits, loss, correct, *, batch):
+def _softmax_xent_cpu_run(logits, labels, dlogits, loss, correct, batch, label_smoothing):
+    dtype = logits.dtype.type
+    n_classes = logits.shape[1]
+    total, smooth, n_correct = _softmax_xent_cpu(
+        logits, labels, dlogits, dtype(1.0 / batch), dlogits.size > 0, bool(label_smoothing),
+        dtype((1 - label_smoothing) / batch), dtype(label_smoothing / n_classes / batch))
+    loss[...] += _smoothed_loss(total, smooth, n_classes, label_smoothing) / batch
+    correct[...] += n_correct
+
+
+def _softmax_xent_cpu_wrapper(logits, labels, dlogits, loss, correct, *, batch,
+                              label_smoothing=0.0):
     _check_logits("softmax_xent", logits, labels)
     if dlogits.shape != logits.shape:
         raise ValueError(f"softmax_xent: dlogits {dlogits.shape} != logits {logits.shape}")
@@ -157,22 +214,16 @@ def _softmax_xent_cpu_wrapper(logits, labels, dlogits, loss, correct, *, batch):
     if logits.shape[1] == 0 or logits.shape[0] == 0:
         dlogits[...] = 0
         return
-    inv_batch = dlogits.dtype.type(1.0 / batch)
-    total, n_correct = _softmax_xent_cpu(logits, labels, dlogits, inv_batch, True)
-    loss[...] += total / batch
-    correct[...] += n_correct
+    _softmax_xent_cpu_run(logits, labels, dlogits, loss, correct, batch, label_smoothing)
 
 
-def _softmax_xent_eval_cpu_wrapper(logits, labels, loss, correct, *, batch):
+def _softmax_xent_eval_cpu_wrapper(logits, labels, loss, correct, *, batch, label_smoothing=0.0):
     _check_logits("softmax_xent_eval", logits, labels)
     _check_labels_cpu("softmax_xent_eval", logits, labels)
     if logits.shape[1] == 0 or logits.shape[0] == 0:
         return
-    no_grad = np.empty((0, 0), logits.dtype)
-    total, n_correct = _softmax_xent_cpu(logits, labels, no_grad, logits.dtype.type(1.0 / batch),
-                                         False)
-    loss[...] += total / batch
-    correct[...] += n_correct
+    _softmax_xent_cpu_run(logits, labels, np.empty((0, 0), logits.dtype), loss, correct, batch,
+                          label_smoothing)
 
 
 def _argmax_rows_cpu_wrapper(logits, pred):
@@ -194,27 +245,35 @@ def _xent_terms_xp(xp, logits, labels):
     return log_probs, picked
 
 
-def _softmax_xent_cuda(logits, labels, dlogits, loss, correct, *, batch):
+def _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing):
+    log_probs, picked = _xent_terms_xp(xp, logits, labels)
+    smooth = -log_probs.sum() if label_smoothing else 0.0
+    loss[...] += _smoothed_loss(-picked.sum(), smooth, logits.shape[1], label_smoothing) / batch
+    correct[...] += (logits.argmax(axis=1) == labels).sum()
+    return log_probs
+
+
+def _softmax_xent_cuda(logits, labels, dlogits, loss, correct, *, batch, label_smoothing=0.0):
     xp = array_module(logits, labels, dlogits, loss, correct)
     _check_logits("softmax_xent", logits, labels)
     _check_labels_xp("softmax_xent", xp, labels, logits.shape[1])
-    log_probs, picked = _xent_terms_xp(xp, logits, labels)
-    loss[...] += -picked.sum() / batch
-    correct[...] += (logits.argmax(axis=1) == labels).sum()
-    inv_batch = dlogits.dtype.type(1.0 / batch)
+    log_probs = _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing)
+    dtype = dlogits.dtype.type
+    inv_batch = dtype(1.0 / batch)
     xp.exp(log_probs, out=dlogits)
     dlogits *= inv_batch
+    if label_smoothing:
+        dlogits -= dtype(label_smoothing / logits.shape[1] / batch)
+        inv_batch = dtype((1 - label_smoothing) / batch)
     onehot = xp.arange(logits.shape[1])[None, :] == labels[:, None]
     dlogits -= onehot * inv_batch
 
 
-def _softmax_xent_eval_cuda(logits, labels, loss, correct, *, batch):
+def _softmax_xent_eval_cuda(logits, labels, loss, correct, *, batch, label_smoothing=0.0):
     xp = array_module(logits, labels, loss, correct)
     _check_logits("softmax_xent_eval", logits, labels)
     _check_labels_xp("softmax_xent_eval", xp, labels, logits.shape[1])
-    _, picked = _xent_terms_xp(xp, logits, labels)
-    loss[...] += -picked.sum() / batch
-    correct[...] += (logits.argmax(axis=1) == labels).sum()
+    _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing)
 
 
 def _argmax_rows_cuda(logits, pred):
@@ -238,7 +297,8 @@ softmax_xent = Codelet(
 """Mean softmax cross-entropy, its gradient and the correct count.
 
 Operands: (R logits[n,K], R labels[n] int64, W dlogits[n,K], REDUX loss[()],
-REDUX correct[()] int64); parameter ``batch``: the whole batch size B.
+REDUX correct[()] int64); parameters ``batch`` (the whole batch size B, or 1 for
+``reduction='sum'``) and ``label_smoothing`` (default 0).
 """
 
 softmax_xent_eval = Codelet(
@@ -256,3 +316,274 @@ argmax_rows = Codelet(
     flops=lambda logits, pred, **params: float(logits[0] * logits[1]),
 )
 """``pred[i] = argmax_k logits[i, k]`` (R logits[n,K], W pred[n] int64), first index on ties."""
+
+
+# --------------------------------------------------------------------------- log-softmax
+
+def _check_rows(name, *arrays):
+    if arrays[0].ndim != 2 or any(a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"{name}: expected operands of one shape (n, K), got "
+                         f"{[a.shape for a in arrays]}")
+
+
+def _log_softmax_fwd_ref(x, y):
+    _check_rows("log_softmax", x, y)
+    if x.size:
+        y[...] = _log_softmax_ref(x)
+
+
+@jit
+def _log_softmax_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        row_max = _row_max_cpu(x, i)[0]
+        sum_exp = row_max - row_max
+        for k in range(x.shape[1]):
+            sum_exp += np.exp(x[i, k] - row_max)
+        log_sum = np.log(sum_exp)
+        for k in range(x.shape[1]):
+            y[i, k] = (x[i, k] - row_max) - log_sum
+
+
+def _log_softmax_fwd_cpu_wrapper(x, y):
+    _check_rows("log_softmax", x, y)
+    require_contiguous("log_softmax", y=y)
+    if x.size:
+        _log_softmax_fwd_cpu(np.ascontiguousarray(x), y)
+
+
+def _log_softmax_fwd_cuda(x, y):
+    xp = array_module(x, y)
+    _check_rows("log_softmax", x, y)
+    if x.size:
+        shifted = x - x.max(axis=1, keepdims=True)
+        y[...] = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _log_softmax_bwd_ref(y, dy, dx):
+    _check_rows("log_softmax_bwd", y, dy, dx)
+    dx[...] = dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+
+
+@jit
+def _log_softmax_bwd_cpu(y, dy, dx):
+    for i in range(y.shape[0]):
+        total = dy[i, 0] - dy[i, 0]
+        for k in range(y.shape[1]):
+            total += dy[i, k]
+        for k in range(y.shape[1]):
+            dx[i, k] = dy[i, k] - np.exp(y[i, k]) * total
+
+
+def _log_softmax_bwd_cpu_wrapper(y, dy, dx):
+    _check_rows("log_softmax_bwd", y, dy, dx)
+    require_contiguous("log_softmax_bwd", dx=dx)
+    if y.size:
+        _log_softmax_bwd_cpu(np.ascontiguousarray(y), np.ascontiguousarray(dy), dx)
+
+
+def _log_softmax_bwd_cuda(y, dy, dx):
+    xp = array_module(y, dy, dx)
+    _check_rows("log_softmax_bwd", y, dy, dx)
+    dx[...] = dy - xp.exp(y) * dy.sum(axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- NLL
+
+def _nll_loss_ref(logp, labels, dlogp, loss, *, batch):
+    _check_logits("nll_loss", logp, labels)
+    _check_rows("nll_loss", logp, dlogp)
+    _check_labels_xp("nll_loss", np, labels, logp.shape[1])
+    rows = np.arange(logp.shape[0])
+    loss[...] += -logp[rows, labels].sum() / batch
+    dlogp[...] = 0
+    dlogp[rows, labels] = dlogp.dtype.type(-1.0 / batch)
+
+
+@jit
+def _nll_loss_cpu(logp, labels, dlogp, grad):
+    total = 0.0
+    for i in range(logp.shape[0]):
+        for k in range(logp.shape[1]):
+            dlogp[i, k] = 0
+        total -= logp[i, labels[i]]
+        dlogp[i, labels[i]] = grad
+    return total
+
+
+def _nll_loss_cpu_wrapper(logp, labels, dlogp, loss, *, batch):
+    _check_logits("nll_loss", logp, labels)
+    _check_rows("nll_loss", logp, dlogp)
+    require_contiguous("nll_loss", dlogp=dlogp)
+    _check_labels_cpu("nll_loss", logp, labels)
+    if logp.size:
+        total = _nll_loss_cpu(np.ascontiguousarray(logp), labels, dlogp,
+                              dlogp.dtype.type(-1.0 / batch))
+        loss[...] += total / batch
+
+
+def _nll_loss_cuda(logp, labels, dlogp, loss, *, batch):
+    xp = array_module(logp, labels, dlogp, loss)
+    _check_logits("nll_loss", logp, labels)
+    _check_rows("nll_loss", logp, dlogp)
+    _check_labels_xp("nll_loss", xp, labels, logp.shape[1])
+    picked = xp.take_along_axis(logp, labels[:, None], axis=1)
+    loss[...] += -picked.sum() / batch
+    onehot = xp.arange(logp.shape[1])[None, :] == labels[:, None]
+    dlogp[...] = onehot * dlogp.dtype.type(-1.0 / batch)
+
+
+# --------------------------------------------------------------------------- MSE
+
+def _check_mse(x, target, dx):
+    if x.shape != target.shape or x.shape != dx.shape:
+        raise ValueError(f"mse_loss: input, target and gradient must have one shape, got "
+                         f"{x.shape}, {target.shape} and {dx.shape}")
+
+
+def _mse_loss_ref(x, target, dx, loss, *, numel):
+    _check_mse(x, target, dx)
+    diff = x - target
+    loss[...] += (diff * diff).sum() / numel
+    dx[...] = x.dtype.type(2.0 / numel) * diff
+
+
+@jit
+def _mse_loss_cpu(x, target, dx, norm):
+    total = 0.0
+    for i in range(x.shape[0]):
+        d = x[i] - target[i]
+        total += d * d
+        dx[i] = norm * d
+    return total
+
+
+def _mse_loss_cpu_wrapper(x, target, dx, loss, *, numel):
+    _check_mse(x, target, dx)
+    require_contiguous("mse_loss", dx=dx)
+    total = _mse_loss_cpu(np.ascontiguousarray(x).reshape(-1),
+                          np.ascontiguousarray(target).reshape(-1), dx.reshape(-1),
+                          x.dtype.type(2.0 / numel))
+    loss[...] += total / numel
+
+
+def _mse_loss_cuda(x, target, dx, loss, *, numel):
+    array_module(x, target, dx, loss)
+    _check_mse(x, target, dx)
+    diff = x - target
+    loss[...] += (diff * diff).sum() / numel
+    dx[...] = x.dtype.type(2.0 / numel) * diff
+
+
+# --------------------------------------------------------------------------- one-hot, count
+
+def _one_hot_ref(labels, out):
+    _check_logits("one_hot", out, labels)
+    _check_labels_xp("one_hot", np, labels, out.shape[1])
+    out[...] = np.arange(out.shape[1])[None, :] == labels[:, None]
+
+
+@jit
+def _one_hot_cpu(labels, out):
+    for i in range(out.shape[0]):
+        for k in range(out.shape[1]):
+            out[i, k] = 0
+        out[i, labels[i]] = 1
+
+
+def _one_hot_cpu_wrapper(labels, out):
+    _check_logits("one_hot", out, labels)
+    require_contiguous("one_hot", out=out)
+    _check_labels_cpu("one_hot", out, labels)
+    _one_hot_cpu(labels, out)
+
+
+def _one_hot_cuda(labels, out):
+    xp = array_module(labels, out)
+    _check_logits("one_hot", out, labels)
+    _check_labels_xp("one_hot", xp, labels, out.shape[1])
+    out[...] = xp.arange(out.shape[1])[None, :] == labels[:, None]
+
+
+def _count_correct_ref(scores, labels, correct):
+    _check_logits("count_correct", scores, labels)
+    if scores.size:
+        correct[...] += np.count_nonzero(scores.argmax(axis=1) == labels)
+
+
+@jit
+def _count_correct_cpu(scores, labels):
+    n = 0
+    for i in range(scores.shape[0]):
+        if _row_max_cpu(scores, i)[1] == labels[i]:
+            n += 1
+    return n
+
+
+def _count_correct_cpu_wrapper(scores, labels, correct):
+    _check_logits("count_correct", scores, labels)
+    if scores.size:
+        correct[...] += _count_correct_cpu(np.ascontiguousarray(scores), labels)
+
+
+def _count_correct_cuda(scores, labels, correct):
+    array_module(scores, labels, correct)
+    _check_logits("count_correct", scores, labels)
+    if scores.size:
+        correct[...] += (scores.argmax(axis=1) == labels).sum()
+
+
+# --------------------------------------------------------------------------- declarations
+
+def _rows_flops(per_element):
+    def flops(x, *rest, **params):
+        return per_element * float(np.prod(x))
+    return flops
+
+
+log_softmax = Codelet(
+    "log_softmax", modes=(R, W),
+    variants={"ref": _log_softmax_fwd_ref, "cpu": _log_softmax_fwd_cpu_wrapper,
+              "cuda": _log_softmax_fwd_cuda},
+    flops=_rows_flops(4),
+)
+"""``y = log_softmax(x, dim=1)`` (R x[n,K], W y[n,K])."""
+
+log_softmax_bwd = Codelet(
+    "log_softmax_bwd", modes=(R, R, W),
+    variants={"ref": _log_softmax_bwd_ref, "cpu": _log_softmax_bwd_cpu_wrapper,
+              "cuda": _log_softmax_bwd_cuda},
+    flops=_rows_flops(4),
+)
+"""``dx = dy - exp(y) * sum_k dy`` (R y = log_softmax(x), R dy, W dx)."""
+
+nll_loss = Codelet(
+    "nll_loss", modes=(R, R, W, REDUX),
+    variants={"ref": _nll_loss_ref, "cpu": _nll_loss_cpu_wrapper, "cuda": _nll_loss_cuda},
+    init=zero_init, redux=add_redux, flops=_rows_flops(1),
+)
+"""Negative log-likelihood (R logp[n,K], R labels[n], W dlogp[n,K], REDUX loss[()]);
+parameter ``batch`` (B for ``reduction='mean'``, 1 for ``'sum'``)."""
+
+mse_loss = Codelet(
+    "mse_loss", modes=(R, R, W, REDUX),
+    variants={"ref": _mse_loss_ref, "cpu": _mse_loss_cpu_wrapper, "cuda": _mse_loss_cuda},
+    init=zero_init, redux=add_redux, flops=_rows_flops(4),
+)
+"""Squared error (R input, R target, W dinput, REDUX loss[()]); parameter ``numel``
+(every element of the whole batch for ``reduction='mean'``, 1 for ``'sum'``)."""
+
+one_hot = Codelet(
+    "one_hot", modes=(R, W),
+    variants={"ref": _one_hot_ref, "cpu": _one_hot_cpu_wrapper, "cuda": _one_hot_cuda},
+    flops=lambda labels, out, **params: float(np.prod(out)),
+)
+"""``out[i, k] = (k == labels[i])`` in ``out``'s dtype (R labels[n] int64, W out[n,K])."""
+
+count_correct = Codelet(
+    "count_correct", modes=(R, R, REDUX),
+    variants={"ref": _count_correct_ref, "cpu": _count_correct_cpu_wrapper,
+              "cuda": _count_correct_cuda},
+    init=zero_init, redux=add_redux, flops=_rows_flops(1),
+)
+"""``correct += count(argmax_k scores[i, k] == labels[i])`` (R scores, R labels, REDUX
+correct[()] int64), the first maximum winning as ``torch.argmax``."""

@@ -1,4 +1,5 @@
-"""Optimizer step codelets: SGD (momentum, dampening, Nesterov, weight decay) and Adam.
+"""Optimizer codelets: SGD (momentum, dampening, Nesterov, weight decay), Adam, AdamW,
+and the two halves of gradient clipping by global norm.
 
 Each task updates one parameter tensor in place, elementwise, exactly as
 ``torch.optim.SGD`` / ``torch.optim.Adam`` (``_single_tensor_sgd`` and
@@ -21,6 +22,15 @@ Adam (``step`` counts from 1; L2 weight decay, not AdamW)::
     denom = sqrt(exp_avg_sq) / sqrt(1 - beta2**step) + eps
     param = param + ((-lr / (1 - beta1**step)) * exp_avg) / denom
 
+AdamW (``decoupled=True``, ``torch.optim.AdamW``) first decays the weight,
+``param = param * (1 - lr * weight_decay)``, then runs Adam with no L2 term.
+
+Clipping (``torch.nn.utils.clip_grad_norm_``, 2-norm): ``sum_squares`` adds
+``sum(grad**2)`` of one parameter into a REDUX scalar ``total`` (one task per
+parameter, the tree fixed by the submission order), and ``clip_scale`` then
+multiplies each gradient by ``min(max_norm / (sqrt(total) + 1e-6), 1)``, computed
+in the gradient's dtype as PyTorch does (the factor is applied even when it is 1).
+
 Scalar coefficients are computed in Python floats and rounded to the
 parameter's dtype, as PyTorch does with a Python scalar. PyTorch's vectorised
 kernels fuse some multiply-adds (FMA); these kernels do not, so float64 results
@@ -31,12 +41,14 @@ from __future__ import annotations
 
 import numpy as np
 
+import functools
+
 from ._jit import jit
-from .codelet import RW, R, Codelet
-from .reduce import flat_view
+from .codelet import REDUX, RW, R, Codelet
+from .reduce import add_redux, flat_view, zero_init
 from .xp import array_module
 
-__all__ = ["sgd_step", "sgd_step_plain", "adam_step"]
+__all__ = ["sgd_step", "sgd_step_plain", "adam_step", "adamw_step", "sum_squares", "clip_scale"]
 
 
 def _check_same_shape(name, *arrays):
@@ -201,11 +213,13 @@ def _lerp_ref(start, end, weight):
 
 
 def _adam_step_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8,
-                   weight_decay=0.0, step):
+                   weight_decay=0.0, step, decoupled=False):
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
     g = grad
-    if weight_decay != 0:
+    if weight_decay != 0 and decoupled:
+        param *= dtype(1 - lr * weight_decay)
+    elif weight_decay != 0:
         g = g + dtype(weight_decay) * param
     exp_avg[...] = _lerp_ref(exp_avg, g, dtype(1 - beta1))
     exp_avg_sq[...] = exp_avg_sq * dtype(beta2) + (dtype(1 - beta2) * g) * g
@@ -236,12 +250,15 @@ def _adam_step_cpu(param, grad, exp_avg, exp_avg_sq, weight_decay, use_weight_de
 
 
 def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999,
-                           eps=1e-8, weight_decay=0.0, step):
+                           eps=1e-8, weight_decay=0.0, step, decoupled=False):
     _check_same_shape("adam_step", param, grad, exp_avg, exp_avg_sq)
     param_flat, avg_flat, avg_sq_flat = _flat_operands("adam_step", param, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
     weight = dtype(1 - beta1)
+    if weight_decay != 0 and decoupled:
+        _scale_cpu(param_flat, dtype(1 - lr * weight_decay))
+        weight_decay = 0.0
     _adam_step_cpu(param_flat, np.ascontiguousarray(grad).reshape(-1), avg_flat, avg_sq_flat,
                    dtype(weight_decay), weight_decay != 0, weight, weight - dtype(1),
                    dtype(beta2), dtype(1 - beta2), dtype(bias_correction2_sqrt), dtype(eps),
@@ -249,12 +266,14 @@ def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, b
 
 
 def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8,
-                    weight_decay=0.0, step):
+                    weight_decay=0.0, step, decoupled=False):
     xp = array_module(param, grad, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
     g = grad
-    if weight_decay != 0:
+    if weight_decay != 0 and decoupled:
+        param *= dtype(1 - lr * weight_decay)
+    elif weight_decay != 0:
         g = g + dtype(weight_decay) * param
     weight = dtype(1 - beta1)
     if abs(weight) < 0.5:
@@ -278,3 +297,82 @@ adam_step = Codelet(
 
 Parameters ``lr, beta1, beta2, eps, weight_decay, step`` (step counts from 1).
 """
+
+adamw_step = Codelet(
+    "adamw_step", modes=(RW, R, RW, RW),
+    variants={name: functools.partial(variant, decoupled=True)
+              for name, variant in adam_step.variants.items()},
+    flops=_elementwise_flops(15),
+)
+"""AdamW (RW param, R grad, RW exp_avg, RW exp_avg_sq): Adam's kernels with decoupled
+weight decay; parameters as ``adam_step``."""
+
+
+# --------------------------------------------------------------------------- clipping
+
+@jit
+def _scale_cpu(x, factor):
+    for i in range(x.shape[0]):
+        x[i] = x[i] * factor
+
+
+def _sum_squares_ref(x, total):
+    total[...] += np.sum(x * x)
+
+
+@jit
+def _sum_squares_cpu(x):
+    s = x[0] - x[0]
+    for i in range(x.shape[0]):
+        s += x[i] * x[i]
+    return s
+
+
+def _sum_squares_cpu_wrapper(x, total):
+    if x.size:
+        total[...] += _sum_squares_cpu(np.ascontiguousarray(x).reshape(-1))
+
+
+def _sum_squares_cuda(x, total):
+    array_module(x, total)
+    total[...] += (x * x).sum()
+
+
+def _clip_factor(total, max_norm):
+    """``min(max_norm / (sqrt(total) + 1e-6), 1)`` in ``total``'s dtype, as torch."""
+    dtype = total.dtype.type
+    factor = dtype(max_norm) / (dtype(np.sqrt(total[()])) + dtype(1e-6))
+    return min(factor, dtype(1.0))
+
+
+def _clip_scale_ref(grad, total, *, max_norm):
+    grad *= _clip_factor(np.asarray(total), max_norm)
+
+
+def _clip_scale_cpu_wrapper(grad, total, *, max_norm):
+    (grad_flat,) = _flat_operands("clip_scale", grad)
+    _scale_cpu(grad_flat, _clip_factor(np.asarray(total), max_norm))
+
+
+def _clip_scale_cuda(grad, total, *, max_norm):
+    xp = array_module(grad, total)
+    dtype = total.dtype.type
+    factor = dtype(max_norm) / (xp.sqrt(total) + dtype(1e-6))
+    grad *= xp.minimum(factor, dtype(1.0)).astype(grad.dtype)
+
+
+sum_squares = Codelet(
+    "sum_squares", modes=(R, REDUX),
+    variants={"ref": _sum_squares_ref, "cpu": _sum_squares_cpu_wrapper,
+              "cuda": _sum_squares_cuda},
+    init=zero_init, redux=add_redux, flops=_elementwise_flops(2),
+)
+"""``total += sum(x * x)`` (R x, REDUX total[()]): one parameter's share of the squared norm."""
+
+clip_scale = Codelet(
+    "clip_scale", modes=(RW, R),
+    variants={"ref": _clip_scale_ref, "cpu": _clip_scale_cpu_wrapper, "cuda": _clip_scale_cuda},
+    flops=_elementwise_flops(1),
+)
+"""``grad *= min(max_norm / (sqrt(total) + 1e-6), 1)`` (RW grad, R total[()]); parameter
+``max_norm``."""

@@ -9,7 +9,11 @@ This module owns
 - the codelets ``fill_zero`` (W x), ``add`` (RW dst, R src) and ``copy``
   (R src, W dst), which the runtime uses for reduction trees, gradient resets
   and replica copies;
-- ``flat_view``, the 1-d view the Numba kernels of this package work on.
+- ``flat_view``, the 1-d view the Numba kernels of this package work on;
+- ``overwriting(codelet)``, the codelet's twin that writes its REDUX operands
+  in place (mode ``W``, ``init`` run inside the task): what a gradient's first
+  (or only) contribution of a step is submitted as, so that one partition needs
+  no partial, no ``add`` and no ``fill_zero`` task.
 
 Every codelet has a ``"ref"`` variant (NumPy), a ``"cpu"`` variant (a Numba
 kernel over the flattened buffers) and a ``"cuda"`` variant written against
@@ -21,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from .codelet import RW, R, W, Codelet
+from .codelet import REDUX, RW, R, W, Codelet
 from .xp import array_module
 
-__all__ = ["zero_init", "add_redux", "flat_view", "fill_zero", "add", "copy"]
+__all__ = ["zero_init", "add_redux", "flat_view", "overwriting", "fill_zero", "add", "copy"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -49,6 +53,41 @@ def flat_view(a):
     if a.flags.c_contiguous:
         return a.reshape(-1)
     return None
+
+
+_OVERWRITING: dict = {}
+
+
+def overwriting(codelet: Codelet) -> Codelet:
+    """``codelet`` with every REDUX operand written in place: mode ``W``, named
+    ``"<name>.overwrite"``, each variant running ``codelet.init`` on those operands
+    then the variant itself (which adds into them, as it always does).
+
+    Submitted for a handle's first contribution of a step, it replaces the
+    ``fill_zero`` task before and the ``add`` of the partial after; later
+    contributions stay REDUX. Memoized: one twin per codelet, one performance model.
+    """
+    twin = _OVERWRITING.get(codelet)
+    if twin is None:
+        which = tuple(i for i, m in enumerate(codelet.modes) if m is REDUX)
+        if not which:
+            raise ValueError(f"codelet {codelet.name!r} has no REDUX operand to write in place")
+        init = codelet.init
+
+        def wrap(variant):
+            def written_in_place(*arrays, **params):
+                for i in which:
+                    init(arrays[i])
+                variant(*arrays, **params)
+            written_in_place.__name__ = getattr(variant, "__name__", "variant")
+            return written_in_place
+
+        twin = Codelet(f"{codelet.name}.overwrite",
+                       modes=tuple(W if m is REDUX else m for m in codelet.modes),
+                       variants={name: wrap(v) for name, v in codelet.variants.items()},
+                       flops=codelet.flops)
+        _OVERWRITING[codelet] = twin
+    return twin
 
 
 def _check_same_size(name, a, b):

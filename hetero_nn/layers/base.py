@@ -7,6 +7,16 @@ output; ``backward(rt, dys)`` does the same for gradients, accumulating
 parameter gradients into REDUX handles. Activations are temporaries from the
 runtime's arenas: they live for the step's flush.
 
+No bookkeeping where none is needed: in a layer that submits its gradient
+contributions through :func:`contribution` (``overwrites_grads = True``, as
+``AffineLayer``), ``zero_grad`` submits no task, it marks each gradient
+*fresh*; the first contribution of the step is then submitted as the codelet's
+``overwriting`` twin (the gradient written in place, its ``init`` inside the
+task) and only the later partitions' contributions are REDUX. With one
+partition a gradient costs no ``fill_zero``, no partial and no ``add``; with
+``g`` partitions, ``g - 1`` partials and adds. Other layers' gradients are
+zeroed by a ``fill_zero`` task and accumulated into, as before.
+
 Parameters are NumPy arrays owned by the layer (as ``torch.nn.Parameter`` owns
 its tensor); ``bind(rt)`` registers them with a runtime without copying, and
 creates a gradient handle for each.
@@ -14,11 +24,12 @@ creates a gradient handle for each.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
-from ..codelets.reduce import fill_zero
+from ..codelets.reduce import fill_zero, overwriting
 
 _rng = np.random.default_rng(0)
 
@@ -36,7 +47,7 @@ def default_rng() -> np.random.Generator:
 class Parameter:
     """A trainable array, its handle in a runtime and its gradient handle."""
 
-    __slots__ = ("name", "data", "handle", "grad", "runtime")
+    __slots__ = ("name", "data", "handle", "grad", "runtime", "fresh")
 
     def __init__(self, name: str, data: np.ndarray):
         self.name = name
@@ -44,6 +55,7 @@ class Parameter:
         self.handle = None
         self.grad = None
         self.runtime = None
+        self.fresh = True  # the gradient holds nothing yet: the next contribution overwrites it
 
     @property
     def shape(self):
@@ -55,6 +67,7 @@ class Parameter:
         self.runtime = rt
         self.handle = rt.register(self.data, name=self.name)
         self.grad = rt.empty(self.data.shape, self.data.dtype, name=f"{self.name}.grad")
+        self.fresh = True
 
     def unbind(self):
         self.runtime = self.handle = self.grad = None
@@ -69,8 +82,53 @@ class Parameter:
         return f"Parameter({self.name!r}, shape={self.data.shape}, dtype={self.data.dtype.name})"
 
 
+class Buffer(Parameter):
+    """A non-trainable array in a layer's ``state_dict`` (running statistics): no gradient."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, data: np.ndarray):
+        super().__init__(name, data)
+        self.data = np.array(data, order="C")  # 0-d stays 0-d (num_batches_tracked)
+
+    def bind(self, rt):
+        if self.runtime is rt and self.handle is not None and not rt._closed:
+            return
+        self.runtime = rt
+        self.handle = rt.register(self.data, name=self.name)
+
+
+@contextlib.contextmanager
+def evaluating(layer):
+    """``layer.eval()`` for the duration of the block, then its previous mode back."""
+    was_training = layer.training
+    layer.eval()
+    try:
+        yield layer
+    finally:
+        layer.train(was_training)
+
+
+@contextlib.contextmanager
+def keeping_state(model):
+    """Run the block, then put back ``model``'s buffers (running statistics) and its
+    dropout step counts: passes that only measure time must not train the model."""
+    buffers = {name: np.array(b.host(), copy=True) for name, b in model.named_buffers()}
+    steps = [(layer, layer.steps) for layer in model.modules()
+             if isinstance(getattr(layer, "steps", None), int)]
+    try:
+        yield model
+    finally:
+        for layer, count in steps:
+            layer.steps = count
+        if buffers:
+            model.load_state_dict(buffers, strict=False)
+
+
 class Layer:
     """Base class of every layer; see the module docstring."""
+
+    training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}
@@ -88,6 +146,39 @@ class Layer:
     def parameters(self):
         return list(self._params.values())
 
+    def named_buffers(self):
+        """Non-trainable state kept in the ``state_dict`` (``Buffer`` objects), by name."""
+        return []
+
+    def named_state(self):
+        """Parameters then buffers, in ``torch.nn.Module.state_dict``'s order."""
+        return self.named_parameters() + self.named_buffers()
+
+    def named_children(self):
+        """The layers this one is made of (Residual's body and shortcut), by name."""
+        return []
+
+    def named_modules(self, prefix=""):
+        """``(path, layer)`` for this layer and every layer it is made of, depth first."""
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        """This layer and every layer it is made of (``torch.nn.Module.modules``)."""
+        return [layer for _, layer in self.named_modules()]
+
+    def train(self, mode: bool = True):
+        """Training mode, or evaluation mode with ``mode=False`` (``torch.nn.Module.train``)."""
+        self.training = bool(mode)
+        for _, child in self.named_children():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        """Evaluation mode: running statistics, no dropout (``torch.nn.Module.eval``)."""
+        return self.train(False)
+
     def reset_parameters(self, rng=None):
         """Draw initial weights (PyTorch's default distributions)."""
 
@@ -95,9 +186,18 @@ class Layer:
         for p in self._params.values():
             p.bind(rt)
 
+    overwrites_grads = False
+    """True where ``backward`` submits through :func:`contribution`: then the first
+    contribution of a step overwrites each gradient and ``zero_grad`` needs no task."""
+
     def zero_grad(self, rt):
+        """Zero the gradients: mark them fresh (no task) or submit ``fill_zero``."""
         for p in self._params.values():
-            rt.submit(fill_zero, p.grad)
+            if self.overwrites_grads:
+                p.fresh = True
+            else:
+                rt.submit(fill_zero, p.grad)
+                p.fresh = False
 
     # ------------------------------------------------------------ shapes
     def build(self, input_shape, dtype):
@@ -143,6 +243,7 @@ class AffineLayer(Layer):
 
     fwd = fwd_nobias = bwd_input = bwd_params = bwd_weight = None
     bias = True
+    overwrites_grads = True
     _kw: dict = {}
 
     @property
@@ -173,17 +274,31 @@ class AffineLayer(Layer):
 
     def backward(self, rt, dys, need_input_grad=True):
         w, kw = self._params["weight"], self._kw
+        params = self.parameters()
+        grads = [p.grad for p in params]
         for x, dy in zip(self._xs, dys):
-            if self.bias:
-                rt.submit(self.bwd_params, x, dy, w.grad, self._params["bias"].grad, **kw)
-            else:
-                rt.submit(self.bwd_weight, x, dy, w.grad, **kw)
+            rt.submit(contribution(self.bwd_params if self.bias else self.bwd_weight, params),
+                      x, dy, *grads, **kw)
         if not need_input_grad:
             return None
         dxs = self.outputs(rt, dys, shape=self._xs[0].shape[1:])  # the input's own layout
         for dy, dx in zip(dys, dxs):
             rt.submit(self.bwd_input, dy, w.handle, dx, **kw)
         return dxs
+
+
+def contribution(codelet, params):
+    """The codelet to submit for a contribution to the gradients of ``params``:
+    its ``overwriting`` twin when they are fresh (they no longer are after), else itself."""
+    if all(p.fresh for p in params):
+        for p in params:
+            p.fresh = False
+        return overwriting(codelet)
+    for p in params:  # some fresh, some not: zero the fresh ones the REDUX adds into
+        if p.fresh:
+            p.runtime.submit(fill_zero, p.grad)
+            p.fresh = False
+    return codelet
 
 
 def _like_batch(rt, xs, sample_shape, dtype, name):

@@ -7,7 +7,9 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import CheckpointError, ShapeError
+from . import fused
 from .base import Layer
+from .summary import layer_repr, summary
 
 
 class Sequential(Layer):
@@ -16,14 +18,20 @@ class Sequential(Layer):
     ``build(input_shape, dtype)`` infers and checks every shape; a mismatch
     raises :class:`~hetero_nn.errors.ShapeError` naming the layer, its index and
     both shapes, before any task is submitted.
+
+    ``fuse`` (default True; an attribute, may be changed between steps): submit
+    the runs ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as one fused task per
+    partition (``layers/fused.py``); ``fuse=False`` submits every layer's own tasks.
     """
 
-    def __init__(self, *layers):
+    def __init__(self, *layers, fuse=True):
         super().__init__()
         for i, layer in enumerate(layers):
             if not isinstance(layer, Layer):
                 raise TypeError(f"Sequential: argument {i} is {type(layer).__name__}, not a Layer")
         self.layers = list(layers)
+        self.fuse = bool(fuse)
+        self._blocks = None
 
     def __len__(self):
         return len(self.layers)
@@ -42,6 +50,17 @@ class Sequential(Layer):
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
+    def named_buffers(self):
+        return [(f"{i}.{name}", b) for i, layer in enumerate(self.layers)
+                for name, b in layer.named_buffers()]
+
+    def named_state(self):
+        return [(f"{i}.{name}", t) for i, layer in enumerate(self.layers)
+                for name, t in layer.named_state()]
+
+    def named_children(self):
+        return [(str(i), layer) for i, layer in enumerate(self.layers)]
+
     def reset_parameters(self, rng=None):
         for layer in self.layers:
             layer.reset_parameters(rng)
@@ -55,12 +74,13 @@ class Sequential(Layer):
             layer.zero_grad(rt)
 
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Copies of the weights under PyTorch's names and shapes."""
-        return OrderedDict((name, np.array(p.host(), copy=True)) for name, p in self.named_parameters())
+        """Copies of the weights and buffers under PyTorch's names and shapes."""
+        return OrderedDict((name, np.array(p.host(), copy=True)) for name, p in self.named_state())
 
     def load_state_dict(self, state, strict: bool = True):
-        """Load arrays by name (shapes checked; values cast to each parameter's dtype)."""
-        params = dict(self.named_parameters())
+        """Load arrays by name (shapes checked; values cast to each parameter's or buffer's
+        dtype)."""
+        params = dict(self.named_state())
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
         if strict and (missing or unexpected):
@@ -100,16 +120,22 @@ class Sequential(Layer):
 
     # ------------------------------------------------------------ tasks
     def forward(self, rt, xs):
-        for layer in self.layers:
-            xs = layer.forward(rt, xs)
+        self._blocks = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
+        for _, block in self._blocks:
+            xs = block.forward(rt, xs)
         return xs
 
     def backward(self, rt, dys, need_input_grad=False):
-        last = len(self.layers) - 1
-        for i in range(last, -1, -1):
-            dys = self.layers[i].backward(rt, dys, need_input_grad=(i > 0 or need_input_grad))
+        for i, block in reversed(self._blocks):  # the blocks the forward pass ran
+            dys = block.backward(rt, dys, need_input_grad=(i > 0 or need_input_grad))
         return dys
 
+    def summary(self, input_shape=None, dtype=None) -> str:
+        """Each layer's output shape and parameter count, as torchsummary prints them.
+
+        Builds the model for ``input_shape`` (one sample) first when given.
+        """
+        return summary(self, input_shape, dtype)
+
     def __repr__(self):
-        inner = "\n".join(f"  ({i}): {layer!r}" for i, layer in enumerate(self.layers))
-        return f"Sequential(\n{inner}\n)"
+        return layer_repr(self)

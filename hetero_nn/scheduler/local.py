@@ -16,6 +16,19 @@ State (all under ``_lock``)
 first :class:`~hetero_nn.errors.TaskError`; once set, the remaining tasks are
 cancelled (released without running). ``_idle``: workers asleep.
 
+CUDA workers
+------------
+A CUDA worker (a GPU, or an emulated ``cuda-emu`` device: one code path, two
+stream implementations) binds a task's operands in its device context (copies
+in go on its node's stream), launches the variant on that stream and goes on to
+the next task without waiting: up to ``CUDA_PIPELINE`` tasks are in flight on
+the stream. A completion callback, queued after the kernel, hands the task back
+(``w.completed``) and the worker releases its successors, under the lock, on
+its own thread: the callback never touches the device. The host waits for a
+stream only where it needs the data (a copy back to a host node) and when a
+flushed graph ends. Roots a task uses are held on the node (no eviction under a
+memory limit) until it completes.
+
 Threads
 -------
 BLAS is held to one thread (``threadpoolctl``) while the executor lives, so
@@ -30,6 +43,7 @@ import time
 from ..errors import TaskError
 
 _perf = time.perf_counter
+CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
 
 
 class LocalExecutor:
@@ -45,6 +59,7 @@ class LocalExecutor:
         self._error = None
         self._idle: list = []
         self._closing = False
+        self._mixed = not policy.homogeneous  # device kinds differ: wake only eligible workers
         self._blas = None
         try:
             from threadpoolctl import threadpool_limits
@@ -71,7 +86,10 @@ class LocalExecutor:
                     t.t_ready = now
                     target = policy.push(t, None)
                     if target is None:
-                        shared += 1
+                        if self._mixed:
+                            self._wake_for(t)
+                        else:
+                            shared += 1
                     elif target.idle:
                         self._wake(target)
             self._wake_some(shared)
@@ -79,6 +97,8 @@ class LocalExecutor:
                 self._done.wait()
             error = self._error
             self._error = None
+        for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
+            node.synchronize()
         if error is not None:
             raise error
 
@@ -100,6 +120,13 @@ class LocalExecutor:
         self._idle.remove(w)
         w.cond.notify()
 
+    def _wake_for(self, task):
+        """Wake one idle worker that has a variant for ``task`` (workers of several kinds)."""
+        for w in self._idle:
+            if w in task.eligible:
+                self._wake(w)
+                return
+
     def _wake_some(self, n):
         idle = self._idle
         while n > 0 and idle:
@@ -113,13 +140,9 @@ class LocalExecutor:
         """Take a task, run it, and in the same critical section that releases its
         successors take the next one (one lock round trip per task)."""
         lock = self._lock
-        policy = self.policy
-        pop = policy.pop
-        push = policy.push
-        finished = policy.finished
+        pop = self.policy.pop
         rt = self.rt
         kind = w.kind
-        node = w.node
         execute = self._execute
         task = None
         failed = False  # whether the DAG had failed when this worker took ``task``
@@ -127,47 +150,27 @@ class LocalExecutor:
             prefetch = None
             with lock:
                 if task is not None:  # finish the task just run
-                    if failed:
-                        task.error = "cancelled"
-                    elif task.error is not None:
-                        err = self._task_error(task)
-                        if self._error is None:
-                            self._error = err
-                    finished(task, w)
-                    succ = task.succ
-                    if succ:
-                        shared = -1  # this worker takes one of them itself
-                        now = _perf()
-                        for s in succ:
-                            s.npred -= 1
-                            if s.npred == 0:
-                                s.t_ready = now
-                                target = push(s, w)
-                                if target is None:
-                                    shared += 1
-                                elif target is not w:
-                                    if target.idle:
-                                        self._wake(target)
-                                    if target.node is not node:
-                                        if prefetch is None:
-                                            prefetch = []
-                                        prefetch.append((s, target.node))
-                        if shared > 0 and self._idle:
-                            self._wake_some(shared)
-                    self._remaining -= 1
-                    if not self._remaining:
-                        self._done.notify()
-                task = pop(w)
+                    prefetch = self._finish(task, w, failed, True, prefetch)
+                while w.completed:  # tasks its stream finished (CUDA workers)
+                    done, done_failed = w.completed.popleft()
+                    prefetch = self._finish(done, w, done_failed, False, prefetch)
+                task = pop(w) if w.inflight < CUDA_PIPELINE else None
                 while task is None:
-                    if self._closing:
+                    if self._closing and not w.inflight:
                         return
-                    w.idle = True
-                    self._idle.append(w)
-                    w.cond.wait()
-                    if w.idle:  # woken by close(), not by a push
-                        w.idle = False
-                        self._idle.remove(w)
-                    task = pop(w)
+                    if w.inflight >= CUDA_PIPELINE:  # a full stream: wait for a completion
+                        w.cond.wait()
+                    else:
+                        w.idle = True
+                        self._idle.append(w)
+                        w.cond.wait()
+                        if w.idle:  # woken by close() or a completion, not by a push
+                            w.idle = False
+                            self._idle.remove(w)
+                    while w.completed:
+                        done, done_failed = w.completed.popleft()
+                        prefetch = self._finish(done, w, done_failed, False, prefetch)
+                    task = pop(w) if w.inflight < CUDA_PIPELINE else None
                 failed = self._error is not None
             if prefetch is not None:
                 for s, target_node in prefetch:
@@ -175,22 +178,113 @@ class LocalExecutor:
                         rt.prefetch(s, target_node)
             task.worker = w
             if not failed:
-                execute(task, w, kind, rt)
+                if w.stream is not None:
+                    task = self._launch(task, w, rt)  # None once on the stream
+                else:
+                    execute(task, w, kind, rt)
+
+    def _finish(self, task, w, failed, takes_one, prefetch):
+        """Release a finished task's successors (lock held); returns the prefetch list.
+
+        ``takes_one``: the worker will take one of the released tasks itself."""
+        if failed:
+            task.error = "cancelled"
+        elif task.error is not None:
+            err = self._task_error(task)
+            if self._error is None:
+                self._error = err
+        self.policy.finished(task, w)
+        succ = task.succ
+        node = w.node
+        if succ:
+            shared = -1 if takes_one else 0
+            now = _perf()
+            push = self.policy.push
+            for s in succ:
+                s.npred -= 1
+                if s.npred == 0:
+                    s.t_ready = now
+                    target = push(s, w)
+                    if target is None:
+                        if not self._mixed:
+                            shared += 1
+                        elif takes_one and w in s.eligible:
+                            takes_one = False  # this worker will take it
+                        else:
+                            self._wake_for(s)
+                    elif target is not w:
+                        if target.idle:
+                            self._wake(target)
+                        if target.node is not node:
+                            if prefetch is None:
+                                prefetch = []
+                            prefetch.append((s, target.node))
+            if shared > 0 and self._idle:
+                self._wake_some(shared)
+        self._remaining -= 1
+        if not self._remaining:
+            self._done.notify()
+        return prefetch
+
+    # ------------------------------------------------------------------ CUDA workers
+    def _launch(self, task, w, rt):
+        """Bind ``task`` in the device context and launch it on the stream; returns
+        the task when it failed before reaching the stream (finish it now), else None."""
+        node, stream = w.node, w.stream
+        try:
+            task.variant = variant = rt.choose_variant(task, w.kind)
+            fn = task.codelet.variants[variant]
+            node.hold(task.handles)
+            try:
+                with node.context(), stream.activate():
+                    arrays = rt.bind(task, w)
+                    task.t_start = _perf()  # launched; the stream's thread stamps the real start
+                    stream.launch(self._run_on_stream, task, fn, arrays)
+            except BaseException:
+                node.release(task.handles)
+                raise
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            task.t_end = _perf()
+            task.error = exc
+            return task
+        with self._lock:
+            w.inflight += 1
+        stream.add_callback(lambda: self._completed(task, w))
+        return None
+
+    @staticmethod
+    def _run_on_stream(task, fn, arrays):
+        """The kernel as the stream runs it (a launch into CuPy's stream on a GPU)."""
+        task.t_start = max(task.t_start, _perf())
+        try:
+            fn(*arrays, **task.params)
+        except BaseException as exc:  # noqa: BLE001 - reported at completion
+            task.error = exc
+
+    def _completed(self, task, w):
+        """Stream callback: the task's kernels are done. Hand it to its worker."""
+        now = _perf()
+        w.node.release(task.handles)
+        task.t_start = max(task.t_start, w.last_end)
+        task.t_end = w.last_end = now
+        if task.error is None:
+            w.busy += task.t_end - task.t_start
+            self.rt.record(task, w.kind)
+        with self._lock:
+            w.inflight -= 1
+            w.completed.append((task, False))  # it ran: the DAG had not failed when taken
+            if w.idle:
+                self._wake(w)
+            else:
+                w.cond.notify()
 
     def _execute(self, task, w, kind, rt):
         try:
             task.variant = variant = rt.choose_variant(task, kind)
             fn = task.codelet.variants[variant]
-            if w.stream is not None:
-                with w.node.xp.cuda.Device(w.node.device_id), w.stream:
-                    arrays = rt.bind(task, w)
-                    task.t_start = _perf()
-                    fn(*arrays, **task.params)
-                    w.stream.synchronize()
-            else:
-                arrays = rt.bind(task, w)
-                task.t_start = _perf()
-                fn(*arrays, **task.params)
+            arrays = rt.bind(task, w)
+            task.t_start = _perf()
+            fn(*arrays, **task.params)
             task.t_end = _perf()
             w.busy += task.t_end - task.t_start
             rt.record(task, kind)

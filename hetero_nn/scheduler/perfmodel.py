@@ -2,7 +2,8 @@
 
 This module owns what the scheduler knows about how long things take, as StarPU's
 history-based and regression performance models do, and the files that keep it
-between runs (read with ``hetero-nn perfmodel``, like ``starpu_perfmodel_display``).
+between runs (shown by ``hetero-nn perfmodel``, like ``starpu_perfmodel_display``;
+the display lives in :mod:`hetero_nn.cli`).
 
 State, all behind one lock (``PerfModel._lock``):
 
@@ -51,7 +52,6 @@ True
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -71,8 +71,7 @@ try:  # advisory lock between processes saving into the same directory
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "main",
-           "FORMAT_VERSION"]
+__all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _CODELET_FORMAT = "hetero_nn-perfmodel"
@@ -460,11 +459,6 @@ class PerfModel:
         history = self._history.get((codelet, variant, kind, footprint))
         return history.count if history is not None else 0
 
-    def needs_calibration(self, codelet: str, variant: str, kind: str, footprint: str,
-                          min_samples: int = 10) -> bool:
-        """Whether this key has fewer than ``min_samples`` measurements (StarPU calibrates to 10)."""
-        return self.count(codelet, variant, kind, footprint) < min_samples
-
     def record_transfer(self, src: str, dst: str, nbytes: int, seconds: float) -> None:
         """Add one measured copy of ``nbytes`` from memory node ``src`` to ``dst``; thread-safe."""
         if not seconds >= 0.0:
@@ -552,46 +546,6 @@ class PerfModel:
         return [{"src": src, "dst": dst, "count": n, "mean_bytes": mean_x, "latency": lat,
                  "bandwidth": 1.0 / spb if spb > 0 else math.inf}
                 for (src, dst), n, mean_x, (lat, spb) in items]
-
-    def format_table(self, codelet: str | None = None) -> str:
-        """The models as text, like ``starpu_perfmodel_display``.
-
-        Three tables: history per footprint (mean and stddev in microseconds),
-        the regression per (codelet, variant, kind), and the transfer links
-        (the last only when ``codelet`` is ``None``).
-        """
-        rows = self.entries(codelet)
-        parts = []
-        if rows:
-            parts.append(_table(
-                ["codelet", "variant", "kind", "footprint", "size", "count", "mean (us)", "stddev (us)"],
-                [[r["codelet"], r["variant"], r["kind"], r["footprint"], f"{r['size']:.6g}",
-                  str(r["count"]), f"{r['mean'] * 1e6:.3f}", f"{r['stddev'] * 1e6:.3f}"]
-                 for r in rows]))
-            groups = sorted({(r["codelet"], r["variant"], r["kind"]) for r in rows})
-            reg_rows = []
-            for group in groups:
-                fit = self.fit(*group)
-                if fit is None:
-                    reg_rows.append([*group, "-", "-", "-", "-", "need >= 2 distinct sizes"])
-                else:
-                    reg_rows.append([*group, f"{fit.a:.6g}", f"{fit.b:.4f}", f"{fit.c * 1e6:.3f}",
-                                     str(fit.points), f"{fit.min_size:.6g} .. {fit.max_size:.6g}"])
-            parts.append("regression t = a * size^b + c\n" + _table(
-                ["codelet", "variant", "kind", "a (s)", "b", "c (us)", "points", "sizes"], reg_rows))
-        elif codelet is not None:
-            parts.append(f"no performance model for codelet {codelet!r} in {self.directory}")
-        if codelet is None:
-            links = self.transfer_entries()
-            if links:
-                parts.append("transfers t = latency + bytes / bandwidth\n" + _table(
-                    ["src", "dst", "count", "mean bytes", "latency (us)", "bandwidth (GB/s)"],
-                    [[l["src"], l["dst"], str(l["count"]), f"{l['mean_bytes']:.6g}",
-                      f"{l['latency'] * 1e6:.3f}", f"{l['bandwidth'] / 1e9:.3f}"] for l in links]))
-            if not parts:
-                parts.append(f"no performance model yet in {self.directory} "
-                             "(models are recorded when tasks run)")
-        return "\n\n".join(parts)
 
     # -- files -----------------------------------------------------------------------
 
@@ -830,54 +784,3 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
     """Write ``doc`` as JSON to a temporary file beside ``path`` and rename it over ``path``."""
     atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    """Plain aligned columns: text left, numbers right."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
-    numeric = [all(_is_number(r[i]) for r in rows) for i in range(len(header))]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if num else c.ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return text == "-"
-    return True
-
-
-def main(argv=None) -> int:
-    """``hetero-nn perfmodel``: print the performance models of this machine.
-
-    Returns the exit status (0).
-    """
-    parser = argparse.ArgumentParser(
-        prog="hetero-nn perfmodel",
-        description="Show the performance models recorded on this machine "
-                    "(like starpu_perfmodel_display).")
-    parser.add_argument("codelet", nargs="?", help="show only this codelet")
-    parser.add_argument("--cache-dir", help="cache directory (default: $HETERO_NN_CACHE "
-                                            "or ~/.cache/hetero_nn)")
-    parser.add_argument("--list", action="store_true", help="list the codelets that have a model")
-    parser.add_argument("--host", help="show another machine's models (default: this one)")
-    args = parser.parse_args(argv)
-    model = PerfModel(args.cache_dir, hostname=args.host)
-    if args.list:
-        names = model.codelets()
-        if names:
-            print("\n".join(names))
-        else:
-            print(f"no performance model yet in {model.directory} (models are recorded when tasks run)")
-        return 0
-    print(model.format_table(args.codelet))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -20,7 +20,9 @@ Names follow StarPU where they mean the same:
 ``heft``
     Static list scheduling of the whole flushed DAG (known before it runs): tasks
     by decreasing upward rank, each placed on the worker with the earliest
-    finish time; workers then run their tasks in rank order as they get ready.
+    finish time, counting the transfers of inputs made by a predecessor on
+    another node and of inputs that already live elsewhere (written by an
+    earlier graph); workers then run their tasks in rank order as they get ready.
 
 A policy implements ``prepare(tasks)`` (once per flushed DAG),
 ``push(task, from_worker) -> Worker | None`` (``None``: a place every worker
@@ -46,6 +48,7 @@ class Policy:
     """Base: the four hooks; see the module docstring."""
 
     name = ""
+    clock = staticmethod(_perf)  # what "now" is: the simulator gives its virtual time
 
     def __init__(self, runtime):
         self.rt = runtime
@@ -148,7 +151,7 @@ class Dmda(Policy):
         rt = self.rt
         pm = rt.perfmodel
         multi_node = not rt._single_node
-        now = _perf()
+        now = self.clock()
         best, best_eft, best_cost = None, None, 0.0
         costs = None
         # no model: every worker predicts the same small cost, so queues still balance
@@ -194,7 +197,7 @@ class Dmda(Policy):
         worker.queued_work -= t.predicted
         if worker.queued_work < 0.0:
             worker.queued_work = 0.0
-        worker.running_end = _perf() + t.predicted
+        worker.running_end = self.clock() + t.predicted
         return t
 
     def finished(self, task, worker):
@@ -245,7 +248,7 @@ class Heft(Policy):
             best, best_eft = None, None
             for w in t.eligible:
                 if multi_node:
-                    ready = 0.0
+                    ready = self._resident(t, w.node)
                     for p in t.preds:
                         f = finish.get(p, 0.0)
                         if p.assigned is not None and p.assigned.node is not w.node:
@@ -266,6 +269,18 @@ class Heft(Policy):
         nbytes = sum(h.nbytes for h, m in zip(task.handles, task.modes) if m.reads)
         return pm.predict_transfer(src.name, dst.name, nbytes)
 
+    def _resident(self, task, node):
+        """Transfers to ``node`` of the inputs no predecessor in this graph writes: data
+        that lives where an earlier graph left it."""
+        pm = self.rt.perfmodel
+        nodes = self.rt.nodes
+        total = 0.0
+        for h, m in zip(task.handles, task.modes):
+            if m.reads and h.valid and node.index not in h.valid and not any(
+                    _writes(p, h) for p in task.preds):
+                total += pm.predict_transfer(nodes[min(h.valid)].name, node.name, h.nbytes)
+        return total
+
     def push(self, task, from_worker):
         w = task.assigned
         heapq.heappush(w.queue, (-task.priority, task.id, task))
@@ -274,6 +289,12 @@ class Heft(Policy):
     def pop(self, worker):
         q = worker.queue
         return heapq.heappop(q)[2] if q else None
+
+
+def _writes(task, h) -> bool:
+    """Whether ``task`` writes ``h`` or a handle of its partition family."""
+    root = h.root
+    return any(m.writes and x.root is root for x, m in zip(task.handles, task.modes))
 
 
 POLICIES = {cls.name: cls for cls in (Eager, Random, WorkStealing, Dmda, Heft)}

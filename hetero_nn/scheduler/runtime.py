@@ -44,7 +44,7 @@ from ..arena.handle import Handle, acquire
 from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..errors import DeviceError, SubmitError
 from .devices import make_workers
-from .trace import TaskRecord, Trace
+from .trace import TaskRecord, TransferRecord, Trace
 
 _perf = time.perf_counter
 _MAX_READERS = 32
@@ -67,6 +67,9 @@ class Runtime:
         or a ``distributed.Client``. Dask executors run codelets pure.
     host_nodes : int
         Split the host into this many memory nodes (CPU workers dealt in turn).
+    device_memory : int, str or mapping, optional
+        Memory limit of each CUDA node (``"2GiB"``), or ``{node name: limit}``;
+        replicas valid elsewhere are evicted to stay under it.
     deterministic : bool
         Always run, per device kind, the first variant of a codelet (in the
         order of ``variants`` if given, else declaration order) instead of the
@@ -100,6 +103,7 @@ class Runtime:
     """
 
     def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
+                 device_memory=None,
                  deterministic: bool = False, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
                  seed: int = 0):
@@ -107,7 +111,10 @@ class Runtime:
 
         policy_class(policy)  # unknown names fail before any thread starts
         self._lock = threading.Lock()
-        self.workers, self.nodes = make_workers(devices, host_nodes, self._lock)
+        self.workers, self.nodes = make_workers(devices, host_nodes, self._lock, device_memory)
+        self._transfers: list = []
+        for node in self.nodes:
+            node.on_copy = self._copied
         self.devices = devices
         self.policy_name = policy
         self.deterministic = bool(deterministic)
@@ -455,21 +462,27 @@ class Runtime:
         return arrays
 
     def _acquire(self, h, node, reads, writes):
-        """``acquire`` that feeds measured transfers to the performance model."""
-        src = self.nodes[min(h.valid)] if reads and h.valid and node.index not in h.valid else None
-        t0 = _perf()
-        arr, moved = acquire(h, node, self.nodes, reads, writes)
-        if moved and src is not None and self.perfmodel is not None:
-            self.perfmodel.record_transfer(src.name, node.name, moved, _perf() - t0)
-        return arr, moved
+        """``acquire``; the copies it makes report to :meth:`_copied`."""
+        return acquire(h, node, self.nodes, reads, writes)
+
+    def _copied(self, src, dst, nbytes, t0, t1):
+        """Every copy between memory nodes (called where it ran, e.g. a stream's thread):
+        traced per link, and fed to the transfer model."""
+        if self.tracing:
+            self._transfers.append(TransferRecord(src.name, dst.name, nbytes, t0, t1))
+        if self.perfmodel is not None:
+            self.perfmodel.record_transfer(src.name, dst.name, nbytes, t1 - t0)
 
     def prefetch(self, task, node):
-        """Bring the task's read operands to ``node`` ahead of its start (dmda)."""
+        """Bring the task's read operands to ``node`` ahead of its start (dmda), from
+        the releasing worker's thread: inside ``node``'s device context, the copies
+        on ``node``'s stream, so the task's kernels (same stream) come after them."""
         if self._single_node:
             return
-        for h, m in zip(task.handles, task.modes):
-            if m.reads and node.index not in h.valid:
-                self._acquire(h, node, True, False)
+        with node.context():
+            for h, m in zip(task.handles, task.modes):
+                if m.reads and node.index not in h.valid:
+                    self._acquire(h, node, True, False)
 
     def flush(self):
         """Run every submitted task and return when all have finished (same as :meth:`wait`)."""
@@ -526,9 +539,11 @@ class Runtime:
 
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        t = Trace(list(self._records), [w.name for w in self.workers])
+        t = Trace(list(self._records), [w.name for w in self.workers],
+                  transfers=list(self._transfers))
         if clear:
             self._records.clear()
+            self._transfers.clear()
         return t
 
     @property
@@ -551,6 +566,8 @@ class Runtime:
         self._closed = True
         try:
             self.executor.close()
+            for node in self.nodes:
+                node.close()
         finally:
             if self.perfmodel is not None:
                 try:
@@ -615,7 +632,7 @@ def _record(t):
     if w is None or isinstance(w, str):  # not run, or run by a Dask worker
         worker, device, node = w or "", "cpu", "host0"
     else:
-        worker, device, node = w.name, w.kind, w.node.name
+        worker, device, node = w.name, w.device, w.node.name
     preds = t.preds
     deps = tuple([p.id for p in preds]) if preds else ()
     # positional, in TaskRecord's field order (task_id, codelet, variant, worker, device,

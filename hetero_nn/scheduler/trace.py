@@ -12,7 +12,11 @@ exports them:
 - :meth:`Trace.to_dot`: the executed DAG as Graphviz DOT, coloured by worker;
 - :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
 - :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
-- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records.
+- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records;
+- :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
+  memory node), from a :class:`TransferRecord` per copy, prefetches and copies
+  back to the host included; the Chrome trace shows each copy as an event of
+  its own (a process ``transfers``, a thread per link).
 
 Times of a task: ``submit`` (the runtime knew the task), ``ready`` (its last
 dependency finished), ``start`` and ``end`` (it ran on its worker). So
@@ -33,8 +37,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..fileio import atomic_write
+from ..tables import format_table
 
-__all__ = ["TaskRecord", "Trace"]
+__all__ = ["TaskRecord", "TransferRecord", "Trace"]
 
 _JSON_FORMAT = "hetero_nn.trace"
 _JSON_VERSION = 1
@@ -91,6 +96,18 @@ class TaskRecord:
         return self.end - self.start
 
 
+@dataclass(slots=True)
+class TransferRecord:
+    """One copy between memory nodes: ``src -> dst``, ``nbytes``, when it ran (``start``,
+    ``end``: ``time.perf_counter()`` seconds, taken where the copy ran)."""
+
+    src: str
+    dst: str
+    nbytes: int
+    start: float
+    end: float
+
+
 def _natural_key(name: str):
     """Sort ``cpu2`` before ``cpu10``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -122,8 +139,10 @@ class Trace:
     (1.5, {'cpu0': 0.6666666666666666, 'cpu1': 0.0})
     """
 
-    def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None):
+    def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None,
+                 transfers: Iterable[TransferRecord] = ()):
         self.records: list[TaskRecord] = list(records)
+        self.transfers: list[TransferRecord] = list(transfers)
         seen = sorted({r.worker for r in self.records}, key=_natural_key)
         given = list(dict.fromkeys(workers or ()))
         self.workers: list[str] = given + [w for w in seen if w not in given]
@@ -185,14 +204,14 @@ class Trace:
         grand_total = math.fsum(row["total"] for row in rows)
         header = ("codelet", "variant", "count", "total ms", "mean ms", "std ms", "min ms",
                   "max ms", "share %")
-        lines = [header]
+        lines = []
         for row in rows:
             share = 100.0 * row["total"] / grand_total if grand_total > 0 else 0.0
             lines.append((row["codelet"], row["variant"], str(row["count"]),
                           *(f"{1e3 * row[key]:.3f}" for key in ("total", "mean", "std", "min",
                                                                   "max")),
                           f"{share:.1f}"))
-        return _format_table(lines)
+        return format_table(header, lines)
 
     def utilisation(self) -> dict[str, float]:
         """Fraction of the makespan each worker spent running tasks (0 for idle ones)."""
@@ -223,13 +242,37 @@ class Trace:
         counts = {w: 0 for w in self.workers}
         for r in self.records:
             counts[r.worker] += 1
-        lines = [("worker", "device", "tasks", "busy ms", "util %", "")]
+        lines = []
         for w in self.workers:
             fraction = utilisation[w]
             lines.append((w, devices.get(w, "-"), str(counts[w]), f"{1e3 * busy[w]:.3f}",
                           f"{100 * fraction:.1f}", "#" * round(20 * fraction)))
-        table = _format_table(lines, left=frozenset({0, 1, 5}))
+        table = format_table(("worker", "device", "tasks", "busy ms", "util %", ""), lines)
         return f"{table}\nmakespan {1e3 * self.makespan:.3f} ms over {len(self.workers)} workers"
+
+    def links(self) -> dict[tuple[str, str], dict]:
+        """Per link ``(src, dst)``: ``{"bytes", "copies", "seconds"}`` over every copy."""
+        out: dict[tuple[str, str], dict] = {}
+        for t in self.transfers:
+            row = out.setdefault((t.src, t.dst), {"bytes": 0, "copies": 0, "seconds": 0.0})
+            row["bytes"] += t.nbytes
+            row["copies"] += 1
+            row["seconds"] += t.end - t.start
+        return dict(sorted(out.items()))
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes copied between memory nodes, over every link."""
+        return sum(t.nbytes for t in self.transfers)
+
+    def format_links(self) -> str:
+        """:meth:`links` as an aligned table."""
+        lines = [("link", "copies", "bytes", "ms", "GB/s")]
+        for (src, dst), row in self.links().items():
+            rate = row["bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
+            lines.append((f"{src} -> {dst}", str(row["copies"]), str(row["bytes"]),
+                          f"{1e3 * row['seconds']:.3f}", f"{rate:.2f}"))
+        return _format_table(lines, left=frozenset({0}))
 
     # -- exporters ----------------------------------------------------------------------------
 
@@ -272,6 +315,21 @@ class Trace:
             events.append({"ph": "X", "name": r.codelet, "cat": r.device, "ts": us(r.start),
                            "dur": (r.end - r.start) * 1e6, "pid": pid_of[r.worker],
                            "tid": tid_of[r.worker], "args": args})
+        if self.transfers:  # each copy an event of its own: a thread per link
+            link_pid = idle_pid + 1
+            events.append({"ph": "M", "name": "process_name", "pid": link_pid, "tid": 0,
+                           "args": {"name": "transfers"}})
+            tid_of_link: dict = {}
+            for t in self.transfers:
+                tid = tid_of_link.get((t.src, t.dst))
+                if tid is None:
+                    tid = tid_of_link[(t.src, t.dst)] = len(tid_of_link) + 1
+                    events.append({"ph": "M", "name": "thread_name", "pid": link_pid,
+                                   "tid": tid, "args": {"name": f"{t.src} -> {t.dst}"}})
+                events.append({"ph": "X", "name": f"copy {t.nbytes} B", "cat": "transfer",
+                               "ts": us(t.start), "dur": (t.end - t.start) * 1e6,
+                               "pid": link_pid, "tid": tid,
+                               "args": {"src": t.src, "dst": t.dst, "bytes": t.nbytes}})
         # Flow arrows (flow events v1): out of each dependency, into the task.
         flow_id = 0
         for r in self.records:
@@ -374,7 +432,8 @@ class Trace:
     def to_json(self, path) -> Path:
         """Write the raw records (and worker list) as JSON; read back with :meth:`from_json`."""
         document = {"format": _JSON_FORMAT, "version": _JSON_VERSION, "workers": self.workers,
-                    "records": [dataclasses.asdict(r) for r in self.records]}
+                    "records": [dataclasses.asdict(r) for r in self.records],
+                    "transfers": [dataclasses.asdict(t) for t in self.transfers]}
         data = json.dumps(document, indent=1).encode()
         return atomic_write(path, lambda f: f.write(data))
 
@@ -393,18 +452,10 @@ class Trace:
             fields = dict(fields)
             fields["deps"] = tuple(fields.get("deps", ()))
             records.append(TaskRecord(**fields))
-        return cls(records, workers=document.get("workers"))
+        transfers = [TransferRecord(**fields) for fields in document.get("transfers", ())]
+        return cls(records, workers=document.get("workers"), transfers=transfers)
 
     def __repr__(self):
         return (f"Trace({len(self.records)} tasks, {len(self.workers)} workers, "
                 f"makespan {1e3 * self.makespan:.3f} ms)")
 
-
-def _format_table(rows: list[tuple[str, ...]], left: frozenset = frozenset({0, 1})) -> str:
-    """Align ``rows`` (the first is the header): columns in ``left`` to the left, others right."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) if i in left else cell.rjust(width)
-                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths).rstrip())
-    return "\n".join(lines)

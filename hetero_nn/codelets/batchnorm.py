@@ -1,0 +1,313 @@
+"""Batch-normalisation codelets: batch statistics by REDUX over partitions, the
+normalisation, its backward pass, and the running-statistics update.
+
+This module owns these codelets and every variant of them (``x`` is one batch
+partition of shape ``(n, C, *spatial)``, statistics are per channel, ``(C,)``):
+
+==============  ====================================================  ====================
+codelet         operands (access mode)                                params
+==============  ====================================================  ====================
+bn_sum          x (R), sum (REDUX)                                    -
+bn_mean         sum (R), mean (W)                                     count
+bn_sqdev        x (R), mean (R), sqdev (REDUX)                        -
+bn_var          sqdev (R), var (W)                                    count
+bn_running      mean, sqdev (R), running_mean, running_var (RW)       count, momentum
+bn_fwd          x, mean, var, weight, bias (R), y (W)                 eps
+bn_bwd_sums     x, dy, mean (R), sum_dy, dotp (REDUX)                 -
+bn_param_grads  sum_dy, dotp, var (R), dweight, dbias (REDUX)         eps
+bn_bwd_input    x, dy, mean, var, weight, sum_dy, dotp (R), dx (W)    count, eps, batch_stats
+==============  ====================================================  ====================
+
+Policy: the statistics of a training step are those of the *whole* batch,
+whatever its partitioning, and computed as PyTorch's CPU kernel does, in two
+passes: every partition adds its per-channel sum into a REDUX handle, one task
+divides by the batch's element count ``count = N * H * W`` (``bn_mean``); then
+every partition adds its sum of squared deviations from that mean (``bn_sqdev``),
+and one task divides again (``bn_var``, the biased variance used to normalise).
+The runtime combines REDUX partials in a balanced tree in partition order, so
+granularity changes only the rounding order and the policy changes nothing.
+Running statistics follow ``torch.nn.BatchNorm2d``: ``running = momentum * batch
++ (1 - momentum) * running``, with the *unbiased* variance ``sqdev / (count - 1)``.
+
+The forward pass is PyTorch's ``y = x * alpha + beta`` with ``alpha = weight /
+sqrt(var + eps)`` and ``beta = bias - mean * alpha``; in eval mode the layer hands
+it the running statistics instead. The backward pass needs two more sums over
+the batch, ``sum(dy)`` and ``dotp = sum((x - mean) * dy)``, again by REDUX; then
+``dweight = dotp * invstd``, ``dbias = sum(dy)`` and (batch statistics)
+``dx = (dy - sum(dy) / count - (x - mean) * dotp * invstd^2 / count) * invstd * weight``
+or (fixed statistics, ``batch_stats=False``) ``dx = dy * invstd * weight``.
+
+Sums accumulate in float64 whatever the dtype (PyTorch's CPU accumulation type).
+Variants: ``ref`` (NumPy), ``cpu`` (Numba loops over ``(n, C, L)`` planes) and
+``cuda`` (written against the array module: CuPy on a GPU, NumPy in CI).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._checks import require_contiguous
+from ._jit import jit
+from .codelet import R, REDUX, RW, W, Codelet
+from .reduce import add_redux, zero_init
+from .xp import array_module
+
+__all__ = ["bn_sum", "bn_mean", "bn_sqdev", "bn_var", "bn_running", "bn_fwd", "bn_bwd_sums",
+           "bn_param_grads", "bn_bwd_input"]
+
+
+def _planes(a):
+    """``(n, C, *spatial)`` seen as ``(n, C, L)``."""
+    return a.reshape(a.shape[0], a.shape[1], -1)
+
+
+def _channel(v):
+    """A ``(C,)`` vector broadcast against ``(n, C, L)`` planes."""
+    return v.reshape(1, -1, 1)
+
+
+def _size_flops(*shapes, **params):
+    return float(math.prod(shapes[0]))
+
+
+# --------------------------------------------------------------------------- ref and cuda (xp)
+#
+# One implementation against the array module: ``ref`` passes NumPy, ``cuda`` the
+# module of its operands.
+
+def _sum_xp(xp, x, total):
+    total += _planes(x).sum(axis=(0, 2), dtype=xp.float64).astype(total.dtype)
+
+
+def _sqdev_xp(xp, x, mean, sqdev):
+    d = _planes(x).astype(xp.float64) - _channel(mean.astype(xp.float64))
+    sqdev += (d * d).sum(axis=(0, 2)).astype(sqdev.dtype)
+
+
+def _invstd(xp, var, eps):
+    return 1.0 / xp.sqrt(var.astype(xp.float64) + eps)
+
+
+def _fwd_xp(xp, x, mean, var, weight, bias, y, eps):
+    alpha = _invstd(xp, var, eps) * weight
+    beta = bias - mean * alpha
+    _planes(y)[...] = _planes(x) * _channel(alpha.astype(x.dtype)) + _channel(beta.astype(x.dtype))
+
+
+def _bwd_sums_xp(xp, x, dy, mean, sum_dy, dotp):
+    g = _planes(dy).astype(xp.float64)
+    sum_dy += g.sum(axis=(0, 2)).astype(sum_dy.dtype)
+    d = _planes(x).astype(xp.float64) - _channel(mean.astype(xp.float64))
+    dotp += (d * g).sum(axis=(0, 2)).astype(dotp.dtype)
+
+
+def _param_grads_xp(xp, sum_dy, dotp, var, dweight, dbias, eps):
+    dweight += (dotp * _invstd(xp, var, eps)).astype(dweight.dtype)
+    dbias += sum_dy
+
+
+def _bwd_input_xp(xp, x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps, batch_stats=True):
+    invstd = _invstd(xp, var, eps)
+    scale = _channel((invstd * weight).astype(dx.dtype))
+    if not batch_stats:
+        _planes(dx)[...] = _planes(dy) * scale
+        return
+    grad_mean = _channel((sum_dy / count).astype(dx.dtype))
+    k = _channel((dotp * invstd * invstd / count).astype(dx.dtype))
+    d = _planes(x) - _channel(mean)
+    _planes(dx)[...] = (_planes(dy) - grad_mean - d * k) * scale
+
+
+def _mean_xp(xp, total, mean, count):
+    mean[...] = total / total.dtype.type(count)
+
+
+def _running_xp(xp, mean, sqdev, running_mean, running_var, count, momentum):
+    m = float(momentum)
+    unbiased = sqdev.astype(xp.float64) / (count - 1)  # the layer checks count > 1
+    running_mean[...] = m * mean.astype(xp.float64) + (1 - m) * running_mean
+    running_var[...] = m * unbiased + (1 - m) * running_var
+
+
+def _by_xp(fn):
+    """The ``ref`` (NumPy) and ``cuda`` (operands' array module) variants of ``fn(xp, ...)``."""
+    def ref(*arrays, **params):
+        fn(np, *arrays, **params)
+
+    def cuda(*arrays, **params):
+        fn(array_module(*arrays), *arrays, **params)
+
+    ref.__name__, cuda.__name__ = f"{fn.__name__}_ref", f"{fn.__name__}_cuda"
+    return ref, cuda
+
+
+# --------------------------------------------------------------------------- cpu (Numba)
+
+@jit
+def _sum_cpu(x, total):
+    n, c, length = x.shape
+    for j in range(c):
+        acc = 0.0
+        for i in range(n):
+            for k in range(length):
+                acc += x[i, j, k]
+        total[j] += acc
+
+
+@jit
+def _sqdev_cpu(x, mean, sqdev):
+    n, c, length = x.shape
+    for j in range(c):
+        m = np.float64(mean[j])
+        acc = 0.0
+        for i in range(n):
+            for k in range(length):
+                d = x[i, j, k] - m
+                acc += d * d
+        sqdev[j] += acc
+
+
+@jit
+def _fwd_cpu(x, mean, var, weight, bias, y, eps):
+    n, c, length = x.shape
+    for j in range(c):
+        alpha64 = weight[j] / np.sqrt(np.float64(var[j]) + eps)
+        beta = y.dtype.type(bias[j] - mean[j] * alpha64)
+        alpha = y.dtype.type(alpha64)
+        for i in range(n):
+            for k in range(length):
+                y[i, j, k] = x[i, j, k] * alpha + beta
+
+
+@jit
+def _bwd_sums_cpu(x, dy, mean, sum_dy, dotp):
+    n, c, length = x.shape
+    for j in range(c):
+        m = np.float64(mean[j])
+        acc_g = 0.0
+        acc_d = 0.0
+        for i in range(n):
+            for k in range(length):
+                g = np.float64(dy[i, j, k])
+                acc_g += g
+                acc_d += (x[i, j, k] - m) * g
+        sum_dy[j] += acc_g
+        dotp[j] += acc_d
+
+
+@jit
+def _bwd_input_cpu(x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps, batch_stats):
+    n, c, length = x.shape
+    t = dx.dtype.type
+    for j in range(c):
+        invstd = 1.0 / np.sqrt(np.float64(var[j]) + eps)
+        scale = t(invstd * weight[j])
+        if batch_stats:
+            grad_mean = t(sum_dy[j] / count)
+            k_ = t(dotp[j] * invstd * invstd / count)
+        else:
+            grad_mean = t(0.0)
+            k_ = t(0.0)
+        m = mean[j]
+        for i in range(n):
+            for k in range(length):
+                if batch_stats:
+                    dx[i, j, k] = (dy[i, j, k] - grad_mean - (x[i, j, k] - m) * k_) * scale
+                else:
+                    dx[i, j, k] = dy[i, j, k] * scale
+
+
+@jit
+def _param_grads_cpu(sum_dy, dotp, var, dweight, dbias, eps):
+    for j in range(var.shape[0]):
+        dweight[j] += dotp[j] * (1.0 / np.sqrt(np.float64(var[j]) + eps))
+        dbias[j] += sum_dy[j]
+
+
+@jit
+def _running_cpu(mean, sqdev, running_mean, running_var, count, momentum):
+    for j in range(mean.shape[0]):
+        unbiased = np.float64(sqdev[j]) / (count - 1)
+        running_mean[j] = momentum * mean[j] + (1 - momentum) * running_mean[j]
+        running_var[j] = momentum * unbiased + (1 - momentum) * running_var[j]
+
+
+def _c(a):
+    return np.ascontiguousarray(_planes(a))
+
+
+def _sum_cpu_wrapper(x, total):
+    _sum_cpu(_c(x), total)
+
+
+def _sqdev_cpu_wrapper(x, mean, sqdev):
+    _sqdev_cpu(_c(x), mean, sqdev)
+
+
+def _fwd_cpu_wrapper(x, mean, var, weight, bias, y, eps):
+    require_contiguous("bn_fwd", y=y)
+    _fwd_cpu(_c(x), mean, var, weight, bias, _planes(y), float(eps))
+
+
+def _bwd_sums_cpu_wrapper(x, dy, mean, sum_dy, dotp):
+    _bwd_sums_cpu(_c(x), _c(dy), mean, sum_dy, dotp)
+
+
+def _param_grads_cpu_wrapper(sum_dy, dotp, var, dweight, dbias, eps):
+    _param_grads_cpu(sum_dy, dotp, var, dweight, dbias, float(eps))
+
+
+def _bwd_input_cpu_wrapper(x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps,
+                           batch_stats=True):
+    require_contiguous("bn_bwd_input", dx=dx)
+    _bwd_input_cpu(_c(x), _c(dy), mean, var, weight, sum_dy, dotp, _planes(dx), float(count),
+                   float(eps), bool(batch_stats))
+
+
+def _mean_cpu_wrapper(total, mean, count):
+    _mean_xp(np, total, mean, count)  # C divisions: NumPy is the kernel
+
+
+def _var_cpu_wrapper(sqdev, var, count):
+    _mean_xp(np, sqdev, var, count)
+
+
+def _running_cpu_wrapper(mean, sqdev, running_mean, running_var, count, momentum):
+    _running_cpu(mean, sqdev, running_mean, running_var, float(count), float(momentum))
+
+
+# --------------------------------------------------------------------------- codelets
+
+def _codelet(name, modes, fn, cpu, flops=_size_flops, reduce=False):
+    ref, cuda = _by_xp(fn)
+    extra = {"init": zero_init, "redux": add_redux} if reduce else {}
+    return Codelet(name, modes=modes, variants={"ref": ref, "cpu": cpu, "cuda": cuda},
+                   flops=flops, **extra)
+
+
+bn_sum = _codelet("bn_sum", (R, REDUX), _sum_xp, _sum_cpu_wrapper, reduce=True)
+"""``sum += x.sum(axis=(0, 2, 3))`` (R x, REDUX sum)."""
+bn_mean = _codelet("bn_mean", (R, W), _mean_xp, _mean_cpu_wrapper)
+"""``mean = sum / count`` (R sum, W mean)."""
+bn_sqdev = _codelet("bn_sqdev", (R, R, REDUX), _sqdev_xp, _sqdev_cpu_wrapper, reduce=True)
+"""``sqdev += ((x - mean)^2).sum(axis=(0, 2, 3))`` (R x, R mean, REDUX sqdev)."""
+bn_var = _codelet("bn_var", (R, W), _mean_xp, _var_cpu_wrapper)
+"""``var = sqdev / count``, the biased variance (R sqdev, W var)."""
+bn_running = _codelet("bn_running", (R, R, RW, RW), _running_xp, _running_cpu_wrapper)
+"""Running statistics update with the unbiased variance (R mean, R sqdev, RW running_mean,
+RW running_var)."""
+bn_fwd = _codelet("bn_fwd", (R, R, R, R, R, W), _fwd_xp, _fwd_cpu_wrapper)
+"""``y = (x - mean) / sqrt(var + eps) * weight + bias`` (R x, mean, var, weight, bias; W y)."""
+bn_bwd_sums = _codelet("bn_bwd_sums", (R, R, R, REDUX, REDUX), _bwd_sums_xp,
+                       _bwd_sums_cpu_wrapper, reduce=True)
+"""``sum_dy += dy.sum``, ``dotp += ((x - mean) * dy).sum`` per channel (R x, dy, mean; REDUX
+sum_dy, dotp)."""
+bn_param_grads = _codelet("bn_param_grads", (R, R, R, REDUX, REDUX), _param_grads_xp,
+                          _param_grads_cpu_wrapper, reduce=True)
+"""``dweight += dotp / sqrt(var + eps)``, ``dbias += sum_dy`` (R sum_dy, dotp, var; REDUX
+dweight, dbias)."""
+bn_bwd_input = _codelet("bn_bwd_input", (R, R, R, R, R, R, R, W), _bwd_input_xp,
+                        _bwd_input_cpu_wrapper)
+"""The input gradient through batch (or, ``batch_stats=False``, fixed) statistics."""

@@ -1,0 +1,133 @@
+"""Dropout codelets: a counter-based mask, so the same elements drop on every device,
+worker, policy and granularity.
+
+This module owns two codelets and every variant of them:
+
+===============  ==========================  ==================================
+codelet          operands (access mode)       params
+===============  ==========================  ==================================
+dropout_fwd      x (R), y (W)                 p, key, start
+dropout_bwd      dy (R), dx (W)               p, key, start
+===============  ==========================  ==================================
+
+Policy: element ``j`` of sample ``start + i`` of the batch (``x`` is the partition
+that begins at sample ``start``) is kept when ``u >= p``, where ``u`` in [0, 1) is
+the top 53 bits of ``splitmix64(key + counter * GOLDEN)`` and ``counter = (start +
+i) * sample_size + j`` is the element's position in the whole batch. The layer
+derives ``key`` from its seed and its step count (:func:`dropout_key`), so a mask
+depends on (seed, step, sample, element) only; the backward pass recomputes it
+instead of storing it. Kept elements are scaled by ``1 / (1 - p)`` computed in
+the operands' dtype, as ``torch.nn.functional.dropout`` does (``p = 1`` drops all).
+
+Variants: ``ref`` (NumPy uint64 arithmetic, which wraps), ``cpu`` (Numba) and
+``cuda`` (the array module's uint64 arithmetic: CuPy on a GPU, NumPy in CI).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._checks import require_contiguous
+from ._jit import jit, jit_inline
+from .codelet import R, W, Codelet
+from .xp import array_module
+
+__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "keep_mask"]
+
+_MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix_int(z: int) -> int:
+    """splitmix64's finaliser on a Python int (mod 2**64)."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def dropout_key(seed: int, step: int) -> int:
+    """The 64-bit key of one forward call: a layer's ``seed`` and its ``step`` count."""
+    return _mix_int(_mix_int(int(seed)) + int(step) * GOLDEN)
+
+
+def _scale(p, dtype):
+    """PyTorch's ``1 / (1 - p)`` in the operands' dtype (0 when everything drops)."""
+    return dtype.type(0) if p >= 1 else dtype.type(1) / dtype.type(1 - p)
+
+
+# --------------------------------------------------------------------------- ref and cuda (xp)
+
+def keep_mask(xp, shape, p, key, start):
+    """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``."""
+    n, size = shape[0], math.prod(shape[1:])
+    counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(size) \
+        + xp.arange(size, dtype=xp.uint64)
+    z = counter * xp.uint64(GOLDEN) + xp.uint64(key)
+    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_M1)
+    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
+    z = z ^ (z >> xp.uint64(31))
+    u = (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
+    return (u >= p).reshape(shape)
+
+
+def _apply_xp(xp, src, dst, p, key, start):
+    keep = keep_mask(xp, src.shape, float(p), int(key), int(start))
+    xp.copyto(dst, xp.where(keep, src * _scale(p, src.dtype), src.dtype.type(0)))
+
+
+def _fwd_ref(x, y, p, key, start):
+    _apply_xp(np, x, y, p, key, start)
+
+
+def _fwd_cuda(x, y, p, key, start):
+    _apply_xp(array_module(x, y), x, y, p, key, start)
+
+
+# --------------------------------------------------------------------------- cpu (Numba)
+
+@jit_inline
+def _uniform(counter, key):
+    z = counter * np.uint64(GOLDEN) + key
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    z = z ^ (z >> np.uint64(31))
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@jit
+def _apply_cpu(src, dst, p, key, start, scale):
+    n, size = src.shape
+    zero = dst.dtype.type(0)
+    for i in range(n):
+        base = (np.uint64(start) + np.uint64(i)) * np.uint64(size)
+        for j in range(size):
+            u = _uniform(base + np.uint64(j), key)
+            dst[i, j] = src[i, j] * scale if u >= p else zero
+
+
+def _apply_cpu_wrapper(src, dst, p, key, start):
+    require_contiguous("dropout", dst=dst)
+    n = src.shape[0]
+    _apply_cpu(np.ascontiguousarray(src).reshape(n, -1), dst.reshape(n, -1), float(p),
+               np.uint64(key), np.uint64(start), _scale(p, dst.dtype))
+
+
+# --------------------------------------------------------------------------- codelets
+
+def _flops(a, b, **params):
+    return float(math.prod(a))
+
+
+dropout_fwd = Codelet(
+    "dropout_fwd", modes=(R, W),
+    variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
+"""``y = x * keep / (1 - p)`` (R x, W y); the mask from ``(key, start)``."""
+
+dropout_bwd = Codelet(
+    "dropout_bwd", modes=(R, W),
+    variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
+"""``dx = dy * keep / (1 - p)`` (R dy, W dx): the forward's mask, recomputed."""

@@ -1,0 +1,413 @@
+"""Fused codelets: the layer chains every CNN has, each run as one task.
+
+This module owns six codelets. Each is the composition of existing codelets,
+built from their kernels (nothing is re-derived here), so one task does the
+work of three or four and the intermediate never leaves the worker:
+
+=============================  ===================================================  ==============
+codelet                        operands (access mode)                               composes
+=============================  ===================================================  ==============
+conv2d_relu_pool_fwd           x (R), w (R), b (R), y (W), argmax (W)                conv2d_fwd,
+                                                                                    relu_fwd,
+                                                                                    maxpool2d_fwd
+conv2d_relu_pool_bwd           x (R), w (R), y (R), argmax (R), dy (R),              maxpool2d_bwd,
+                               dx (W), dw (REDUX), db (REDUX)                       relu_bwd,
+                                                                                    conv2d_bwd_*
+conv2d_relu_pool_bwd_params    the same without w and dx (a first layer)
+dense_relu_fwd                 x (R), w (R), b (R), y (W)                            dense_fwd,
+                                                                                    relu_fwd
+dense_relu_bwd                 x (R), w (R), y (R), dy (R), dx (W),                  relu_bwd,
+                               dw (REDUX), db (REDUX)                               dense_bwd_*
+dense_relu_bwd_params          the same without w and dx (a first layer)
+=============================  ===================================================  ==============
+
+The convolution codelets take ``stride`` and ``padding`` (the convolution's)
+and ``pool_size`` and ``pool_stride`` (the pooling's). ``y`` is the pooled
+output and ``argmax`` its window indices into the convolution's output
+plane, exactly ``maxpool2d_fwd``'s on ``relu(conv2d(x) + b)``.
+
+Why the backward pass needs neither the convolution's output nor its ReLU:
+the pooling routes each gradient to one position of the ReLU output, whose
+value *is* the pooled value ``y``; ReLU's backward there passes the gradient
+iff ``y > 0`` (PyTorch's ``threshold_backward``). So the backward chain masks
+``dy`` by ``y > 0``, routes it through ``argmax`` into the convolution's output
+gradient ``dz`` (a worker-private buffer) and runs the convolution's parameter
+and input gradients on ``dz``: results equal to the unfused chain's, with
+``relu_bwd`` on a quarter of the elements and no activation kept but ``y``.
+The dense chain likewise masks ``dy`` by ``y > 0``.
+
+Variants
+--------
+``ref``
+    The composition of the reference variants: the maths in one place, and
+    what the other variants are checked against.
+``cpu:direct``, ``cpu:im2col`` (convolution) and ``cpu`` (dense)
+    The Numba kernels of the composed codelets, called in turn on
+    worker-private buffers (``_scratch``); the forward convolution
+    runs chunk by chunk of samples, so ReLU and pooling read its output while
+    it is still in cache.
+``cpu:blas`` (dense)
+    The Numba ReLU kernels around the reference's BLAS GEMMs: the mix the
+    performance model picks most often for the unfused dense and ReLU tasks.
+``cuda``
+    The composition of the ``cuda`` variants, written against the array module.
+
+REDUX operands (``dw``, ``db``) are added into, as in the codelets composed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from . import conv, dense, pool
+from ._checks import require_contiguous
+from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
+from .codelet import REDUX, R, W, Codelet
+from .reduce import add_redux, zero_init
+from .xp import array_module
+
+__all__ = ["conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd", "conv2d_relu_pool_bwd_params",
+           "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params"]
+
+
+CHUNK_BYTES = 1 << 22
+"""Most bytes of the convolution's output (``z``) one forward chunk keeps, for ReLU and
+pooling to read it from cache. Chunks much smaller cost more Python calls of the
+convolution than they save: with ~100 KiB chunks LeNet-5's first layer ran its chain
+about 30% slower than the three unfused kernels; from 1 MiB up the fused chain and the
+unfused kernels take the same time to within the noise of a shared machine."""
+
+
+_thread = threading.local()
+
+
+def _scratch(tag, shape, dtype):
+    """A C-contiguous ``shape`` array over the calling thread's one buffer for ``(tag, dtype)``.
+
+    The buffer grows to the largest request and is then reused by every layer and
+    partition size (the last partition is often one sample shorter): keyed by exact
+    shape, as ``conv._worker_buffer`` is, the fused chains' scratch arrays would
+    double its entries and push the convolutions' own out, reallocated every step.
+    The rules are ``conv._worker_buffer``'s: valid until the variant returns.
+    """
+    buffers = getattr(_thread, "buffers", None)
+    if buffers is None:
+        buffers = _thread.buffers = {}
+    key = (tag, np.dtype(dtype).str)
+    size = math.prod(shape)
+    buf = buffers.get(key)
+    if buf is None or buf.size < size:
+        buf = buffers[key] = np.empty(size, dtype=dtype)
+    return buf[:size].reshape(shape)
+
+
+# --------------------------------------------------------------------------- convolution chain
+
+def _conv_shape(x_shape, w_shape, stride, padding):
+    return conv.conv2d_output_shape(x_shape, w_shape, stride, padding)
+
+
+def _check_pooled(name, z_shape, y_shape, pool_size, pool_stride):
+    expected = pool.maxpool2d_output_shape(z_shape, pool_size, pool_stride)
+    if tuple(y_shape) != expected:
+        raise ValueError(f"{name}: convolution output {z_shape} pools to {expected}, "
+                         f"the output is {tuple(y_shape)}")
+
+
+def conv2d_relu_pool_fwd_ref(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
+                             pool_stride=None):
+    """``y, argmax = max_pool2d(relu(conv2d(x, w) + b))``."""
+    z = np.empty(_conv_shape(x.shape, w.shape, stride, padding), dtype=y.dtype)
+    _check_pooled("conv2d_relu_pool_fwd", z.shape, y.shape, pool_size, pool_stride)
+    conv.conv2d_fwd_ref(x, w, b, z, stride=stride, padding=padding)
+    np.maximum(z, np.zeros((), z.dtype), out=z)
+    pool.maxpool2d_fwd_ref(z, y, argmax, pool_size, pool_stride)
+
+
+def _masked_dz_ref(y, argmax, dy, z_shape):
+    """The convolution's output gradient: ``dy`` where ``y > 0``, routed through ``argmax``."""
+    masked = np.empty_like(dy)
+    _relu_bwd_ref(y, dy, masked)
+    dz = np.empty(z_shape, dtype=dy.dtype)
+    pool.maxpool2d_bwd_ref(masked, argmax, dz)
+    return dz
+
+
+def conv2d_relu_pool_bwd_ref(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
+                             pool_size=2, pool_stride=None):
+    """Gradients of the chain: ``dx`` (written), ``dw`` and ``db`` (added into)."""
+    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, w.shape, stride, padding))
+    conv.conv2d_bwd_params_ref(x, dz, dw, db, stride=stride, padding=padding)
+    conv.conv2d_bwd_input_ref(dz, w, dx, stride=stride, padding=padding)
+
+
+def conv2d_relu_pool_bwd_params_ref(x, y, argmax, dy, dw, db, stride=1, padding=0,
+                                    pool_size=2, pool_stride=None):
+    """``conv2d_relu_pool_bwd_ref`` without the input gradient."""
+    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, dw.shape, stride, padding))
+    conv.conv2d_bwd_params_ref(x, dz, dw, db, stride=stride, padding=padding)
+
+
+def _conv_relu_pool_fwd_cpu(conv_fwd):
+    """The Numba forward chain over chunks of samples, convolving with ``conv_fwd``."""
+    def variant(x, w, b, y, argmax, stride=1, padding=0, pool_size=2, pool_stride=None):
+        n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, stride, padding)
+        _check_pooled("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w), y.shape,
+                      pool_size, pool_stride)
+        require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
+        kh, kw, sh, sw, _, _ = pool._geometry((n_batch, n_out, out_h, out_w), pool_size,
+                                              pool_stride)
+        x = np.ascontiguousarray(x)
+        step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
+        z = _scratch("z", (step, n_out, out_h, out_w), y.dtype)
+        for start in range(0, n_batch, step):
+            stop = min(start + step, n_batch)
+            zc = z[:stop - start]
+            conv_fwd(x[start:stop], w, b, zc, stride=stride, padding=padding)
+            flat = zc.reshape(-1)
+            _relu_fwd_cpu(flat, flat)
+            pool._maxpool2d_fwd_cpu(zc, y[start:stop], argmax[start:stop], kh, kw, sh, sw)
+    variant.__name__ = f"conv2d_relu_pool_fwd_{conv_fwd.__name__}"
+    return variant
+
+
+def _masked_dz_cpu(y, argmax, dy, z_shape):
+    """``_masked_dz_ref`` by the ReLU and pooling kernels, into worker buffers."""
+    masked = _scratch("masked", dy.shape, dy.dtype)
+    _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
+                  masked.reshape(-1))
+    dz = _scratch("dz", z_shape, dy.dtype)
+    pool._maxpool2d_bwd_cpu(masked, np.ascontiguousarray(argmax), dz)
+    return dz
+
+
+def _conv_relu_pool_bwd_cpu(bwd_params, bwd_input):
+    """The Numba backward chain; the input gradient is skipped when ``bwd_input`` is None."""
+    def run(x, w_shape, y, argmax, dy, dw, db, stride, padding):
+        dz = _masked_dz_cpu(y, argmax, dy, _conv_shape(x.shape, w_shape, stride, padding))
+        bwd_params(x, dz, dw, db, stride=stride, padding=padding)
+        return dz
+
+    if bwd_input is None:
+        def variant(x, y, argmax, dy, dw, db, stride=1, padding=0, pool_size=2,
+                    pool_stride=None):
+            run(x, dw.shape, y, argmax, dy, dw, db, stride, padding)
+    else:
+        def variant(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0, pool_size=2,
+                    pool_stride=None):
+            dz = run(x, w.shape, y, argmax, dy, dw, db, stride, padding)
+            bwd_input(dz, w, dx, stride=stride, padding=padding)
+    variant.__name__ = f"conv2d_relu_pool_bwd_{bwd_params.__name__}"
+    return variant
+
+
+def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
+                              pool_stride=None):
+    """The forward chain by the ``cuda`` variants, in ``xp``."""
+    xp = array_module(x, w, b, y)
+    z = xp.empty(_conv_shape(x.shape, w.shape, stride, padding), dtype=y.dtype)
+    _check_pooled("conv2d_relu_pool_fwd", z.shape, y.shape, pool_size, pool_stride)
+    conv.conv2d_fwd_cuda(x, w, b, z, stride=stride, padding=padding)
+    xp.maximum(z, xp.zeros((), z.dtype), out=z)
+    pool.maxpool2d_fwd_cuda(z, y, argmax, pool_size, pool_stride)
+
+
+def _masked_dz_cuda(y, argmax, dy, z_shape, pool_size, pool_stride):
+    xp = array_module(y, argmax, dy)
+    masked = xp.where(y <= 0, xp.zeros((), dy.dtype), dy)
+    dz = xp.empty(z_shape, dtype=dy.dtype)
+    pool.maxpool2d_bwd_cuda(masked, argmax, dz, pool_size, pool_stride)
+    return dz
+
+
+def conv2d_relu_pool_bwd_cuda(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
+                              pool_size=2, pool_stride=None):
+    """The backward chain by the ``cuda`` variants, in ``xp``."""
+    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, w.shape, stride, padding),
+                         pool_size, pool_stride)
+    conv.conv2d_bwd_params_cuda(x, dz, dw, db, stride=stride, padding=padding)
+    conv.conv2d_bwd_input_cuda(dz, w, dx, stride=stride, padding=padding)
+
+
+def conv2d_relu_pool_bwd_params_cuda(x, y, argmax, dy, dw, db, stride=1, padding=0,
+                                     pool_size=2, pool_stride=None):
+    """``conv2d_relu_pool_bwd_cuda`` without the input gradient."""
+    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, dw.shape, stride, padding),
+                         pool_size, pool_stride)
+    conv.conv2d_bwd_params_cuda(x, dz, dw, db, stride=stride, padding=padding)
+
+
+def _fwd_flops(x, w, b, y, argmax, stride=1, padding=0, pool_size=2, pool_stride=None):
+    z = _conv_shape(x, w, stride, padding)
+    return (conv._fwd_flops(x, w, b, z) + math.prod(z)
+            + pool._fwd_flops(z, y, argmax, pool_size, pool_stride))
+
+
+def _bwd_flops(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0, pool_size=2,
+               pool_stride=None):
+    z = _conv_shape(x, w, stride, padding)
+    return (math.prod(dy) + pool._bwd_flops(dy, argmax, z)
+            + conv._bwd_params_flops(x, z, dw, db) + conv._bwd_input_flops(z, w, dx))
+
+
+def _bwd_params_flops(x, y, argmax, dy, dw, db, stride=1, padding=0, pool_size=2,
+                      pool_stride=None):
+    z = _conv_shape(x, dw, stride, padding)
+    return math.prod(dy) + pool._bwd_flops(dy, argmax, z) + conv._bwd_params_flops(x, z, dw, db)
+
+
+conv2d_relu_pool_fwd = Codelet(
+    "conv2d_relu_pool_fwd", modes=(R, R, R, W, W),
+    variants={"ref": conv2d_relu_pool_fwd_ref,
+              "cpu:direct": _conv_relu_pool_fwd_cpu(conv.conv2d_fwd_cpu_direct),
+              "cpu:im2col": _conv_relu_pool_fwd_cpu(conv.conv2d_fwd_cpu_im2col),
+              "cuda": conv2d_relu_pool_fwd_cuda},
+    flops=_fwd_flops)
+"""``y, argmax = max_pool2d(relu(conv2d(x, w) + b))``: ``(x R, w R, b R, y W, argmax W)``."""
+
+conv2d_relu_pool_bwd = Codelet(
+    "conv2d_relu_pool_bwd", modes=(R, R, R, R, R, W, REDUX, REDUX),
+    variants={"ref": conv2d_relu_pool_bwd_ref,
+              "cpu:direct": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_direct,
+                                                    conv.conv2d_bwd_input_cpu_direct),
+              "cpu:im2col": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_im2col,
+                                                    conv.conv2d_bwd_input_cpu_im2col),
+              "cuda": conv2d_relu_pool_bwd_cuda},
+    init=zero_init, redux=add_redux, flops=_bwd_flops)
+"""The chain's gradients: ``(x R, w R, y R, argmax R, dy R, dx W, dw REDUX, db REDUX)``."""
+
+conv2d_relu_pool_bwd_params = Codelet(
+    "conv2d_relu_pool_bwd_params", modes=(R, R, R, R, REDUX, REDUX),
+    variants={"ref": conv2d_relu_pool_bwd_params_ref,
+              "cpu:direct": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_direct, None),
+              "cpu:im2col": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_im2col, None),
+              "cuda": conv2d_relu_pool_bwd_params_cuda},
+    init=zero_init, redux=add_redux, flops=_bwd_params_flops)
+"""The chain's parameter gradients only: ``(x R, y R, argmax R, dy R, dw REDUX, db REDUX)``."""
+
+
+# --------------------------------------------------------------------------- dense chain
+
+def _dense_relu_fwd_ref(x, w, b, y):
+    dense._dense_fwd_ref(x, w, b, y)
+    np.maximum(y, np.zeros((), y.dtype), out=y)
+
+
+def _dense_relu_fwd_cpu(x, w, b, y):
+    dense._dense_fwd_cpu_wrapper(x, w, b, y)
+    flat = y.reshape(-1)
+    _relu_fwd_cpu(flat, flat)
+
+
+def _dense_relu_fwd_cpu_blas(x, w, b, y):
+    dense._dense_fwd_ref(x, w, b, y)
+    flat = y.reshape(-1)
+    _relu_fwd_cpu(flat, flat)
+
+
+def _dense_relu_fwd_cuda(x, w, b, y):
+    xp = array_module(x, w, b, y)
+    dense._dense_fwd_cuda(x, w, b, y)
+    xp.maximum(y, xp.zeros((), y.dtype), out=y)
+
+
+def _dense_relu_bwd_ref(x, w, y, dy, dx, dw, db):
+    dz = np.empty_like(dy)
+    _relu_bwd_ref(y, dy, dz)
+    dense._dense_bwd_params_ref(x, dz, dw, db)
+    dense._dense_bwd_input_ref(dz, w, dx)
+
+
+def _dense_relu_bwd_params_ref(x, y, dy, dw, db):
+    dz = np.empty_like(dy)
+    _relu_bwd_ref(y, dy, dz)
+    dense._dense_bwd_params_ref(x, dz, dw, db)
+
+
+def _masked_cpu(y, dy):
+    """``dy * (y > 0)`` by the ReLU kernel (a fresh array: rows of a dense layer are small,
+    and the convolutions' scratch arrays keep the worker's buffers)."""
+    dz = np.empty(dy.shape, dy.dtype)
+    _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
+                  dz.reshape(-1))
+    return dz
+
+
+def _dense_relu_bwd_variants(bwd_params, bwd_input, label):
+    """The fused backward variants, with and without ``dx``: the Numba ReLU mask, then the
+    dense layer's ``bwd_params`` (and ``bwd_input``) on the masked gradient."""
+    def with_input(x, w, y, dy, dx, dw, db):
+        dz = _masked_cpu(y, dy)
+        bwd_params(x, dz, dw, db)
+        bwd_input(dz, w, dx)
+
+    def params_only(x, y, dy, dw, db):
+        bwd_params(x, _masked_cpu(y, dy), dw, db)
+
+    with_input.__name__ = f"dense_relu_bwd_{label}"
+    params_only.__name__ = f"dense_relu_bwd_params_{label}"
+    return with_input, params_only
+
+
+_dense_relu_bwd_cpu, _dense_relu_bwd_params_cpu = _dense_relu_bwd_variants(
+    dense._dense_bwd_params_cpu_wrapper, dense._dense_bwd_input_cpu_wrapper, "cpu")
+_dense_relu_bwd_cpu_blas, _dense_relu_bwd_params_cpu_blas = _dense_relu_bwd_variants(
+    dense._dense_bwd_params_ref, dense._dense_bwd_input_ref, "cpu_blas")
+
+
+def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):
+    xp = array_module(x, w, y, dy)
+    dz = xp.where(y <= 0, xp.zeros((), dy.dtype), dy)
+    dense._dense_bwd_params_cuda(x, dz, dw, db)
+    dense._dense_bwd_input_cuda(dz, w, dx)
+
+
+def _dense_relu_bwd_params_cuda(x, y, dy, dw, db):
+    xp = array_module(x, y, dy)
+    dense._dense_bwd_params_cuda(x, xp.where(y <= 0, xp.zeros((), dy.dtype), dy), dw, db)
+
+
+def _dense_relu_fwd_flops(x, w, b, y, **params):
+    return dense._dense_fwd_flops(x, w, b, y) + math.prod(y)
+
+
+def _dense_relu_bwd_flops(x, w, y, dy, dx, dw, db, **params):
+    return math.prod(y) + dense._dense_bwd_params_flops(x, dy, dw, db) + 2.0 * math.prod(dy) * w[1]
+
+
+def _dense_relu_bwd_params_flops(x, y, dy, dw, db, **params):
+    return math.prod(y) + dense._dense_bwd_params_flops(x, dy, dw, db)
+
+
+def _rows_of(variants, *indices, output=()):
+    """``dense._rowwise`` over several operands: inputs (and outputs) with trailing features."""
+    for i in indices:
+        variants = dense._rowwise(variants, i, output=i in output)
+    return variants
+
+
+dense_relu_fwd = Codelet(
+    "dense_relu_fwd", modes=(R, R, R, W),
+    variants=_rows_of({"ref": _dense_relu_fwd_ref, "cpu": _dense_relu_fwd_cpu,
+                       "cpu:blas": _dense_relu_fwd_cpu_blas, "cuda": _dense_relu_fwd_cuda}, 0),
+    flops=_dense_relu_fwd_flops)
+"""``y = relu(x @ w.T + b)`` (R x[N,I], R w[O,I], R b[O], W y[N,O])."""
+
+dense_relu_bwd = Codelet(
+    "dense_relu_bwd", modes=(R, R, R, R, W, REDUX, REDUX),
+    variants=_rows_of({"ref": _dense_relu_bwd_ref, "cpu": _dense_relu_bwd_cpu,
+                       "cpu:blas": _dense_relu_bwd_cpu_blas, "cuda": _dense_relu_bwd_cuda},
+                      0, 4, output=(4,)),
+    init=zero_init, redux=add_redux, flops=_dense_relu_bwd_flops)
+"""The chain's gradients: ``(x R, w R, y R, dy R, dx W, dw REDUX, db REDUX)``, ``dz = dy * (y > 0)``."""
+
+dense_relu_bwd_params = Codelet(
+    "dense_relu_bwd_params", modes=(R, R, R, REDUX, REDUX),
+    variants=_rows_of({"ref": _dense_relu_bwd_params_ref, "cpu": _dense_relu_bwd_params_cpu,
+                       "cpu:blas": _dense_relu_bwd_params_cpu_blas,
+                       "cuda": _dense_relu_bwd_params_cuda}, 0),
+    init=zero_init, redux=add_redux, flops=_dense_relu_bwd_params_flops)
+"""The chain's parameter gradients only: ``(x R, y R, dy R, dw REDUX, db REDUX)``."""

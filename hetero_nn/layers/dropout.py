@@ -1,0 +1,93 @@
+"""Dropout: a seeded mask that depends on (seed, step, sample, element) only.
+
+Each training-mode forward call is one *step* of the layer; its mask comes from
+:func:`hetero_nn.codelets.dropout.dropout_key` of the layer's seed and that step,
+and from every element's position in the whole batch, so the same elements drop
+whatever the granularity, worker or policy, and a run is reproducible from its
+seed. In eval mode (or with ``p=0``) the layer is the identity: its input handles
+flow through, no task. Checkpoints keep every Dropout's seed and step count
+(:func:`dropout_state`), so a resumed run draws the same masks.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..codelets.dropout import dropout_bwd, dropout_fwd, dropout_key
+from ..errors import CheckpointError, ConfigError
+from .base import Layer, default_rng
+
+
+def dropout_state(model) -> dict:
+    """``{path: [seed, steps]}`` of every Dropout in ``model``: what a checkpoint keeps so
+    a resumed run draws the masks the uninterrupted run would have (JSON-serialisable)."""
+    return {path: [layer.seed, layer.steps] for path, layer in model.named_modules()
+            if isinstance(layer, Dropout)}
+
+
+def load_dropout_state(model, state: dict) -> None:
+    """Give every Dropout in ``model`` the seed and step count ``state`` holds for its path."""
+    layers = {path: layer for path, layer in model.named_modules() if isinstance(layer, Dropout)}
+    if set(layers) != set(state):
+        raise CheckpointError(f"dropout state for layers {sorted(state)}, the model has Dropout "
+                              f"layers {sorted(layers)}")
+    for path, (seed, steps) in state.items():
+        layers[path].seed, layers[path].steps = int(seed), int(steps)
+
+
+class Dropout(Layer):
+    """``torch.nn.Dropout(p=0.5)``: zero elements with probability ``p``, scale the rest by
+    ``1 / (1 - p)``.
+
+    Parameters
+    ----------
+    p : float
+        Probability of an element being zeroed, in [0, 1].
+    seed : int, optional
+        The mask's seed; drawn from the generator :func:`hetero_nn.manual_seed` seeds
+        when absent. ``steps`` counts the training-mode forward calls so far.
+
+    >>> Dropout(0.25, seed=0)
+    Dropout(p=0.25)
+    """
+
+    def __init__(self, p=0.5, seed=None):
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ConfigError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise ConfigError(f"Dropout: seed must be an integer, got {seed!r}")
+        self.p = float(p)
+        self.seed = int(default_rng().integers(2 ** 63)) if seed is None else int(seed)
+        self.steps = 0
+        self._mask = None
+
+    def forward(self, rt, xs):
+        if not self.training or self.p == 0:
+            self._mask = None
+            return xs
+        key = dropout_key(self.seed, self.steps)
+        self.steps += 1
+        ys = self.outputs(rt, xs)
+        starts = []
+        start = 0
+        for x, y in zip(xs, ys):
+            rt.submit(dropout_fwd, x, y, p=self.p, key=key, start=start)
+            starts.append(start)
+            start += x.shape[0]
+        self._mask = (key, starts)
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        if self._mask is None:
+            return dys
+        key, starts = self._mask
+        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        for dy, dx, start in zip(dys, dxs, starts):
+            rt.submit(dropout_bwd, dy, dx, p=self.p, key=key, start=start)
+        return dxs
+
+    def extra_repr(self):
+        return f"p={self.p}"

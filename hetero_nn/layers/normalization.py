@@ -1,0 +1,168 @@
+"""BatchNorm2D: batch statistics over the whole batch, combined across partitions by REDUX.
+
+A training-mode forward pass submits, per partition, its per-channel sum (REDUX),
+then one task for the mean; per partition, the squared deviations from it
+(REDUX), then one task for the variance, one for the running statistics; then
+the normalisation per partition. The backward pass sums ``dy`` and ``(x - mean)
+* dy`` the same way, then computes the parameter and input gradients (see
+:mod:`hetero_nn.codelets.batchnorm` for the formulas). In eval mode the running
+statistics replace the batch's, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..codelets.batchnorm import (bn_bwd_input, bn_bwd_sums, bn_fwd, bn_mean, bn_param_grads,
+                                  bn_running, bn_sqdev, bn_sum, bn_var)
+from ..codelets.reduce import fill_zero
+from ..errors import ConfigError, ShapeError
+from .base import Buffer, Layer
+from .checks import positive_int
+
+
+class BatchNorm2D(Layer):
+    """``torch.nn.BatchNorm2d`` with the same arguments, parameters and buffers.
+
+    ``state_dict`` keys: ``weight``, ``bias`` (with ``affine``), ``running_mean``,
+    ``running_var``, ``num_batches_tracked`` (with ``track_running_stats``).
+    ``momentum=None`` averages cumulatively, as PyTorch.
+
+    >>> BatchNorm2D(16)
+    BatchNorm2D(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True):
+        super().__init__()
+        name = "BatchNorm2D"
+        self.num_features = positive_int(num_features, "num_features", name)
+        if not isinstance(eps, numbers.Real) or not eps > 0:
+            raise ConfigError(f"{name}: eps must be a positive number, got {eps!r}")
+        if momentum is not None and (not isinstance(momentum, numbers.Real)
+                                     or not 0 <= momentum <= 1):
+            raise ConfigError(f"{name}: momentum must be in [0, 1] or None, got {momentum!r}")
+        self.eps = float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        c = self.num_features
+        if self.affine:
+            self.add_parameter("weight", np.ones(c, self.dtype))
+            self.add_parameter("bias", np.zeros(c, self.dtype))
+        self._buffers = {}
+        if self.track_running_stats:
+            for key, value in (("running_mean", np.zeros(c, self.dtype)),
+                               ("running_var", np.ones(c, self.dtype)),
+                               ("num_batches_tracked", np.zeros((), np.int64))):
+                self._buffers[key] = Buffer(key, value)
+        self._constants = None  # (runtime, ones, zeros) standing for weight and bias without affine
+
+    def named_buffers(self):
+        return list(self._buffers.items())
+
+    def reset_parameters(self, rng=None):
+        """PyTorch's: weight 1, bias 0, running statistics reset."""
+        for p in self.parameters():
+            p.data[...] = 1 if p.name == "weight" else 0
+        for b in self._buffers.values():
+            b.data[...] = 1 if b.name == "running_var" else 0
+
+    def build(self, input_shape, dtype):
+        dtype = np.dtype(dtype)
+        if dtype != self.dtype:
+            for b in self._buffers.values():
+                if b.data.dtype.kind == "f":
+                    b.data = b.data.astype(dtype)
+                    b.unbind()
+            self._constants = None
+        return super().build(input_shape, dtype)
+
+    def infer_shape(self, input_shape):
+        if len(input_shape) != 3 or input_shape[0] != self.num_features:
+            raise ShapeError(f"expects input of shape ({self.num_features}, H, W), "
+                             f"got {input_shape}")
+        return input_shape
+
+    def bind(self, rt):
+        super().bind(rt)
+        for b in self._buffers.values():
+            if b.data.dtype.kind == "f":
+                b.bind(rt)
+
+    def _affine_handles(self, rt):
+        """``(weight, bias)`` handles: the parameters, or constants 1 and 0 without ``affine``."""
+        if self.affine:
+            return self._params["weight"].handle, self._params["bias"].handle
+        if self._constants is None or self._constants[0] is not rt or rt._closed:
+            c = self.num_features
+            self._constants = (rt, rt.register(np.ones(c, self.dtype), name="bn.ones"),
+                               rt.register(np.zeros(c, self.dtype), name="bn.zeros"))
+        return self._constants[1], self._constants[2]
+
+    def _temporary(self, rt, name, zero=False):
+        h = rt.temporary((self.num_features,), self.dtype, name=f"bn.{name}")
+        if zero:
+            rt.submit(fill_zero, h)
+        return h
+
+    def forward(self, rt, xs):
+        batch_stats = self.training or not self.track_running_stats
+        count = sum(x.shape[0] for x in xs) * math.prod(self.input_shape[1:])
+        if batch_stats:
+            if count <= 1:
+                raise ShapeError(f"BatchNorm2D: expected more than 1 value per channel when "
+                                 f"training, got input of shape ({xs[0].shape[0]}, "
+                                 f"{', '.join(map(str, self.input_shape))})")
+            total = self._temporary(rt, "sum", zero=True)
+            for x in xs:
+                rt.submit(bn_sum, x, total)
+            mean = self._temporary(rt, "mean")
+            rt.submit(bn_mean, total, mean, count=count)
+            sqdev = self._temporary(rt, "sqdev", zero=True)
+            for x in xs:
+                rt.submit(bn_sqdev, x, mean, sqdev)
+            var = self._temporary(rt, "var")
+            rt.submit(bn_var, sqdev, var, count=count)
+            if self.training and self.track_running_stats:
+                tracked = self._buffers["num_batches_tracked"].data
+                tracked += 1
+                momentum = 1.0 / int(tracked) if self.momentum is None else self.momentum
+                rt.submit(bn_running, mean, sqdev, self._buffers["running_mean"].handle,
+                          self._buffers["running_var"].handle, count=count, momentum=momentum)
+        else:
+            mean = self._buffers["running_mean"].handle
+            var = self._buffers["running_var"].handle
+        weight, bias = self._affine_handles(rt)
+        ys = self.outputs(rt, xs)
+        for x, y in zip(xs, ys):
+            rt.submit(bn_fwd, x, mean, var, weight, bias, y, eps=self.eps)
+        self._saved = (xs, mean, var, batch_stats, count)
+        return ys
+
+    def backward(self, rt, dys, need_input_grad=True):
+        xs, mean, var, batch_stats, count = self._saved
+        if not (self.affine or need_input_grad):
+            return None
+        sum_dy = self._temporary(rt, "sum_dy", zero=True)
+        dotp = self._temporary(rt, "dotp", zero=True)
+        for x, dy in zip(xs, dys):
+            rt.submit(bn_bwd_sums, x, dy, mean, sum_dy, dotp)
+        if self.affine:
+            rt.submit(bn_param_grads, sum_dy, dotp, var, self._params["weight"].grad,
+                      self._params["bias"].grad, eps=self.eps)
+        if not need_input_grad:
+            return None
+        weight, _ = self._affine_handles(rt)
+        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        for x, dy, dx in zip(xs, dys, dxs):
+            rt.submit(bn_bwd_input, x, dy, mean, var, weight, sum_dy, dotp, dx, count=count,
+                      eps=self.eps, batch_stats=batch_stats)
+        return dxs
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")

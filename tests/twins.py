@@ -1,0 +1,72 @@
+"""PyTorch twins of hetero_nn layers and models, for the tests that compare with torch.
+
+``torch_module(layer)`` is the ``torch.nn`` module with the same arguments (a Residual
+becomes a module holding ``body`` and ``shortcut`` Sequentials, so the state_dict keys
+agree); ``torch_twin(model, dtype)`` also copies the weights and buffers. Torch is
+imported by the caller (``pytest.importorskip``) before these run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hetero_nn as hn
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def torch_residual_class():
+    torch = _torch()
+
+    class TorchResidual(torch.nn.Module):
+        def __init__(self, body, shortcut=None):
+            super().__init__()
+            self.body = body
+            self.shortcut = shortcut
+
+        def forward(self, x):
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+
+    return TorchResidual
+
+
+def torch_module(layer):
+    """The ``torch.nn`` module with the same arguments as ``layer`` (no weights copied)."""
+    nn = _torch().nn
+    if isinstance(layer, hn.Sequential):
+        return nn.Sequential(*(torch_module(child) for child in layer))
+    if isinstance(layer, hn.Residual):
+        shortcut = None if layer.shortcut is None else torch_module(layer.shortcut)
+        return torch_residual_class()(torch_module(layer.body), shortcut)
+    if isinstance(layer, hn.Conv2D):
+        return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
+                         stride=layer.stride, padding=layer.padding, bias=layer.bias)
+    if isinstance(layer, hn.BatchNorm2D):
+        return nn.BatchNorm2d(layer.num_features, eps=layer.eps, momentum=layer.momentum,
+                              affine=layer.affine, track_running_stats=layer.track_running_stats)
+    if isinstance(layer, hn.Dropout):
+        return nn.Dropout(layer.p)
+    if isinstance(layer, hn.GlobalAvgPool2D):
+        return nn.AdaptiveAvgPool2d(1)
+    if isinstance(layer, hn.AvgPool2D):
+        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding)
+    if isinstance(layer, hn.MaxPool2D):
+        return nn.MaxPool2d(layer.kernel_size, layer.stride)
+    if isinstance(layer, hn.Dense):
+        return nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+    if isinstance(layer, hn.LeakyReLU):
+        return nn.LeakyReLU(layer.negative_slope)
+    simple = {hn.ReLU: nn.ReLU, hn.Sigmoid: nn.Sigmoid, hn.Tanh: nn.Tanh, hn.GELU: nn.GELU,
+              hn.Flatten: nn.Flatten}
+    return simple[type(layer)]()
+
+
+def torch_twin(model, dtype="float64"):
+    """``torch_module(model)`` in ``dtype`` holding a copy of ``model``'s weights and buffers."""
+    torch = _torch()
+    twin = torch_module(model).to(getattr(torch, np.dtype(dtype).name))
+    twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
+    return twin
