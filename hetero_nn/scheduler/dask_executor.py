@@ -8,7 +8,8 @@ BLAS runs one thread per Dask thread: ``threads`` holds the limit in this
 process while the executor lives, ``distributed`` registers a worker plugin
 that sets it in every worker, joining ones included. Registered data (weights
 among it) reaches ``distributed`` workers as futures scattered once per flush,
-never inside the graph. See docs/cluster.md for what these executors cost. ``distributed`` starts a ``LocalCluster`` of worker processes (one
+never inside the graph. See docs/cluster.md for what these executors cost.
+``distributed`` starts a ``LocalCluster`` of worker processes (one
 thread each, as many as the runtime has CPU workers) unless given a scheduler
 address or a ``Client``; a cluster it started is closed with the runtime.
 ``threads`` runs on a thread pool of its own (``dask.threaded.get`` would otherwise
