@@ -72,7 +72,8 @@ import warnings
 from collections import deque
 from pathlib import Path
 
-from .errors import ArenaError, ConfigError, HeteroNNError, TaskError, TrainingDiverged
+from .errors import (ArenaError, ClusterError, ConfigError, HeteroNNError, TaskError,
+                     TrainingDiverged)
 from .tables import format_table
 
 PROG = "hetero-nn"
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=("float32", "float64"), default=_UNSET,
                        help="default: float32")
     _add_runtime_options(train, POLICIES)
+    _add_cluster_options(train)
     run = train.add_argument_group("reproducibility")
     run.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=_UNSET,
                      help="run one fixed variant per codelet so results are bit-reproducible "
@@ -349,8 +351,45 @@ def _add_runtime_options(parser, policies):
                        help="local, dask, distributed or distributed=ADDRESS (default: local)")
     group.add_argument("--connect-timeout", type=_positive_float,
                        default=DEFAULT_CONNECT_TIMEOUT, metavar="SECONDS",
-                       help="give up on a distributed=ADDRESS scheduler that does not answer "
+                       help="give up on a distributed=ADDRESS or --cluster scheduler that does "
+                            "not answer "
                             f"within this time (default: {DEFAULT_CONNECT_TIMEOUT:g})")
+
+
+def _add_cluster_options(parser):
+    group = parser.add_argument_group("cluster (data-parallel over Dask; see docs/cluster.md)")
+    group.add_argument("--cluster", metavar="SPEC",
+                       help="compute gradients on Dask workers: 'local:N' (N worker processes "
+                            "here) or a scheduler address 'tcp://HOST:PORT'")
+    group.add_argument("--cluster-threads", type=_positive_int, default=1, metavar="N",
+                       help="cores of each worker's runtime (default: 1)")
+    group.add_argument("--cluster-devices", type=_devices, metavar="SPEC",
+                       help="each worker's devices instead, e.g. 'cpu:2'")
+
+
+def _connect_cluster(args, stack):
+    """The ``--cluster`` the run computes on (None without it), closed by ``stack``; says
+    where it is. Worker processes it starts ignore SIGINT, as ``dask_client``'s do."""
+    if args.cluster is None:
+        if args.cluster_devices is not None or args.cluster_threads != 1:
+            raise ConfigError("--cluster-threads and --cluster-devices need --cluster")
+        return None
+    from .cluster import connect
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        cluster = connect(args.cluster, threads=args.cluster_threads,
+                          devices=args.cluster_devices, timeout=args.connect_timeout)
+    except ConfigError as exc:
+        raise ConfigError(f"--cluster: {exc}") from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    stack.callback(cluster.close)
+    if not args.quiet:
+        print(f"{PROG}: {cluster.describe()}", file=sys.stderr, flush=True)
+    return cluster
 
 
 # ---------------------------------------------------------------------------------------
@@ -742,6 +781,7 @@ class _RunFiles:
                             "variants": list(self.rt.preferred)},
                 "variants_run": {c: dict(sorted(v.items()))
                                  for c, v in sorted(self.variants_run.items())},
+                "cluster": t.cluster.facts() if t.cluster is not None else None,
                 "granularity": t.granularity,
                 "granularity_timings": {str(g): s for g, s in t.granularity_timings.items()},
                 "epochs": history,
@@ -794,16 +834,17 @@ def cmd_train(args) -> int:
     earlier_run = _check_out(args.out, resuming=ckpt is not None, overwrite=args.overwrite)
     with contextlib.ExitStack() as stack:
         client = dask_client(args.executor, args.devices, stack, args.connect_timeout)
+        cluster = _connect_cluster(args, stack)
         train, test = _load_datasets(run, run["data_dir"])
         rt = make_runtime(args.devices, args.policy, client or args.executor,
                           deterministic=run["deterministic"], calibrate=run["calibrate"],
                           trace=True)  # the task records say which variants ran
         stack.callback(rt.close)
         with _Interrupts() as interrupts:
-            return _train(args, run, ckpt, rt, train, test, earlier_run, interrupts)
+            return _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster)
 
 
-def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts) -> int:
+def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=None) -> int:
     """The training run proper, on ``rt``: writes the output folder, prints the summary."""
     from .models import build_model
     from .layers.loss import SoftmaxCrossEntropy
@@ -837,7 +878,7 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts) -> int:
                       granularity=granularity, seed=run["seed"],  # dtype: the model's
                       scheduler=scheduler, scheduler_interval=run.get("schedule_interval"),
                       clip_grad_norm=run.get("clip_grad_norm"),
-                      augment=transforms.get("augment"))
+                      augment=transforms.get("augment"), cluster=cluster)
     trainer.config = {"run": run, **transforms.get("config", {})}
     if ckpt is not None:
         trainer.load_checkpoint(ckpt.path)
@@ -1064,7 +1105,7 @@ def cmd_models(args) -> int:
 
 _COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "datasets": cmd_datasets,
              "perfmodel": cmd_perfmodel, "models": cmd_models}
-_RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError)
+_RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError, ClusterError)
 
 
 def _one_line(exc) -> str:

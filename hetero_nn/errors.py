@@ -67,3 +67,7 @@ class TrainingDiverged(HeteroNNError, FloatingPointError):
 class DeviceMemoryError(HeteroNNError, MemoryError):
     """A device memory node cannot hold what a task needs, even after evicting
     every replica that is valid elsewhere (it says how many bytes, and where)."""
+
+
+class ClusterError(HeteroNNError, RuntimeError):
+    """A Dask cluster lost the work of a step (no worker left, scheduler gone)."""

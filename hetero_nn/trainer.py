@@ -183,6 +183,11 @@ class Trainer:
         ``augment(x, indices, seed=, epoch=)`` applied to every training batch on the
         loader thread (:mod:`hetero_nn.transforms`), e.g.
         ``hn.transforms.standard_augmentation(train)``.
+    cluster : distributed.Client, str or Cluster, optional
+        Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
+        a client or a :class:`hetero_nn.cluster.Cluster`); the optimizer step runs here.
+        See :mod:`hetero_nn.cluster`; a cluster made from a string or client is closed
+        by :meth:`close`.
 
     Examples
     --------
@@ -198,7 +203,7 @@ class Trainer:
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
                  granularity=1, dtype=None, seed=0, *, scheduler=None,
-                 scheduler_interval=None, clip_grad_norm=None, augment=None):
+                 scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
@@ -229,6 +234,17 @@ class Trainer:
         self._warmed_up = False  # the first step of this process is timed apart (compilation)
         #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
         self.config: dict = {}
+        self.cluster = None
+        if cluster is not None:
+            from .cluster import Cluster, connect
+            if self.auto_granularity:
+                raise ConfigError("granularity='auto' times local passes; with a cluster give "
+                                  "an integer (a multiple of the workers deals best)")
+            if self.augment is not None:
+                raise ConfigError("augment= runs on the client's loader thread; with a cluster "
+                                  "the workers read their batches themselves: give one or the other")
+            self._own_cluster = not isinstance(cluster, Cluster)
+            self.cluster = connect(cluster)
 
     def _init_training_options(self, scheduler, interval, clip, augment):
         if scheduler is not None and not isinstance(scheduler, LRScheduler):
@@ -291,6 +307,8 @@ class Trainer:
     # ------------------------------------------------------------ steps
     def train_step(self, x, y) -> float:
         """One optimizer step on one batch; returns the batch's mean loss."""
+        if self.cluster is not None:
+            return self.cluster.train_step(self, x, y)
         rt = self.runtime
         xs, ys = self._batch(x, y)
         self.model.zero_grad(rt)
@@ -468,10 +486,14 @@ class Trainer:
                                 not bar_wanted)
             try:
                 t_last = time.perf_counter()
-                augment = None if self.augment is None else functools.partial(
-                    self.augment, seed=self.seed, epoch=e)
-                batches = prefetched_batches(data, order, bs, self.step_in_epoch, num_batches,
-                                             self.dtype, self._batch_arenas, augment)
+                if self.cluster is not None:  # the data is on the workers: batches are indices
+                    batches = self.cluster.batches(data, order, bs, self.step_in_epoch, num_batches)
+                else:
+                    augment = None if self.augment is None else functools.partial(
+                        self.augment, seed=self.seed, epoch=e)
+                    batches = prefetched_batches(data, order, bs, self.step_in_epoch,
+                                                 num_batches, self.dtype, self._batch_arenas,
+                                                 augment)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -664,6 +686,8 @@ class Trainer:
 
     # ------------------------------------------------------------ lifetime
     def close(self):
+        if self.cluster is not None and self._own_cluster:
+            self.cluster.close()
         if self._own_runtime:
             self.runtime.close()
 

@@ -50,10 +50,12 @@ class _Loss:
             rt.submit(fill_zero, h[1])
         return h
 
-    def _divisor(self, outputs, per_sample=False):
+    def _divisor(self, outputs, per_sample=False, batch=None):
+        """What the sum is divided by; ``batch``: the batch's sample count when
+        ``outputs`` are only some of its partitions (a cluster worker's)."""
         if self.reduction == "sum":
             return 1
-        n = sum(x.shape[0] for x in outputs)
+        n = sum(x.shape[0] for x in outputs) if batch is None else batch
         return n * int(np.prod(outputs[0].shape[1:])) if per_sample else n
 
     @staticmethod
@@ -86,9 +88,9 @@ class SoftmaxCrossEntropy(_Loss):
                               f"{label_smoothing!r}")
         self.label_smoothing = eps
 
-    def __call__(self, rt, logits, labels, *, grad=True):
+    def __call__(self, rt, logits, labels, *, grad=True, batch=None):
         """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``."""
-        batch = self._divisor(logits)
+        batch = self._divisor(logits, batch=batch)
         dtype = logits[0].dtype
         loss, correct = self._handles(rt, dtype, zero=False)
         eps = self.label_smoothing
@@ -117,8 +119,8 @@ class NLLLoss(_Loss):
     """``torch.nn.NLLLoss(reduction="mean")`` over log-probabilities ``(n, K)`` (a model
     ending with :class:`LogSoftmax`) and int labels."""
 
-    def __call__(self, rt, logp, labels, *, grad=True):
-        batch = self._divisor(logp)
+    def __call__(self, rt, logp, labels, *, grad=True, batch=None):
+        batch = self._divisor(logp, batch=batch)
         loss, correct = self._handles(rt, logp[0].dtype)
         dlogp = _like_batch(rt, logp, logp[0].shape[1:], logp[0].dtype, "dlogp")
         for lp, y, dl in zip(logp, labels, dlogp):
@@ -136,8 +138,8 @@ class MSELoss(_Loss):
     and also count the correct argmaxes (0 with float targets).
     """
 
-    def __call__(self, rt, outputs, targets, *, grad=True):
-        numel = self._divisor(outputs, per_sample=True)
+    def __call__(self, rt, outputs, targets, *, grad=True, batch=None):
+        numel = self._divisor(outputs, per_sample=True, batch=batch)
         dtype = outputs[0].dtype
         loss, correct = self._handles(rt, dtype)
         labels = targets[0].dtype.kind in "iu"

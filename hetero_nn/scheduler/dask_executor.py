@@ -2,7 +2,14 @@
 
 Both run the graph of :mod:`hetero_nn.scheduler.graph`, where codelets are
 pure; the final version of every handle written is copied back into its host
-replica. ``distributed`` starts a ``LocalCluster`` of worker processes (one
+replica. They run the variants the local executor would (pinned, preferred or
+the performance model's choice, fed with the times the tasks measured), and
+BLAS runs one thread per Dask thread: ``threads`` holds the limit in this
+process while the executor lives, ``distributed`` registers a worker plugin
+that sets it in every worker, joining ones included. Registered data (weights
+among it) reaches ``distributed`` workers as futures scattered once per flush,
+never inside the graph. See docs/cluster.md for what these executors cost.
+``distributed`` starts a ``LocalCluster`` of worker processes (one
 thread each, as many as the runtime has CPU workers) unless given a scheduler
 address or a ``Client``; a cluster it started is closed with the runtime.
 ``threads`` runs on a thread pool of its own (``dask.threaded.get`` would otherwise
@@ -32,6 +39,9 @@ class DaskExecutor:
         self._cluster = None
         self._address = address
         self._pool = None
+        self._blas = None
+        if mode == "threads":
+            self._blas = _one_blas_thread()
         if any(w.kind != "cpu" for w in self.workers):
             raise DeviceError("the Dask executors run codelets on CPU workers only; use "
                               "executor='local' for CUDA devices")
@@ -48,6 +58,9 @@ class DaskExecutor:
                                              dashboard_address=None)
                 self._client = Client(self._cluster)
             self._own_client = True
+        if not getattr(self._client, "_hetero_nn_blas", False):
+            self._client.register_plugin(OneBlasThread(), name="hetero_nn-one-blas-thread")
+            self._client._hetero_nn_blas = True
         return self._client
 
     def run(self, tasks):
@@ -64,7 +77,11 @@ class DaskExecutor:
                                                 thread_name_prefix="hetero_nn-dask")
             values = dask.threaded.get(dsk, keys, pool=self._pool)
         else:
-            values = self.client.get(dsk, keys)
+            client = self.client
+            data = {k: v for k, v in dsk.items() if isinstance(v, np.ndarray)}
+            if data:  # registered arrays travel as scattered futures, not graph literals
+                dsk.update(client.scatter(data, hash=False))
+            values = client.get(dsk, keys)
         node0 = rt.nodes[0]
         for h, value in zip(outputs, values):
             with h._lock:
@@ -75,8 +92,12 @@ class DaskExecutor:
             t.t_start = start - offset
             t.t_end = end - offset
             t.worker = worker
+            rt.record(t, "cpu")
 
     def close(self):
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -85,3 +106,25 @@ class DaskExecutor:
             if self._cluster is not None:
                 self._cluster.close()
         self._client = self._cluster = None
+
+
+def _one_blas_thread():
+    """Hold BLAS to one thread in this process (None without threadpoolctl or a BLAS)."""
+    try:
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(limits=1, user_api="blas")
+    except Exception:
+        return None
+
+
+try:
+    from distributed import WorkerPlugin as _WorkerPlugin
+except ImportError:  # the threads executor needs only dask
+    _WorkerPlugin = object
+
+
+class OneBlasThread(_WorkerPlugin):
+    """A distributed worker plugin: BLAS at one thread, so a worker's N Dask threads use N cores."""
+
+    def setup(self, worker):
+        self.limits = _one_blas_thread()

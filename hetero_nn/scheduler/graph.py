@@ -9,9 +9,11 @@ make, see :mod:`hetero_nn.arena.handle`): each cell maps to the key and box of
 the last value written over it. A read whose cells all come from one value is
 that key or a slice of it; otherwise the view is assembled from the pieces
 (one per cell), so views of different plans compose however they overlap.
-Registered data enters the graph as literal arrays. Because nothing is updated
-in place, ``dask.threaded.get`` and a ``distributed.Client`` can run the graph
-unchanged and Dask can recompute what a dead worker lost.
+Registered data enters the graph as arrays under ``data-*`` keys, which the
+distributed executor replaces by scattered futures (no array travels inside the
+graph). Because nothing is updated in place, ``dask.threaded.get`` and a
+``distributed.Client`` can run the graph unchanged and Dask can recompute what a
+dead worker lost (but for a scattered input: its loss fails the flush).
 """
 
 from __future__ import annotations
@@ -174,7 +176,8 @@ def build_graph(runtime, tasks):
     """``(dsk, outputs, timing_keys)`` for ``tasks``; see :class:`GraphBuilder`."""
     g = GraphBuilder(runtime)
     for t in tasks:
-        cands = runtime.candidates(t.codelet, "cpu") or runtime.candidates(t.codelet, "cuda")
-        t.variant = cands[0]
+        # the variant the local executor would run (pinned, preferred, or the perfmodel's)
+        kind = "cpu" if runtime.candidates(t.codelet, "cpu") else "cuda"
+        t.variant = runtime.choose_variant(t, kind)
         g.add(t, t.variant)
     return g.dsk, g.outputs(), [f"{g.task_key(t)}-time" for t in tasks]

@@ -32,7 +32,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..arena.handle import Handle
 from ..codelets.codelet import R, SCRATCH
 from ..errors import ConfigError
 from .devices import Worker, parse_devices

@@ -267,12 +267,12 @@ class Trace:
 
     def format_links(self) -> str:
         """:meth:`links` as an aligned table."""
-        lines = [("link", "copies", "bytes", "ms", "GB/s")]
+        lines = []
         for (src, dst), row in self.links().items():
             rate = row["bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
             lines.append((f"{src} -> {dst}", str(row["copies"]), str(row["bytes"]),
                           f"{1e3 * row['seconds']:.3f}", f"{rate:.2f}"))
-        return _format_table(lines, left=frozenset({0}))
+        return format_table(("link", "copies", "bytes", "ms", "GB/s"), lines)
 
     # -- exporters ----------------------------------------------------------------------------
 
