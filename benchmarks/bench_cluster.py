@@ -44,7 +44,6 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.cli import FIXED_VARIANTS
 from hetero_nn.cluster import connect
 
 MODELS = {"dahl-basic": (1, 28), "lenet5": (1, 28), "cifar-small": (3, 32)}
@@ -60,7 +59,7 @@ def _measure(model_name, batch, config, args, clusters):
     cluster = clusters.get(config)
     devices = "cpu:1" if cluster is not None else config
     timings = []
-    with (hn.Runtime(devices=devices, deterministic=True, variants=FIXED_VARIANTS,
+    with (hn.Runtime(devices=devices, deterministic=True,
                      perfmodel=False, trace=False) as rt,
           hn.Trainer(model, runtime=rt, batch_size=batch, granularity=args.granularity,
                      cluster=cluster) as trainer):

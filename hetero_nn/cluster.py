@@ -149,7 +149,7 @@ class _WorkerState:
         The batch's ``first`` partition starts from ``zero_grad`` (its contributions
         overwrite fresh gradients, as in one process); any other starts from zeroed,
         not fresh, gradients, so its contributions are submitted as REDUX with the
-        codelet one process uses for them (the overwriting twin may run another variant).
+        codelet one process uses for them.
         """
         rt, model = self.runtime, self.model
         if first:

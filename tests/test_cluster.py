@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("distributed")
 
 import hetero_nn as hn  # noqa: E402
-from hetero_nn.cli import FIXED_VARIANTS, main  # noqa: E402
+from hetero_nn.cli import main  # noqa: E402
 from hetero_nn.cluster import blocks, connect, partition_starts  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -102,7 +102,7 @@ def test_sigkilled_worker_loses_nothing(reference, cluster):
             killed.append(pids[0])
             threading.Timer(0.01, os.kill, (pids[0], signal.SIGKILL)).start()
 
-    with (hn.Runtime(devices="cpu:1", deterministic=True, variants=FIXED_VARIANTS,
+    with (hn.Runtime(devices="cpu:1", deterministic=True,
                      perfmodel=False, trace=False) as rt,
           hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.02, momentum=0.9), runtime=rt,
                      batch_size=64, granularity=4, seed=0, cluster=cluster) as trainer):

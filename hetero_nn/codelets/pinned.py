@@ -6,9 +6,11 @@ performance model picks variants by timing, so two runs could mix them
 differently; a pinned runtime (``Runtime(deterministic=True)``, the default, and
 the CLI unless ``--no-deterministic``) runs, per codelet and device kind, the
 first variant of this table the codelet has, and its first declared variant for
-a kind the table names none of. With REDUX trees whose shape does not depend on
-the schedule, runs then give the same bits whatever the policy, the worker count
-or the executor.
+a kind the table names none of. A derived codelet (``"<name>.overwrite"``,
+see :func:`~hetero_nn.codelets.reduce.overwriting`) follows its base's entry, so
+every contribution to one gradient runs the same kernel. With REDUX trees whose
+shape does not depend on the schedule, runs then give the same bits whatever the
+policy, the worker count or the executor.
 
 The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
 convolutions, the Numba kernels, and the NumPy (BLAS) references for the dense

@@ -405,7 +405,9 @@ class Runtime:
         c = self._candidates.get(key)
         if c is None:
             names = codelet.kinds.get(kind, ())
-            order = self.preferred.get(codelet.name, self.preferred.get("*", ()))
+            base = codelet.name.partition(".")[0]  # a twin ("<name>.overwrite") runs as its base
+            order = self.preferred.get(codelet.name,
+                                       self.preferred.get(base, self.preferred.get("*", ())))
             preferred = tuple(n for n in order if n in names)
             c = preferred if preferred else names
             if self.deterministic or preferred:
