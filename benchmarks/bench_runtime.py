@@ -253,21 +253,19 @@ def main(argv=None):
            "workers": workers, "cpu_count": os.cpu_count(), "machine": platform.platform(),
            "python": platform.python_version(), "numpy": np.__version__,
            "hetero_nn": hn.__version__}
-    if "readers" in args.only:
-        print(f"readers of one handle, then one writer, one flush (local eager, best of {repeat})")
-        print(f"{'readers':>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
-        doc["readers_us_per_task"] = {}
+    pending_tables = (
+        ("readers", "readers of one handle, then one writer, one flush", "readers",
+         time_wide_readers),
+        ("plans", "RW on every part of two plans of one handle", "parts", time_two_plans))
+    for name, title, unit, timer in pending_tables:
+        if name not in args.only:
+            continue
+        print(f"{title} (local eager, best of {repeat})")
+        print(f"{unit:>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
+        doc[f"{name}_us_per_task"] = table = {}
         for count in args.readers:
-            sub, total = time_wide_readers(count, repeat, workers)
-            doc["readers_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
-            print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
-    if "plans" in args.only:
-        print(f"RW on every part of two plans of one handle (local eager, best of {repeat})")
-        print(f"{'parts':>8}  {'submit us/task':>14}  {'submit+wait us/task':>19}")
-        doc["plans_us_per_task"] = {}
-        for count in args.readers:
-            sub, total = time_two_plans(count, repeat, workers)
-            doc["plans_us_per_task"][count] = {"submit": 1e6 * sub, "total": 1e6 * total}
+            sub, total = timer(count, repeat, workers)
+            table[count] = {"submit": 1e6 * sub, "total": 1e6 * total}
             print(f"{count:>8}  {1e6 * sub:>14.2f}  {1e6 * total:>19.2f}", flush=True)
     if "perfmodel" in args.only:
         doc["perfmodel_ns_per_call"] = calls = time_perfmodel_calls()

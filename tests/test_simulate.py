@@ -29,16 +29,22 @@ def _schedule(graph):
     return [(t.id, t.worker.name, t.start, t.end) for t in graph]
 
 
-def test_eager_on_two_cores_gives_the_hand_computed_schedule():
-    """A(3) -> B(2), C(4) -> D(1) on two CPU workers, no dispatch cost:
-    A on cpu0 [0, 3]; cpu0 releases B and C and takes B [3, 5], cpu1 takes C [3, 7];
-    C's worker releases D and takes it [7, 8]."""
-    cl = hn.Codelet("sim_rw", modes=(RW,), variants={"ref": _noop})
+def _diamond(name):
+    """A(3 s) -> B(2 s), C(4 s) -> D(1 s) on the CPU, each task writing its own handle."""
+    cl = hn.Codelet(name, modes=(RW,), variants={"ref": _noop})
     h = [SimHandle(f"h{i}", 8, valid={0}) for i in range(4)]
     a = _task(0, cl, [h[0]], [], {"cpu": 3.0})
     b = _task(1, cl, [h[1]], [a], {"cpu": 2.0})
     c = _task(2, cl, [h[2]], [a], {"cpu": 4.0})
     d = _task(3, cl, [h[3]], [b, c], {"cpu": 1.0})
+    return a, b, c, d
+
+
+def test_eager_on_two_cores_gives_the_hand_computed_schedule():
+    """A(3) -> B(2), C(4) -> D(1) on two CPU workers, no dispatch cost:
+    A on cpu0 [0, 3]; cpu0 releases B and C and takes B [3, 5], cpu1 takes C [3, 7];
+    C's worker releases D and takes it [7, 8]."""
+    a, b, c, d = _diamond("sim_rw")
     machine = _Machine(Platform(workers={"cpu": 2}), None)
     moved = {}
     end = simulate_graph([a, b, c, d], machine, make_policy("eager", machine), 0.0, 0.0, moved)
@@ -52,12 +58,7 @@ def test_eager_on_two_cores_gives_the_hand_computed_schedule():
 def test_every_policy_replays_the_graph_between_its_bounds(policy):
     """Every task runs once, after its predecessors; the makespan lies between the
     critical path (A, C, D: 8 s) and the serial sum (10 s)."""
-    cl = hn.Codelet("sim_rw2", modes=(RW,), variants={"ref": _noop})
-    h = [SimHandle(f"h{i}", 8, valid={0}) for i in range(4)]
-    a = _task(0, cl, [h[0]], [], {"cpu": 3.0})
-    b = _task(1, cl, [h[1]], [a], {"cpu": 2.0})
-    c = _task(2, cl, [h[2]], [a], {"cpu": 4.0})
-    d = _task(3, cl, [h[3]], [b, c], {"cpu": 1.0})
+    a, b, c, d = _diamond("sim_rw2")
     machine = _Machine(Platform(workers={"cpu": 2}), None)
     end = simulate_graph([a, b, c, d], machine, make_policy(policy, machine), 0.0, 0.0, {})
     assert 8.0 <= end <= 10.0
