@@ -185,3 +185,51 @@ def test_a_step_count_parameter_is_submitted_not_replayed():
     replayed, captured = _train("odd-strided", "ws", 3, True, optimizer=hn.optim.Adam(lr=1e-3))
     submitted, _ = _train("odd-strided", "ws", 3, False, optimizer=hn.optim.Adam(lr=1e-3))
     assert replayed == submitted and captured == 0
+
+
+def test_heft_plans_once():
+    with hn.Runtime(devices="cpu:2", policy="heft", perfmodel=False) as rt:
+        policy = rt.executor.policy
+        planned = []
+        prepare = policy.prepare
+        policy.prepare = lambda tasks: (planned.append(len(tasks)), prepare(tasks))
+        x = rt.register(np.ones((6, 2)), name="x")
+        acc = rt.register(np.zeros(2), name="acc")
+        with rt.capture() as graph:
+            _program(rt, x, acc)
+        assigned = [t.assigned for s in graph._segments for t, _, _ in s]
+        graph.replay()
+        graph.replay()
+        assert planned == [graph.num_tasks]
+        assert [t.assigned for s in graph._segments for t, _, _ in s] == assigned
+        np.testing.assert_array_equal(rt.fetch(acc), np.full(2, 3 * 6 * 9.0))
+
+
+def _fit(replay, model):
+    rng = np.random.default_rng(5)
+    train = (rng.standard_normal((2 * BATCH + 5, *INPUT_SHAPE)), rng.integers(0, 10, 2 * BATCH + 5))
+    val = (rng.standard_normal((7, *INPUT_SHAPE)), rng.integers(0, 10, 7))
+    with hn.Runtime(devices="cpu:2", policy="ws", perfmodel=False) as rt:
+        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=rt,
+                             batch_size=BATCH, granularity=3, dtype="float64", replay=replay)
+        history = trainer.fit(train, epochs=3, validation=val, verbose=0)
+        state = model.state_dict()
+    return ([(r["train_loss"], r["test_loss"], r["train_accuracy"]) for r in history], state,
+            trainer.graphs_captured)
+
+
+def test_fit_with_the_loader_a_short_last_batch_and_evaluation_equals_submission():
+    replayed = _fit(True, odd_strided())
+    submitted = _fit(False, odd_strided())
+    assert replayed[0] == submitted[0]
+    assert all(np.array_equal(replayed[1][k], submitted[1][k]) for k in submitted[1])
+    assert replayed[2] == 3 and submitted[2] == 0
+
+
+def test_dropout_in_training_mode_is_submitted_not_replayed():
+    def net():
+        hn.manual_seed(3)
+        return hn.Sequential(hn.Flatten(), hn.Dropout(0.3, seed=1), hn.Dense(784, 10))
+    replayed = _fit(True, net())
+    submitted = _fit(False, net())
+    assert replayed[0] == submitted[0] and replayed[2] == 0
