@@ -58,8 +58,8 @@ from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_o
 from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.base import evaluating, keeping_state
 from .layers.dropout import Dropout, dropout_state, load_dropout_state
-from .layers.normalization import BatchNorm2D
 from .layers.loss import SoftmaxCrossEntropy
+from .layers.normalization import BatchNorm2D
 from .optim import SGD, LRScheduler, submit_clip_grad_norm
 from .scheduler.runtime import Runtime
 
