@@ -30,8 +30,10 @@ changes every step cannot be replayed, so those steps are submitted: Adam and
 AdamW (the step count), a schedule stepped every step (the learning rate),
 Dropout in training mode (the mask's step) and BatchNorm2D tracking running
 statistics (its batch counter lives on the host). An epoch schedule captures
-one graph per learning rate; at most ``_MAX_GRAPHS`` graphs are kept. Evaluation
-and ``predict`` are submitted.
+one graph per learning rate. ``evaluate_batch`` (and so ``evaluate``) captures and
+replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
+timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
+graphs are kept, the oldest dropped.
 
 ``granularity="auto"`` picks g when the first batch arrives by timing: for g in
 1, 2, 4, ... up to ``min(batch, 4 * workers)``, one warm-up and three timed
@@ -70,7 +72,7 @@ HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accu
 _AUTO_REPEATS = 3
 _AUTO_TOLERANCE = 1.05
 _AUTO_PER_WORKER = 4
-_MAX_GRAPHS = 4  # captured train steps kept (oldest dropped)
+_MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
 
 
 class _ArrayData:
@@ -338,17 +340,16 @@ class Trainer:
         """One optimizer step on one batch; returns the batch's mean loss."""
         if self.cluster is not None:
             return self.cluster.train_step(self, x, y)
-        key = self._step_key(x, y) if self.replay else None
+        opt_key = self.optimizer.replay_key()
+        if self.scheduler is not None and self.scheduler_interval == "step":
+            opt_key = None  # the learning rate changes every step
+        key = self._step_key(x, y, opt_key) if self.replay else None
         if key is None:
             return self._read_step(*self._submit_step(*self._batch(x, y)))
-        step = self._graphs.get(key)
-        if step is None:
-            return self._read_step(*self._capture_step(key, x, y))
-        step.graph.write(step.x, x)
-        step.graph.write(step.y, y)
-        step.graph.replay()
-        self.optimizer.replayed()
-        return self._read_step(*step.results)
+        results, replayed = self._run_captured(key, x, y, self._submit_step)
+        if replayed:
+            self.optimizer.replayed()
+        return self._read_step(*results)
 
     def _submit_step(self, xs, ys):
         """Submit one optimizer step; returns the handles of its loss, correct count and
@@ -371,11 +372,11 @@ class Trainer:
             self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return value
 
-    def _step_key(self, x, y):
-        """The step key of ``(x, y)`` (module docstring), or None when the step must be
+    def _step_key(self, x, y, what):
+        """The step key of ``(x, y)`` for a step of kind ``what`` (the optimizer's
+        ``replay_key`` or ``"eval"``; module docstring), or None when the step must be
         submitted. Resolves the granularity and builds and binds the model first."""
-        opt_key = self.optimizer.replay_key()
-        if opt_key is None or (self.scheduler is not None and self.scheduler_interval == "step"):
+        if what is None:
             return None
         modes = []
         for _, layer in self.model.named_modules():
@@ -387,30 +388,47 @@ class Trainer:
         if self.granularity is None:
             self.tune_granularity(x, y)
         self._prepare(x)
-        return (x.shape, np.shape(y), self.dtype, self.granularity, opt_key, tuple(modes),
+        return (x.shape, np.shape(y), self.dtype, self.granularity, what, tuple(modes),
                 getattr(self.model, "fuse", None))
 
-    def _capture_step(self, key, x, y):
-        """Submit the step inside a capture, on handles of the graph's own batch buffers."""
+    def _run_captured(self, key, x, y, submit):
+        """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
+        the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
+        Returns ``(submit's result handles, whether it replayed)``."""
+        step = self._graphs.get(key)
+        if step is not None:
+            step.graph.write(step.x, x)
+            step.graph.write(step.y, y)
+            step.graph.replay()
+            return step.results, True
         rt = self.runtime
         xh = rt.register(np.array(x, dtype=self.dtype), name="x")  # copies: the loader reuses x
         yh = rt.register(self._labels(xh, y).copy(), name="y")
         with rt.capture() as graph:
-            results = self._submit_step(self._split(xh), self._split(yh))
+            results = submit(self._split(xh), self._split(yh))
         if len(self._graphs) >= _MAX_GRAPHS:
             del self._graphs[next(iter(self._graphs))]
         self._graphs[key] = _CapturedStep(graph, xh, yh, results)
         self.graphs_captured += 1
-        return results
+        return results, False
 
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
-        xs, ys = self._batch(x, y)
+        with evaluating(self.model):
+            key = self._step_key(x, y, "eval") if self.replay else None
+        if key is None:
+            loss, correct = self._submit_eval(*self._batch(x, y))
+        else:
+            (loss, correct), _ = self._run_captured(key, x, y, self._submit_eval)
+        return float(rt.fetch(loss)), int(rt.fetch(correct))
+
+    def _submit_eval(self, xs, ys):
+        rt = self.runtime
         with evaluating(self.model):
             logits = self.model.forward(rt, xs)
         loss, correct, _ = self.loss(rt, logits, ys, grad=False)
-        return float(rt.fetch(loss)), int(rt.fetch(correct))
+        return loss, correct
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""

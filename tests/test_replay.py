@@ -223,7 +223,7 @@ def test_fit_with_the_loader_a_short_last_batch_and_evaluation_equals_submission
     submitted = _fit(False, odd_strided())
     assert replayed[0] == submitted[0]
     assert all(np.array_equal(replayed[1][k], submitted[1][k]) for k in submitted[1])
-    assert replayed[2] == 3 and submitted[2] == 0
+    assert replayed[2] == 4 and submitted[2] == 0  # first step, 12, 5, and evaluation (7)
 
 
 def test_dropout_in_training_mode_is_submitted_not_replayed():
@@ -232,4 +232,4 @@ def test_dropout_in_training_mode_is_submitted_not_replayed():
         return hn.Sequential(hn.Flatten(), hn.Dropout(0.3, seed=1), hn.Dense(784, 10))
     replayed = _fit(True, net())
     submitted = _fit(False, net())
-    assert replayed[0] == submitted[0] and replayed[2] == 0
+    assert replayed[0] == submitted[0] and replayed[2] == 1  # evaluation only (dropout off)
