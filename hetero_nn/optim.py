@@ -79,6 +79,16 @@ class Optimizer:
     def _submit(self, rt, p, buffers):
         raise NotImplementedError
 
+    def replay_key(self):
+        """What the parameters of the next ``step``'s tasks depend on besides the data
+        (hashable), or None when they change every step, so a captured step cannot be
+        replayed (see :meth:`hetero_nn.trainer.Trainer.train_step`)."""
+        return None
+
+    def replayed(self):
+        """Count a step run by replaying a captured graph (``step`` was not called)."""
+        self.steps += 1
+
     def hyper(self) -> dict:
         raise NotImplementedError
 
@@ -137,6 +147,10 @@ class SGD(Optimizer):
     def hyper(self):
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def replay_key(self):
+        """The hyper-parameters, and whether the next step is the first (``first``)."""
+        return (*self.hyper().items(), self.steps == 0)
 
     def __repr__(self):
         return "SGD(" + ", ".join(f"{k}={v}" for k, v in self.hyper().items()) + ")"

@@ -17,6 +17,24 @@ a checkpoint holding them resumes bit for bit (given the same granularity and
 the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 ``deterministic``).
 
+Replay: with ``replay=True`` (the default) the first step of each *step key*
+(batch shape, dtype, granularity, the layers' train/eval modes, the model's ``fuse``, the
+optimizer's :meth:`~hetero_nn.optim.Optimizer.replay_key`: its hyper-parameters and
+whether the step is the first) is captured with
+:meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into
+a graph that owns copies of the batch; later steps of that key copy the new batch
+into those buffers and replay the graph (no task built, no dependency inferred),
+bit for bit the same as submitting. The runtime (devices, policy, variants) is
+fixed per trainer and rebinding the model drops the graphs. A task parameter that
+changes every step cannot be replayed, so those steps are submitted: Adam and
+AdamW (the step count), a schedule stepped every step (the learning rate),
+Dropout in training mode (the mask's step) and BatchNorm2D tracking running
+statistics (its batch counter lives on the host). An epoch schedule captures
+one graph per learning rate. ``evaluate_batch`` (and so ``evaluate``) captures and
+replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
+timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
+graphs are kept, the oldest dropped.
+
 ``granularity="auto"`` picks g when the first batch arrives by timing: for g in
 1, 2, 4, ... up to ``min(batch, 4 * workers)``, one warm-up and three timed
 passes of forward, loss and backward (no optimizer update, so the weights are
@@ -41,8 +59,9 @@ from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_o
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.base import evaluating, keeping_state
-from .layers.dropout import dropout_state, load_dropout_state
+from .layers.dropout import Dropout, dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
+from .layers.normalization import BatchNorm2D
 from .optim import SGD, LRScheduler, submit_clip_grad_norm
 from .scheduler.runtime import Runtime
 
@@ -53,6 +72,7 @@ HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accu
 _AUTO_REPEATS = 3
 _AUTO_TOLERANCE = 1.05
 _AUTO_PER_WORKER = 4
+_MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
 
 
 class _ArrayData:
@@ -183,6 +203,8 @@ class Trainer:
         ``augment(x, indices, seed=, epoch=)`` applied to every training batch on the
         loader thread (:mod:`hetero_nn.transforms`), e.g.
         ``hn.transforms.standard_augmentation(train)``.
+    replay : bool
+        Capture a step's task graph once per step key and replay it (module docstring).
     cluster : distributed.Client, str or Cluster, optional
         Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
         a client or a :class:`hetero_nn.cluster.Cluster`); the optimizer step runs here.
@@ -203,7 +225,8 @@ class Trainer:
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
                  granularity=1, dtype=None, seed=0, *, scheduler=None,
-                 scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None):
+                 scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None,
+                 replay=True):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
@@ -221,6 +244,9 @@ class Trainer:
         self.seed = int(seed)
         self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
         self._bound = None
+        self.replay = bool(replay)
+        self._graphs: dict = {}  # step key -> _CapturedStep
+        self.graphs_captured = 0
         self._batch_arenas = ArenaPair("batches")
         self.last_correct = 0
         # the run's position (see the module docstring)
@@ -281,6 +307,7 @@ class Trainer:
             self.model.build(sample, self.dtype)
             self._bound = None
         if self._bound is not rt:
+            self._graphs.clear()  # they hold the handles of the previous binding
             self.model.bind(rt)
             self.optimizer.bind(self.model.named_parameters(), rt)
             self._bound = rt
@@ -298,19 +325,36 @@ class Trainer:
         xs = self._split(rt.register(x, name="x"))
         ys = None
         if y is not None:
-            y = np.ascontiguousarray(y, dtype=np.int64)
-            if y.shape != (x.shape[0],):
-                raise ConfigError(f"labels of shape {y.shape} do not match a batch of {x.shape[0]} samples")
-            ys = self._split(rt.register(y, name="y"))
+            ys = self._split(rt.register(self._labels(x, y), name="y"))
         return xs, ys
+
+    @staticmethod
+    def _labels(x, y):
+        y = np.ascontiguousarray(y, dtype=np.int64)
+        if y.shape != (x.shape[0],):
+            raise ConfigError(f"labels of shape {y.shape} do not match a batch of {x.shape[0]} samples")
+        return y
 
     # ------------------------------------------------------------ steps
     def train_step(self, x, y) -> float:
         """One optimizer step on one batch; returns the batch's mean loss."""
         if self.cluster is not None:
             return self.cluster.train_step(self, x, y)
+        opt_key = self.optimizer.replay_key()
+        if self.scheduler is not None and self.scheduler_interval == "step":
+            opt_key = None  # the learning rate changes every step
+        key = self._step_key(x, y, opt_key) if self.replay else None
+        if key is None:
+            return self._read_step(*self._submit_step(*self._batch(x, y)))
+        results, replayed = self._run_captured(key, x, y, self._submit_step)
+        if replayed:
+            self.optimizer.replayed()
+        return self._read_step(*results)
+
+    def _submit_step(self, xs, ys):
+        """Submit one optimizer step; returns the handles of its loss, correct count and
+        squared gradient norm (None without clipping)."""
         rt = self.runtime
-        xs, ys = self._batch(x, y)
         self.model.zero_grad(rt)
         logits = self.model.forward(rt, xs)
         loss, correct, dlogits = self.loss(rt, logits, ys)
@@ -318,20 +362,73 @@ class Trainer:
         norm_sq = (submit_clip_grad_norm(self.optimizer, self.clip_grad_norm)
                    if self.clip_grad_norm is not None else None)
         self.optimizer.step(rt)
+        return loss, correct, norm_sq
+
+    def _read_step(self, loss, correct, norm_sq) -> float:
+        rt = self.runtime
         value = float(rt.fetch(loss))
         self.last_correct = int(rt.fetch(correct))
         if norm_sq is not None:
             self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return value
 
+    def _step_key(self, x, y, what):
+        """The step key of ``(x, y)`` for a step of kind ``what`` (the optimizer's
+        ``replay_key`` or ``"eval"``; module docstring), or None when the step must be
+        submitted. Resolves the granularity and builds and binds the model first."""
+        if what is None:
+            return None
+        modes = []
+        for _, layer in self.model.named_modules():
+            if layer.training and ((isinstance(layer, Dropout) and layer.p > 0) or (
+                    isinstance(layer, BatchNorm2D) and layer.track_running_stats)):
+                return None
+            modes.append(layer.training)
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        if self.granularity is None:
+            self.tune_granularity(x, y)
+        self._prepare(x)
+        return (x.shape, np.shape(y), self.dtype, self.granularity, what, tuple(modes),
+                getattr(self.model, "fuse", None))
+
+    def _run_captured(self, key, x, y, submit):
+        """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
+        the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
+        Returns ``(submit's result handles, whether it replayed)``."""
+        step = self._graphs.get(key)
+        if step is not None:
+            step.graph.write(step.x, x)
+            step.graph.write(step.y, y)
+            step.graph.replay()
+            return step.results, True
+        rt = self.runtime
+        xh = rt.register(np.array(x, dtype=self.dtype), name="x")  # copies: the loader reuses x
+        yh = rt.register(self._labels(xh, y).copy(), name="y")
+        with rt.capture() as graph:
+            results = submit(self._split(xh), self._split(yh))
+        if len(self._graphs) >= _MAX_GRAPHS:
+            del self._graphs[next(iter(self._graphs))]
+        self._graphs[key] = _CapturedStep(graph, xh, yh, results)
+        self.graphs_captured += 1
+        return results, False
+
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
-        xs, ys = self._batch(x, y)
+        with evaluating(self.model):
+            key = self._step_key(x, y, "eval") if self.replay else None
+        if key is None:
+            loss, correct = self._submit_eval(*self._batch(x, y))
+        else:
+            (loss, correct), _ = self._run_captured(key, x, y, self._submit_eval)
+        return float(rt.fetch(loss)), int(rt.fetch(correct))
+
+    def _submit_eval(self, xs, ys):
+        rt = self.runtime
         with evaluating(self.model):
             logits = self.model.forward(rt, xs)
         loss, correct, _ = self.loss(rt, logits, ys, grad=False)
-        return float(rt.fetch(loss)), int(rt.fetch(correct))
+        return loss, correct
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
@@ -696,6 +793,15 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _CapturedStep:
+    """A captured train step: its graph, the batch handles it reads, its result handles."""
+
+    __slots__ = ("graph", "x", "y", "results")
+
+    def __init__(self, graph, x, y, results):
+        self.graph, self.x, self.y, self.results = graph, x, y, results
 
 
 # ---------------------------------------------------------------------------------------

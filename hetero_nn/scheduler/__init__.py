@@ -3,8 +3,8 @@ performance models and traces."""
 
 from .perfmodel import PerfModel
 from .policies import POLICIES
-from .runtime import Runtime
+from .runtime import Graph, Runtime
 from .task import Task
 from .trace import TaskRecord, Trace
 
-__all__ = ["PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]
+__all__ = ["Graph", "PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]

@@ -63,7 +63,8 @@ class DaskExecutor:
             self._client._hetero_nn_blas = True
         return self._client
 
-    def run(self, tasks):
+    def run(self, tasks, planned=False):
+        """Run ``tasks`` as one Dask graph (``planned`` changes nothing: no static plan)."""
         rt = self.rt
         dsk, outputs, timing_keys = build_graph(rt, tasks)
         keys = list(outputs.values()) + timing_keys

@@ -79,14 +79,18 @@ class LocalExecutor:
             w.thread.start()
 
     # ------------------------------------------------------------------ main thread
-    def run(self, tasks):
-        """Execute ``tasks`` (a closed DAG in topological order); re-raise the first failure."""
+    def run(self, tasks, planned=False):
+        """Execute ``tasks`` (a closed DAG in topological order); re-raise the first failure.
+
+        ``planned``: the DAG ran before (a replay); a policy that plans statically
+        (``plan_once``) keeps the plan it made then."""
         policy = self.policy
         now = _perf()
         with self._lock:
             self._remaining = len(tasks)
             self._error = None
-            policy.prepare(tasks)
+            if not (planned and policy.plan_once):
+                policy.prepare(tasks)
             shared = 0
             for t in tasks:
                 if t.npred == 0:

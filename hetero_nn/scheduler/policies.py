@@ -48,6 +48,7 @@ class Policy:
     """Base: the four hooks; see the module docstring."""
 
     name = ""
+    plan_once = False  # True: prepare() plans statically, and a replayed DAG keeps the plan
     clock = staticmethod(_perf)  # what "now" is: the simulator gives its virtual time
 
     def __init__(self, runtime):
@@ -207,6 +208,7 @@ class Dmda(Policy):
 
 class Heft(Policy):
     name = "heft"
+    plan_once = True
 
     def prepare(self, tasks):
         """Rank every task of the DAG and assign each one to a worker, statically."""

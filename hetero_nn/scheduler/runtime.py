@@ -48,7 +48,20 @@ REDUX partials not yet combined, in the order of their first contribution.
 ``_tracked``: handles given dependency state in this flush (dropped at its end).
 ``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
 partials) belong to one generation, and the node arenas are reset when the next
-flush starts. ``_records``: trace records of executed tasks.
+flush starts. ``_records``: trace records of executed tasks. ``_capturing``: the
+:class:`Graph` being recorded (see :meth:`Runtime.capture`), or None.
+
+Capture and replay
+------------------
+``with rt.capture() as graph:`` records the tasks of every flush inside the
+block, with their dependencies and REDUX trees as submitted; ``graph.replay()``
+runs the same task objects again (only their per-run state reset): no
+dependency inference, no task built, no tree rebuilt, and a static policy
+(``heft``) keeps the plan it made at capture. Temporaries made while capturing
+(``temporary()``, REDUX partials) are the graph's own: ordinary handles,
+allocated once, that no arena reset reuses, so the graph stays valid while
+other flushes run between replays. New inputs are bound by writing into the
+captured handles' buffers (see :meth:`Graph.write`) before ``replay()``.
 """
 
 from __future__ import annotations
@@ -173,6 +186,7 @@ class Runtime:
         self._measured: list = []
         self._generation = 0
         self._records: list = []
+        self._capturing = None
         self._closed = False
         self.executor = self._make_executor(executor, make_policy)
         _live_runtimes.add(self)
@@ -217,6 +231,11 @@ class Runtime:
         It may be fetched after that flush, until another flush starts.
         """
         self._check_open()
+        return self._temporary(shape, dtype, name)
+
+    def _temporary(self, shape, dtype, name):
+        if self._capturing is not None:  # the captured graph's own: outlives arena resets
+            return Handle(shape, dtype, name, owner=self)
         return Handle(shape, dtype, name, owner=self, temporary=True, generation=self._generation)
 
     # ------------------------------------------------------------------ submission
@@ -263,8 +282,8 @@ class Runtime:
                 if modes[i] is REDUX:
                     if h.root in redux_pending:
                         self._combine_family(h.root, keep=keep)
-                    partial = Handle(h.shape, h.dtype, f"{h.name}.partial{len(h._redux)}",
-                                     owner=self, temporary=True, generation=self._generation)
+                    partial = self._temporary(h.shape, h.dtype,
+                                              f"{h.name}.partial{len(h._redux)}")
                     partial._last_writer = task
                     if not h._redux:
                         redux_pending.setdefault(h.root, []).append(h)
@@ -552,10 +571,21 @@ class Runtime:
         if not tasks:
             return
         self._pending = []
+        if self._capturing is not None:
+            self._capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
+        self._run(tasks, False)
+
+    def _run(self, tasks, planned):
+        """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
+        its plan), then end the flush: dependency state dropped, the arenas' generation
+        ended, measurements and records kept."""
         for node in self.nodes:
             node.arena.reset()
         try:
-            self.executor.run(tasks)
+            if planned:
+                self.executor.run(tasks, planned=True)
+            else:
+                self.executor.run(tasks)
         finally:
             self._drop_dependency_state()
             self._generation += 1
@@ -567,6 +597,38 @@ class Runtime:
                 t.done = True
                 t.preds = ()
                 t.succ = ()
+
+    def capture(self) -> "Graph":
+        """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
+
+        Work submitted before the block is flushed first; what is still pending at
+        the end of the block is flushed (and recorded) when it closes. The README's
+        *The runtime in ten lines* shows it.
+        """
+        if self._capturing is not None:
+            raise SubmitError("capture: this Runtime is already capturing a graph")
+        self.wait()
+        return Graph(self)
+
+    def _replay(self, graph):
+        self._check_open()
+        self.wait()  # work submitted since comes first, as in program order
+        ids = self._ids
+        now = _perf()
+        for segment in graph._segments:
+            tasks = []
+            for t, preds, succ in segment:
+                t.id = next(ids)  # fresh ids in the same (topological) order: traces stay unique
+                t.preds = preds
+                t.succ = succ
+                t.npred = len(preds)
+                t.done = False
+                t.variant = t.worker = t.error = None
+                t.t_submit = now
+                t.t_ready = t.t_start = t.t_end = 0.0
+                t.bytes_in = 0
+                tasks.append(t)
+            self._run(tasks, True)
 
     def fetch(self, handle: Handle, copy: bool = False):
         """Wait, then return ``handle``'s data as a coherent host NumPy array.
@@ -738,6 +800,67 @@ def _record(t):
     # node, submit, ready, start, end, bytes_in, deps, error): one per task, keep it cheap
     return TaskRecord(t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit,
                       t.t_ready, t.t_start, t.t_end, t.bytes_in, deps, t.error)
+
+
+class Graph:
+    """The tasks of a :meth:`Runtime.capture` block, to run again with :meth:`replay`.
+
+    A context manager: entering starts recording on its runtime, leaving flushes
+    what is pending and stops. ``replay()`` runs the recorded flushes in order,
+    as ``wait()`` runs one, and returns when they are done. The task parameters
+    are those given at capture: a value that changes per step must live in a
+    handle's data, not in a parameter.
+    """
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self._segments: list = []
+        self._closed = False
+        self.replays = 0
+
+    def __enter__(self):
+        self.runtime._capturing = self
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        rt = self.runtime
+        try:
+            if exc_type is None:
+                rt.wait()
+                self._closed = True
+        finally:
+            rt._capturing = None
+        return False
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks recorded (REDUX trees included)."""
+        return sum(len(s) for s in self._segments)
+
+    def write(self, handle, array):
+        """Bind a new input: copy ``array`` into ``handle``'s host buffer (a registered
+        handle the graph reads), made the only valid replica."""
+        rt = self.runtime
+        if type(handle) is not Handle or handle.owner is not rt or handle.parent is not None:
+            raise SubmitError(f"Graph.write: {handle!r} is not a root handle of this Runtime")
+        if tuple(np.shape(array)) != tuple(handle.shape):
+            raise SubmitError(f"Graph.write: handle {handle.name!r} has shape {handle.shape}, "
+                              f"got an array of shape {np.shape(array)}")
+        rt.wait()
+        np.copyto(rt.host_replica(handle), array, casting="same_kind")
+        handle.valid = {0}
+
+    def replay(self):
+        """Run the recorded tasks again (same operands, parameters and dependencies)."""
+        if not self._closed:
+            raise SubmitError("Graph.replay: the capture has not completed (replay after the "
+                              "with block, which must not have raised)")
+        self.runtime._replay(self)
+        self.replays += 1
+
+    def __repr__(self):
+        return f"Graph({self.num_tasks} tasks in {len(self._segments)} flushes, " \
+               f"{self.replays} replays)"
 
 
 from .task import Task as _Task  # noqa: E402

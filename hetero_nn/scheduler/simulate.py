@@ -260,7 +260,7 @@ class _GraphRecorder:
             self.handles[h] = s
         return s
 
-    def run(self, tasks):
+    def run(self, tasks, planned=False):
         self.flushed_at.append(_perf())
         made = {}
         graph = []
