@@ -127,3 +127,10 @@ def test_unreachable_cluster_is_one_line_exit_2_in_bounded_time():
     assert len(lines) == 1 and lines[0].startswith("hetero-nn: error: --cluster"), proc.stderr
     assert "tcp://127.0.0.1:1" in lines[0]
     assert elapsed < 30
+
+
+@pytest.mark.parametrize("layer", [hn.BatchNorm2D(6), hn.Dropout(0.25)], ids=["batchnorm", "dropout"])
+def test_models_with_batch_statistics_or_dropout_are_refused_before_connecting(layer):
+    model = hn.Sequential(hn.Conv2D(1, 6, 3), layer, hn.ReLU(), hn.Flatten(), hn.Dense(6 * 26 * 26, 10))
+    with pytest.raises(hn.errors.ConfigError, match=type(layer).__name__):
+        hn.Trainer(model, granularity=2, cluster="tcp://127.0.0.1:1")  # never dialled
