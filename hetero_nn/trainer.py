@@ -235,49 +235,54 @@ class Trainer:
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.02, momentum=0.9)
         self._own_runtime = runtime is None
         self.runtime = runtime if runtime is not None else Runtime(devices="cpu", trace=False)
-        self.batch_size = int(batch_size)
-        self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
-        self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
-        self.granularity_timings: dict[int, float] = {}
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        self.seed = int(seed)
-        self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
-        self._bound = None
-        self.replay = bool(replay)
-        self._graphs: dict = {}  # step key -> _CapturedStep
-        self.graphs_captured = 0
-        self._batch_arenas = ArenaPair("batches")
-        self.last_correct = 0
-        # the run's position (see the module docstring)
-        self.epoch = 0
-        self.step_in_epoch = 0
-        self.global_step = 0
-        self.history: list[dict] = []
-        self._progress = _new_progress()
-        self.last_checkpoint: dict | None = None
-        self._checkpoint_dir = None
-        self._warmed_up = False  # the first step of this process is timed apart (compilation)
-        #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
-        self.config: dict = {}
-        self.cluster = None
-        if cluster is not None:
-            from .cluster import Cluster, connect
-            if self.auto_granularity:
-                raise ConfigError("granularity='auto' times local passes; with a cluster give "
-                                  "an integer (a multiple of the workers deals best)")
-            if self.augment is not None:
-                raise ConfigError("augment= runs on the client's loader thread; with a cluster "
-                                  "the workers read their batches themselves: give one or the other")
-            from .layers import BatchNorm2D, Dropout
-            stateful = sorted({type(m).__name__ for m in model.modules()
-                               if isinstance(m, (BatchNorm2D, Dropout))})
-            if stateful:  # their statistics / masks span the whole batch, not one worker's block
-                raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
-                                  f"batch statistics or dropout masks are not yet kept equal to "
-                                  f"one process's across workers; train it with --devices")
-            self._own_cluster = not isinstance(cluster, Cluster)
-            self.cluster = connect(cluster)
+        try:  # a bad argument below must not leak the runtime made above
+            self.batch_size = int(batch_size)
+            self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
+            self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
+            self.granularity_timings: dict[int, float] = {}
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise ConfigError(f"seed must be an integer, got {seed!r}")
+            self.seed = int(seed)
+            self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
+            self._bound = None
+            self.replay = bool(replay)
+            self._graphs: dict = {}  # step key -> _CapturedStep
+            self.graphs_captured = 0
+            self._batch_arenas = ArenaPair("batches")
+            self.last_correct = 0
+            # the run's position (see the module docstring)
+            self.epoch = 0
+            self.step_in_epoch = 0
+            self.global_step = 0
+            self.history: list[dict] = []
+            self._progress = _new_progress()
+            self.last_checkpoint: dict | None = None
+            self._checkpoint_dir = None
+            self._warmed_up = False  # the first step of this process is timed apart (compilation)
+            #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
+            self.config: dict = {}
+            self.cluster = None
+            if cluster is not None:
+                from .cluster import Cluster, connect
+                if self.auto_granularity:
+                    raise ConfigError("granularity='auto' times local passes; with a cluster give "
+                                      "an integer (a multiple of the workers deals best)")
+                if self.augment is not None:
+                    raise ConfigError("augment= runs on the client's loader thread; with a cluster "
+                                      "the workers read their batches themselves: give one or the other")
+                from .layers import BatchNorm2D, Dropout
+                stateful = sorted({type(m).__name__ for m in model.modules()
+                                   if isinstance(m, (BatchNorm2D, Dropout))})
+                if stateful:  # their statistics / masks span the whole batch, not one worker's block
+                    raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
+                                      f"batch statistics or dropout masks are not yet kept equal to "
+                                      f"one process's across workers; train it with --devices")
+                self._own_cluster = not isinstance(cluster, Cluster)
+                self.cluster = connect(cluster)
+        except BaseException:
+            if self._own_runtime:
+                self.runtime.close()
+            raise
 
     def _init_training_options(self, scheduler, interval, clip, augment):
         if scheduler is not None and not isinstance(scheduler, LRScheduler):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -324,3 +325,17 @@ def test_prefetched_batches_alternate_arenas_and_match_sequential_loading():
     next(gen)
     gen.close()  # a step that raises: the loader thread is joined
     assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize("bad", [{"granularity": 0}, {"seed": "x"}, {"scheduler_interval": "hour"}])
+def test_a_bad_argument_closes_the_runtime_the_trainer_made(bad):
+    import threading
+
+    def workers():
+        return {t for t in threading.enumerate() if t.name.startswith("hetero_nn-")}
+
+    before = workers()
+    with pytest.raises(hn.ConfigError):
+        hn.Trainer(hn.build_model("lenet5", (1, 28, 28), 10, seed=0), **bad)
+    time.sleep(0.05)  # the closed workers' threads finish
+    assert workers() <= before
