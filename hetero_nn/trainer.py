@@ -28,8 +28,8 @@ bit for bit the same as submitting. The runtime (devices, policy, variants) is
 fixed per trainer and rebinding the model drops the graphs. A task parameter that
 changes every step cannot be replayed, so those steps are submitted: Adam and
 AdamW (the step count), a schedule stepped every step (the learning rate),
-Dropout in training mode (the mask's step) and BatchNorm2D tracking running
-statistics (its batch counter lives on the host). An epoch schedule captures
+and a model holding a layer whose ``replayable`` is False (Dropout drawing masks,
+BatchNorm2D counting batches on the host). An epoch schedule captures
 one graph per learning rate. ``evaluate_batch`` (and so ``evaluate``) captures and
 replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
 timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
@@ -59,9 +59,8 @@ from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_o
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .layers.base import evaluating, keeping_state
-from .layers.dropout import Dropout, dropout_state, load_dropout_state
+from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
-from .layers.normalization import BatchNorm2D
 from .optim import SGD, LRScheduler, submit_clip_grad_norm
 from .scheduler.runtime import Runtime
 
@@ -392,8 +391,7 @@ class Trainer:
             return None
         modes = []
         for _, layer in self.model.named_modules():
-            if layer.training and ((isinstance(layer, Dropout) and layer.p > 0) or (
-                    isinstance(layer, BatchNorm2D) and layer.track_running_stats)):
+            if not layer.replayable:
                 return None
             modes.append(layer.training)
         x = np.ascontiguousarray(x, dtype=self.dtype)

@@ -130,6 +130,13 @@ class Layer:
 
     training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
+    @property
+    def replayable(self) -> bool:
+        """Whether this layer's tasks are the same every step, so a captured step graph
+        may be replayed (see ``Runtime.capture``). A layer whose task parameters change
+        per step, or which keeps per-step state on the host, returns False."""
+        return True
+
     def __init__(self):
         self._params: dict[str, Parameter] = {}
         self.input_shape = None    # per-sample shapes, set by build()

@@ -62,6 +62,11 @@ class Dropout(Layer):
         self.steps = 0
         self._mask = None
 
+    @property
+    def replayable(self) -> bool:
+        """Not while it draws masks: each training step keys its mask by the step count."""
+        return not self.training or self.p == 0
+
     def forward(self, rt, xs):
         if not self.training or self.p == 0:
             self._mask = None

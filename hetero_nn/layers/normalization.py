@@ -109,6 +109,12 @@ class BatchNorm2D(Layer):
             rt.submit(fill_zero, h)
         return h
 
+    @property
+    def replayable(self) -> bool:
+        """Not while it tracks running statistics in training: ``num_batches_tracked`` is
+        counted on the host at submission (and a momentum of None reads it)."""
+        return not (self.training and self.track_running_stats)
+
     def forward(self, rt, xs):
         batch_stats = self.training or not self.track_running_stats
         count = sum(x.shape[0] for x in xs) * math.prod(self.input_shape[1:])
