@@ -3,9 +3,14 @@
 Kernels are compiled ``nogil=True`` so worker threads run them in parallel,
 ``cache=True`` so later processes skip the compile, and never ``fastmath`` so
 results stay comparable with PyTorch to the last bits floating point allows.
+GEMMs inside kernels use Numba's ``np.dot``, i.e. SciPy's BLAS, so a variant
+that multiplies matrices is still one call without the interpreter lock.
 """
 
 import numba
+import scipy.linalg.cython_blas  # noqa: F401  (the BLAS of Numba's np.dot, loaded before any
+#                                   runtime holds BLAS to one thread per worker: threadpoolctl
+#                                   limits only the libraries already loaded)
 
 jit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
 

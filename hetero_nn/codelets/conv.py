@@ -31,13 +31,16 @@ Variants
     few channels, where GEMMs are thin (the first layer of LeNet-5).
 ``cpu:im2col``
     A Numba kernel unfolds a chunk of samples into columns ``[n, C*KH*KW,
-    OH*OW]`` (or folds them back, ``col2im``) and ``np.matmul`` runs one GEMM
-    per sample, straight into ``y`` (Numba's ``np.dot`` needs SciPy, which we
-    do not use). The bias rides in the GEMM as one more column of weights
-    against a row of ones, and so does its gradient. Chunks are sized to stay
-    in the core's L2 cache; the buffers are the worker thread's own, reused
-    from call to call. The fastest CPU variant on the layers of
-    ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM bounds it.
+    OH*OW]`` (or folds them back, ``col2im``) and BLAS runs one GEMM per
+    sample, straight into ``y`` (Numba's ``np.dot``, which calls SciPy's
+    BLAS). The whole variant is one Numba call: one round trip through the
+    interpreter lock per task, so two workers' kernels do not wait for each
+    other's (``benchmarks/bench_gil.py``). The bias rides in the GEMM as one
+    more column of weights against a row of ones, and so does its gradient.
+    Chunks are sized to stay in the core's L2 cache; the buffers are the
+    worker thread's own, reused from call to call. The fastest CPU variant on
+    the layers of ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM
+    bounds it.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands: CuPy on a GPU, NumPy in CI. No raw kernels.
@@ -707,27 +710,45 @@ def _columns(x, kh, kw, n_rows, n_out, geometry):
     return cols, step
 
 
-def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
-    """im2col (Numba) then one GEMM per sample (``np.matmul``) straight into ``y``.
+@jit
+def _gemm_columns_cpu(x, n0, n1, w2d, out, cols, xpad, geo, step):
+    """``out[n - n0] = w2d @ im2col(x[n])`` for ``n0 <= n < n1``, ``step`` samples
+    unfolded at a time; ``geo`` is ``(KH, KW, SH, SW, PH, PW, OH, OW)``. BLAS through
+    Numba's ``np.dot``."""
+    kh, kw, sh, sw, ph, pw, out_h, out_w = geo
+    for start in range(n0, n1, step):
+        stop = min(start + step, n1)
+        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        for n in range(start, stop):
+            np.dot(w2d, cols[n - start], out[n - n0])
 
-    With a bias, ``[w | b]`` multiplies the columns plus a row of ones.
-    """
+
+def _fwd_operands(x, w, b, dtype, stride, padding):
+    """``(x, w2d, cols, xpad, geo, step)`` for ``_gemm_columns_cpu`` to compute
+    ``conv2d(x, w) + b``: the contiguous input, ``[w | b]`` as rows, the worker's
+    column and padding buffers, the geometry and the chunk size."""
     geometry = _geometry(x.shape, w.shape, stride, padding)
     sh, sw, ph, pw, out_h, out_w = geometry
-    require_contiguous("conv2d_fwd", y=y)
     x = _c(x)
-    n_batch = x.shape[0]
     n_out, _, kh, kw = w.shape
     w2d = w.reshape(n_out, -1)
     if b is not None:
         w2d = np.concatenate([w2d, np.reshape(b, (n_out, 1))], axis=1)
     cols, step = _columns(x, kh, kw, w2d.shape[1], n_out, geometry)
     xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
-    y3d = y.reshape(n_batch, n_out, out_h * out_w)
-    for start in range(0, n_batch, step):
-        stop = min(start + step, n_batch)
-        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
-        np.matmul(w2d, cols[:stop - start], out=y3d[start:stop])
+    return x, _c(w2d, dtype=dtype), cols, xpad, (kh, kw, sh, sw, ph, pw, out_h, out_w), step
+
+
+def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
+    """im2col then one GEMM per sample straight into ``y``, in one Numba call.
+
+    With a bias, ``[w | b]`` multiplies the columns plus a row of ones.
+    """
+    require_contiguous("conv2d_fwd", y=y)
+    x, w2d, cols, xpad, geo, step = _fwd_operands(x, w, b, y.dtype, stride, padding)
+    n_batch, n_out, out_h, out_w = y.shape
+    _gemm_columns_cpu(x, 0, n_batch, w2d, y.reshape(n_batch, n_out, out_h * out_w), cols, xpad,
+                      geo, step)
 
 
 def conv2d_fwd_cpu_im2col(x, w, b, y, stride=1, padding=0):
@@ -752,70 +773,113 @@ def _wide_rows(sh, sw, out_w, wp, n_out, itemsize):
             and n_out * (wp - out_w) * itemsize <= 256)
 
 
-def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
-    """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im (Numba).
+@jit
+def _bwd_input_im2col_cpu(dy, w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step):
+    """``dx = col2im(w^T dy)``, ``step`` samples at a time; on wide rows ``dy`` is first
+    widened into ``dy_wide`` (see ``_wide_rows``)."""
+    kh, kw, sh, sw, ph, pw, out_h, out_w = geo
+    n_batch, n_out = dy.shape[0], dy.shape[1]
+    dy3d = dy.reshape(n_batch, n_out, out_h * out_w)
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        if wide:
+            _widen_cpu(dy, start, stop, wp, dy_wide)
+            for n in range(start, stop):
+                np.dot(w2d_t, dy_wide[n - start], cols[n - start])
+            _col2im_wide_cpu(cols, start, stop, plane, dx, kh, kw, ph, pw, out_h)
+        else:
+            for n in range(start, stop):
+                np.dot(w2d_t, dy3d[n], cols[n - start])
+            _col2im_cpu(cols, start, stop, plane, dx, kh, kw, sh, sw, ph, pw, out_h, out_w)
 
-    On narrow images (see ``_wide_rows``) ``dy`` is first widened to rows of
-    ``WP`` (zeros past ``OW``): the GEMM does ``WP/OW`` times the work but
-    col2im then adds one long row per tap instead of ``OH`` short ones.
-    """
+
+def _bwd_input_operands(w, dx, stride, padding):
+    """``(w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step)``: what
+    ``_bwd_input_im2col_cpu`` takes after ``dy``."""
     sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
-    require_contiguous("conv2d_bwd_input", dx=dx)
-    dy = _c(dy)
     n_batch, _, height, width = dx.shape
     n_out, _, kh, kw = w.shape
     rows = math.prod(w.shape[1:])
     hp, wp = height + 2 * ph, width + 2 * pw
-    w2d_t = w.reshape(n_out, rows).T
     wide = _wide_rows(sh, sw, out_w, wp, n_out, dx.itemsize)
     span = out_h * wp if wide else out_h * out_w
     step = _chunk(n_batch, rows, n_out, span, dx.itemsize)
     cols = _worker_buffer("col2im:cols", (step, rows, span), dx.dtype)
     plane = _worker_buffer("col2im:plane", (hp * wp,), dx.dtype)
-    if wide:
-        dy_wide = _worker_buffer("col2im:dy", (step, n_out, span), dx.dtype)
-    else:
-        dy3d = dy.reshape(n_batch, n_out, span)
+    dy_wide = _worker_buffer("col2im:dy", (step, n_out, span) if wide else (1, 1, 1), dx.dtype)
+    return (_c(w).reshape(n_out, rows).T, dx, cols, plane, dy_wide,
+            (kh, kw, sh, sw, ph, pw, out_h, out_w), wide, wp, step)
+
+
+def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
+    """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im, in one Numba call.
+
+    On narrow images (see ``_wide_rows``) ``dy`` is first widened to rows of
+    ``WP`` (zeros past ``OW``): the GEMM does ``WP/OW`` times the work but
+    col2im then adds one long row per tap instead of ``OH`` short ones.
+    """
+    require_contiguous("conv2d_bwd_input", dx=dx)
+    _bwd_input_im2col_cpu(_c(dy), *_bwd_input_operands(w, dx, stride, padding))
+
+
+@jit
+def _bwd_params_im2col_cpu(x, dy, dw, db, bias, total, cols, products, xpad, geo, step):
+    """``dw += sum_n (cols_n dy_n^T)[:rows].T`` and ``db += ...[rows]`` (``dw`` flat), in
+    sample order: each chunk's products summed, then added to ``total``."""
+    kh, kw, sh, sw, ph, pw, out_h, out_w = geo
+    n_batch, n_out = dy.shape[0], dy.shape[1]
+    dy3d = dy.reshape(n_batch, n_out, out_h * out_w)
+    total[:] = 0
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
-        chunk = cols[:stop - start]
-        if wide:
-            _widen_cpu(dy, start, stop, wp, dy_wide)
-            np.matmul(w2d_t, dy_wide[:stop - start], out=chunk)
-            _col2im_wide_cpu(cols, start, stop, plane, dx, kh, kw, ph, pw, out_h)
-        else:
-            np.matmul(w2d_t, dy3d[start:stop], out=chunk)
-            _col2im_cpu(cols, start, stop, plane, dx, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
+        for n in range(start, stop):
+            np.dot(cols[n - start], dy3d[n].T, products[n - start])
+        acc = products[0]
+        for k in range(1, stop - start):
+            acc += products[k]
+        total += acc
+    rows = total.shape[0] - bias
+    for o in range(n_out):
+        for r in range(rows):
+            dw[o * rows + r] += total[r, o]
+        if bias:
+            db[o] += total[rows, o]
+
+
+def _bwd_params_operands(x, dw_shape, with_bias, dtype, stride, padding):
+    """``(total, cols, products, xpad, geo, step)``: the worker's buffers, the
+    geometry and the chunk size for ``_bwd_params_im2col_cpu``."""
+    geometry = _geometry(x.shape, dw_shape, stride, padding)
+    sh, sw, ph, pw, out_h, out_w = geometry
+    n_out, _, kh, kw = dw_shape
+    n_rows = math.prod(dw_shape[1:]) + with_bias
+    cols, step = _columns(x, kh, kw, n_rows, n_out, geometry)
+    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
+    products = _worker_buffer("im2col:products", (step, n_rows, n_out), dtype)
+    total = _worker_buffer("im2col:total", (n_rows, n_out), dtype)
+    return total, cols, products, xpad, (kh, kw, sh, sw, ph, pw, out_h, out_w), step
+
+
+def _params_operands(dw, db):
+    """``(dw flat, db, bias)`` for ``_bwd_params_im2col_cpu`` (``db`` may be None)."""
+    require_contiguous("conv2d_bwd_params", dw=dw)
+    flat = dw.reshape(-1)
+    return flat, (flat[:0] if db is None else db), db is not None
 
 
 def _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding):
-    """im2col then one GEMM per sample, ``cols_n dy_n^T``, summed into ``dw`` (and ``db``).
+    """im2col then one GEMM per sample, ``cols_n dy_n^T``, summed into ``dw`` (and ``db``),
+    in one Numba call.
 
     With ``db``, the row of ones under the columns makes the GEMM's last row
     the bias gradient. ``cols_n dy_n^T`` ([C*KH*KW, O]) rather than ``dy_n
     cols_n^T``: OpenBLAS runs this orientation 10-40% faster on these shapes.
     """
-    geometry = _geometry(x.shape, dw.shape, stride, padding)
-    sh, sw, ph, pw, out_h, out_w = geometry
-    x, dy = _c(x), _c(dy)
-    n_batch = x.shape[0]
-    n_out, _, kh, kw = dw.shape
-    rows = math.prod(dw.shape[1:])
-    n_rows = rows + (db is not None)
-    cols, step = _columns(x, kh, kw, n_rows, n_out, geometry)
-    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
-    products = _worker_buffer("im2col:products", (step, n_rows, n_out), x.dtype)
-    dy3d = dy.reshape(n_batch, n_out, out_h * out_w)
-    total = np.zeros((n_rows, n_out), dtype=x.dtype)
-    for start in range(0, n_batch, step):
-        stop = min(start + step, n_batch)
-        _im2col_cpu(x, start, stop, xpad, cols, kh, kw, sh, sw, ph, pw, out_h, out_w)
-        prod = products[:stop - start]
-        np.matmul(cols[:stop - start], dy3d[start:stop].transpose(0, 2, 1), out=prod)
-        total += prod[0] if stop - start == 1 else prod.sum(axis=0)
-    dw += total[:rows].T.reshape(dw.shape)
-    if db is not None:
-        db += total[rows]
+    x = _c(x)
+    dw_flat, db, bias = _params_operands(dw, db)
+    _bwd_params_im2col_cpu(x, _c(dy), dw_flat, db, bias,
+                           *_bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding))
 
 
 def conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=1, padding=0):
