@@ -75,6 +75,8 @@ def test_default_runtime_is_pinned():
     convolutions = [name for name in ran if name.startswith("conv2d") and "." not in name]
     assert convolutions and all(ran[name] == {"cpu:im2col"} for name in convolutions), ran
     assert ran["dense_fwd"] == {"ref"} and ran["sgd_step"] == {"cpu"}, ran
+    fused_dense = [name for name in ran if name.startswith("dense_relu") and ".redux" not in name]
+    assert fused_dense and all(ran[name] == {"cpu:blas"} for name in fused_dense), ran
     twins = [name for name in ran if name.endswith(".overwrite")]  # first contributions
     assert twins and all(ran[name] == ran.get(name.partition(".")[0], ran[name]) for name in twins)
     assert ran["dense_bwd_params.overwrite"] == {"ref"}, ran  # as its base: one kernel per gradient

@@ -64,7 +64,9 @@ import numpy as np
 
 from . import conv, dense, pool
 from ._checks import require_contiguous
+from ._jit import jit
 from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
+from .conv import _gemm_columns_cpu
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -204,6 +206,91 @@ def _conv_relu_pool_bwd_cpu(bwd_params, bwd_input):
     return variant
 
 
+@jit
+def _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_step, pool_geo):
+    """The forward chain in one call: per chunk of ``z``'s samples, im2col + GEMM into
+    ``z``, ReLU in place, pooling into ``y`` and ``argmax``."""
+    out_h, out_w = geo[6], geo[7]
+    pkh, pkw, psh, psw = pool_geo
+    n_batch, n_out = y.shape[0], y.shape[1]
+    step = z.shape[0]
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        zc = z[:stop - start]
+        _gemm_columns_cpu(x, start, stop, w2d, zc, cols, xpad, geo, conv_step)
+        flat = zc.reshape(-1)
+        _relu_fwd_cpu(flat, flat)
+        pool._maxpool2d_fwd_cpu(zc.reshape(stop - start, n_out, out_h, out_w), y[start:stop],
+                                argmax[start:stop], pkh, pkw, psh, psw)
+
+
+def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
+                                    pool_stride=None):
+    """The forward chain by the im2col kernels, one Numba call (one round trip through
+    the interpreter lock); ``z`` is computed a chunk of samples at a time, so ReLU and
+    pooling read it from cache."""
+    n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, stride, padding)
+    _check_pooled("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w), y.shape, pool_size,
+                  pool_stride)
+    require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
+    pkh, pkw, psh, psw, _, _ = pool._geometry((n_batch, n_out, out_h, out_w), pool_size,
+                                              pool_stride)
+    x, w2d, cols, xpad, geo, conv_step = conv._fwd_operands(x, w, b, y.dtype, stride, padding)
+    step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
+    z = _scratch("z", (step, n_out, out_h * out_w), y.dtype)
+    _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_step,
+                                   (pkh, pkw, psh, psw))
+
+
+@jit
+def _masked_dz_params_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params):
+    """``dz`` = ``dy`` masked by ``y > 0`` and routed through ``argmax``; then the
+    convolution's parameter gradients of ``dz`` added into ``dw`` (flat) and ``db``."""
+    _relu_bwd_cpu(y.reshape(-1), dy.reshape(-1), masked.reshape(-1))
+    pool._maxpool2d_bwd_cpu(masked, argmax, dz)
+    total, cols, products, xpad, geo, step = params
+    conv._bwd_params_im2col_cpu(x, dz, dw, db, bias, total, cols, products, xpad, geo, step)
+
+
+@jit
+def _conv_relu_pool_bwd_im2col_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params,
+                                   w2d_t, dx, bufs, geo, wide, wp, step):
+    """``_masked_dz_params_cpu``, then the input gradient ``dx`` of ``dz``, in one call."""
+    _masked_dz_params_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params)
+    cols, plane, dy_wide = bufs
+    conv._bwd_input_im2col_cpu(dz, w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step)
+
+
+def _bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding):
+    """The arguments of ``_masked_dz_params_cpu`` (contiguous inputs, the worker's
+    buffers for ``masked`` and ``dz``, the parameter kernel's buffers)."""
+    x = np.ascontiguousarray(x)
+    dy = np.ascontiguousarray(dy)
+    masked = _scratch("masked", dy.shape, dy.dtype)
+    dz = _scratch("dz", _conv_shape(x.shape, dw.shape, stride, padding), dy.dtype)
+    dw_flat, db, bias = conv._params_operands(dw, db)
+    params = conv._bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding)
+    return (x, np.ascontiguousarray(y), np.ascontiguousarray(argmax), dy, masked, dz, dw_flat,
+            db, bias, params)
+
+
+def conv2d_relu_pool_bwd_cpu_im2col(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
+                                    pool_size=2, pool_stride=None):
+    """The backward chain by the im2col kernels, one Numba call."""
+    require_contiguous("conv2d_relu_pool_bwd", dx=dx)
+    w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step = conv._bwd_input_operands(
+        w, dx, stride, padding)
+    _conv_relu_pool_bwd_im2col_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride,
+                                                        padding),
+                                   w2d_t, dx, (cols, plane, dy_wide), geo, wide, wp, step)
+
+
+def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, stride=1, padding=0,
+                                           pool_size=2, pool_stride=None):
+    """The parameter gradients of the chain by the im2col kernels, one Numba call."""
+    _masked_dz_params_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding))
+
+
 def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
                               pool_stride=None):
     """The forward chain by the ``cuda`` variants, in ``xp``."""
@@ -263,7 +350,7 @@ conv2d_relu_pool_fwd = Codelet(
     "conv2d_relu_pool_fwd", modes=(R, R, R, W, W),
     variants={"ref": conv2d_relu_pool_fwd_ref,
               "cpu:direct": _conv_relu_pool_fwd_cpu(conv.conv2d_fwd_cpu_direct),
-              "cpu:im2col": _conv_relu_pool_fwd_cpu(conv.conv2d_fwd_cpu_im2col),
+              "cpu:im2col": conv2d_relu_pool_fwd_cpu_im2col,
               "cuda": conv2d_relu_pool_fwd_cuda},
     flops=_fwd_flops)
 """``y, argmax = max_pool2d(relu(conv2d(x, w) + b))``: ``(x R, w R, b R, y W, argmax W)``."""
@@ -273,8 +360,7 @@ conv2d_relu_pool_bwd = Codelet(
     variants={"ref": conv2d_relu_pool_bwd_ref,
               "cpu:direct": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_direct,
                                                     conv.conv2d_bwd_input_cpu_direct),
-              "cpu:im2col": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_im2col,
-                                                    conv.conv2d_bwd_input_cpu_im2col),
+              "cpu:im2col": conv2d_relu_pool_bwd_cpu_im2col,
               "cuda": conv2d_relu_pool_bwd_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_flops)
 """The chain's gradients: ``(x R, w R, y R, argmax R, dy R, dx W, dw REDUX, db REDUX)``."""
@@ -283,7 +369,7 @@ conv2d_relu_pool_bwd_params = Codelet(
     "conv2d_relu_pool_bwd_params", modes=(R, R, R, R, REDUX, REDUX),
     variants={"ref": conv2d_relu_pool_bwd_params_ref,
               "cpu:direct": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_direct, None),
-              "cpu:im2col": _conv_relu_pool_bwd_cpu(conv.conv2d_bwd_params_cpu_im2col, None),
+              "cpu:im2col": conv2d_relu_pool_bwd_params_cpu_im2col,
               "cuda": conv2d_relu_pool_bwd_params_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_params_flops)
 """The chain's parameter gradients only: ``(x R, y R, argmax R, dy R, dw REDUX, db REDUX)``."""
@@ -302,10 +388,18 @@ def _dense_relu_fwd_cpu(x, w, b, y):
     _relu_fwd_cpu(flat, flat)
 
 
-def _dense_relu_fwd_cpu_blas(x, w, b, y):
-    dense._dense_fwd_ref(x, w, b, y)
+@jit
+def _dense_relu_fwd_blas_cpu(x, w, b, y):
+    """``y = relu(x @ w.T + b)``: BLAS (Numba's ``np.dot``), then the bias and ReLU."""
+    np.dot(x, w.T, y)
+    y += b
     flat = y.reshape(-1)
     _relu_fwd_cpu(flat, flat)
+
+
+def _dense_relu_fwd_cpu_blas(x, w, b, y):
+    require_contiguous("dense_relu_fwd", y=y)
+    _dense_relu_fwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w), b, y)
 
 
 def _dense_relu_fwd_cuda(x, w, b, y):
@@ -354,8 +448,31 @@ def _dense_relu_bwd_variants(bwd_params, bwd_input, label):
 
 _dense_relu_bwd_cpu, _dense_relu_bwd_params_cpu = _dense_relu_bwd_variants(
     dense._dense_bwd_params_cpu_wrapper, dense._dense_bwd_input_cpu_wrapper, "cpu")
-_dense_relu_bwd_cpu_blas, _dense_relu_bwd_params_cpu_blas = _dense_relu_bwd_variants(
-    dense._dense_bwd_params_ref, dense._dense_bwd_input_ref, "cpu_blas")
+@jit
+def _dense_relu_bwd_blas_cpu(x, w, y, dy, dz, dx, dw, db, with_input):
+    """``dz = dy * (y > 0)``; ``dw += dz.T @ x``, ``db += dz.sum(0)`` (rows in order) and,
+    ``with_input``, ``dx = dz @ w``: BLAS through Numba's ``np.dot``, one call."""
+    _relu_bwd_cpu(y.reshape(-1), dy.reshape(-1), dz.reshape(-1))
+    dw += np.dot(dz.T, x)
+    for n in range(dz.shape[0]):
+        db += dz[n]
+    if with_input:
+        np.dot(dz, w, dx)
+
+
+def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
+    require_contiguous("dense_relu_bwd", dx=dx)
+    dz = np.empty(dy.shape, dy.dtype)
+    _dense_relu_bwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w),
+                             np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dx, dw, db,
+                             True)
+
+
+def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
+    dz = np.empty(dy.shape, dy.dtype)
+    x = np.ascontiguousarray(x)
+    _dense_relu_bwd_blas_cpu(x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy),
+                             dz, dz[:0, :0], dw, db, False)
 
 
 def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):

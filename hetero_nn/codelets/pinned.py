@@ -13,8 +13,10 @@ shape does not depend on the schedule, runs then give the same bits whatever the
 policy, the worker count or the executor.
 
 The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
-convolutions, the Numba kernels, and the NumPy (BLAS) references for the dense
-layers. Changing an entry changes the last bits of every training run (and of a
+convolutions, the Numba kernels, the NumPy (BLAS) references for the dense
+layers, and for the fused dense + ReLU chains their ``cpu:blas`` variants (BLAS
+and the ReLU in one Numba call: 2-3.5x the Numba loops of their ``cpu``
+variants on LeNet-5's layers, ``benchmarks/bench_fused.py``). Changing an entry changes the last bits of every training run (and of a
 resumed one against its checkpoint): do it deliberately.
 """
 
@@ -26,4 +28,6 @@ PINNED_VARIANTS = {
     **{name: ("ref", "cuda") for name in (
         "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
         "dense_bwd_weight")},
+    **{name: ("cpu:blas", "cuda") for name in (
+        "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},
 }
