@@ -76,14 +76,15 @@ class Dropout(Layer):
             self._mask = None
             return xs
         key = self.step_input = rt.register(self.replayed(), name="dropout.key")
-        ys = self.outputs(rt, xs)
+        layout = xs[0].shape[1:]  # the input's own (after a Flatten: unflattened)
+        ys = self.outputs(rt, xs, shape=layout)
         starts = []
         start = 0
         for x, y in zip(xs, ys):
             rt.submit(dropout_fwd, x, y, key, p=self.p, start=start)
             starts.append(start)
             start += x.shape[0]
-        self._mask = (key, starts)
+        self._mask = (key, starts, layout)
         return ys
 
     def backward(self, rt, dys, need_input_grad=True):
@@ -91,8 +92,8 @@ class Dropout(Layer):
             return None
         if self._mask is None:
             return dys
-        key, starts = self._mask
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        key, starts, layout = self._mask
+        dxs = self.outputs(rt, dys, shape=layout)
         for dy, dx, start in zip(dys, dxs, starts):
             rt.submit(dropout_bwd, dy, dx, key, p=self.p, start=start)
         return dxs
