@@ -32,9 +32,9 @@ one while the step was captured (``step_input``) is asked before every replay fo
 the next values (``replayed()``, which also counts the step on the host as a
 submission would), written into its captured handle. The runtime (devices, policy,
 variants) is fixed per trainer and rebinding the model drops the graphs. A layer
-whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and so ``evaluate``) captures and
-replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
-timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
+whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and so
+``evaluate``) captures and replays the same way (key ``"eval"``, layers in eval
+mode); ``predict`` and the timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
 graphs are kept, the oldest dropped.
 
 ``granularity="auto"`` picks g when the first batch arrives by timing: for g in

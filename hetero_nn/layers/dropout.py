@@ -7,9 +7,10 @@ whatever the granularity, worker or policy, and a run is reproducible from its
 seed. The key reaches the tasks as the data of a small handle (``step_input``,
 registered by each training-mode forward), so a captured step replays every step:
 :meth:`Dropout.replayed` counts the step as ``forward`` would and returns the next
-key for the trainer to write into the captured handle. In eval mode (or with ``p=0``)
-the layer is the identity: its input handles flow through, no task. Checkpoints keep every Dropout's seed and step count
-(:func:`dropout_state`), so a resumed run draws the same masks.
+key for the trainer to write into the captured handle. In eval mode (or with
+``p=0``) the layer is the identity: its input handles flow through, no task.
+Checkpoints keep every Dropout's seed and step count (:func:`dropout_state`), so a
+resumed run draws the same masks.
 """
 
 from __future__ import annotations
