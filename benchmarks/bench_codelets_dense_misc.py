@@ -151,11 +151,13 @@ def optim_cases(rng):
 
     label = f"LeNet {size} params"
     return [
-        (label, optim.sgd_step, (param, grad, buf), dict(sgd, first=False), torch_sgd),
-        (label, optim.sgd_step_plain, (param, grad), dict(lr=sgd["lr"], weight_decay=0.0),
-         torch_sgd_plain),
-        (label, optim.adam_step, (param, grad, exp_avg, exp_avg_sq), dict(adam, step=10),
-         torch_adam),
+        (label, optim.sgd_step, (param, grad, buf, optim.sgd_hyper(sgd["lr"], sgd["momentum"])),
+         {k: sgd[k] for k in ("dampening", "weight_decay", "nesterov")}, torch_sgd),
+        (label, optim.sgd_step_plain, (param, grad, optim.sgd_hyper(sgd["lr"])),
+         dict(weight_decay=0.0), torch_sgd_plain),
+        (label, optim.adam_step, (param, grad, exp_avg, exp_avg_sq,
+                                  optim.adam_hyper(adam["lr"], adam["beta1"], adam["beta2"], 10)),
+         dict(eps=adam["eps"], weight_decay=adam["weight_decay"]), torch_adam),
     ]
 
 

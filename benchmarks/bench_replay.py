@@ -1,6 +1,8 @@
 """Capture and replay: what a replayed training step saves over a submitted one.
 
-LeNet-5 (MNIST shape, float32, SGD with momentum), ``--batch`` samples split
+LeNet-5 (MNIST shape, float32, SGD with momentum or, ``--optimizer adam``, Adam,
+whose step count and learning rate reach the tasks through its hyper handle),
+``--batch`` samples split
 into ``--granularity`` partitions, ``--workers`` CPU workers, eager policy,
 traces and performance models off. Rounds alternate between a trainer with
 ``replay=True`` and one with ``replay=False`` (same seeded weights, same
@@ -41,7 +43,9 @@ def timed_steps(replay, args, batches):
     hn.manual_seed(0)
     model = lenet5()
     with hn.Runtime(devices=f"cpu:{args.workers}", perfmodel=False, trace=False) as rt:
-        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.01, momentum=0.9), runtime=rt,
+        optimizer = (hn.optim.Adam(lr=1e-3) if args.optimizer == "adam"
+                     else hn.optim.SGD(lr=0.01, momentum=0.9))
+        trainer = hn.Trainer(model, optimizer=optimizer, runtime=rt,
                              batch_size=args.batch, granularity=args.granularity, replay=replay)
         executor = rt.executor
         run = executor.run
@@ -74,6 +78,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     batches = [(rng.random((args.batch, 1, 28, 28), dtype=np.float32),
@@ -84,7 +89,8 @@ def main(argv=None):
             steps, host = timed_steps(replay, args, batches)
             results[replay][0].extend(steps)
             results[replay][1].extend(host)
-    print(f"LeNet-5, batch {args.batch}, g={args.granularity}, {args.workers} workers, "
+    print(f"LeNet-5, {args.optimizer}, batch {args.batch}, g={args.granularity}, "
+          f"{args.workers} workers, "
           f"{args.rounds} rounds x {args.steps} steps, medians in ms")
     print(f"{'mode':<10} {'step':>8} {'host':>8}")
     for replay in (False, True):

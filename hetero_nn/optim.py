@@ -6,6 +6,14 @@ one update task per parameter after that batch's gradient tasks. State buffers
 (momentum, Adam's moments) are host arrays registered with the runtime, so
 checkpoints read them with ``state_dict()``.
 
+What changes from step to step (the learning rate, SGD's momentum and first step,
+Adam's betas and step count) reaches the tasks as data: ``step`` registers the
+step's *hyper handle* (:func:`~hetero_nn.codelets.optim.sgd_hyper`,
+:func:`~hetero_nn.codelets.optim.adam_hyper`) that every update task reads, so a
+captured step can be replayed every step: :meth:`Optimizer.replayed` counts the
+step as ``step`` would and returns the values the trainer writes into the hyper
+handle the graph captured. ``replay_key()`` holds only what stays fixed.
+
 Schedules (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``) take the optimizer
 recipe and set its ``lr`` (and, for OneCycle, SGD's ``momentum`` or Adam's
 ``beta1``) in Python on every ``step()``, with ``torch.optim.lr_scheduler``'s
@@ -21,7 +29,8 @@ import numpy as np
 
 import math
 
-from .codelets.optim import adam_step, adamw_step, clip_scale, sgd_step, sgd_step_plain, sum_squares
+from .codelets.optim import (adam_hyper, adam_step, adamw_step, clip_scale, sgd_hyper, sgd_step,
+                              sgd_step_plain, sum_squares)
 from .codelets.reduce import fill_zero
 from .errors import CheckpointError, ConfigError
 
@@ -49,6 +58,7 @@ class Optimizer:
         self._handles: dict = {}
         self._rt = None
         self.steps = 0
+        self.step_input = None  # the hyper handle the last ``step`` registered
 
     def bind(self, named_parameters, rt):
         """Attach ``[(name, Parameter), ...]`` (creating zeroed buffers) and register with ``rt``."""
@@ -70,24 +80,32 @@ class Optimizer:
                     self._rt.fetch(h)
 
     def step(self, rt):
+        """Submit one update task per parameter, all reading this step's hyper handle."""
         if rt is not self._rt:
             self.bind(self.params, rt)
         self.steps += 1
+        self.step_input = hyper = rt.register(self.hyper_values(), name="optimizer.hyper")
         for name, p in self.params:
-            self._submit(rt, p, self._handles[name])
+            self._submit(rt, p, self._handles[name], hyper)
 
-    def _submit(self, rt, p, buffers):
+    def _submit(self, rt, p, buffers, hyper):
+        raise NotImplementedError
+
+    def hyper_values(self) -> np.ndarray:
+        """The data of the current step's hyper handle (after ``steps`` counted it)."""
         raise NotImplementedError
 
     def replay_key(self):
-        """What the parameters of the next ``step``'s tasks depend on besides the data
-        (hashable), or None when they change every step, so a captured step cannot be
-        replayed (see :meth:`hetero_nn.trainer.Trainer.train_step`)."""
+        """What the parameters of ``step``'s tasks depend on besides the data (hashable),
+        or None when a captured step cannot be replayed (see
+        :meth:`hetero_nn.trainer.Trainer.train_step`)."""
         return None
 
-    def replayed(self):
-        """Count a step run by replaying a captured graph (``step`` was not called)."""
+    def replayed(self) -> np.ndarray:
+        """Count a step run by replaying a captured graph (``step`` was not called) and
+        return the values of its hyper handle, to write into the captured one."""
         self.steps += 1
+        return self.hyper_values()
 
     def hyper(self) -> dict:
         raise NotImplementedError
@@ -136,21 +154,24 @@ class SGD(Optimizer):
             raise ConfigError("SGD: Nesterov momentum requires a momentum and zero dampening")
         self.buffers = ("momentum_buffer",) if self.momentum else ()
 
-    def _submit(self, rt, p, buffers):
-        if self.momentum:
-            rt.submit(sgd_step, p.handle, p.grad, buffers[0], lr=self.lr, momentum=self.momentum,
-                      dampening=self.dampening, weight_decay=self.weight_decay,
-                      nesterov=self.nesterov, first=self.steps == 1)
+    def _submit(self, rt, p, buffers, hyper):
+        if buffers:  # a momentum that a schedule set to 0 leaves the buffer alone
+            rt.submit(sgd_step, p.handle, p.grad, buffers[0], hyper, dampening=self.dampening,
+                      weight_decay=self.weight_decay, nesterov=self.nesterov)
         else:
-            rt.submit(sgd_step_plain, p.handle, p.grad, lr=self.lr, weight_decay=self.weight_decay)
+            rt.submit(sgd_step_plain, p.handle, p.grad, hyper, weight_decay=self.weight_decay)
+
+    def hyper_values(self):
+        return sgd_hyper(self.lr, self.momentum, self.steps == 1)
 
     def hyper(self):
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
     def replay_key(self):
-        """The hyper-parameters, and whether the next step is the first (``first``)."""
-        return (*self.hyper().items(), self.steps == 0)
+        """What stays fixed: dampening, weight decay, Nesterov, and whether there is a
+        momentum buffer (lr, momentum and the first step are in the hyper handle)."""
+        return ("sgd", self.dampening, self.weight_decay, self.nesterov, bool(self.buffers))
 
     def __repr__(self):
         return "SGD(" + ", ".join(f"{k}={v}" for k, v in self.hyper().items()) + ")"
@@ -174,10 +195,17 @@ class Adam(Optimizer):
         self.eps = _check(eps, "eps", "Adam")
         self.weight_decay = _check(weight_decay, "weight_decay", "Adam")
 
-    def _submit(self, rt, p, buffers):
-        rt.submit(self.codelet, p.handle, p.grad, buffers[0], buffers[1], lr=self.lr,
-                  beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
-                  weight_decay=self.weight_decay, step=self.steps)
+    def _submit(self, rt, p, buffers, hyper):
+        rt.submit(self.codelet, p.handle, p.grad, buffers[0], buffers[1], hyper, eps=self.eps,
+                  weight_decay=self.weight_decay)
+
+    def hyper_values(self):
+        return adam_hyper(self.lr, self.betas[0], self.betas[1], self.steps)
+
+    def replay_key(self):
+        """What stays fixed: the codelet, eps and weight decay (lr, betas and the step
+        count are in the hyper handle)."""
+        return (self.codelet.name, self.eps, self.weight_decay)
 
     def hyper(self):
         return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps,

@@ -19,20 +19,22 @@ the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 
 Replay: with ``replay=True`` (the default) the first step of each *step key*
 (batch shape, dtype, granularity, the layers' train/eval modes, the model's ``fuse``, the
-optimizer's :meth:`~hetero_nn.optim.Optimizer.replay_key`: its hyper-parameters and
-whether the step is the first) is captured with
+optimizer's :meth:`~hetero_nn.optim.Optimizer.replay_key`: what stays fixed of its
+hyper-parameters) is captured with
 :meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into
 a graph that owns copies of the batch; later steps of that key copy the new batch
 into those buffers and replay the graph (no task built, no dependency inferred),
-bit for bit the same as submitting. The runtime (devices, policy, variants) is
-fixed per trainer and rebinding the model drops the graphs. A task parameter that
-changes every step cannot be replayed, so those steps are submitted: Adam and
-AdamW (the step count), a schedule stepped every step (the learning rate),
-and a model holding a layer whose ``replayable`` is False (Dropout drawing masks,
-BatchNorm2D counting batches on the host). An epoch schedule captures
-one graph per learning rate. ``evaluate_batch`` (and so ``evaluate``) captures and
-replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
-timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
+bit for bit the same as submitting. What changes every step lives in the data of
+small *step inputs* that the captured tasks read: the optimizer's hyper handle (lr,
+momentum or betas, step count: so Adam, AdamW and schedules stepped per step
+replay), a Dropout's mask key, a BatchNorm2D's momentum. Each object that registered
+one while the step was captured (``step_input``) is asked before every replay for
+the next values (``replayed()``, which also counts the step on the host as a
+submission would), written into its captured handle. The runtime (devices, policy,
+variants) is fixed per trainer and rebinding the model drops the graphs. A layer
+whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and so
+``evaluate``) captures and replays the same way (key ``"eval"``, layers in eval
+mode); ``predict`` and the timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
 graphs are kept, the oldest dropped.
 
 ``granularity="auto"`` picks g when the first batch arrives by timing: for g in
@@ -351,15 +353,10 @@ class Trainer:
         """One optimizer step on one batch; returns the batch's mean loss."""
         if self.cluster is not None:
             return self.cluster.train_step(self, x, y)
-        opt_key = self.optimizer.replay_key()
-        if self.scheduler is not None and self.scheduler_interval == "step":
-            opt_key = None  # the learning rate changes every step
-        key = self._step_key(x, y, opt_key) if self.replay else None
+        key = self._step_key(x, y, self.optimizer.replay_key()) if self.replay else None
         if key is None:
             return self._read_step(*self._submit_step(*self._batch(x, y)))
-        results, replayed = self._run_captured(key, x, y, self._submit_step)
-        if replayed:
-            self.optimizer.replayed()
+        results, _ = self._run_captured(key, x, y, self._submit_step)
         return self._read_step(*results)
 
     def _submit_step(self, xs, ys):
@@ -409,16 +406,22 @@ class Trainer:
         if step is not None:
             step.graph.write(step.x, x)
             step.graph.write(step.y, y)
+            for owner, handle in step.inputs:
+                step.graph.write(handle, owner.replayed())
             step.graph.replay()
             return step.results, True
         rt = self.runtime
         xh = rt.register(np.array(x, dtype=self.dtype), name="x")  # copies: the loader reuses x
         yh = rt.register(self._labels(xh, y).copy(), name="y")
+        owners = [self.optimizer, *self.model.modules()]
+        for owner in owners:
+            owner.step_input = None
         with rt.capture() as graph:
             results = submit(self._split(xh), self._split(yh))
+        inputs = [(owner, owner.step_input) for owner in owners if owner.step_input is not None]
         if len(self._graphs) >= _MAX_GRAPHS:
             del self._graphs[next(iter(self._graphs))]
-        self._graphs[key] = _CapturedStep(graph, xh, yh, results)
+        self._graphs[key] = _CapturedStep(graph, xh, yh, results, inputs)
         self.graphs_captured += 1
         return results, False
 
@@ -806,12 +809,13 @@ class Trainer:
 
 
 class _CapturedStep:
-    """A captured train step: its graph, the batch handles it reads, its result handles."""
+    """A captured train step: its graph, the batch handles it reads, its result handles,
+    and its step inputs: ``(owner, handle)`` pairs whose data ``owner.replayed()`` gives."""
 
-    __slots__ = ("graph", "x", "y", "results")
+    __slots__ = ("graph", "x", "y", "results", "inputs")
 
-    def __init__(self, graph, x, y, results):
-        self.graph, self.x, self.y, self.results = graph, x, y, results
+    def __init__(self, graph, x, y, results, inputs):
+        self.graph, self.x, self.y, self.results, self.inputs = graph, x, y, results, inputs
 
 
 # ---------------------------------------------------------------------------------------

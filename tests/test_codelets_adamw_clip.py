@@ -36,9 +36,8 @@ def test_adamw_matches_torch(variant, dtype, config):
         topt.param_groups[0]["lr"] = lr
         tp.grad = torch.from_numpy(g)
         topt.step()
-        optim.adamw_step.variants[variant](p, g, m, v, lr=lr, beta1=beta1, beta2=beta2,
-                                           eps=config["eps"],
-                                           weight_decay=config["weight_decay"], step=step)
+        optim.adamw_step.variants[variant](p, g, m, v, optim.adam_hyper(lr, beta1, beta2, step),
+                                           eps=config["eps"], weight_decay=config["weight_decay"])
     state = topt.state[tp]
     for actual, wanted in ((p, tp), (m, state["exp_avg"]), (v, state["exp_avg_sq"])):
         assert actual.dtype == dtype
@@ -49,9 +48,9 @@ def test_adamw_differs_from_adam_with_l2():
     """Decoupled decay is not Adam's L2 term (the check above would catch a swap)."""
     p1, p2 = np.ones(4), np.ones(4)
     g = np.full(4, 0.5)
-    kw = dict(lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.5, step=1)
-    optim.adamw_step.variants["cpu"](p1, g, np.zeros(4), np.zeros(4), **kw)
-    optim.adam_step.variants["cpu"](p2, g, np.zeros(4), np.zeros(4), **kw)
+    hyper = optim.adam_hyper(0.1, 0.9, 0.999, 1)
+    optim.adamw_step.variants["cpu"](p1, g, np.zeros(4), np.zeros(4), hyper, weight_decay=0.5)
+    optim.adam_step.variants["cpu"](p2, g, np.zeros(4), np.zeros(4), hyper, weight_decay=0.5)
     assert np.abs(p1 - p2).min() > 1e-3
 
 
@@ -95,9 +94,10 @@ def test_adamw_and_clip_cuda_on_cupy_match_ref(cupy):
     g = rng.standard_normal(50)
     host = [p.copy(), np.zeros(50), np.zeros(50)]
     dev = [cupy.asarray(p), cupy.zeros(50), cupy.zeros(50)]
-    kw = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=1e-2, step=1)
-    optim.adamw_step.variants["ref"](host[0], g, *host[1:], **kw)
-    optim.adamw_step.variants["cuda"](dev[0], cupy.asarray(g), *dev[1:], **kw)
+    hyper = optim.adam_hyper(1e-2, 0.9, 0.99, 1)
+    kw = dict(eps=1e-8, weight_decay=1e-2)
+    optim.adamw_step.variants["ref"](host[0], g, *host[1:], hyper, **kw)
+    optim.adamw_step.variants["cuda"](dev[0], cupy.asarray(g), *dev[1:], cupy.asarray(hyper), **kw)
     for h, d in zip(host, dev):
         assert rel_err(cupy.asnumpy(d), h) <= 1e-12
     total_h, total_d = np.zeros(()), cupy.zeros(())

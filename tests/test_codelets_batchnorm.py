@@ -57,7 +57,7 @@ def run_bn(variant, x, weight, bias, dy, running, parts, batch_stats=True):
             sqdev += partial
         var = np.full(c, np.nan, dtype)
         v(bn.bn_var)(sqdev, var, count=count)
-        v(bn.bn_running)(mean, sqdev, rmean, rvar, count=count, momentum=MOMENTUM)
+        v(bn.bn_running)(mean, sqdev, rmean, rvar, np.array([MOMENTUM]), count=count)
     else:
         mean, var = rmean, rvar
     y = np.full_like(x, np.nan)

@@ -5,7 +5,7 @@ the keep rate; and the CuPy run of the "cuda" variants."""
 import numpy as np
 import pytest
 
-from hetero_nn.codelets.dropout import dropout_bwd, dropout_fwd, dropout_key, keep_mask
+from hetero_nn.codelets.dropout import dropout_bwd, dropout_fwd, dropout_key, keep_mask, key_data
 from helpers import rel_err
 
 torch = pytest.importorskip("torch")
@@ -18,7 +18,7 @@ def run(codelet, variant, x, p, key, parts=1):
     y = np.full_like(x, np.nan)
     start = 0
     for xp_, yp in zip(np.array_split(x, parts), np.array_split(y, parts)):
-        codelet.variants[variant](xp_, yp, p=p, key=key, start=start)
+        codelet.variants[variant](xp_, yp, np.array([key], np.uint64), p=p, start=start)
         start += len(xp_)
     return y
 
@@ -69,5 +69,5 @@ def test_cuda_variant_on_cupy(cupy):
     x = np.random.default_rng(0).standard_normal((5, 7))
     key = dropout_key(5, 2)
     y = cupy.full(x.shape, cupy.nan)
-    dropout_fwd.variants["cuda"](cupy.asarray(x), y, p=0.4, key=key, start=0)
+    dropout_fwd.variants["cuda"](cupy.asarray(x), y, cupy.asarray(key_data(5, 2)), p=0.4, start=0)
     assert np.array_equal(cupy.asnumpy(y), run(dropout_fwd, "ref", x, 0.4, key))

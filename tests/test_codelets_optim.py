@@ -26,6 +26,16 @@ def config_id(config):
     return "-".join(f"{k}={v}" for k, v in config.items())
 
 
+def sgd_hyper(config, first):
+    """The ``hyper`` operand of an SGD config (lr, momentum) on a first step or a later one."""
+    return optim.sgd_hyper(config["lr"], config["momentum"], first)
+
+
+def fixed(config):
+    """The parameters of an SGD config that stay task parameters."""
+    return {k: config[k] for k in ("dampening", "weight_decay", "nesterov")}
+
+
 SGD_CONFIGS = [
     dict(lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
     dict(lr=0.05, momentum=0.0, dampening=0.0, weight_decay=1e-2, nesterov=False),
@@ -56,7 +66,8 @@ def test_sgd_matches_torch(variant, dtype, config):
     p = param.copy()
     buf = np.full_like(param, np.nan)  # overwritten on the first step
     for step, g in enumerate(grads):
-        optim.sgd_step.variants[variant](p, g, buf, first=(step == 0), **config)
+        optim.sgd_step.variants[variant](p, g, buf, sgd_hyper(config, step == 0),
+                                         **fixed(config))
     assert p.dtype == dtype
     assert rel_err(p, expected_param) <= TOL[dtype]
     if config["momentum"] != 0:
@@ -65,7 +76,7 @@ def test_sgd_matches_torch(variant, dtype, config):
     if config["momentum"] == 0:
         p = param.copy()
         for g in grads:
-            optim.sgd_step_plain.variants[variant](p, g, lr=config["lr"],
+            optim.sgd_step_plain.variants[variant](p, g, optim.sgd_hyper(config["lr"]),
                                                     weight_decay=config["weight_decay"])
         assert rel_err(p, expected_param) <= TOL[dtype]
 
@@ -99,9 +110,9 @@ def test_adam_matches_torch(variant, dtype, config):
     exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
     beta1, beta2 = config["betas"]
     for step, g in enumerate(grads, start=1):
-        optim.adam_step.variants[variant](p, g, exp_avg, exp_avg_sq, lr=config["lr"], beta1=beta1,
-                                          beta2=beta2, eps=config["eps"],
-                                          weight_decay=config["weight_decay"], step=step)
+        optim.adam_step.variants[variant](p, g, exp_avg, exp_avg_sq,
+                                          optim.adam_hyper(config["lr"], beta1, beta2, step),
+                                          eps=config["eps"], weight_decay=config["weight_decay"])
     for actual, wanted in zip((p, exp_avg, exp_avg_sq), expected):
         assert actual.dtype == dtype
         assert rel_err(actual, wanted) <= TOL[dtype]
@@ -111,7 +122,8 @@ def test_adam_matches_torch(variant, dtype, config):
 def test_adam_rejects_step_zero(variant):
     a = np.zeros(3)
     with pytest.raises(ValueError, match="step counts from 1"):
-        optim.adam_step.variants[variant](a, a.copy(), a.copy(), a.copy(), lr=0.1, step=0)
+        optim.adam_step.variants[variant](a, a.copy(), a.copy(), a.copy(),
+                                          optim.adam_hyper(0.1, 0.9, 0.999, 0))
 
 
 def test_cpu_variants_refuse_non_contiguous_state():
@@ -119,9 +131,9 @@ def test_cpu_variants_refuse_non_contiguous_state():
     param = np.zeros((4, 6))[:, ::2]
     grad = np.ones((4, 3))
     with pytest.raises(ValueError, match="C-contiguous"):
-        optim.sgd_step_plain.variants["cpu"](param, grad, lr=0.1)
+        optim.sgd_step_plain.variants["cpu"](param, grad, optim.sgd_hyper(0.1))
     with pytest.raises(ValueError, match="one shape"):
-        optim.sgd_step_plain.variants["cpu"](np.zeros(3), np.zeros(4), lr=0.1)
+        optim.sgd_step_plain.variants["cpu"](np.zeros(3), np.zeros(4), optim.sgd_hyper(0.1))
 
 
 @pytest.mark.parametrize("variant", sorted(optim.sgd_step.variants))
@@ -131,7 +143,7 @@ def test_strided_gradient_is_read_correctly(variant):
     grad = rng.standard_normal((4, 5)).T
     expected, _ = torch_sgd(param, [np.ascontiguousarray(grad)], dict(lr=0.5))
     p = param.copy()
-    optim.sgd_step_plain.variants[variant](p, grad, lr=0.5)
+    optim.sgd_step_plain.variants[variant](p, grad, optim.sgd_hyper(0.5))
     assert rel_err(p, expected) <= 1e-15
 
 
@@ -143,16 +155,20 @@ def test_cuda_variants_on_cupy_match_ref(dtype, cupy):
     host = [param.copy(), np.zeros_like(param)]
     dev = [cupy.asarray(param), cupy.zeros(param.shape, dtype)]
     for step, g in enumerate(grads):
-        optim.sgd_step.variants["ref"](host[0], g, host[1], first=(step == 0), **sgd)
-        optim.sgd_step.variants["cuda"](dev[0], cupy.asarray(g), dev[1], first=(step == 0), **sgd)
+        hyper = sgd_hyper(sgd, step == 0)
+        optim.sgd_step.variants["ref"](host[0], g, host[1], hyper, **fixed(sgd))
+        optim.sgd_step.variants["cuda"](dev[0], cupy.asarray(g), dev[1], cupy.asarray(hyper),
+                                        **fixed(sgd))
     for h, d in zip(host, dev):
         assert rel_err(cupy.asnumpy(d), h) <= TOL[dtype]
 
-    adam = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=1e-2)
+    adam = dict(eps=1e-8, weight_decay=1e-2)
     host = [param.copy(), np.zeros_like(param), np.zeros_like(param)]
     dev = [cupy.asarray(param), cupy.zeros(param.shape, dtype), cupy.zeros(param.shape, dtype)]
     for step, g in enumerate(grads, start=1):
-        optim.adam_step.variants["ref"](host[0], g, *host[1:], step=step, **adam)
-        optim.adam_step.variants["cuda"](dev[0], cupy.asarray(g), *dev[1:], step=step, **adam)
+        hyper = optim.adam_hyper(1e-2, 0.9, 0.99, step)
+        optim.adam_step.variants["ref"](host[0], g, *host[1:], hyper, **adam)
+        optim.adam_step.variants["cuda"](dev[0], cupy.asarray(g), *dev[1:], cupy.asarray(hyper),
+                                         **adam)
     for h, d in zip(host, dev):
         assert rel_err(cupy.asnumpy(d), h) <= TOL[dtype]

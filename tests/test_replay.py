@@ -1,18 +1,22 @@
 """Capture and replay: ``Runtime.capture`` / ``Graph.replay`` and the Trainer's use of them.
 
 A replayed step must give the same bits as a submitted one (same tasks, same
-REDUX trees, same pinned variants), under every policy and granularity.
+REDUX trees, same pinned variants, the same per-step values read from step inputs),
+under every policy and granularity.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 
 import numpy as np
 import pytest
 
 import hetero_nn as hn
 from hetero_nn import R, REDUX, RW, SCRATCH, W
+from hetero_nn.layers.dropout import dropout_state
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 INPUT_SHAPE = (1, 28, 28)
@@ -128,6 +132,12 @@ def test_a_capture_whose_flush_failed_cannot_be_replayed():
 
 
 # --------------------------------------------------------------------------- the Trainer
+#
+# Values that change every step (Adam's step count and betas, a schedule's lr, OneCycle's
+# beta1 or momentum, a Dropout's mask key, a BatchNorm2D's momentum) live in the data of
+# step inputs: a replayed run must give the bits of a submitted one with one capture per
+# step key, and leave the host counters (optimizer steps, schedule, num_batches_tracked,
+# dropout steps) where a submitted run leaves them.
 
 def lenet5():
     return hn.build_model("lenet5", INPUT_SHAPE, 10, dtype="float64", seed=3)
@@ -140,7 +150,40 @@ def odd_strided():
                          hn.Dense(144, 10))
 
 
-NETS = {"lenet5": lenet5, "odd-strided": odd_strided}
+def bn_dropout():
+    """BatchNorm2D with a momentum and with a cumulative average, and a Dropout after Flatten."""
+    hn.manual_seed(3)
+    return hn.Sequential(hn.Conv2D(1, 4, 5, stride=3), hn.BatchNorm2D(4, momentum=0.3), hn.ReLU(),
+                         hn.Conv2D(4, 4, 3, stride=2), hn.BatchNorm2D(4, momentum=None), hn.ReLU(),
+                         hn.Flatten(), hn.Dropout(0.3, seed=1), hn.Dense(36, 10))
+
+
+def sgd():
+    return hn.optim.SGD(lr=0.05, momentum=0.9), None, None
+
+
+def adam():
+    return hn.optim.Adam(lr=1e-2), None, None
+
+
+def adamw_onecycle_clip():
+    opt = hn.optim.AdamW(lr=1e-2, weight_decay=0.05)
+    return opt, hn.optim.OneCycleLR(opt, max_lr=0.05, total_steps=10), 0.5
+
+
+def sgd_cosine():
+    opt = hn.optim.SGD(lr=0.05, momentum=0.9, nesterov=True)
+    return opt, hn.optim.CosineAnnealingLR(opt, T_max=3), None
+
+
+def adam_onecycle():
+    opt = hn.optim.Adam(lr=1e-2)
+    return opt, hn.optim.OneCycleLR(opt, max_lr=0.05, total_steps=10), None
+
+
+CASES = {"lenet5": (lenet5, sgd), "odd-strided": (odd_strided, sgd),
+         "adam": (odd_strided, adam), "adamw-onecycle-clip": (odd_strided, adamw_onecycle_clip),
+         "sgd-cosine": (odd_strided, sgd_cosine), "bn-dropout": (bn_dropout, adam_onecycle)}
 
 
 def _batches(sizes):
@@ -148,29 +191,46 @@ def _batches(sizes):
     return [(rng.standard_normal((n, *INPUT_SHAPE)), rng.integers(0, 10, n)) for n in sizes]
 
 
-def _train(net, policy, g, replay, sizes=(BATCH,) * STEPS, optimizer=None):
-    model = NETS[net]()
+def _digest(a) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _train(case, policy, g, replay, sizes=(BATCH,) * STEPS):
+    """Digests of what a run leaves (losses, weights, buffers, optimizer state, host
+    counters and schedule) and the number of graphs it captured."""
+    net, recipe = CASES[case]
+    model = net()
+    optimizer, scheduler, clip = recipe()
     with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=False) as rt:
-        trainer = hn.Trainer(model, optimizer=optimizer or hn.optim.SGD(lr=0.05, momentum=0.9),
-                             runtime=rt, batch_size=BATCH, granularity=g, dtype="float64",
-                             replay=replay)
-        losses = [trainer.train_step(x, y) for x, y in _batches(sizes)]
+        trainer = hn.Trainer(model, optimizer=optimizer, runtime=rt, batch_size=BATCH,
+                             granularity=g, dtype="float64", replay=replay, scheduler=scheduler,
+                             scheduler_interval="step" if scheduler else None,
+                             clip_grad_norm=clip)
+        losses = []
+        for x, y in _batches(sizes):
+            losses.append(trainer.train_step(x, y))
+            if scheduler is not None:
+                scheduler.step()
+        opt_state = optimizer.state_dict()
         arrays = {"losses": np.array(losses), **model.state_dict(),
-                  **{f"{p}.{b}": a for p, st in trainer.optimizer.state_dict()["state"].items()
-                     for b, a in st.items()}}
-    digests = {k: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-               for k, a in arrays.items()}
+                  **{f"{p}.{b}": a for p, st in opt_state["state"].items() for b, a in st.items()}}
+        host = {"steps": opt_state["steps"], "hyper": opt_state["hyper"],
+                "scheduler": scheduler.state_dict() if scheduler else None,
+                "dropout": dropout_state(model), "grad_norm": trainer.last_grad_norm}
+    digests = {k: _digest(a) for k, a in arrays.items()}
+    digests["host"] = json.dumps(host, sort_keys=True)
     return digests, trainer.graphs_captured
 
 
-@pytest.mark.parametrize("net", sorted(NETS))
+@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("g", (1, 3))
 @pytest.mark.parametrize("policy", POLICIES)
-def test_replayed_steps_equal_submitted_steps_bit_for_bit(net, g, policy):
-    replayed, captured = _train(net, policy, g, True)
-    submitted, none = _train(net, policy, g, False)
+def test_replayed_steps_equal_submitted_steps_bit_for_bit(case, g, policy):
+    replayed, captured = _train(case, policy, g, True)
+    submitted, none = _train(case, policy, g, False)
     assert replayed == submitted
-    assert (captured, none) == (2, 0)  # the first step (SGD's ``first``), then the rest
+    assert (captured, none) == (1, 0)  # one step key: captured once, replayed four times
 
 
 def test_a_shape_change_captures_another_graph():
@@ -178,13 +238,24 @@ def test_a_shape_change_captures_another_graph():
     replayed, captured = _train("odd-strided", "eager", 3, True, sizes)
     submitted, _ = _train("odd-strided", "eager", 3, False, sizes)
     assert replayed == submitted
-    assert captured == 3  # the first step, batches of 12, batches of 5
+    assert captured == 2  # batches of 12, batches of 5
 
 
-def test_a_step_count_parameter_is_submitted_not_replayed():
-    replayed, captured = _train("odd-strided", "ws", 3, True, optimizer=hn.optim.Adam(lr=1e-3))
-    submitted, _ = _train("odd-strided", "ws", 3, False, optimizer=hn.optim.Adam(lr=1e-3))
-    assert replayed == submitted and captured == 0
+def test_host_counters_after_replays():
+    model = bn_dropout()
+    optimizer, scheduler, _ = adam_onecycle()
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        trainer = hn.Trainer(model, optimizer=optimizer, runtime=rt, batch_size=BATCH,
+                             granularity=3, dtype="float64", scheduler=scheduler,
+                             scheduler_interval="step")
+        for x, y in _batches((BATCH,) * STEPS):
+            trainer.train_step(x, y)
+            scheduler.step()
+        assert trainer.graphs_captured == 1
+        assert optimizer.steps == STEPS and scheduler.last_epoch == STEPS
+        tracked = [v for k, v in model.state_dict().items() if k.endswith("num_batches_tracked")]
+        assert [int(t) for t in tracked] == [STEPS, STEPS]
+        assert [steps for _, steps in dropout_state(model).values()] == [STEPS]
 
 
 def test_heft_plans_once():
@@ -205,13 +276,13 @@ def test_heft_plans_once():
         np.testing.assert_array_equal(rt.fetch(acc), np.full(2, 3 * 6 * 9.0))
 
 
-def _fit(replay, model):
+def _fit(replay, model, optimizer, scheduler=None):
     rng = np.random.default_rng(5)
     train = (rng.standard_normal((2 * BATCH + 5, *INPUT_SHAPE)), rng.integers(0, 10, 2 * BATCH + 5))
     val = (rng.standard_normal((7, *INPUT_SHAPE)), rng.integers(0, 10, 7))
     with hn.Runtime(devices="cpu:2", policy="ws", perfmodel=False) as rt:
-        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=rt,
-                             batch_size=BATCH, granularity=3, dtype="float64", replay=replay)
+        trainer = hn.Trainer(model, optimizer=optimizer, runtime=rt, batch_size=BATCH,
+                             granularity=3, dtype="float64", replay=replay, scheduler=scheduler)
         history = trainer.fit(train, epochs=3, validation=val, verbose=0)
         state = model.state_dict()
     return ([(r["train_loss"], r["test_loss"], r["train_accuracy"]) for r in history], state,
@@ -219,17 +290,18 @@ def _fit(replay, model):
 
 
 def test_fit_with_the_loader_a_short_last_batch_and_evaluation_equals_submission():
-    replayed = _fit(True, odd_strided())
-    submitted = _fit(False, odd_strided())
+    replayed = _fit(True, odd_strided(), *sgd()[:2])
+    submitted = _fit(False, odd_strided(), *sgd()[:2])
     assert replayed[0] == submitted[0]
     assert all(np.array_equal(replayed[1][k], submitted[1][k]) for k in submitted[1])
-    assert replayed[2] == 4 and submitted[2] == 0  # first step, 12, 5, and evaluation (7)
+    assert replayed[2] == 3 and submitted[2] == 0  # batches of 12, of 5, and evaluation (7)
 
 
-def test_dropout_in_training_mode_is_submitted_not_replayed():
-    def net():
-        hn.manual_seed(3)
-        return hn.Sequential(hn.Flatten(), hn.Dropout(0.3, seed=1), hn.Dense(784, 10))
-    replayed = _fit(True, net())
-    submitted = _fit(False, net())
-    assert replayed[0] == submitted[0] and replayed[2] == 1  # evaluation only (dropout off)
+def test_fit_with_a_per_step_schedule_dropout_and_batchnorm_equals_submission():
+    """OneCycle (stepped by ``fit`` after every step), Dropout in training and off in
+    evaluation, BatchNorm2D on batch statistics and then on its running ones."""
+    replayed = _fit(True, bn_dropout(), *adam_onecycle()[:2])
+    submitted = _fit(False, bn_dropout(), *adam_onecycle()[:2])
+    assert replayed[0] == submitted[0]
+    assert all(np.array_equal(replayed[1][k], submitted[1][k]) for k in submitted[1])
+    assert replayed[2] == 3 and submitted[2] == 0  # batches of 12, of 5, and evaluation (7)

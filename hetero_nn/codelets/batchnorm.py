@@ -11,7 +11,8 @@ bn_sum          x (R), sum (REDUX)                                    -
 bn_mean         sum (R), mean (W)                                     count
 bn_sqdev        x (R), mean (R), sqdev (REDUX)                        -
 bn_var          sqdev (R), var (W)                                    count
-bn_running      mean, sqdev (R), running_mean, running_var (RW)       count, momentum
+bn_running      mean, sqdev (R), running_mean, running_var (RW),      count
+                momentum (R)
 bn_fwd          x, mean, var, weight, bias (R), y (W)                 eps
 bn_bwd_sums     x, dy, mean (R), sum_dy, dotp (REDUX)                 -
 bn_param_grads  sum_dy, dotp, var (R), dweight, dbias (REDUX)         eps
@@ -28,6 +29,9 @@ The runtime combines REDUX partials in a balanced tree in partition order, so
 granularity changes only the rounding order and the policy changes nothing.
 Running statistics follow ``torch.nn.BatchNorm2d``: ``running = momentum * batch
 + (1 - momentum) * running``, with the *unbiased* variance ``sqdev / (count - 1)``.
+The momentum is the data of a one-element float64 operand read when the task runs
+(``1 / num_batches_tracked`` for a cumulative average changes every step), so a
+captured step graph stays valid every step.
 
 The forward pass is PyTorch's ``y = x * alpha + beta`` with ``alpha = weight /
 sqrt(var + eps)`` and ``beta = bias - mean * alpha``; in eval mode the layer hands
@@ -124,8 +128,8 @@ def _mean_xp(xp, total, mean, count):
     mean[...] = total / total.dtype.type(count)
 
 
-def _running_xp(xp, mean, sqdev, running_mean, running_var, count, momentum):
-    m = float(momentum)
+def _running_xp(xp, mean, sqdev, running_mean, running_var, momentum, count):
+    m = momentum.tolist()[0]
     unbiased = sqdev.astype(xp.float64) / (count - 1)  # the layer checks count > 1
     running_mean[...] = m * mean.astype(xp.float64) + (1 - m) * running_mean
     running_var[...] = m * unbiased + (1 - m) * running_var
@@ -274,8 +278,8 @@ def _var_cpu_wrapper(sqdev, var, count):
     _mean_xp(np, sqdev, var, count)
 
 
-def _running_cpu_wrapper(mean, sqdev, running_mean, running_var, count, momentum):
-    _running_cpu(mean, sqdev, running_mean, running_var, float(count), float(momentum))
+def _running_cpu_wrapper(mean, sqdev, running_mean, running_var, momentum, count):
+    _running_cpu(mean, sqdev, running_mean, running_var, float(count), momentum.tolist()[0])
 
 
 # --------------------------------------------------------------------------- codelets
@@ -295,9 +299,9 @@ bn_sqdev = _codelet("bn_sqdev", (R, R, REDUX), _sqdev_xp, _sqdev_cpu_wrapper, re
 """``sqdev += ((x - mean)^2).sum(axis=(0, 2, 3))`` (R x, R mean, REDUX sqdev)."""
 bn_var = _codelet("bn_var", (R, W), _mean_xp, _var_cpu_wrapper)
 """``var = sqdev / count``, the biased variance (R sqdev, W var)."""
-bn_running = _codelet("bn_running", (R, R, RW, RW), _running_xp, _running_cpu_wrapper)
+bn_running = _codelet("bn_running", (R, R, RW, RW, R), _running_xp, _running_cpu_wrapper)
 """Running statistics update with the unbiased variance (R mean, R sqdev, RW running_mean,
-RW running_var)."""
+RW running_var, R momentum = ``[momentum]`` in float64)."""
 bn_fwd = _codelet("bn_fwd", (R, R, R, R, R, W), _fwd_xp, _fwd_cpu_wrapper)
 """``y = (x - mean) / sqrt(var + eps) * weight + bias`` (R x, mean, var, weight, bias; W y)."""
 bn_bwd_sums = _codelet("bn_bwd_sums", (R, R, R, REDUX, REDUX), _bwd_sums_xp,

@@ -6,8 +6,8 @@ This module owns two codelets and every variant of them:
 ===============  ==========================  ==================================
 codelet          operands (access mode)       params
 ===============  ==========================  ==================================
-dropout_fwd      x (R), y (W)                 p, key, start
-dropout_bwd      dy (R), dx (W)               p, key, start
+dropout_fwd      x (R), y (W), key (R)        p, start
+dropout_bwd      dy (R), dx (W), key (R)      p, start
 ===============  ==========================  ==================================
 
 Policy: element ``j`` of sample ``start + i`` of the batch (``x`` is the partition
@@ -15,7 +15,10 @@ that begins at sample ``start``) is kept when ``u >= p``, where ``u`` in [0, 1) 
 the top 53 bits of ``splitmix64(key + counter * GOLDEN)`` and ``counter = (start +
 i) * sample_size + j`` is the element's position in the whole batch. The layer
 derives ``key`` from its seed and its step count (:func:`dropout_key`), so a mask
-depends on (seed, step, sample, element) only; the backward pass recomputes it
+depends on (seed, step, sample, element) only. The key is not a task parameter but
+the data of a one-element uint64 operand (:func:`key_data`), read when the task
+runs, so a captured step graph stays valid every step (the layer writes the next
+step's key into it); the backward pass recomputes it
 instead of storing it. Kept elements are scaled by ``1 / (1 - p)`` computed in
 the operands' dtype, as ``torch.nn.functional.dropout`` does (``p = 1`` drops all).
 
@@ -34,7 +37,7 @@ from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .xp import array_module
 
-__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "keep_mask"]
+__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "key_data", "keep_mask"]
 
 _MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -54,6 +57,11 @@ def dropout_key(seed: int, step: int) -> int:
     return _mix_int(_mix_int(int(seed)) + int(step) * GOLDEN)
 
 
+def key_data(seed: int, step: int) -> np.ndarray:
+    """The ``key`` operand's data: ``[dropout_key(seed, step)]`` as uint64."""
+    return np.array([dropout_key(seed, step)], np.uint64)
+
+
 def _scale(p, dtype):
     """PyTorch's ``1 / (1 - p)`` in the operands' dtype (0 when everything drops)."""
     return dtype.type(0) if p >= 1 else dtype.type(1) / dtype.type(1 - p)
@@ -62,11 +70,12 @@ def _scale(p, dtype):
 # --------------------------------------------------------------------------- ref and cuda (xp)
 
 def keep_mask(xp, shape, p, key, start):
-    """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``."""
+    """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``;
+    ``key`` is an int or the ``key`` operand (an array of the module ``xp``, read there)."""
     n, size = shape[0], math.prod(shape[1:])
     counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(size) \
         + xp.arange(size, dtype=xp.uint64)
-    z = counter * xp.uint64(GOLDEN) + xp.uint64(key)
+    z = counter * xp.uint64(GOLDEN) + xp.asarray(key, dtype=xp.uint64)
     z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_M1)
     z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
     z = z ^ (z >> xp.uint64(31))
@@ -74,17 +83,17 @@ def keep_mask(xp, shape, p, key, start):
     return (u >= p).reshape(shape)
 
 
-def _apply_xp(xp, src, dst, p, key, start):
-    keep = keep_mask(xp, src.shape, float(p), int(key), int(start))
+def _apply_xp(xp, src, dst, key, p, start):
+    keep = keep_mask(xp, src.shape, float(p), key, int(start))
     xp.copyto(dst, xp.where(keep, src * _scale(p, src.dtype), src.dtype.type(0)))
 
 
-def _fwd_ref(x, y, p, key, start):
-    _apply_xp(np, x, y, p, key, start)
+def _fwd_ref(x, y, key, *, p, start):
+    _apply_xp(np, x, y, key, p, start)
 
 
-def _fwd_cuda(x, y, p, key, start):
-    _apply_xp(array_module(x, y), x, y, p, key, start)
+def _fwd_cuda(x, y, key, *, p, start):
+    _apply_xp(array_module(x, y, key), x, y, key, p, start)
 
 
 # --------------------------------------------------------------------------- cpu (Numba)
@@ -109,11 +118,11 @@ def _apply_cpu(src, dst, p, key, start, scale):
             dst[i, j] = src[i, j] * scale if u >= p else zero
 
 
-def _apply_cpu_wrapper(src, dst, p, key, start):
+def _apply_cpu_wrapper(src, dst, key, *, p, start):
     require_contiguous("dropout", dst=dst)
     n = src.shape[0]
     _apply_cpu(np.ascontiguousarray(src).reshape(n, -1), dst.reshape(n, -1), float(p),
-               np.uint64(key), np.uint64(start), _scale(p, dst.dtype))
+               np.uint64(key[0]), np.uint64(start), _scale(p, dst.dtype))
 
 
 # --------------------------------------------------------------------------- codelets
@@ -123,11 +132,11 @@ def _flops(a, b, **params):
 
 
 dropout_fwd = Codelet(
-    "dropout_fwd", modes=(R, W),
+    "dropout_fwd", modes=(R, W, R),
     variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
-"""``y = x * keep / (1 - p)`` (R x, W y); the mask from ``(key, start)``."""
+"""``y = x * keep / (1 - p)`` (R x, W y, R key); the mask from ``(key[0], start)``."""
 
 dropout_bwd = Codelet(
-    "dropout_bwd", modes=(R, W),
+    "dropout_bwd", modes=(R, W, R),
     variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
-"""``dx = dy * keep / (1 - p)`` (R dy, W dx): the forward's mask, recomputed."""
+"""``dx = dy * keep / (1 - p)`` (R dy, W dx, R key): the forward's mask, recomputed."""

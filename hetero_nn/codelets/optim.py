@@ -31,6 +31,16 @@ parameter, the tree fixed by the submission order), and ``clip_scale`` then
 multiplies each gradient by ``min(max_norm / (sqrt(total) + 1e-6), 1)``, computed
 in the gradient's dtype as PyTorch does (the factor is applied even when it is 1).
 
+*Hyper handle.* What may change from one step to the next (the learning rate, SGD's
+momentum, Adam's betas and step count, SGD's first step) is not a task parameter but
+the data of a small float64 operand, ``hyper`` (R), laid out by :func:`sgd_hyper` and
+:func:`adam_hyper` and read by every variant when the task runs: a captured step
+graph stays valid every step (the optimizer writes the next step's values into it).
+The variants read it as Python floats (``tolist``: on a GPU, one copy of a few bytes
+per task), so the arithmetic is the one PyTorch does with its Python floats. The
+parameters left are fixed for a run (``dampening``, ``nesterov``, ``eps``,
+``weight_decay``).
+
 Scalar coefficients are computed in Python floats and rounded to the
 parameter's dtype, as PyTorch does with a Python scalar. PyTorch's vectorised
 kernels fuse some multiply-adds (FMA); these kernels do not, so float64 results
@@ -48,7 +58,19 @@ from .codelet import REDUX, RW, R, Codelet
 from .reduce import add_redux, flat_view, zero_init
 from .xp import array_module
 
-__all__ = ["sgd_step", "sgd_step_plain", "adam_step", "adamw_step", "sum_squares", "clip_scale"]
+__all__ = ["sgd_step", "sgd_step_plain", "adam_step", "adamw_step", "sum_squares", "clip_scale",
+           "sgd_hyper", "adam_hyper"]
+
+
+def sgd_hyper(lr, momentum=0.0, first=False) -> np.ndarray:
+    """The ``hyper`` operand of ``sgd_step`` and ``sgd_step_plain``: ``[lr, momentum, first]``."""
+    return np.array([lr, momentum, float(first)], np.float64)
+
+
+def adam_hyper(lr, beta1, beta2, step) -> np.ndarray:
+    """The ``hyper`` operand of ``adam_step`` and ``adamw_step``: ``[lr, beta1, beta2, step]``
+    (``step`` counts from 1)."""
+    return np.array([lr, beta1, beta2, step], np.float64)
 
 
 def _check_same_shape(name, *arrays):
@@ -71,8 +93,9 @@ def _flat_operands(name, *arrays):
 
 # --------------------------------------------------------------------------- SGD
 
-def _sgd_step_ref(param, grad, momentum_buffer, *, lr, momentum=0.0, dampening=0.0,
-                  weight_decay=0.0, nesterov=False, first=False):
+def _sgd_step_ref(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
+                  nesterov=False):
+    lr, momentum, first = hyper.tolist()
     dtype = param.dtype.type
     g = grad
     if weight_decay != 0:
@@ -109,8 +132,9 @@ def _sgd_step_cpu(param, grad, buf, lr_neg, momentum, one_minus_dampening, weigh
         param[i] = param[i] + lr_neg * g
 
 
-def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, *, lr, momentum=0.0, dampening=0.0,
-                          weight_decay=0.0, nesterov=False, first=False):
+def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, hyper, *, dampening=0.0,
+                          weight_decay=0.0, nesterov=False):
+    lr, momentum, first = hyper.tolist()
     _check_same_shape("sgd_step", param, grad, momentum_buffer)
     param_flat, buf_flat = _flat_operands("sgd_step", param, momentum_buffer)
     dtype = param.dtype.type
@@ -119,8 +143,9 @@ def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, *, lr, momentum=0.0, dam
                   bool(nesterov), bool(first), momentum != 0, weight_decay != 0)
 
 
-def _sgd_step_cuda(param, grad, momentum_buffer, *, lr, momentum=0.0, dampening=0.0,
-                   weight_decay=0.0, nesterov=False, first=False):
+def _sgd_step_cuda(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
+                   nesterov=False):
+    lr, momentum, first = hyper.tolist()
     xp = array_module(param, grad, momentum_buffer)
     dtype = param.dtype.type
     g = grad
@@ -136,8 +161,13 @@ def _sgd_step_cuda(param, grad, momentum_buffer, *, lr, momentum=0.0, dampening=
     param += dtype(-lr) * g
 
 
-def _sgd_step_plain_ref(param, grad, *, lr, weight_decay=0.0):
-    _sgd_step_ref(param, grad, None, lr=lr, weight_decay=weight_decay)
+def _sgd_step_plain_ref(param, grad, hyper, *, weight_decay=0.0):
+    _sgd_step_ref(param, grad, None, _no_momentum(hyper), weight_decay=weight_decay)
+
+
+def _no_momentum(hyper):
+    """SGD's ``hyper`` with momentum 0 (what ``sgd_step_plain`` runs)."""
+    return sgd_hyper(hyper.tolist()[0])
 
 
 @jit
@@ -152,7 +182,8 @@ def _sgd_step_plain_decay_cpu(param, grad, lr_neg, weight_decay):
         param[i] = param[i] + lr_neg * (grad[i] + weight_decay * param[i])
 
 
-def _sgd_step_plain_cpu_wrapper(param, grad, *, lr, weight_decay=0.0):
+def _sgd_step_plain_cpu_wrapper(param, grad, hyper, *, weight_decay=0.0):
+    lr = hyper.tolist()[0]
     _check_same_shape("sgd_step_plain", param, grad)
     (param_flat,) = _flat_operands("sgd_step_plain", param)
     grad_flat = np.ascontiguousarray(grad).reshape(-1)
@@ -163,8 +194,8 @@ def _sgd_step_plain_cpu_wrapper(param, grad, *, lr, weight_decay=0.0):
         _sgd_step_plain_cpu(param_flat, grad_flat, dtype(-lr))
 
 
-def _sgd_step_plain_cuda(param, grad, *, lr, weight_decay=0.0):
-    _sgd_step_cuda(param, grad, None, lr=lr, weight_decay=weight_decay)
+def _sgd_step_plain_cuda(param, grad, hyper, *, weight_decay=0.0):
+    _sgd_step_cuda(param, grad, None, _no_momentum(hyper), weight_decay=weight_decay)
 
 
 def _elementwise_flops(per_element):
@@ -174,24 +205,25 @@ def _elementwise_flops(per_element):
 
 
 sgd_step = Codelet(
-    "sgd_step", modes=(RW, R, RW),
+    "sgd_step", modes=(RW, R, RW, R),
     variants={"ref": _sgd_step_ref, "cpu": _sgd_step_cpu_wrapper, "cuda": _sgd_step_cuda},
     flops=_elementwise_flops(6),
 )
-"""SGD with momentum (RW param, R grad, RW momentum_buffer).
+"""SGD with momentum (RW param, R grad, RW momentum_buffer, R hyper = :func:`sgd_hyper`).
 
-Parameters ``lr, momentum, dampening, weight_decay, nesterov, first``;
-``first=True`` on the step where torch creates the buffer (it is overwritten
-with the gradient, no dampening).
+Parameters ``dampening, weight_decay, nesterov``; ``hyper``'s ``first`` is 1 on the
+step where torch creates the buffer (it is overwritten with the gradient, no
+dampening); a momentum of 0 leaves the buffer alone.
 """
 
 sgd_step_plain = Codelet(
-    "sgd_step_plain", modes=(RW, R),
+    "sgd_step_plain", modes=(RW, R, R),
     variants={"ref": _sgd_step_plain_ref, "cpu": _sgd_step_plain_cpu_wrapper,
               "cuda": _sgd_step_plain_cuda},
     flops=_elementwise_flops(2),
 )
-"""SGD without momentum (RW param, R grad); parameters ``lr, weight_decay``."""
+"""SGD without momentum (RW param, R grad, R hyper = :func:`sgd_hyper`, which gives ``lr``);
+parameter ``weight_decay``."""
 
 
 # --------------------------------------------------------------------------- Adam
@@ -212,8 +244,9 @@ def _lerp_ref(start, end, weight):
     return end + (weight - weight.dtype.type(1)) * (end - start)
 
 
-def _adam_step_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8,
-                   weight_decay=0.0, step, decoupled=False):
+def _adam_step_ref(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
+                   decoupled=False):
+    lr, beta1, beta2, step = hyper.tolist()
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
     g = grad
@@ -249,8 +282,9 @@ def _adam_step_cpu(param, grad, exp_avg, exp_avg_sq, weight_decay, use_weight_de
         param[i] = p + (step_size_neg * m) / denom
 
 
-def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999,
-                           eps=1e-8, weight_decay=0.0, step, decoupled=False):
+def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
+                           weight_decay=0.0, decoupled=False):
+    lr, beta1, beta2, step = hyper.tolist()
     _check_same_shape("adam_step", param, grad, exp_avg, exp_avg_sq)
     param_flat, avg_flat, avg_sq_flat = _flat_operands("adam_step", param, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
@@ -265,8 +299,9 @@ def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, b
                    dtype(-step_size))
 
 
-def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8,
-                    weight_decay=0.0, step, decoupled=False):
+def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
+                    decoupled=False):
+    lr, beta1, beta2, step = hyper.tolist()
     xp = array_module(param, grad, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
@@ -289,23 +324,23 @@ def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.
 
 
 adam_step = Codelet(
-    "adam_step", modes=(RW, R, RW, RW),
+    "adam_step", modes=(RW, R, RW, RW, R),
     variants={"ref": _adam_step_ref, "cpu": _adam_step_cpu_wrapper, "cuda": _adam_step_cuda},
     flops=_elementwise_flops(14),
 )
-"""Adam (RW param, R grad, RW exp_avg, RW exp_avg_sq).
+"""Adam (RW param, R grad, RW exp_avg, RW exp_avg_sq, R hyper = :func:`adam_hyper`).
 
-Parameters ``lr, beta1, beta2, eps, weight_decay, step`` (step counts from 1).
+Parameters ``eps, weight_decay``; ``lr, beta1, beta2, step`` come from ``hyper``.
 """
 
 adamw_step = Codelet(
-    "adamw_step", modes=(RW, R, RW, RW),
+    "adamw_step", modes=(RW, R, RW, RW, R),
     variants={name: functools.partial(variant, decoupled=True)
               for name, variant in adam_step.variants.items()},
     flops=_elementwise_flops(15),
 )
-"""AdamW (RW param, R grad, RW exp_avg, RW exp_avg_sq): Adam's kernels with decoupled
-weight decay; parameters as ``adam_step``."""
+"""AdamW (RW param, R grad, RW exp_avg, RW exp_avg_sq, R hyper): Adam's kernels with
+decoupled weight decay; parameters and ``hyper`` as ``adam_step``."""
 
 
 # --------------------------------------------------------------------------- clipping

@@ -130,12 +130,22 @@ class Layer:
 
     training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
+    step_input = None
+    """The handle of per-step data (a mask key, a momentum) the last ``forward``
+    registered and its tasks read, or None; see :meth:`replayed`."""
+
     @property
     def replayable(self) -> bool:
         """Whether this layer's tasks are the same every step, so a captured step graph
-        may be replayed (see ``Runtime.capture``). A layer whose task parameters change
-        per step, or which keeps per-step state on the host, returns False."""
+        may be replayed (see ``Runtime.capture``). Values that change per step go into
+        ``step_input``'s data, not into task parameters; a layer that cannot do so
+        returns False."""
         return True
+
+    def replayed(self):
+        """Advance the per-step state as ``forward`` would, for a step run by a replay, and
+        return the data to write into the captured ``step_input``."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-step data")
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}

@@ -4,16 +4,20 @@ Each training-mode forward call is one *step* of the layer; its mask comes from
 :func:`hetero_nn.codelets.dropout.dropout_key` of the layer's seed and that step,
 and from every element's position in the whole batch, so the same elements drop
 whatever the granularity, worker or policy, and a run is reproducible from its
-seed. In eval mode (or with ``p=0``) the layer is the identity: its input handles
-flow through, no task. Checkpoints keep every Dropout's seed and step count
-(:func:`dropout_state`), so a resumed run draws the same masks.
+seed. The key reaches the tasks as the data of a small handle (``step_input``,
+registered by each training-mode forward), so a captured step replays every step:
+:meth:`Dropout.replayed` counts the step as ``forward`` would and returns the next
+key for the trainer to write into the captured handle. In eval mode (or with
+``p=0``) the layer is the identity: its input handles flow through, no task.
+Checkpoints keep every Dropout's seed and step count (:func:`dropout_state`), so a
+resumed run draws the same masks.
 """
 
 from __future__ import annotations
 
 import numbers
 
-from ..codelets.dropout import dropout_bwd, dropout_fwd, dropout_key
+from ..codelets.dropout import dropout_bwd, dropout_fwd, key_data
 from ..errors import CheckpointError, ConfigError
 from .base import Layer, default_rng
 
@@ -62,25 +66,26 @@ class Dropout(Layer):
         self.steps = 0
         self._mask = None
 
-    @property
-    def replayable(self) -> bool:
-        """Not while it draws masks: each training step keys its mask by the step count."""
-        return not self.training or self.p == 0
+    def replayed(self):
+        """Count a training-mode forward run by a replay; the data of its key handle."""
+        data = key_data(self.seed, self.steps)
+        self.steps += 1
+        return data
 
     def forward(self, rt, xs):
         if not self.training or self.p == 0:
             self._mask = None
             return xs
-        key = dropout_key(self.seed, self.steps)
-        self.steps += 1
-        ys = self.outputs(rt, xs)
+        key = self.step_input = rt.register(self.replayed(), name="dropout.key")
+        layout = xs[0].shape[1:]  # the input's own (after a Flatten: unflattened)
+        ys = self.outputs(rt, xs, shape=layout)
         starts = []
         start = 0
         for x, y in zip(xs, ys):
-            rt.submit(dropout_fwd, x, y, p=self.p, key=key, start=start)
+            rt.submit(dropout_fwd, x, y, key, p=self.p, start=start)
             starts.append(start)
             start += x.shape[0]
-        self._mask = (key, starts)
+        self._mask = (key, starts, layout)
         return ys
 
     def backward(self, rt, dys, need_input_grad=True):
@@ -88,10 +93,10 @@ class Dropout(Layer):
             return None
         if self._mask is None:
             return dys
-        key, starts = self._mask
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
+        key, starts, layout = self._mask
+        dxs = self.outputs(rt, dys, shape=layout)
         for dy, dx, start in zip(dys, dxs, starts):
-            rt.submit(dropout_bwd, dy, dx, p=self.p, key=key, start=start)
+            rt.submit(dropout_bwd, dy, dx, key, p=self.p, start=start)
         return dxs
 
     def extra_repr(self):

@@ -7,6 +7,12 @@ the normalisation per partition. The backward pass sums ``dy`` and ``(x - mean)
 * dy`` the same way, then computes the parameter and input gradients (see
 :mod:`hetero_nn.codelets.batchnorm` for the formulas). In eval mode the running
 statistics replace the batch's, as in PyTorch.
+
+``num_batches_tracked`` is counted on the host when a training step is submitted; the
+momentum of that step (``1 / num_batches_tracked`` with ``momentum=None``) reaches
+the running-statistics task as the data of a small handle (``step_input``), so a
+captured step replays every step: :meth:`BatchNorm2D.replayed` counts the batch and
+returns the next momentum for the trainer to write into the captured handle.
 """
 
 from __future__ import annotations
@@ -109,11 +115,12 @@ class BatchNorm2D(Layer):
             rt.submit(fill_zero, h)
         return h
 
-    @property
-    def replayable(self) -> bool:
-        """Not while it tracks running statistics in training: ``num_batches_tracked`` is
-        counted on the host at submission (and a momentum of None reads it)."""
-        return not (self.training and self.track_running_stats)
+    def replayed(self):
+        """Count a training batch run by a replay; the data of its momentum handle."""
+        tracked = self._buffers["num_batches_tracked"].data
+        tracked += 1
+        momentum = 1.0 / int(tracked) if self.momentum is None else self.momentum
+        return np.array([momentum], np.float64)
 
     def forward(self, rt, xs):
         batch_stats = self.training or not self.track_running_stats
@@ -134,11 +141,9 @@ class BatchNorm2D(Layer):
             var = self._temporary(rt, "var")
             rt.submit(bn_var, sqdev, var, count=count)
             if self.training and self.track_running_stats:
-                tracked = self._buffers["num_batches_tracked"].data
-                tracked += 1
-                momentum = 1.0 / int(tracked) if self.momentum is None else self.momentum
+                momentum = self.step_input = rt.register(self.replayed(), name="bn.momentum")
                 rt.submit(bn_running, mean, sqdev, self._buffers["running_mean"].handle,
-                          self._buffers["running_var"].handle, count=count, momentum=momentum)
+                          self._buffers["running_var"].handle, momentum, count=count)
         else:
             mean = self._buffers["running_mean"].handle
             var = self._buffers["running_var"].handle
