@@ -42,7 +42,7 @@ def cases(elements):
     """``(codelet, operands, params)`` for each memory-bound codelet, ``elements``
     float32 elements in its largest operand."""
     from hetero_nn.codelets.activation import relu_bwd, relu_fwd
-    from hetero_nn.codelets.optim import sgd_step
+    from hetero_nn.codelets.optim import sgd_hyper, sgd_step
     from hetero_nn.codelets.pool import maxpool2d_bwd, maxpool2d_fwd
     from hetero_nn.codelets.reduce import add
 
@@ -62,8 +62,7 @@ def cases(elements):
         ("maxpool2d_fwd", maxpool2d_fwd, (x4, y4, arg), {"kernel_size": 2}),
         ("maxpool2d_bwd", maxpool2d_bwd, (y4, arg, x4.copy()), {"kernel_size": 2}),
         ("add (REDUX)", add, (flat[0], flat[1]), {}),
-        ("sgd_step (momentum)", sgd_step, (flat[0], flat[1], flat[2]),
-         {"lr": 0.01, "momentum": 0.9}),
+        ("sgd_step (momentum)", sgd_step, (flat[0], flat[1], flat[2], sgd_hyper(0.01, 0.9)), {}),
     ]
 
 
