@@ -195,16 +195,17 @@ def _maxpool2d_fwd_cpu(x, y, argmax, kh, kw, sh, sw):
 
 @jit
 def _maxpool2d_bwd_cpu(dy, argmax, dx):
-    """Zero ``dx``, then add each ``dy`` at its window's argmax (checked to lie in the plane)."""
+    """Zero ``dx``, then add each ``dy`` at its window's argmax (checked to lie in the plane),
+    a plane at a time, so the additions find the zeroed plane in cache."""
     n_batch, n_chan, height, width = dx.shape
     out_h, out_w = dy.shape[2], dy.shape[3]
     area, out_area = height * width, out_h * out_w
     gf, af, dxf = dy.reshape(-1), argmax.reshape(-1), dx.reshape(-1)
-    for k in range(uintp(dxf.size)):
-        dxf[k] = 0.0
     for plane in range(n_batch * n_chan):
         x0 = uintp(plane * area)
         g0 = uintp(plane * out_area)
+        for k in range(uintp(area)):
+            dxf[x0 + k] = 0.0
         for k in range(uintp(out_area)):
             where = af[g0 + k]
             if where < 0 or where >= area:
