@@ -469,19 +469,20 @@ def machine_kinds(machine):
 
 
 def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
-             dispatch: float = 0.0, seed: int = 0) -> SimulationResult:
+             dispatch: float = 0.0, seed: int = 0, partial: bool = False) -> SimulationResult:
     """Replay ``steps`` (each after the previous, data carried over) on ``platform`` under
     ``policy``; the last step's figures are returned (the steady state).
 
     ``runtime``: the runtime that captured the graphs (its performance models and
     variant preferences give the run times). Raises ConfigError naming the codelets
-    without a model.
+    without a model; with ``partial``, only when a task has no model on any kind of
+    the platform (the others then run it where it has one).
     """
     from .policies import make_policy
 
     graphs = [g for step in steps for g in step.graphs]
     missing = assign_costs(graphs, platform, runtime)
-    if missing:
+    if missing and not (partial and all(t.cost for graph in graphs for t in graph)):
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
     pol = make_policy(policy, machine)
