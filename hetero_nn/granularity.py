@@ -167,6 +167,7 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
             g, fuse = chosen["granularity"], chosen["fuse"]
             predicted, layers, trials = chosen["predicted_seconds"], None, []
             if per_layer and hasattr(model, "granularities") and len(candidates) > 1:
+                _configure(trainer, g, fuse, None)  # the blocks of the chosen fusion
                 layers, predicted, trials = _per_block(model, g, fuse, candidates, predicted,
                                                        predict)
             _configure(trainer, g, fuse, layers)

@@ -111,6 +111,8 @@ def test_blocks_get_their_own_granularity_where_the_models_say_so(tmp_path):
     assert decision.predicted_seconds * 1.05 < min(r["predicted_seconds"]
                                                    for r in decision.candidates)
     assert any(row["kept"] for row in decision.blocks)
+    model.fuse = decision.fuse
+    assert all(len(set(layers[first:last])) == 1 for first, last, _ in model.blocks())
 
 
 def _train(granularity, layers, policy, steps=4, fuse=True):
