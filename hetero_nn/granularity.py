@@ -13,10 +13,12 @@ Policy
    optimizer state, running statistics and dropout steps are put back after)
    until every task of the step's graph has at least ``CALIBRATION_SAMPLES``
    measurements of the variant it runs on some worker kind of the runtime; the
-   first step of each candidate (capture, compilation, exploration of unmeasured
-   variants) is never timed. The runtime's per-task overhead ``dispatch`` is
-   measured from the trace of those steps
-   (:func:`~hetero_nn.scheduler.simulate.measured_dispatch`).
+   first step of each candidate (capture, compilation: Numba compiles once per
+   signature, first touch of the memory) feeds neither the models nor the overhead. The runtime's per-task overhead ``dispatch`` is the
+   median, over the tasks of the other steps, of the time from a task's worker
+   being free and its inputs ready to its start
+   (:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`; the median, so that a
+   thread the OS preempted does not count as the runtime's cost).
 3. *Prediction*: the graph a step submits at that candidate is captured without
    running it and replayed in virtual time on the runtime's workers under its
    policy (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
@@ -47,7 +49,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .layers.base import keeping_state
-from .scheduler.simulate import Platform, capture, measured_dispatch, simulate
+from .scheduler.simulate import Platform, capture, dispatch_gaps, simulate
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -142,13 +144,11 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
         trainer.granularity = candidates[0]
         trainer._prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
-            dispatch, steps = [], 0
+            gaps, steps = [], 0
             for g, fuse in configs:
                 _configure(trainer, g, fuse, None)
-                d, n = _calibrate(trainer, x, y, platform)
-                dispatch.append(d)
-                steps += n
-            overhead = statistics.median(dispatch)
+                steps += _calibrate(trainer, x, y, platform, gaps)
+            overhead = statistics.median(gaps) if gaps else 0.0
 
             def predict(g, fuse, layers):
                 _configure(trainer, g, fuse, layers)
@@ -209,16 +209,20 @@ def _configure(trainer, g, fuse, layers):
         model.granularities = layers
 
 
-def _calibrate(trainer, x, y, platform):
+def _calibrate(trainer, x, y, platform, gaps):
     """Real steps at the trainer's configuration until the models know every task of
-    its graph; returns ``(dispatch seconds, steps run)``."""
+    its graph; appends the tasks' dispatch gaps to ``gaps``, returns the steps run."""
     rt = trainer.runtime
     graph = _step_graphs(trainer, x, y, False)[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
     kinds = [k for k, n in platform.workers.items() if n]
     tracing, rt.tracing = rt.tracing, True
     try:
-        trainer.train_step(x, y)  # capture, compilation, exploration: not kept for dispatch
+        model, rt.perfmodel = rt.perfmodel, None
+        try:  # capture, compilation (Numba compiles per signature), first touch: unrecorded
+            trainer.train_step(x, y)
+        finally:
+            rt.perfmodel = model
         timed_from = len(rt.trace().records)
         steps = 1
         while steps < MAX_CALIBRATION_STEPS:
@@ -231,7 +235,8 @@ def _calibrate(trainer, x, y, platform):
         rt.tracing = tracing
         if not tracing:
             rt.trace(clear=True)
-    return measured_dispatch(_Records(records)), steps
+    gaps += dispatch_gaps(records)
+    return steps
 
 
 def _known(rt, codelet, footprint, kinds) -> bool:
@@ -241,26 +246,22 @@ def _known(rt, codelet, footprint, kinds) -> bool:
         for v in rt.candidates(codelet, kind)) for kind in kinds)
 
 
-class _Records:
-    """Trace records seen as a trace (what ``measured_dispatch`` reads)."""
-
-    def __init__(self, records):
-        self.records = records
-
-
 def _step_graphs(trainer, x, y, replayed):
     """The graphs one training step flushes at the trainer's configuration, captured
-    without running (twice: the second starts where the first left the data)."""
+    without running (the last two of three: each starts where the one before left the
+    data)."""
     rt = trainer.runtime
 
     def submit():
         trainer._submit_step(*trainer._batch(x, y))
         rt.wait()
 
-    steps = capture(rt, submit, steps=2)
-    if replayed:  # a replayed step submits nothing: no host time before its tasks
-        for s in steps:
-            s.submit_seconds = 0.0
+    steps = capture(rt, submit, steps=3)[1:]
+    # a replayed step submits nothing; a submitted one: the fastest of the two, against
+    # preemptions
+    seconds = 0.0 if replayed else min(s.submit_seconds for s in steps)
+    for s in steps:
+        s.submit_seconds = seconds
     return steps
 
 
