@@ -241,6 +241,7 @@ def test_auto_granularity_chooses_the_best_prediction_without_touching_the_weigh
         g = tr.tune_granularity(x, y)
         after = model.state_dict()
         assert tr.optimizer.steps == 0 and tr.graphs_captured == 0
+        assert tr.runtime.perfmodel is None  # the decision's own model is dropped after
         decision = tr.granularity_decision
         rows = decision.candidates
         # up to 4 per worker, 2 workers; fused and unfused
