@@ -205,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--epochs", type=_non_negative_int, default=_UNSET, help="default: 3")
     model.add_argument("--batch-size", type=_positive_int, default=_UNSET, help="default: 64")
     model.add_argument("--granularity", type=_granularity, default=_UNSET,
-                       help=f"partitions per batch, or 'auto' to time the candidates "
-                            f"(default: {DEFAULT_GRANULARITY})")
+                       help=f"partitions per batch, or 'auto' to choose it (and fusion, and "
+                            f"a g per layer) from the performance models (default: "
+                            f"{DEFAULT_GRANULARITY})")
     model.add_argument("--optimizer", choices=sorted(OPTIMIZER_DEFAULTS), default=_UNSET,
                        help="default: sgd")
     model.add_argument("--lr", type=_positive_float, default=_UNSET,
@@ -783,7 +784,8 @@ class _RunFiles:
                                  for c, v in sorted(self.variants_run.items())},
                 "cluster": t.cluster.facts() if t.cluster is not None else None,
                 "granularity": t.granularity,
-                "granularity_timings": {str(g): s for g, s in t.granularity_timings.items()},
+                "granularity_decision": None if t.granularity_decision is None
+                else t.granularity_decision.to_json(),
                 "epochs": history,
                 "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
                 "train_seconds": sum(r["seconds"] for r in history),
@@ -890,7 +892,13 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     files = _RunFiles(args.out, run, rt, environment(), trainer)
     steps = deque(maxlen=args.trace_steps or None)
 
+    decided = [trainer.granularity_decision is not None]
+
     def on_step(_trainer, _loss):
+        if not decided[0] and trainer.granularity_decision is not None:
+            decided[0] = True  # 'auto' resolved on the first batch: say what and why
+            if not args.quiet:
+                print(trainer.granularity_decision.format(), file=sys.stderr, flush=True)
         records = rt.trace(clear=True).records
         files.count_variants(records)
         if args.trace:

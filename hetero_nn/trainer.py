@@ -18,7 +18,7 @@ the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 ``deterministic``).
 
 Replay: with ``replay=True`` (the default) the first step of each *step key*
-(batch shape, dtype, granularity, the layers' train/eval modes, the model's ``fuse``, the
+(batch shape, dtype, granularity, the layers' train/eval modes, the model's ``fuse`` and ``granularities``, the
 optimizer's :meth:`~hetero_nn.optim.Optimizer.replay_key`: what stays fixed of its
 hyper-parameters) is captured with
 :meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into
@@ -34,21 +34,22 @@ submission would), written into its captured handle. The runtime (devices, polic
 variants) is fixed per trainer and rebinding the model drops the graphs. A layer
 whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and so
 ``evaluate``) captures and replays the same way (key ``"eval"``, layers in eval
-mode); ``predict`` and the timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
+mode); ``predict`` is submitted; the calibration steps of ``granularity="auto"`` are
+ordinary steps whose graphs are dropped once the choice is made. At most ``_MAX_GRAPHS``
 graphs are kept, the oldest dropped.
 
-``granularity="auto"`` picks g when the first batch arrives by timing: for g in
-1, 2, 4, ... up to ``min(batch, 4 * workers)``, one warm-up and three timed
-passes of forward, loss and backward (no optimizer update, so the weights are
-untouched); the median time per g decides, and the smallest g within 5 % of
-the fastest wins (fewer tasks, less overhead for the same speed).
+``granularity="auto"`` decides when the first batch arrives, from the performance
+models after calibration (:mod:`hetero_nn.granularity`): the granularity, the
+model's fusion and, where the models say a block pays at its own g, the model's
+per-block granularities; the decision, with the predicted and the measured step
+time, lands in ``granularity_decision``. A checkpoint records the choice and a
+resumed ``"auto"`` run adopts it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +61,7 @@ from .arena.arena import ArenaPair
 from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
                          read_checkpoint, remove_stale_temporaries, write_checkpoint)
 from .errors import CheckpointError, ConfigError, TrainingDiverged
-from .layers.base import evaluating, keeping_state
+from .layers.base import evaluating
 from .layers.dropout import dropout_state, load_dropout_state
 from .layers.loss import SoftmaxCrossEntropy
 from .optim import SGD, LRScheduler, submit_clip_grad_norm
@@ -70,9 +71,6 @@ from .scheduler.runtime import Runtime
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
                 "seconds", "images_per_second", "warmup_seconds")
 
-_AUTO_REPEATS = 3
-_AUTO_TOLERANCE = 1.05
-_AUTO_PER_WORKER = 4
 _MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
 
 
@@ -181,7 +179,8 @@ class Trainer:
     batch_size : int
     granularity : int or "auto"
         Partitions per batch: every per-sample codelet is submitted that many
-        times. ``"auto"`` times the candidates on the first batch (module docstring).
+        times. ``"auto"``: chosen from the performance models on the first batch
+        (:mod:`hetero_nn.granularity`), per block of the model where they say so.
     dtype : str, optional
         ``"float32"`` or ``"float64"``. Default: the model's dtype when it is built,
         float32 otherwise. A built model is never silently converted: a ``dtype``
@@ -240,7 +239,8 @@ class Trainer:
             self.batch_size = int(batch_size)
             self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
             self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
-            self.granularity_timings: dict[int, float] = {}
+            #: What ``granularity="auto"`` chose (a GranularityDecision), None before.
+            self.granularity_decision = None
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
                 raise ConfigError(f"seed must be an integer, got {seed!r}")
             self.seed = int(seed)
@@ -266,8 +266,12 @@ class Trainer:
             if cluster is not None:
                 from .cluster import Cluster, connect
                 if self.auto_granularity:
-                    raise ConfigError("granularity='auto' times local passes; with a cluster give "
-                                      "an integer (a multiple of the workers deals best)")
+                    raise ConfigError("granularity='auto' calibrates and measures local steps; with "
+                                      "a cluster give an integer (a multiple of the workers deals "
+                                      "best)")
+                if getattr(model, "granularities", None) is not None:
+                    raise ConfigError("cluster: the model has per-layer granularities; a cluster "
+                                      "worker runs its share at the trainer's granularity")
                 if self.augment is not None:
                     raise ConfigError("augment= runs on the client's loader thread; with a cluster "
                                       "the workers read their batches themselves: give one or the other")
@@ -396,7 +400,7 @@ class Trainer:
             self.tune_granularity(x, y)
         self._prepare(x)
         return (x.shape, np.shape(y), self.dtype, self.granularity, what, tuple(modes),
-                getattr(self.model, "fuse", None))
+                getattr(self.model, "fuse", None), getattr(self.model, "granularities", None))
 
     def _run_captured(self, key, x, y, submit):
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
@@ -456,24 +460,13 @@ class Trainer:
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     # ------------------------------------------------------------ granularity
-    def _gradient_pass(self, x, y) -> float:
-        """Forward, loss and backward of one batch (no update); returns its wall time."""
-        rt = self.runtime
-        t0 = time.perf_counter()
-        xs, ys = self._batch(x, y)
-        self.model.zero_grad(rt)
-        logits = self.model.forward(rt, xs)
-        _, _, dlogits = self.loss(rt, logits, ys)
-        self.model.backward(rt, dlogits)
-        rt.wait()
-        return time.perf_counter() - t0
+    def tune_granularity(self, x, y=None, candidates=None, per_layer=True) -> int:
+        """Choose and set the granularity (and fusion, and per-layer g) from the models.
 
-    def tune_granularity(self, x, y=None, candidates=None) -> int:
-        """Choose and set the granularity by timing gradient passes on ``(x, y)``.
-
-        The rule is the module docstring's; the weights, buffers (running statistics),
-        dropout steps and the optimizer state are not changed. The median seconds per
-        candidate land in ``granularity_timings``.
+        Calibrates, predicts each candidate's step by simulation, chooses, and measures
+        the choice on ``(x, y)`` (:mod:`hetero_nn.granularity`); the weights, buffers,
+        dropout steps and the optimizer state are not changed. The decision lands in
+        ``granularity_decision``; the chosen granularity is returned.
 
         Parameters
         ----------
@@ -481,27 +474,16 @@ class Trainer:
             One batch (labels default to zeros: only the time matters).
         candidates : sequence of int, optional
             Default: 1, 2, 4, ... up to ``min(len(x), 4 * workers)``.
+        per_layer : bool
+            Also try a granularity of its own for each block of the model.
 
         Returns
         -------
         int
         """
-        x = np.ascontiguousarray(x, dtype=self.dtype)
-        y = np.zeros(len(x), np.int64) if y is None else y
-        if candidates is None:
-            limit = max(1, min(len(x), _AUTO_PER_WORKER * len(self.runtime.workers)))
-            candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-        candidates = [self._check_granularity(g) for g in candidates]
-        timings = {}
-        with keeping_state(self.model):  # running statistics and dropout steps as they were
-            for g in candidates:
-                self.granularity = g
-                self._gradient_pass(x, y)  # warm-up: compiles, arena growth, perfmodel exploration
-                timings[g] = statistics.median(self._gradient_pass(x, y)
-                                               for _ in range(_AUTO_REPEATS))
-        fastest = min(timings.values())
-        self.granularity = min(g for g, t in timings.items() if t <= _AUTO_TOLERANCE * fastest)
-        self.granularity_timings = timings
+        from .granularity import choose_granularity
+
+        self.granularity_decision = choose_granularity(self, x, y, candidates, per_layer)
         return self.granularity
 
     # ------------------------------------------------------------ epochs
@@ -694,7 +676,9 @@ class Trainer:
         """What a checkpoint records about the run: trainer settings, model spec, extras."""
         opt = self.optimizer
         cfg = {"batch_size": self.batch_size, "granularity": self.granularity,
-               "auto_granularity": self.auto_granularity, "dtype": self.dtype.name,
+               "auto_granularity": self.auto_granularity,
+               "layer_granularity": _listed(getattr(self.model, "granularities", None)),
+               "fuse": getattr(self.model, "fuse", None), "dtype": self.dtype.name,
                "seed": self.seed, "loss": type(self.loss).__name__,
                "optimizer": {"name": type(opt).__name__.lower(), **opt.hyper()},
                "input_shape": list(self.model.input_shape) if self.model.input_shape else None,
@@ -749,8 +733,10 @@ class Trainer:
         """Restore weights, optimizer state and the run's position from ``path``.
 
         The model is built first for the checkpoint's input shape and the
-        trainer's dtype (the checkpoint's weights are cast to it). With ``granularity="auto"`` the checkpoint's granularity
-        is adopted, so a resumed run splits batches as the original did.
+        trainer's dtype (the checkpoint's weights are cast to it). With ``granularity="auto"``
+        the checkpoint's granularity is adopted; the fusion and per-layer granularities an
+        ``"auto"`` run chose are adopted whenever the trainer runs at its granularity, so a
+        resumed run splits batches as the original did.
 
         Returns
         -------
@@ -790,9 +776,20 @@ class Trainer:
         g = ckpt.config.get("granularity")
         if self.auto_granularity and isinstance(g, int) and 1 <= g <= self.batch_size:
             self.granularity = g
+        if ckpt.config.get("auto_granularity") and g == self.granularity:
+            self._adopt_layout(ckpt.config)  # the fusion and per-layer g 'auto' chose
         self.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
                                 "global_step": ckpt.global_step}
         return ckpt
+
+    def _adopt_layout(self, config):
+        """The fusion and per-layer granularities an ``"auto"`` run chose, from a checkpoint."""
+        model = self.model
+        if isinstance(config.get("fuse"), bool) and hasattr(model, "fuse"):
+            model.fuse = config["fuse"]
+        layers = config.get("layer_granularity")
+        if hasattr(model, "granularities") and (layers is None or len(layers) == len(model)):
+            model.granularities = layers
 
     # ------------------------------------------------------------ lifetime
     def close(self):
@@ -851,6 +848,10 @@ def format_epoch(record, epochs=None) -> str:
 
 def _print_epoch(record, epochs):
     print(format_epoch(record, epochs), file=sys.stderr, flush=True)
+
+
+def _listed(value):
+    return None if value is None else list(value)
 
 
 def _position(epoch, step, global_step) -> str:

@@ -185,7 +185,7 @@ def test_choosing_the_granularity_leaves_running_statistics_and_dropout_steps_al
     with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
         trainer = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", dtype="float64")
         trainer.train_step(x, y)  # tunes first, then one step
-        assert len(trainer.granularity_timings) > 1
+        assert len(trainer.granularity_decision.candidates) > 1
         state = model.state_dict()
     assert int(state["1.num_batches_tracked"]) == 1 and model[3].steps == 1
     fresh = bn_net()[0]

@@ -1,4 +1,4 @@
-"""Trainer.fit, evaluate, granularity "auto", divergence, and the built-in models.
+"""Trainer.fit, evaluate, granularity "auto" (see also test_granularity.py), divergence, and the built-in models.
 
 ``fit`` is a loop of ``train_step`` over the batches of ``epoch_order(seed,
 epoch)``: its weights equal a hand-written loop's bit for bit and PyTorch's to
@@ -232,7 +232,7 @@ def test_the_trainer_keeps_the_models_dtype():
 
 # --------------------------------------------------------------------------- granularity auto
 
-def test_auto_granularity_picks_a_timed_candidate_without_touching_the_weights():
+def test_auto_granularity_chooses_the_best_prediction_without_touching_the_weights():
     train = _data(n=64)
     model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
     before = model.state_dict()
@@ -240,13 +240,22 @@ def test_auto_granularity_picks_a_timed_candidate_without_touching_the_weights()
         x, y = train.batch(np.arange(32))
         g = tr.tune_granularity(x, y)
         after = model.state_dict()
-        assert tr.optimizer.steps == 0
-        assert sorted(tr.granularity_timings) == [1, 2, 4, 8]  # up to 4 per worker, 2 workers
-        assert g in tr.granularity_timings and tr.granularity == g
-        fastest = min(tr.granularity_timings.values())
-        assert tr.granularity_timings[g] <= 1.05 * fastest
-        assert all(tr.granularity_timings[h] > 1.05 * fastest for h in tr.granularity_timings
-                   if h < g)
+        assert tr.optimizer.steps == 0 and tr.graphs_captured == 0
+        assert tr.runtime.perfmodel is None  # the decision's own model is dropped after
+        decision = tr.granularity_decision
+        rows = decision.candidates
+        # up to 4 per worker, 2 workers; fused and unfused
+        assert sorted({r["granularity"] for r in rows}) == [1, 2, 4, 8]
+        assert {r["fuse"] for r in rows} == {True, False}
+        assert g == decision.granularity == tr.granularity and model.fuse == decision.fuse
+        best = min(r["predicted_seconds"] for r in rows)
+        chosen = next(r for r in rows if (r["granularity"], r["fuse"]) == (g, model.fuse))
+        assert chosen["predicted_seconds"] <= 1.05 * best
+        assert all(r["predicted_seconds"] > 1.05 * best for r in rows
+                   if r["granularity"] < g)  # the smallest g within the tolerance
+        assert decision.predicted_seconds <= chosen["predicted_seconds"]
+        assert decision.measured_seconds > 0 and decision.calibration_steps >= 2 * len(rows)
+        assert model.granularities == decision.layer_granularity
         history = tr.fit(train, epochs=1, verbose=0)
     assert all(np.array_equal(before[k], after[k]) for k in before)
     assert history[0]["granularity"] == g
@@ -257,9 +266,10 @@ def test_auto_granularity_is_resolved_by_fit_and_bounded_by_the_batch():
     model = hn.build_model("dahl-basic", train.input_shape, 10, seed=0)
     with hn.Trainer(model, runtime=_runtime(devices="cpu:1"), batch_size=3,
                     granularity="auto") as tr:
-        assert tr.granularity is None
+        assert tr.granularity is None and tr.granularity_decision is None
         tr.fit(train, epochs=1, verbose=0)
-        assert sorted(tr.granularity_timings) == [1, 2]  # 4 * 1 worker, but batches of 3
+        rows = tr.granularity_decision.candidates
+        assert sorted({r["granularity"] for r in rows}) == [1, 2]  # 4 * 1 worker, batches of 3
         assert tr.granularity in (1, 2)
         assert tr.checkpoint_config()["granularity"] == tr.granularity
 

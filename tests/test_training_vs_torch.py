@@ -8,7 +8,8 @@ the losses, the weights and the optimizer's buffers equal PyTorch's (float64,
 relative error <= 1e-9) at granularity 1, 3 and 8 under every policy; at a given
 granularity every policy gives the same bits (REDUX trees have a fixed shape).
 The models run fused (the default: ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as
-one task each); one test runs them unfused (``fuse=False``).
+one task each); one test runs them unfused (``fuse=False``), one with a granularity
+per block (``Sequential.granularities``).
 ``variants=("ref",)`` pins the NumPy references (unless a test names others; the
 default pinned table is checked in test_reproducible.py) and ``perfmodel=False``
 keeps the runs from writing caches. A float32
@@ -171,9 +172,10 @@ def torch_run(net, opt, dtype="float64", steps=STEPS) -> Run:
 
 
 def hn_run(net, opt, granularity, policy, dtype="float64", steps=STEPS, *, variants=None,
-           deterministic=True, perfmodel=False, fuse=True) -> Run:
+           deterministic=True, perfmodel=False, fuse=True, granularities=None) -> Run:
     model = fresh_model(net, dtype)
     model.fuse = fuse
+    model.granularities = granularities
     with hn.Runtime(devices="cpu:2", policy=policy, deterministic=deterministic,
                     perfmodel=perfmodel,
                     variants=variants or (("ref",) if deterministic else None)) as rt:
@@ -289,6 +291,22 @@ def test_unfused_training_equals_torch_and_is_identical_under_every_policy(granu
         assert "conv2d_fwd" in run.variants and "conv2d_relu_pool_fwd" not in run.variants
         problems = compare(run, ref, REL_F64, f"unfused/g={granularity}/{policy}")
         assert not problems, "\n".join(problems)
+        first = first or run.digests()
+        assert run.digests() == first, f"{policy} differs from {POLICIES[0]}"
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_per_layer_granularity_trains_like_torch_and_identically_under_every_policy(fuse):
+    """Convolutions at g = 3 and 4, the dense tail at g = 1, the batch at g = 2: each
+    block re-splits the batch with its own plan, forward and backward."""
+    layers = (3, 3, 3, 4, 4, 4, 1, 1, 1, 1, 1, 1)
+    ref = torch_run("lenet5", "sgd-momentum")
+    first = None
+    for policy in POLICIES:
+        run = hn_run("lenet5", "sgd-momentum", 2, policy, fuse=fuse, granularities=layers)
+        problems = compare(run, ref, REL_F64, f"per-layer/fuse={fuse}/{policy}")
+        assert not problems, "\n".join(problems)
+        assert run.workers == {"cpu0", "cpu1"}, run.workers
         first = first or run.digests()
         assert run.digests() == first, f"{policy} differs from {POLICIES[0]}"
 

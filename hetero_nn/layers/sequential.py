@@ -1,4 +1,14 @@
-"""Sequential: layers in order, shapes checked at build, PyTorch state_dict keys."""
+"""Sequential: layers in order, shapes checked at build, PyTorch state_dict keys, and a
+granularity per block.
+
+Per-block granularity (``granularities``): a block whose granularity differs from
+the number of partitions it receives re-splits their parent (the batch handle) with
+another partition plan (``handle.split(0, g)``: a view, no copy; the runtime orders
+the plans' accesses by index overlap), and its output keeps that plan. The
+backward pass re-splits each block's output gradient to the plan its forward ran
+at. The model's output and input gradient come back in the partitions the caller
+gave, so the loss and the trainer see one granularity.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import CheckpointError, ShapeError
+from ..errors import CheckpointError, ConfigError, ShapeError
 from . import fused
 from .base import Layer
 from .summary import layer_repr, summary
@@ -22,6 +32,12 @@ class Sequential(Layer):
     ``fuse`` (default True; an attribute, may be changed between steps): submit
     the runs ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as one fused task per
     partition (``layers/fused.py``); ``fuse=False`` submits every layer's own tasks.
+
+    ``granularities`` (default None; may be changed between steps): one positive int
+    per layer, the number of partitions the block starting at that layer runs at
+    (a fused run takes its first layer's), or None for every block at the
+    partitions the model is given (module docstring). ``granularity="auto"`` sets it
+    where the performance models say a block pays at its own g.
     """
 
     def __init__(self, *layers, fuse=True):
@@ -32,6 +48,32 @@ class Sequential(Layer):
         self.layers = list(layers)
         self.fuse = bool(fuse)
         self._blocks = None
+        self._granularities = None
+        self._parts = []  # partitions each block's forward ran at
+
+    @property
+    def granularities(self):
+        return self._granularities
+
+    @granularities.setter
+    def granularities(self, value):
+        if value is not None:
+            value = tuple(value)
+            if len(value) != len(self.layers):
+                raise ConfigError(f"Sequential.granularities: {len(value)} values for "
+                                  f"{len(self.layers)} layers")
+            for i, g in enumerate(value):
+                if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
+                    raise ConfigError(f"Sequential.granularities: layer {i} "
+                                      f"({self.layers[i]!r}) has {g!r}, not a positive integer")
+            value = tuple(int(g) for g in value)
+        self._granularities = value
+
+    def blocks(self):
+        """``[(first layer, last layer + 1, name)]`` of the blocks a forward pass runs now
+        (fused runs when ``fuse``)."""
+        plan = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
+        return [(i, i + len(getattr(b, "layers", (b,))), type(b).__name__) for i, b in plan]
 
     def __len__(self):
         return len(self.layers)
@@ -121,14 +163,21 @@ class Sequential(Layer):
     # ------------------------------------------------------------ tasks
     def forward(self, rt, xs):
         self._blocks = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
-        for _, block in self._blocks:
+        given, per_block = len(xs), self._granularities
+        self._parts = []
+        for i, block in self._blocks:
+            if per_block is not None:
+                xs = regroup(xs, per_block[i])
+            self._parts.append(len(xs))
             xs = block.forward(rt, xs)
-        return xs
+        return regroup(xs, given)
 
     def backward(self, rt, dys, need_input_grad=False):
-        for i, block in reversed(self._blocks):  # the blocks the forward pass ran
-            dys = block.backward(rt, dys, need_input_grad=(i > 0 or need_input_grad))
-        return dys
+        given = len(dys)
+        for (i, block), parts in zip(reversed(self._blocks), reversed(self._parts)):
+            dys = block.backward(rt, regroup(dys, parts),
+                                 need_input_grad=(i > 0 or need_input_grad))
+        return None if dys is None else regroup(dys, given)
 
     def summary(self, input_shape=None, dtype=None) -> str:
         """Each layer's output shape and parameter count, as torchsummary prints them.
@@ -139,3 +188,16 @@ class Sequential(Layer):
 
     def __repr__(self):
         return layer_repr(self)
+
+
+def regroup(xs, g):
+    """The batch that the partitions ``xs`` make up, in ``g`` partitions (another plan of
+    their parent, or the parent itself for ``g = 1``; at most one sample each)."""
+    if len(xs) == g:
+        return xs
+    whole = xs[0] if len(xs) == 1 else xs[0].parent
+    if len(xs) > 1 and (xs[0].plan.axis != 0 or list(xs[0].plan.children) != list(xs)):
+        raise ConfigError(f"Sequential.granularities: the partitions given are not one "
+                          f"batch split along its first axis ({xs[0]!r}, ...)")
+    g = min(g, whole.shape[0])
+    return list(whole.split(0, g)) if g > 1 else [whole]

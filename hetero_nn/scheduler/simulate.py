@@ -469,19 +469,20 @@ def machine_kinds(machine):
 
 
 def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
-             dispatch: float = 0.0, seed: int = 0) -> SimulationResult:
+             dispatch: float = 0.0, seed: int = 0, partial: bool = False) -> SimulationResult:
     """Replay ``steps`` (each after the previous, data carried over) on ``platform`` under
     ``policy``; the last step's figures are returned (the steady state).
 
     ``runtime``: the runtime that captured the graphs (its performance models and
     variant preferences give the run times). Raises ConfigError naming the codelets
-    without a model.
+    without a model; with ``partial``, only when a task has no model on any kind of
+    the platform (the others then run it where it has one).
     """
     from .policies import make_policy
 
     graphs = [g for step in steps for g in step.graphs]
     missing = assign_costs(graphs, platform, runtime)
-    if missing:
+    if missing and not (partial and all(t.cost for graph in graphs for t in graph)):
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
     pol = make_policy(policy, machine)
@@ -552,19 +553,26 @@ def measured_dispatch(trace) -> float:
     """Mean seconds between the moment a task could start (its worker free and its
     dependencies done) and its start, from a real run's trace: the runtime's per-task
     cost besides the codelet (release, wake-up, placement, binding, stream hand-offs)."""
-    by_id = {r.task_id: r for r in trace.records}
+    gaps = dispatch_gaps(trace.records)
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def dispatch_gaps(records) -> list:
+    """Per task of ``records`` (a real run's TaskRecords), the seconds between the moment
+    it could start (its worker free and its dependencies done) and its start."""
+    by_id = {r.task_id: r for r in records}
     last_end = {}
     gaps = []
-    for r in sorted(trace.records, key=lambda r: r.start):
+    for r in sorted(records, key=lambda r: r.start):
         ends = [by_id[d].end for d in r.deps if d in by_id] or [r.ready]  # roots: the flush
         prev = last_end.get(r.worker)
         if prev is not None:
             ends.append(prev)
         gaps.append(max(0.0, r.start - max(ends)))
         last_end[r.worker] = max(r.end, prev or r.end)
-    return sum(gaps) / len(gaps) if gaps else 0.0
+    return gaps
 
 
 __all__ = ["Platform", "SimHandle", "SimTask", "StepGraph", "SimulationResult", "MissingModels",
            "capture", "assign_costs", "simulate", "simulate_graph", "format_result",
-           "measured_dispatch", "DEFAULT_LINKS"]
+           "measured_dispatch", "dispatch_gaps", "DEFAULT_LINKS"]

@@ -1,0 +1,339 @@
+"""Choosing the granularity from the performance models: ``granularity="auto"``.
+
+This module owns the decision a :class:`~hetero_nn.trainer.Trainer` makes when
+its granularity is ``"auto"``: how many partitions to split a batch into, whether
+the model submits fused codelets, and, where the models say it pays, another
+granularity for some of the model's blocks (``Sequential.granularities``).
+
+Policy
+------
+1. *Candidates*: ``g`` in 1, 2, 4, ... up to ``min(batch, 4 * workers)`` (or the
+   caller's list), each with fusion on and off where the model has ``fuse``.
+2. *Calibration*: per candidate, real training steps on the batch (weights,
+   optimizer state, running statistics and dropout steps are put back after)
+   until every task of the step's graph has at least ``CALIBRATION_SAMPLES``
+   measurements of the variant it runs on some worker kind of the runtime; the
+   first step of each candidate (capture, compilation: Numba compiles once per
+   signature, first touch of the memory) feeds neither the models nor the overhead. The runtime's per-task overhead ``dispatch`` is the
+   median, over the tasks of the other steps, of the time from a task's worker
+   being free and its inputs ready to its start
+   (:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`; the median, so that a
+   thread the OS preempted does not count as the runtime's cost).
+3. *Prediction*: the graph a step submits at that candidate is captured without
+   running it and replayed in virtual time on the runtime's workers under its
+   policy (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
+   performance model and ``dispatch`` per task. A step the trainer replays costs no
+   submission; one it submits costs the host's measured submission time.
+4. *Choice*: the smallest ``g`` (fused before unfused) whose prediction is within
+   ``TOLERANCE`` of the lowest (fewer tasks for the same predicted speed).
+5. *Per block*: from that choice, one greedy pass over the model's blocks in
+   order tries every other candidate ``g`` for the block alone and keeps one that
+   lowers the predicted step below the best so far divided by ``TOLERANCE``; every footprint such an
+   assignment runs was calibrated in 2 (a block at ``g`` runs the tasks it runs
+   when the whole model is at ``g``), so this costs simulations only:
+   ``blocks * (candidates - 1)`` of them.
+6. *Measurement*: real steps of the chosen configuration; their median is the
+   measured step time recorded beside the prediction.
+
+No wall-clock timing of a candidate enters the decision: only the models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ConfigError
+from .layers.base import keeping_state
+from .scheduler.simulate import Platform, capture, dispatch_gaps, simulate
+
+__all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
+
+CALIBRATION_SAMPLES = 3   # measured runs per (codelet, variant, footprint) before predicting
+TOLERANCE = 1.05          # the smallest g within 5 % of the best prediction wins
+
+PER_WORKER = 4            # candidates up to 4 partitions per worker
+MAX_CALIBRATION_STEPS = 8
+MEASURED_STEPS = 3
+_perf = time.perf_counter
+
+
+@dataclass
+class GranularityDecision:
+    """What ``granularity="auto"`` chose and why (``Trainer.granularity_decision``).
+
+    ``candidates``: one row per uniform configuration, ``{"granularity", "fuse",
+    "predicted_seconds", "tasks"}``; ``blocks``: the per-block trials, ``{"layer",
+    "block", "granularity", "predicted_seconds", "kept"}``; ``granularity``, ``fuse``
+    and ``layer_granularity`` (per layer of the model, or None when every block runs
+    at ``granularity``) the choice; ``predicted_seconds`` and ``measured_seconds``
+    its step time, predicted and measured (median of real steps).
+    """
+
+    granularity: int
+    fuse: bool | None
+    layer_granularity: tuple | None
+    predicted_seconds: float
+    measured_seconds: float
+    candidates: list = field(default_factory=list)
+    blocks: list = field(default_factory=list)
+    dispatch_seconds: float = 0.0
+    policy: str = ""
+    platform: str = ""
+    calibration_steps: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"granularity": self.granularity, "fuse": self.fuse,
+                "layer_granularity": None if self.layer_granularity is None
+                else list(self.layer_granularity),
+                "predicted_seconds": self.predicted_seconds,
+                "measured_seconds": self.measured_seconds,
+                "candidates": self.candidates, "blocks": self.blocks,
+                "dispatch_seconds": self.dispatch_seconds, "policy": self.policy,
+                "platform": self.platform, "calibration_steps": self.calibration_steps,
+                "seconds": self.seconds}
+
+    def format(self) -> str:
+        """The decision as a few lines: the candidates' predictions, the choice, the measure."""
+        lines = [f"granularity auto ({self.platform}, {self.policy}, dispatch "
+                 f"{1e6 * self.dispatch_seconds:.1f} us/task, {self.calibration_steps} "
+                 f"calibration steps, {self.seconds:.1f} s):"]
+        for row in self.candidates:
+            fuse = "" if row["fuse"] is None else (" fused" if row["fuse"] else " unfused")
+            lines.append(f"  g={row['granularity']}{fuse}: predicted "
+                         f"{1e3 * row['predicted_seconds']:.3f} ms/step, {row['tasks']} tasks")
+        for row in self.blocks:
+            if row["kept"]:
+                lines.append(f"  layer {row['layer']} ({row['block']}) at g={row['granularity']}:"
+                             f" predicted {1e3 * row['predicted_seconds']:.3f} ms/step")
+        layers = "" if self.layer_granularity is None else \
+            f", per layer {list(self.layer_granularity)}"
+        fuse = "" if self.fuse is None else f", fuse={self.fuse}"
+        lines.append(f"  chosen g={self.granularity}{fuse}{layers}: predicted "
+                     f"{1e3 * self.predicted_seconds:.3f} ms, measured "
+                     f"{1e3 * self.measured_seconds:.3f} ms per step")
+        return "\n".join(lines)
+
+
+def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> GranularityDecision:
+    """Decide ``trainer``'s granularity (and fusion, and per-block g) on the batch ``(x, y)``.
+
+    Sets ``trainer.granularity``, ``model.fuse`` and ``model.granularities`` to the
+    choice and returns the :class:`GranularityDecision` (the module docstring says
+    how). The model's weights, buffers, dropout steps and the optimizer's state are
+    as they were before.
+    """
+    t_start = _perf()
+    rt, model = trainer.runtime, trainer.model
+    x = np.ascontiguousarray(x, dtype=trainer.dtype)
+    y = np.zeros(len(x), np.int64) if y is None else np.asarray(y, np.int64)
+    if candidates is None:
+        limit = max(1, min(len(x), PER_WORKER * len(rt.workers)))
+        candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+    candidates = sorted({trainer._check_granularity(g) for g in candidates})
+    fuses = (True, False) if hasattr(model, "fuse") else (None,)
+    configs = [(g, f) for g in candidates for f in fuses]
+    platform = Platform(name=str(rt.devices), workers=_worker_counts(rt))
+    replayed = _replays(trainer)
+    with _models_for(rt), _restoring(trainer):
+        trainer.granularity = candidates[0]
+        trainer._prepare(x)  # built and bound before the state to restore is read
+        with _state_kept(trainer):
+            gaps, steps = [], 0
+            for g, fuse in configs:
+                _configure(trainer, g, fuse, None)
+                steps += _calibrate(trainer, x, y, platform, gaps)
+            overhead = statistics.median(gaps) if gaps else 0.0
+
+            def predict(g, fuse, layers):
+                _configure(trainer, g, fuse, layers)
+                graphs = _step_graphs(trainer, x, y, replayed)
+                r = simulate(graphs, platform, rt.policy_name, rt, dispatch=overhead,
+                             partial=True)
+                return r.step_seconds, r.tasks
+
+            rows = []
+            for g, fuse in configs:
+                seconds, tasks = predict(g, fuse, None)
+                rows.append({"granularity": g, "fuse": fuse, "predicted_seconds": seconds,
+                             "tasks": tasks})
+            best = min(r["predicted_seconds"] for r in rows)
+            chosen = next(r for r in rows if r["predicted_seconds"] <= TOLERANCE * best)
+            g, fuse = chosen["granularity"], chosen["fuse"]
+            predicted, layers, trials = chosen["predicted_seconds"], None, []
+            if per_layer and hasattr(model, "granularities") and len(candidates) > 1:
+                _configure(trainer, g, fuse, None)  # the blocks of the chosen fusion
+                layers, predicted, trials = _per_block(model, g, fuse, candidates, predicted,
+                                                       predict)
+            _configure(trainer, g, fuse, layers)
+            measured = _measure(trainer, x, y)
+    return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials, overhead,
+                               rt.policy_name, platform.name, steps, _perf() - t_start)
+
+
+def _per_block(model, g, fuse, candidates, predicted, predict):
+    """One greedy pass over the blocks (module docstring, 5): ``(layers, predicted, trials)``."""
+    n = len(model.layers)
+    layers = [g] * n
+    trials = []
+    for first, last, name in model.blocks():
+        kept = None
+        for h in candidates:
+            if h == layers[first]:
+                continue
+            trial = list(layers)
+            trial[first:last] = [h] * (last - first)
+            seconds, _ = predict(g, fuse, tuple(trial))
+            row = {"layer": first, "block": name, "granularity": h,
+                   "predicted_seconds": seconds, "kept": False}
+            trials.append(row)
+            if seconds * TOLERANCE < predicted:
+                predicted, kept = seconds, (row, trial)
+        if kept is not None:
+            kept[0]["kept"] = True
+            layers = kept[1]
+    return (None if all(h == g for h in layers) else tuple(layers)), predicted, trials
+
+
+def _configure(trainer, g, fuse, layers):
+    trainer.granularity = g
+    model = trainer.model
+    if fuse is not None:
+        model.fuse = fuse
+    if hasattr(model, "granularities"):
+        model.granularities = layers
+
+
+def _calibrate(trainer, x, y, platform, gaps):
+    """Real steps at the trainer's configuration until the models know every task of
+    its graph; appends the tasks' dispatch gaps to ``gaps``, returns the steps run."""
+    rt = trainer.runtime
+    graph = _step_graphs(trainer, x, y, False)[-1].graphs
+    tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
+    kinds = [k for k, n in platform.workers.items() if n]
+    tracing, rt.tracing = rt.tracing, True
+    try:
+        model, rt.perfmodel = rt.perfmodel, None
+        try:  # capture, compilation (Numba compiles per signature), first touch: unrecorded
+            trainer.train_step(x, y)
+        finally:
+            rt.perfmodel = model
+        timed_from = len(rt.trace().records)
+        steps = 1
+        while steps < MAX_CALIBRATION_STEPS:
+            trainer.train_step(x, y)
+            steps += 1
+            if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
+                break
+        records = rt.trace().records[timed_from:]
+    finally:
+        rt.tracing = tracing
+        if not tracing:
+            rt.trace(clear=True)
+    gaps += dispatch_gaps(records)
+    return steps
+
+
+def _known(rt, codelet, footprint, kinds) -> bool:
+    pm = rt.perfmodel
+    return any(kind in codelet.kinds and all(
+        pm.count(codelet.name, v, kind, footprint) >= CALIBRATION_SAMPLES
+        for v in rt.candidates(codelet, kind)) for kind in kinds)
+
+
+def _step_graphs(trainer, x, y, replayed):
+    """The graphs one training step flushes at the trainer's configuration, captured
+    without running (the last two of three: each starts where the one before left the
+    data)."""
+    rt = trainer.runtime
+
+    def submit():
+        trainer._submit_step(*trainer._batch(x, y))
+        rt.wait()
+
+    steps = capture(rt, submit, steps=3)[1:]
+    # a replayed step submits nothing; a submitted one: the fastest of the two, against
+    # preemptions
+    seconds = 0.0 if replayed else min(s.submit_seconds for s in steps)
+    for s in steps:
+        s.submit_seconds = seconds
+    return steps
+
+
+def _measure(trainer, x, y) -> float:
+    trainer.train_step(x, y)  # capture (or first submission) of the chosen configuration
+    times = []
+    for _ in range(MEASURED_STEPS):
+        t0 = _perf()
+        trainer.train_step(x, y)
+        times.append(_perf() - t0)
+    return statistics.median(times)
+
+
+def _replays(trainer) -> bool:
+    """Whether the trainer's steps will be replayed (``Trainer.train_step``'s rule)."""
+    if not trainer.replay or trainer.optimizer.replay_key() is None:
+        return False
+    if trainer.scheduler is not None and trainer.scheduler_interval == "step":
+        return False
+    return all(m.replayable for m in trainer.model.modules())
+
+
+def _worker_counts(rt) -> dict:
+    counts: dict = {}
+    for w in rt.workers:
+        counts[w.kind] = counts.get(w.kind, 0) + 1
+    return counts
+
+
+@contextlib.contextmanager
+def _models_for(rt):
+    """The runtime's performance model, or one held in memory for the decision when the
+    runtime records none (``perfmodel=False``); it is dropped after."""
+    if rt.perfmodel is not None:
+        yield rt.perfmodel
+        return
+    from .scheduler.perfmodel import PerfModel
+    rt.perfmodel = PerfModel(load=False)  # never saved: only this decision reads it
+    try:
+        yield rt.perfmodel
+    finally:
+        rt.perfmodel = None
+
+
+@contextlib.contextmanager
+def _restoring(trainer):
+    """Put back the trainer's granularity, fusion and per-layer g if the block raises."""
+    model = trainer.model
+    before = (trainer.granularity, getattr(model, "fuse", None),
+              getattr(model, "granularities", None))
+    try:
+        yield
+    except BaseException:
+        _configure(trainer, *before)
+        raise
+
+
+@contextlib.contextmanager
+def _state_kept(trainer):
+    """Run real steps in the block, then put back every state they changed: weights,
+    buffers, dropout steps, optimizer state and step count, the trainer's counters;
+    the graphs captured meanwhile are dropped (they hold the handles replaced)."""
+    model, opt = trainer.model, trainer.optimizer
+    weights, state = model.state_dict(), opt.state_dict()
+    counters = (trainer.last_correct, trainer.last_grad_norm, trainer.graphs_captured)
+    with keeping_state(model):
+        try:
+            yield
+        finally:
+            model.load_state_dict(weights)
+            opt.load_state_dict(state)
+            trainer.last_correct, trainer.last_grad_norm, trainer.graphs_captured = counters
+            trainer._bound = None  # fresh handles at the next batch, valid on the host
+            trainer._graphs.clear()
+

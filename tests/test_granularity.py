@@ -1,0 +1,182 @@
+"""``granularity="auto"`` decides from the performance models (hetero_nn/granularity.py),
+and ``Sequential.granularities`` runs blocks at a g of their own.
+
+The decision tests give the runtime a performance model already holding many
+measurements per footprint (1000 each, so the few real runs calibration adds do
+not move the means): what the models say about g = 1 and g = 2 decides, not the
+wall clock. The footprints are those of the real step graphs, captured without
+running them.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import hetero_nn as hn
+from hetero_nn.cli import main
+from hetero_nn.scheduler.perfmodel import PerfModel
+from hetero_nn.scheduler.simulate import capture
+
+SHAPE = (1, 12, 12)
+BATCH = 8
+
+
+def _lenet(seed=0):
+    hn.manual_seed(seed)
+    model = hn.Sequential(hn.Conv2D(1, 4, 3, padding=1), hn.ReLU(), hn.MaxPool2D(2),
+                          hn.Conv2D(4, 6, 3), hn.ReLU(), hn.MaxPool2D(2), hn.Flatten(),
+                          hn.Dense(24, 16), hn.ReLU(), hn.Dense(16, 10))
+    model.build(SHAPE, "float32")
+    return model
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((BATCH, *SHAPE)).astype(np.float32), rng.integers(0, 10, BATCH)
+
+
+def _step_keys(g, fuse):
+    """``{(codelet, variant, footprint, size)}`` of one training step at ``(g, fuse)``."""
+    x, y = _batch()
+    model = _lenet()
+    model.fuse = fuse
+    with hn.Runtime(devices="cpu:2", perfmodel=False, trace=False) as rt:
+        trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity=g)
+        trainer.train_step(x, y)  # bound and built: the captured steps are steady ones
+
+        def submit():
+            trainer._submit_step(*trainer._batch(x, y))
+            rt.wait()
+
+        (step,) = capture(rt, submit, steps=1)
+        return {(t.codelet.name, rt.candidates(t.codelet, "cpu")[0], t.footprint, t.size)
+                for graph in step.graphs for t in graph}
+
+
+def _told(tmp_path, seconds):
+    """A performance model that says ``seconds(codelet, g)`` for the tasks of g = 1 and
+    g = 2 (fused and not); a footprint in both graphs (the optimizer's, the gradients'
+    adds) takes the mean of both figures."""
+    pm = PerfModel(tmp_path, load=False)
+    runs = []
+    for g in (1, 2):
+        for fuse in (True, False):
+            for name, variant, fp, size in _step_keys(g, fuse):
+                runs += [(name, variant, "cpu", fp, size, seconds(name, g))] * 1000
+    pm.record_many(runs)
+    return pm
+
+
+def _decide(pm, per_layer=True, policy="eager"):
+    x, y = _batch()
+    model = _lenet()
+    with hn.Runtime(devices="cpu:2", perfmodel=pm, trace=False, policy=policy) as rt:
+        trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity="auto")
+        trainer.tune_granularity(x, y, candidates=[1, 2], per_layer=per_layer)
+        return trainer.granularity_decision, model
+
+
+@pytest.mark.parametrize("faster", [1, 2])
+def test_the_granularity_the_models_say_is_faster_is_chosen(tmp_path, faster):
+    decision, model = _decide(_told(tmp_path, lambda name, g: 1e-3 if g == faster else 1e-2))
+    assert decision.granularity == faster
+    rows = {(r["granularity"], r["fuse"]): r["predicted_seconds"] for r in decision.candidates}
+    assert set(rows) == {(1, True), (1, False), (2, True), (2, False)}
+    slower = 3 - faster
+    assert max(rows[faster, f] for f in (True, False)) < min(rows[slower, f]
+                                                            for f in (True, False))
+    assert decision.layer_granularity is None and model.granularities is None
+    # the decision record: predicted and measured step times, and how it was reached
+    assert decision.predicted_seconds == min(rows.values())
+    assert decision.measured_seconds > 0 and decision.dispatch_seconds >= 0
+    doc = json.loads(json.dumps(decision.to_json()))
+    assert doc["granularity"] == faster and len(doc["candidates"]) == 4
+    assert "predicted" in decision.format() and "measured" in decision.format()
+
+
+def test_blocks_get_their_own_granularity_where_the_models_say_so(tmp_path):
+    def seconds(name, g):  # convolutions pay at g = 2, the dense tail at g = 1
+        if "conv" in name:
+            return 1e-3 if g == 2 else 1e-2
+        if "dense" in name:
+            return 1e-3 if g == 1 else 1e-2
+        return 1e-5
+
+    decision, model = _decide(_told(tmp_path, seconds), policy="dmda")
+    layers = decision.layer_granularity
+    assert layers is not None and model.granularities == layers
+    assert [layers[i] for i in (0, 3)] == [2, 2]          # the convolutions' blocks
+    assert [layers[i] for i in (7, 9)] == [1, 1]          # the dense layers' blocks
+    assert decision.predicted_seconds * 1.05 < min(r["predicted_seconds"]
+                                                   for r in decision.candidates)
+    assert any(row["kept"] for row in decision.blocks)
+    model.fuse = decision.fuse
+    assert all(len(set(layers[first:last])) == 1 for first, last, _ in model.blocks())
+
+
+def _train(granularity, layers, policy, steps=4, fuse=True):
+    model = _lenet(seed=3)
+    model.build(SHAPE, "float64")
+    model.fuse = fuse
+    model.granularities = layers
+    rng = np.random.default_rng(5)
+    with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=False, trace=False) as rt:
+        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=rt,
+                             batch_size=BATCH, granularity=granularity)
+        losses = [trainer.train_step(rng.standard_normal((BATCH, *SHAPE)),
+                                     rng.integers(0, 10, BATCH)) for _ in range(steps)]
+        return losses, model.state_dict()
+
+
+def test_per_layer_granularity_is_bit_identical_across_policies_and_replay():
+    layers = (3, 3, 3, 2, 2, 2, 1, 1, 1, 1)
+    base = _train(2, layers, "eager")
+    for policy in ("ws", "dmda", "heft"):
+        losses, state = _train(2, layers, policy)
+        assert losses == base[0]
+        assert all(np.array_equal(state[k], base[1][k]) for k in state)
+
+
+def test_granularities_are_checked_and_refused_with_a_cluster():
+    model = _lenet()
+    with pytest.raises(hn.ConfigError, match="layer 2"):
+        model.granularities = (1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
+    with pytest.raises(hn.ConfigError, match="3 values for 10 layers"):
+        model.granularities = (1, 2, 3)
+    model.granularities = [2] * 10
+    assert model.granularities == (2,) * 10
+    with (hn.Runtime(devices="cpu:1", perfmodel=False) as rt,
+          pytest.raises(hn.ConfigError, match="per-layer granularities")):
+        hn.Trainer(model, runtime=rt, granularity=2, cluster="local:1")
+
+
+def test_a_checkpoint_keeps_the_per_layer_choice(tmp_path):
+    layers = (2, 2, 2, 2, 2, 2, 1, 1, 1, 1)
+    x, y = _batch()
+    model = _lenet()
+    with hn.Runtime(devices="cpu:2", perfmodel=False, trace=False) as rt:
+        trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity="auto")
+        trainer.granularity, model.granularities, model.fuse = 2, layers, False  # as if chosen
+        trainer.train_step(x, y)
+        path = trainer.save_checkpoint(tmp_path / "c.npz")
+        again = _lenet()
+        resumed = hn.Trainer(again, runtime=rt, batch_size=BATCH, granularity="auto")
+        resumed.load_checkpoint(path)
+        assert (resumed.granularity, again.granularities, again.fuse) == (2, layers, False)
+        assert resumed.train_step(x, y) == trainer.train_step(x, y)
+
+
+def test_the_cli_prints_the_decision_and_records_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "synthetic", "--limit", "64", "--batch-size", "16",
+                 "--model", "dahl-basic", "--devices", "cpu:2", "--granularity", "auto",
+                 "--epochs", "1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "granularity auto" in err and "predicted" in err and "measured" in err
+    doc = json.loads((out / "metrics.json").read_text())
+    decision = doc["granularity_decision"]
+    assert decision["granularity"] == doc["granularity"]
+    assert decision["measured_seconds"] > 0 and decision["predicted_seconds"] > 0
+    assert {r["granularity"] for r in decision["candidates"]} == {1, 2, 4, 8}
+    assert "epochs" in doc and "variants_run" in doc  # the existing keys stay
