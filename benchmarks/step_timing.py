@@ -247,7 +247,6 @@ class Local:
     def __init__(self, spec):
         self.spec = spec
         self.side = make_side(spec)
-        self.label = self.side.label
 
     def run(self, seed, n, timed):
         data = _round_batches(tuple(self.spec["shape"]), self.spec["batch"], n, seed)
@@ -263,19 +262,19 @@ class Local:
 class Remote:
     """A side in a child process of its own (for its peak RSS), one request at a time.
 
-    Requests and replies are JSON lines on the child's stdin and on a copy of its
-    stdout taken before the child points file descriptor 1 at stderr (so nothing else
-    it prints can break the protocol). A child that fails replies ``{"error": line}``,
-    which is raised here as RuntimeError.
+    The child starts at once; its first reply (the side built, its RSS then) is read
+    with the first request, so children made one after the other build their sides
+    side by side. Requests and replies are JSON lines on the child's stdin and on a copy
+    of its stdout taken before the child points file descriptor 1 at stderr (so nothing
+    else it prints can break the protocol). A child that fails replies
+    ``{"error": line}``, raised here as RuntimeError.
     """
 
     def __init__(self, spec):
         self.spec = spec
         self.proc = subprocess.Popen([sys.executable, __file__, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        ready = self._reply()
-        self.label = ready["label"]
-        self.setup_rss_mib = ready["setup_rss_mib"]
+        self._ready = None
 
     def _reply(self) -> dict:
         line = self.proc.stdout.readline()
@@ -289,6 +288,8 @@ class Remote:
         return reply
 
     def _ask(self, request) -> dict:
+        if self._ready is None:
+            self._ready = self._reply()
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._reply()
@@ -298,7 +299,7 @@ class Remote:
 
     def summary(self) -> dict:
         summary = self._ask({"op": "summary"})
-        summary["setup_rss_mib"] = self.setup_rss_mib
+        summary["setup_rss_mib"] = self._ready["setup_rss_mib"]
         return summary
 
     def close(self):
@@ -324,7 +325,7 @@ def serve(spec) -> int:
         reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1
     try:
-        reply({"label": side.label, "setup_rss_mib": peak_rss_mib()})
+        reply({"setup_rss_mib": peak_rss_mib()})
         shape, batch = tuple(spec["shape"]), spec["batch"]
         for line in iter(sys.stdin.readline, ""):
             request = json.loads(line)

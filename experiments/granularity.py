@@ -63,7 +63,7 @@ from step_timing import (Local, Parser, interleave, positive_int,  # noqa: E402
 #: Model -> channels of its input.
 MODELS = {"dahl-basic": 1, "lenet5": 1, "cifar-small": 3}
 ITEMSIZE = 4  # float32
-QUICK = {"rounds": 3, "steps": 3, "warmup": 2, "max_pixels": 2**20}
+QUICK = {"rounds": 3, "steps": 2, "warmup": 2, "max_pixels": 2**20}
 FULL = {"rounds": 5, "steps": 5, "warmup": 5, "max_pixels": None}
 
 
@@ -405,6 +405,7 @@ def parse(argv):
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.fuse = [f == "on" for f in dict.fromkeys(args.fuse)]
+    args.cache = None  # main() gives the run a private performance-model cache
     if args.replot:
         try:
             args.document = json.loads(Path(args.replot).read_text())
