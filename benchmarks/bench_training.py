@@ -39,8 +39,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_timing import (Local, Parser, Remote, interleave, positive_int,  # noqa: E402
-                         save_twin, utilisation_text)
+from step_timing import (Local, Parser, Remote, interleave, save_twin,  # noqa: E402
+                         utilisation_text)
+
+from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
 
 MODELS = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32)}
 

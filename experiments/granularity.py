@@ -57,8 +57,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from step_timing import (Local, Parser, interleave, positive_int,  # noqa: E402
-                         utilisation_text)
+from step_timing import Local, Parser, interleave, utilisation_text  # noqa: E402
+
+from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
 
 #: Model -> channels of its input.
 MODELS = {"dahl-basic": 1, "lenet5": 1, "cifar-small": 3}
@@ -193,6 +194,28 @@ def _figure(nrows, ncols, title):
     return fig, axes
 
 
+def _grid(title, row_keys, col_keys, cell_title, cells, draw, ylabel, gs):
+    """A figure of panels ``row_keys`` x ``col_keys``: ``draw(ax, cells(row, col))`` in
+    each panel that has rows ("not run" in the others), g on every x axis."""
+    fig, axes = _figure(len(row_keys), len(col_keys), title)
+    for i, row in enumerate(row_keys):
+        for j, col in enumerate(col_keys):
+            ax = axes[i][j]
+            ax.set_title(cell_title(row, col), fontsize="medium")
+            cell = cells(row, col)
+            if not cell:
+                ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center",
+                        va="center", color="grey")
+                continue
+            draw(ax, cell)
+            _g_axis(ax, gs)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+            if i == len(row_keys) - 1:
+                ax.set_xlabel("granularity g")
+    return fig
+
+
 def _g_axis(ax, gs):
     ax.set_xscale("log", base=2)
     ax.set_xticks(gs)
@@ -231,44 +254,33 @@ def _series(rows, **match):
     return [r["g"] for r in picked], picked
 
 
-def _mark_empty(ax):
-    ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", va="center",
-            color="grey")
+def _plural(n, word):
+    return f"{n} {word}{'s' * (n > 1)}"
 
 
 def plot_throughput(rows, model, folder) -> Path:
     mine = [r for r in rows if r["model"] == model]
-    sizes = sorted({r["size"] for r in mine})
-    batches = sorted({r["batch"] for r in mine})
-    gs = sorted({r["g"] for r in mine if r["g"]})
-    fig, axes = _figure(len(batches), len(sizes), f"{model}: images/s against granularity")
-    for i, batch in enumerate(batches):
-        for j, size in enumerate(sizes):
-            ax = axes[i][j]
-            ax.set_title(f"batch {batch}, {size}x{size}", fontsize="medium")
-            cell = [r for r in mine if r["batch"] == batch and r["size"] == size]
-            if not cell:
-                _mark_empty(ax)
-                continue
-            for k, workers in enumerate(sorted({r["workers"] for r in cell})):
-                colour = _colour(_WORKER_COLOURS, workers, k)
-                for fuse in (True, False):
-                    x, picked = _series(cell, side="hetero_nn", workers=workers, fuse=fuse)
-                    if picked:
-                        ax.plot(x, [r["images_per_s"] for r in picked], marker="o",
-                                color=colour, linestyle="-" if fuse else "--",
-                                label=f"hetero_nn {workers} worker{'s' * (workers > 1)} "
-                                      f"{'fused' if fuse else 'unfused'}")
-                for r in cell:
-                    if r["side"] == "pytorch" and r["workers"] == workers:
-                        ax.axhline(r["images_per_s"], color=colour, linestyle=":",
-                                   label=f"PyTorch {workers} thread{'s' * (workers > 1)}")
-            _g_axis(ax, gs)
-            ax.set_ylim(bottom=0)
-            if j == 0:
-                ax.set_ylabel("images/s")
-            if i == len(batches) - 1:
-                ax.set_xlabel("granularity g")
+
+    def draw(ax, cell):
+        for k, workers in enumerate(sorted({r["workers"] for r in cell})):
+            colour = _colour(_WORKER_COLOURS, workers, k)
+            for fuse in (True, False):
+                x, picked = _series(cell, side="hetero_nn", workers=workers, fuse=fuse)
+                if picked:
+                    ax.plot(x, [r["images_per_s"] for r in picked], marker="o", color=colour,
+                            linestyle="-" if fuse else "--",
+                            label=f"hetero_nn {_plural(workers, 'worker')} "
+                                  f"{'fused' if fuse else 'unfused'}")
+            for r in cell:
+                if r["side"] == "pytorch" and r["workers"] == workers:
+                    ax.axhline(r["images_per_s"], color=colour, linestyle=":",
+                               label=f"PyTorch {_plural(workers, 'thread')}")
+        ax.set_ylim(bottom=0)
+
+    fig = _grid(f"{model}: images/s against granularity", sorted({r["batch"] for r in mine}),
+                sorted({r["size"] for r in mine}), lambda b, s: f"batch {b}, {s}x{s}",
+                lambda b, s: [r for r in mine if r["batch"] == b and r["size"] == s],
+                draw, "images/s", sorted({r["g"] for r in mine if r["g"]}))
     return _save(fig, Path(folder) / f"throughput-{model}.png")
 
 
@@ -278,40 +290,30 @@ def _per_model_size(rows, title, value, ylabel, goal, path) -> Path:
     a bar spans them."""
     fuse = _fused_choice(rows)
     hetero = [r for r in rows if r["side"] == "hetero_nn" and r["fuse"] == fuse]
-    models = [m for m in MODELS if any(r["model"] == m for r in hetero)]
-    sizes = sorted({r["size"] for r in hetero})
-    gs = sorted({r["g"] for r in hetero})
-    fig, axes = _figure(len(models), len(sizes),
-                        f"{title} ({'fused' if fuse else 'unfused'})")
-    for i, model in enumerate(models):
-        for j, size in enumerate(sizes):
-            ax = axes[i][j]
-            ax.set_title(f"{model}, {size}x{size}", fontsize="medium")
-            cell = [r for r in hetero if r["model"] == model and r["size"] == size]
-            if not cell:
-                _mark_empty(ax)
-                continue
-            for k, batch in enumerate(sorted({r["batch"] for r in cell})):
-                for workers in sorted({r["workers"] for r in cell}):
-                    x, picked = _series(cell, batch=batch, workers=workers)
-                    values = [value(r) for r in picked]
-                    mean = [sum(v) / len(v) for v in values]
-                    spread = None
-                    if any(len(v) > 1 for v in values):
-                        spread = [[m - min(v) for m, v in zip(mean, values)],
-                                  [max(v) - m for m, v in zip(mean, values)]]
-                    ax.errorbar(x, mean, yerr=spread, marker="o", capsize=3,
-                                color=_colour(_BATCH_COLOURS, batch, k),
-                                linestyle="-" if workers > 1 else "--",
-                                label=f"batch {batch}, {workers} worker{'s' * (workers > 1)}")
-            ax.axhline(goal, color="grey", linewidth=0.8, linestyle=":",
-                       label=f"issue 8's goal ({goal:g}%)")
-            _g_axis(ax, gs)
-            ax.set_ylim(0, 105)
-            if j == 0:
-                ax.set_ylabel(ylabel)
-            if i == len(models) - 1:
-                ax.set_xlabel("granularity g")
+
+    def draw(ax, cell):
+        for k, batch in enumerate(sorted({r["batch"] for r in cell})):
+            for workers in sorted({r["workers"] for r in cell}):
+                x, picked = _series(cell, batch=batch, workers=workers)
+                values = [value(r) for r in picked]
+                mean = [sum(v) / len(v) for v in values]
+                spread = None
+                if any(len(v) > 1 for v in values):
+                    spread = [[m - min(v) for m, v in zip(mean, values)],
+                              [max(v) - m for m, v in zip(mean, values)]]
+                ax.errorbar(x, mean, yerr=spread, marker="o", capsize=3,
+                            color=_colour(_BATCH_COLOURS, batch, k),
+                            linestyle="-" if workers > 1 else "--",
+                            label=f"batch {batch}, {_plural(workers, 'worker')}")
+        ax.axhline(goal, color="grey", linewidth=0.8, linestyle=":",
+                   label=f"issue 8's goal ({goal:g}%)")
+        ax.set_ylim(0, 105)
+
+    fig = _grid(f"{title} ({'fused' if fuse else 'unfused'})",
+                [m for m in MODELS if any(r["model"] == m for r in hetero)],
+                sorted({r["size"] for r in hetero}), lambda m, s: f"{m}, {s}x{s}",
+                lambda m, s: [r for r in hetero if r["model"] == m and r["size"] == s],
+                draw, ylabel, sorted({r["g"] for r in hetero}))
     return _save(fig, path)
 
 
@@ -331,26 +333,23 @@ def plot_overhead(rows, folder) -> Path:
 
 def plot_tasks(rows, folder) -> Path:
     hetero = [r for r in rows if r["side"] == "hetero_nn"]
-    models = [m for m in MODELS if any(r["model"] == m for r in hetero)]
-    gs = sorted({r["g"] for r in hetero})
-    fig, axes = _figure(1, len(models), "tasks per training step")
-    for j, model in enumerate(models):
-        ax = axes[0][j]
-        ax.set_title(model, fontsize="medium")
+
+    def draw(ax, cell):
         for fuse in (True, False):
             tasks = {}
-            for r in hetero:
-                if r["model"] == model and r["fuse"] == fuse:
+            for r in cell:
+                if r["fuse"] == fuse:
                     tasks.setdefault(r["g"], r["tasks"])  # the same at every size and batch
             if tasks:
                 x = sorted(tasks)
                 ax.plot(x, [tasks[g] for g in x], marker="o", linestyle="-" if fuse else "--",
                         color="black", label="fused" if fuse else "unfused")
-        _g_axis(ax, gs)
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("granularity g")
-        if j == 0:
-            ax.set_ylabel("tasks per step")
+
+    fig = _grid("tasks per training step", ["tasks"],
+                [m for m in MODELS if any(r["model"] == m for r in hetero)],
+                lambda _, m: m, lambda _, m: [r for r in hetero if r["model"] == m],
+                draw, "tasks per step", sorted({r["g"] for r in hetero}))
     return _save(fig, Path(folder) / "tasks.png")
 
 

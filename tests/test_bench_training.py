@@ -2,21 +2,14 @@
 ``--rss`` (every configuration in a process of its own) and the workers' busy shares,
 on runs of a step or two; and its one-line errors."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_training",
-                                                  REPO / "benchmarks" / "bench_training.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_training.py")
 
 
 TINY = ["--models", "dahl-basic", "--batches", "4", "--granularities", "1", "2", "--fuse", "on",
@@ -24,7 +17,7 @@ TINY = ["--models", "dahl-basic", "--batches", "4", "--granularities", "1", "2",
 
 
 def test_image_size_and_busy_shares(tmp_path, capsys):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
     out = tmp_path / "rows.json"
     assert _script().main([*TINY, "--image-size", "36", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -46,7 +39,7 @@ def test_image_size_and_busy_shares(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_rss_runs_each_configuration_in_its_own_process(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
     out = tmp_path / "rows.json"
     assert _script().main([*TINY, "--rss", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]

@@ -1,27 +1,19 @@
 """experiments/granularity.py end to end on a tiny grid: the JSON it writes, its PNGs,
 ``--replot``, and its one-line errors."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("granularity_study",
-                                                  REPO / "experiments" / "granularity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/granularity.py")
 
 
 def test_tiny_sweep_writes_provenance_rows_and_plots(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("torch", reason="the study compares with PyTorch")
+    pytest.importorskip("matplotlib", reason="the study draws PNGs")
     study = _script()
     results, plots = tmp_path / "results", tmp_path / "plots"
     argv = ["--models", "dahl-basic", "--sizes", "28", "--batches", "2", "--granularities",
