@@ -341,6 +341,7 @@ def interleave(runners, warmup, rounds, steps):
     for r in range(rounds):
         for runner in runners:
             runner.run(100 + r, steps, timed=True)
+    _round_batches.cache_clear()
 
 
 def utilisation_text(utilisation) -> str:
