@@ -39,8 +39,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_timing import (Local, Parser, Remote, interleave, save_twin,  # noqa: E402
-                         utilisation_text)
+from step_timing import (Local, Parser, Remote, figures, interleave,  # noqa: E402
+                         save_twin, utilisation_text)
 
 from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
 
@@ -80,14 +80,9 @@ def bench(name, batch, args, cache):
             r.close()
     torch_step = summaries[0]["step_s"]  # same threads as workers
     rows = []
-    for spec, s in zip(specs, summaries):
-        over = s.get("overhead_s")
-        row = {"model": name, "shape": list(shape), "batch": batch, "config": s["config"],
-               "step_ms": 1e3 * s["step_s"], "images_per_s": batch / s["step_s"],
-               "ratio": torch_step / s["step_s"], "tasks": s.get("tasks"),
-               "overhead_ms": None if over is None else 1e3 * over,
-               "overhead_share": s.get("overhead_share"),
-               "utilisation": s.get("utilisation"), "kernels_ms": s.get("kernels_ms", {})}
+    for s in summaries:
+        row = {"model": name, "shape": list(shape), "batch": batch,
+               **figures(s, batch, torch_step)}
         if args.rss:
             row.update(peak_rss_mib=s["peak_rss_mib"], setup_rss_mib=s["setup_rss_mib"])
         rows.append(row)

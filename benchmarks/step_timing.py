@@ -344,6 +344,18 @@ def interleave(runners, warmup, rounds, steps):
     _round_batches.cache_clear()
 
 
+def figures(summary, batch, reference_step) -> dict:
+    """A side's summary as a result row's figures: ``config, step_ms, images_per_s,
+    ratio`` (``reference_step`` -- PyTorch's -- over this step time), and for hetero_nn
+    ``tasks, overhead_ms, overhead_share, utilisation, kernels_ms`` (None for PyTorch)."""
+    step, over = summary["step_s"], summary.get("overhead_s")
+    return {"config": summary["config"], "step_ms": 1e3 * step, "images_per_s": batch / step,
+            "ratio": reference_step / step, "tasks": summary.get("tasks"),
+            "overhead_ms": None if over is None else 1e3 * over,
+            "overhead_share": summary.get("overhead_share"),
+            "utilisation": summary.get("utilisation"), "kernels_ms": summary.get("kernels_ms")}
+
+
 def utilisation_text(utilisation) -> str:
     """``{"cpu0": 0.91, "cpu1": 0.62}`` as ``"91/62"`` (percent, worker order)."""
     return "/".join(f"{100 * share:.0f}" for share in utilisation.values())

@@ -57,7 +57,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from step_timing import Local, Parser, interleave, utilisation_text  # noqa: E402
+from step_timing import Local, Parser, figures, interleave, utilisation_text  # noqa: E402
 
 from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
 
@@ -157,12 +157,7 @@ def sweep(args) -> tuple[list, list]:
         for spec, s in zip(specs, summaries):
             row = {"model": name, "size": size, "shape": spec["shape"], "batch": batch,
                    "workers": workers, "side": spec["kind"], "g": spec.get("g"),
-                   "fuse": spec.get("fuse"), "config": s["config"],
-                   "step_ms": 1e3 * s["step_s"], "images_per_s": batch / s["step_s"],
-                   "ratio": torch_step / s["step_s"], "tasks": s.get("tasks"),
-                   "overhead_ms": None if "overhead_s" not in s else 1e3 * s["overhead_s"],
-                   "overhead_share": s.get("overhead_share"),
-                   "utilisation": s.get("utilisation"), "kernels_ms": s.get("kernels_ms")}
+                   "fuse": spec.get("fuse"), **figures(s, batch, torch_step)}
             rows.append(row)
             config = s["config"].replace("hetero_nn ", "").replace("pytorch", "torch")
             over = "" if row["overhead_share"] is None else f"{100 * row['overhead_share']:7.1f}%"
