@@ -1,6 +1,11 @@
 """Helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def rel_err(actual, expected) -> float:
@@ -14,3 +19,12 @@ def rel_err(actual, expected) -> float:
 def pair(v):
     """An int or a pair as a pair (PyTorch's ``_pair``)."""
     return tuple(v) if isinstance(v, tuple) else (v, v)
+
+
+def load_script(path):
+    """The script at ``path`` (relative to the repository) as a fresh module, its
+    ``main`` callable in-process."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
