@@ -33,7 +33,9 @@ BatchNorm2D counting batches on the host). An epoch schedule captures
 one graph per learning rate. ``evaluate_batch`` (and so ``evaluate``) captures and
 replays the same way (key ``"eval"``, layers in eval mode); ``predict`` and the
 timed passes of ``granularity="auto"`` are submitted. At most ``_MAX_GRAPHS``
-graphs are kept, the oldest dropped.
+graphs are kept, the oldest dropped. Before its second replay a graph fuses the
+chains of tasks too small for their dispatch (the runtime's ``fuse_chains``, on
+by default); :attr:`Trainer.graphs` shows each graph and its ``bundles``.
 
 ``granularity="auto"`` picks g when the first batch arrives by timing: for g in
 1, 2, 4, ... up to ``min(batch, 4 * workers)``, one warm-up and three timed
@@ -421,6 +423,12 @@ class Trainer:
         self._graphs[key] = _CapturedStep(graph, xh, yh, results)
         self.graphs_captured += 1
         return results, False
+
+    @property
+    def graphs(self) -> dict:
+        """The captured graphs kept, by step key (a copy of the mapping); each one's
+        ``bundles`` says what task-level fusion did to it."""
+        return {key: step.graph for key, step in self._graphs.items()}
 
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
