@@ -8,18 +8,25 @@ many times, so it is where tasks too small to pay for their own dispatch are fus
 graph's transitive reduction (the dependencies no other path implies) where B is A's
 only successor and A is B's only predecessor: B becomes ready exactly when A ends
 and nothing else waits for A alone, so running B right after A on A's worker delays
-no task. A link is fused when
+no task: the only thing it changes is that B gets no dispatch of its own. A link
+is fused when
 
 - the performance model predicts both A and B (``Runtime.predict``, the variant the
-  runtime would run) below the *measured per-task overhead*; a task the model knows
-  nothing about is never fused;
+  runtime would run), and one of them below the *measured per-task overhead*: a
+  task that costs less than its own dispatch runs with its chain neighbour (a
+  link of two tasks above the overhead is left to the policy); a task the model
+  knows nothing about is never fused;
 - A and B have the same eligible workers, all of them without a stream (CPU
   workers: a CUDA worker's launches are already asynchronous).
 
-The overhead is what :func:`~hetero_nn.scheduler.simulate.measured_dispatch`
-measures for the simulator: the mean time between the moment a task could start
-(its dependencies done, its worker free) and its start, here over the graph's last
-run (each task keeps its times until the next replay). Maximal runs of fused links
+The overhead is measured as the simulator measures its ``dispatch``
+(:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`), over the graph's last run
+(each task keeps its times until the next replay): per task that followed one of
+its dependencies on the same worker, the time between the end of the one before
+and its start (what a fused link saves: release, placement, binding, record), and
+the median of those gaps (one preempted task must not decide the fusion of a
+whole graph; the mean of all gaps, which the simulator uses, also counts wake-ups
+that a chain handed on within one worker never pays). Maximal runs of fused links
 become one :class:`Bundle` task each.
 
 A bundle takes the union of its members' predecessors and successors (every
@@ -40,11 +47,12 @@ overhead, and per bundle its members' codelets and predicted seconds.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
-from .simulate import measured_dispatch
+from .simulate import dispatch_gaps
 from .task import Task
-from .trace import Trace, TaskRecord
+from .trace import TaskRecord
 
 
 class BundleCodelet:
@@ -166,7 +174,10 @@ def graph_overhead(segments) -> float | None:
             records.append(TaskRecord(t.id, t.codelet.name, t.variant or "", t.worker.name, "",
                                       "", t.t_submit, t.t_ready, t.t_start, t.t_end, 0,
                                       tuple(p.id for p in preds), None))
-    return measured_dispatch(Trace(records, [])) if records else None
+    if not records:
+        return None
+    gaps = dispatch_gaps(records, handoffs=True) or dispatch_gaps(records)
+    return statistics.median(gaps)
 
 
 def _essential_links(tasks, preds_of):
@@ -196,20 +207,22 @@ def find_chains(rt, segment, overhead):
     tasks = [t for t, _, _ in segment]
     preds_of = {t: preds for t, preds, _ in segment}
     essential, nsucc = _essential_links(tasks, preds_of)
-    small = {}
+    predictions = {}
 
     def predicted(i):
-        if i not in small:
+        if i not in predictions:
             t = tasks[i]
             p = None
             if all(w.stream is None for w in t.eligible):
                 p = rt.predict(t, t.eligible[0].kind)[1]
-            small[i] = p if p is not None and p < overhead else None
-        return small[i]
+            predictions[i] = p
+        return predictions[i]
 
     def linked(a, b):
-        return (nsucc[a] == 1 and essential[b] == [a] and tasks[a].eligible == tasks[b].eligible
-                and predicted(a) is not None and predicted(b) is not None)
+        if nsucc[a] != 1 or essential[b] != [a] or tasks[a].eligible != tasks[b].eligible:
+            return False
+        pa, pb = predicted(a), predicted(b)
+        return pa is not None and pb is not None and min(pa, pb) < overhead
 
     nxt = {}
     for b, ps in enumerate(essential):
@@ -221,7 +234,7 @@ def find_chains(rt, segment, overhead):
         chain = [a]
         while chain[-1] in nxt:
             chain.append(nxt[chain[-1]])
-        chains.append([(tasks[i], small[i]) for i in chain])
+        chains.append([(tasks[i], predictions[i]) for i in chain])
     return chains
 
 

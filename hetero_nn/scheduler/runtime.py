@@ -62,6 +62,8 @@ dependency inference, no task built, no tree rebuilt, and a static policy
 allocated once, that no arena reset reuses, so the graph stays valid while
 other flushes run between replays. New inputs are bound by writing into the
 captured handles' buffers (see :meth:`Graph.write`) before ``replay()``.
+Before its second replay a graph fuses its chains of small tasks into bundles
+(``fuse_chains``; :mod:`~hetero_nn.scheduler.bundle`).
 """
 
 from __future__ import annotations
