@@ -16,15 +16,12 @@ import hetero_nn as hn
 from hetero_nn import R, REDUX, RW, W
 from hetero_nn.scheduler.bundle import Bundle
 from hetero_nn.scheduler.perfmodel import PerfModel
+from test_replay import _copy, _square_rows, _sum_into, _zero
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 INPUT_SHAPE = (1, 28, 28)
 BATCH = 12
 STEPS = 6
-
-
-def _copy(x, y):
-    y[...] = x
 
 
 def _affine(y, a, b):
@@ -35,18 +32,6 @@ def _affine(y, a, b):
 def _checked(y):
     if np.isnan(y).any():
         raise ValueError("NaN in the partition")
-
-
-def _square_rows(y, partial):
-    partial += (y * y).sum(axis=0)
-
-
-def _zero(a):
-    a[...] = 0
-
-
-def _sum_into(a, b):
-    a += b
 
 
 COPY = hn.Codelet("bundle_copy", modes=(R, W), variants={"ref": _copy})

@@ -87,16 +87,11 @@ class Bundle(Task):
         for prev, m in zip(members, members[1:]):
             m.preds = [prev]
 
-    def reset(self, ids, now):
-        """Per-run state of the members before a replay; fresh ids (the bundle takes
-        its last member's, so a trace dependency on it names that member)."""
+    def rearm_members(self, ids, now):
+        """``rearm`` every member with a fresh id; the bundle takes its last member's,
+        so a trace dependency on the bundle names that member."""
         for m in self.members:
-            m.id = next(ids)
-            m.done = False
-            m.variant = m.worker = m.error = None
-            m.t_submit = now
-            m.t_ready = m.t_start = m.t_end = 0.0
-            m.bytes_in = 0
+            m.rearm(next(ids), now)
         self.id = self.members[-1].id
         self.failed = None
 

@@ -628,17 +628,12 @@ class Runtime:
         for segment in graph._segments:
             tasks = []
             for t, preds, succ in segment:
-                t.id = next(ids)  # fresh ids in the same (topological) order: traces stay unique
+                t.rearm(next(ids), now)  # fresh ids in the same (topological) order
                 if t.__class__ is Bundle:
-                    t.reset(ids, now)
+                    t.rearm_members(ids, now)
                 t.preds = preds
                 t.succ = succ
                 t.npred = len(preds)
-                t.done = False
-                t.variant = t.worker = t.error = None
-                t.t_submit = now
-                t.t_ready = t.t_start = t.t_end = 0.0
-                t.bytes_in = 0
                 tasks.append(t)
             self._run(tasks, planned)
 
