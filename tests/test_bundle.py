@@ -149,6 +149,7 @@ def test_a_chain_predicted_above_the_overhead_is_not_fused(tmp_path):
         _measured(graph)
         _predict_slow(rt, pm, graph, (COPY, AFFINE, CHECK, SQUARE_ROWS), seconds=2e-3)
         report = graph.fuse_chains(overhead=1e-3)
+        assert not report.measured and "1000.0 us/task (given)" in str(report)
         # only the REDUX tree's last two adds (microseconds) are left to fuse
         assert _chains(report) == [["bundle_square_rows.redux"] * 2]
         assert report.tasks_after == report.tasks_before - 1
@@ -161,7 +162,8 @@ def test_the_overhead_is_measured_and_fusion_happens_before_the_second_replay(tm
         assert graph.bundles is None  # decided with the measurements of one replay
         graph.replay()
         report = graph.bundles
-        assert report is not None and report.overhead > 0
+        assert report is not None and report.measured and report.overhead > 0
+        assert "(measured)" in str(report)
         assert all(min(p for _, p in chain) < report.overhead for chain in report.chains)
         assert graph.num_tasks == report.tasks_after
     with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:

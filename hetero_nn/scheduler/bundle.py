@@ -136,13 +136,14 @@ def traced(tasks):
 class BundleReport:
     """The fusion decision for one graph (``graph.bundles``).
 
-    ``overhead``: the per-task overhead it compared with (seconds; None when not
-    measured); ``chains``: per bundle, ``[(codelet, predicted seconds), ...]`` of its
+    ``overhead``: the per-task overhead it compared with (seconds; None when none was
+    needed), ``measured``: whether it was measured or given; ``chains``: per bundle, ``[(codelet, predicted seconds), ...]`` of its
     members; ``tasks_before`` / ``tasks_after``: tasks per replay; ``reason``: why
     nothing was fused, when nothing could be.
     """
 
     overhead: float | None
+    measured: bool = False
     chains: list = field(default_factory=list)
     tasks_before: int = 0
     tasks_after: int = 0
@@ -152,7 +153,8 @@ class BundleReport:
         if self.reason:
             return f"no task-level fusion: {self.reason}"
         lines = [f"task-level fusion: {self.tasks_before} -> {self.tasks_after} tasks, "
-                 f"{len(self.chains)} bundles, measured overhead {1e6 * self.overhead:.1f} us/task"]
+                 f"{len(self.chains)} bundles, overhead {1e6 * self.overhead:.1f} us/task "
+                 f"({'measured' if self.measured else 'given'})"]
         for chain in self.chains:
             lines.append("  " + " + ".join(f"{name} ({1e6 * p:.1f} us)" for name, p in chain))
         return "\n".join(lines)
@@ -277,12 +279,13 @@ def fuse_chains(graph, overhead=None) -> BundleReport:
     if rt.perfmodel is None:
         return BundleReport(None, tasks_before=before, tasks_after=before,
                             reason="no performance model (perfmodel=False)")
-    if overhead is None:
+    measured = overhead is None
+    if measured:
         overhead = graph_overhead(graph._segments)
         if overhead is None:
             return BundleReport(None, tasks_before=before, tasks_after=before,
                                 reason="the graph has not run (no overhead measured)")
-    report = BundleReport(float(overhead), tasks_before=before)
+    report = BundleReport(float(overhead), measured, tasks_before=before)
     segments = []
     for segment in graph._segments:
         chains = find_chains(rt, segment, overhead)
