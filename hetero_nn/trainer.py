@@ -36,7 +36,9 @@ whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and
 ``evaluate``) captures and replays the same way (key ``"eval"``, layers in eval
 mode); ``predict`` is submitted; the calibration steps of ``granularity="auto"`` are
 ordinary steps whose graphs are dropped once the choice is made. At most ``_MAX_GRAPHS``
-graphs are kept, the oldest dropped.
+graphs are kept, the oldest dropped. Before its second replay a graph fuses the
+chains of tasks too small for their dispatch (the runtime's ``fuse_chains``, on
+by default); :attr:`Trainer.graphs` shows each graph and its ``bundles``.
 
 ``granularity="auto"`` decides when the first batch arrives, from the performance
 models after calibration (:mod:`hetero_nn.granularity`): the granularity, the
@@ -428,6 +430,12 @@ class Trainer:
         self._graphs[key] = _CapturedStep(graph, xh, yh, results, inputs)
         self.graphs_captured += 1
         return results, False
+
+    @property
+    def graphs(self) -> dict:
+        """The captured graphs kept, by step key (a copy of the mapping); each one's
+        ``bundles`` says what task-level fusion did to it."""
+        return {key: step.graph for key, step in self._graphs.items()}
 
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""

@@ -29,6 +29,13 @@ stream only where it needs the data (a copy back to a host node) and when a
 flushed graph ends. Roots a task uses are held on the node (no eviction under a
 memory limit) until it completes.
 
+Bundles
+-------
+A :class:`~hetero_nn.scheduler.bundle.Bundle` (a fused chain of a replayed graph)
+is taken and released as one task; ``_execute`` runs its members in order, each
+as it runs a task alone, and a failing member is the one its ``TaskError`` names.
+Bundles hold CPU tasks only (no stream).
+
 Faults
 ------
 A failure while binding a task's operands (a transfer, an arena allocation)
@@ -48,6 +55,7 @@ import threading
 import time
 
 from ..errors import TaskError
+from .bundle import Bundle
 
 _perf = time.perf_counter
 CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
@@ -293,6 +301,9 @@ class LocalExecutor:
                 w.cond.notify()
 
     def _execute(self, task, w, kind, rt):
+        if task.__class__ is Bundle:  # members run in order, each as a task alone
+            task.run(self._execute, w, kind, rt)
+            return
         try:
             task.variant = variant = rt.choose_variant(task, kind)
             fn = task.codelet.variants[variant]
@@ -317,6 +328,8 @@ class LocalExecutor:
 
     @staticmethod
     def _task_error(task):
+        if task.__class__ is Bundle:
+            task = task.failed  # name the member that raised
         exc = task.error
         err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
                         f"{task.variant!r}, worker {task.worker.name}) failed: "

@@ -62,6 +62,8 @@ dependency inference, no task built, no tree rebuilt, and a static policy
 allocated once, that no arena reset reuses, so the graph stays valid while
 other flushes run between replays. New inputs are bound by writing into the
 captured handles' buffers (see :meth:`Graph.write`) before ``replay()``.
+Before its second replay a graph fuses its chains of small tasks into bundles
+(``fuse_chains``; :mod:`~hetero_nn.scheduler.bundle`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ class Runtime:
         implies ``deterministic=False``; asking for both is a ``ConfigError``.
     trace : bool
         Keep a record of every executed task (see :meth:`trace`).
+    fuse_chains : bool
+        True (the default): a captured :class:`Graph` fuses, before its second
+        replay, the chains of tasks the performance model predicts below the
+        measured per-task overhead (:meth:`Graph.fuse_chains`); False: never.
 
     Examples
     --------
@@ -143,7 +149,7 @@ class Runtime:
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, fuse_chains: bool = True):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -166,6 +172,7 @@ class Runtime:
         self.calibrate_samples = int(calibrate_samples)
         self.seed = seed
         self.tracing = bool(trace)
+        self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
             from .perfmodel import PerfModel
             perfmodel = PerfModel()
@@ -478,6 +485,8 @@ class Runtime:
 
     def predict(self, task, kind):
         """``(variant, seconds or None)`` the model predicts for ``task`` on ``kind``."""
+        if task.__class__ is Bundle:
+            return task.predict(self, kind)
         v = self.choose_variant(task, kind)
         if self.perfmodel is None:
             return v, None
@@ -592,7 +601,7 @@ class Runtime:
             if self._measured:
                 self._feed_perfmodel()
             if self.tracing:
-                self._records.extend(_record(t) for t in tasks if t.t_start)  # not cancelled
+                self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
             for t in tasks:
                 t.done = True
                 t.preds = ()
@@ -615,20 +624,18 @@ class Runtime:
         self.wait()  # work submitted since comes first, as in program order
         ids = self._ids
         now = _perf()
+        planned, graph._planned = graph._planned, True
         for segment in graph._segments:
             tasks = []
             for t, preds, succ in segment:
-                t.id = next(ids)  # fresh ids in the same (topological) order: traces stay unique
+                t.rearm(next(ids), now)  # fresh ids in the same (topological) order
+                if t.__class__ is Bundle:
+                    t.rearm_members(ids, now)
                 t.preds = preds
                 t.succ = succ
                 t.npred = len(preds)
-                t.done = False
-                t.variant = t.worker = t.error = None
-                t.t_submit = now
-                t.t_ready = t.t_start = t.t_end = 0.0
-                t.bytes_in = 0
                 tasks.append(t)
-            self._run(tasks, True)
+            self._run(tasks, planned)
 
     def fetch(self, handle: Handle, copy: bool = False):
         """Wait, then return ``handle``'s data as a coherent host NumPy array.
@@ -816,7 +823,9 @@ class Graph:
         self.runtime = runtime
         self._segments: list = []
         self._closed = False
+        self._planned = True  # False after fusion: a static policy plans the new tasks
         self.replays = 0
+        self.bundles = None  # the BundleReport of fuse_chains, once decided
 
     def __enter__(self):
         self.runtime._capturing = self
@@ -855,14 +864,35 @@ class Graph:
         if not self._closed:
             raise SubmitError("Graph.replay: the capture has not completed (replay after the "
                               "with block, which must not have raised)")
+        if self.bundles is None and self.replays and self.runtime.fuse_chains:
+            self.fuse_chains()
         self.runtime._replay(self)
         self.replays += 1
+
+    def fuse_chains(self, overhead=None):
+        """Fuse the chains of tasks predicted below the per-task overhead into bundles
+        (:mod:`~hetero_nn.scheduler.bundle`); returns and keeps the decision as
+        :attr:`bundles` (a :class:`~hetero_nn.scheduler.bundle.BundleReport`).
+
+        ``overhead``: seconds per task to compare with; by default the overhead
+        measured over the graph's last run. Decided once: a second call is refused.
+        """
+        if not self._closed:
+            raise SubmitError("Graph.fuse_chains: the capture has not completed")
+        if self.bundles is not None:
+            raise SubmitError("Graph.fuse_chains: this graph's chains were already decided")
+        self.runtime.wait()
+        self.bundles = fuse_chains(self, overhead)
+        if self.bundles.chains:
+            self._planned = False
+        return self.bundles
 
     def __repr__(self):
         return f"Graph({self.num_tasks} tasks in {len(self._segments)} flushes, " \
                f"{self.replays} replays)"
 
 
+from .bundle import Bundle, fuse_chains, traced  # noqa: E402
 from .task import Task as _Task  # noqa: E402
 
 _live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()

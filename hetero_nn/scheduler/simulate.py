@@ -550,26 +550,31 @@ def format_result(r: SimulationResult) -> str:
 
 
 def measured_dispatch(trace) -> float:
-    """Mean seconds between the moment a task could start (its worker free and its
-    dependencies done) and its start, from a real run's trace: the runtime's per-task
-    cost besides the codelet (release, wake-up, placement, binding, stream hand-offs)."""
+    """Mean of :func:`dispatch_gaps`: the runtime's per-task cost besides the codelet."""
     gaps = dispatch_gaps(trace.records)
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 
-def dispatch_gaps(records) -> list:
-    """Per task of ``records`` (a real run's TaskRecords), the seconds between the moment
-    it could start (its worker free and its dependencies done) and its start."""
+def dispatch_gaps(records, handoffs: bool = False) -> list:
+    """Per task record of a real run, the seconds between the moment it could start (its
+    worker free and its dependencies done) and its start: the runtime's per-task cost
+    besides the codelet (release, wake-up, placement, binding, stream hand-offs).
+
+    ``handoffs``: only the tasks that followed one of their dependencies on its worker
+    (a chain handed on without a wake-up: what fusing the two tasks would save)."""
     by_id = {r.task_id: r for r in records}
     last_end = {}
+    last_id = {}
     gaps = []
     for r in sorted(records, key=lambda r: r.start):
         ends = [by_id[d].end for d in r.deps if d in by_id] or [r.ready]  # roots: the flush
         prev = last_end.get(r.worker)
         if prev is not None:
             ends.append(prev)
-        gaps.append(max(0.0, r.start - max(ends)))
+        if not handoffs or last_id.get(r.worker) in r.deps:
+            gaps.append(max(0.0, r.start - max(ends)))
         last_end[r.worker] = max(r.end, prev or r.end)
+        last_id[r.worker] = r.task_id
     return gaps
 
 

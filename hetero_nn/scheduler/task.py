@@ -39,6 +39,16 @@ class Task:
         self.error = None
         self._fp = None             # cached (footprint, size) for the perfmodel
 
+    def rearm(self, task_id, now):
+        """Reset the per-run state for a replay: a fresh id, not done, no variant, worker,
+        error, times or bytes (dependencies are the replay's to set)."""
+        self.id = task_id
+        self.done = False
+        self.variant = self.worker = self.error = None
+        self.t_submit = now
+        self.t_ready = self.t_start = self.t_end = 0.0
+        self.bytes_in = 0
+
     @property
     def key(self) -> str:
         """The task's key in the Dask graph."""
