@@ -57,6 +57,7 @@ weights and the checkpoint on disk are those of the last completed step.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 from concurrent.futures import CancelledError
@@ -447,11 +448,19 @@ class Cluster:
         return results, {"scatter": t_scatter, "wait": t_wait, "gather": _perf() - t0}
 
     def _scatter(self, value):
-        """``value`` on every worker now (one future); no worker within the grace: lost."""
+        """``value`` on every worker now (one future); no worker within the grace: lost.
+
+        The whole scatter is bounded, not only its wait for workers: a broadcast to a
+        worker killed while receiving it can wait forever inside distributed (seen in
+        ``test_sigkilled_worker_loses_nothing``); past the bound the step's inputs count
+        as lost and are sent again."""
+        client = self.client
         try:
-            [future] = self.client.scatter([value], broadcast=True, hash=False,
-                                           timeout=self.worker_grace)
-        except (TimeoutError, OSError):  # no worker in time, or one died receiving it
+            [future] = client.sync(asyncio.wait_for,
+                                   client._scatter([value], broadcast=True, hash=False,
+                                                   timeout=self.worker_grace),
+                                   2 * self.worker_grace)
+        except (TimeoutError, asyncio.TimeoutError, OSError):  # no worker, or one died
             raise _InputsLost() from None
         return future
 
