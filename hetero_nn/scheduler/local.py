@@ -130,7 +130,8 @@ class LocalExecutor:
         policy = self.policy
         now = _perf()
         with self._lock:
-            self._remaining += len(tasks)
+            self._remaining = len(tasks)  # nothing else is in flight at a flush
+            self._error = None
             if not (planned and policy.plan_once):
                 policy.prepare(tasks)
             shared = 0
