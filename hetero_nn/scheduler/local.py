@@ -280,7 +280,7 @@ class LocalExecutor:
                 self._wake_some(shared)
         self._remaining -= 1
         if not self._remaining:
-            self._done.notify()
+            self._done.notify_all()  # drain(), and close() from another thread
         return prefetch
 
     # ------------------------------------------------------------------ CUDA workers
