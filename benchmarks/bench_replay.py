@@ -2,12 +2,13 @@
 
 LeNet-5 (MNIST shape, float32, SGD with momentum), ``--batch`` samples split
 into ``--granularity`` partitions, ``--workers`` CPU workers, eager policy,
-traces and performance models off. Rounds alternate between three trainers
-(same seeded weights, same batches): ``replay=True``; ``replay=False``, whose
-tasks start while the step is still being submitted (``Runtime(overlap=True)``,
-the default); and ``replay=False`` on ``Runtime(overlap=False)``, whose tasks
-run at the step's ``wait()``. Each round times ``--steps`` steps after two
-warm-up steps. Printed per mode, medians over every timed step:
+traces and performance models off. Three trainers (same seeded weights, same
+batches) take steps in turn, each going first in turn, so a busy machine slows
+them alike: ``replay=True``; ``replay=False``, whose tasks start while the step
+is still being submitted (``Runtime(overlap=True)``, the default); and
+``replay=False`` on ``Runtime(overlap=False)``, whose tasks run at the step's
+``wait()``. After two warm-up steps each, ``--rounds`` times ``--steps`` steps
+are timed. Printed per mode, medians over every timed step:
 
 - ``step``: ``train_step`` wall time;
 - ``host``: the step's time on the calling thread outside the executor's
@@ -41,43 +42,45 @@ def lenet5():
 MODES = {"submit": (False, True), "submit, overlap=False": (False, False), "replay": (True, False)}
 
 
-def timed_steps(mode, args, batches):
-    """``(step seconds, host seconds)`` per timed step of ``mode`` (a key of ``MODES``)."""
-    replay, overlap = MODES[mode]
-    hn.manual_seed(0)
-    model = lenet5()
-    with hn.Runtime(devices=f"cpu:{args.workers}", perfmodel=False, trace=False,
-                    overlap=overlap) as rt:
-        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.01, momentum=0.9), runtime=rt,
-                             batch_size=args.batch, granularity=args.granularity, replay=replay)
-        executor = rt.executor
-        in_run = [0.0]
-        depth = [0]  # run() calls drain(): count the outer call only
+class TimedTrainer:
+    """A trainer of one mode (a key of ``MODES``) whose steps are timed: ``step`` wall
+    time, and ``host`` = that minus the time in the executor's ``run``/``drain``."""
 
-        def timed(method):
-            def call(*a, **kw):
-                depth[0] += 1
-                t0 = time.perf_counter()
-                try:
-                    return method(*a, **kw)
-                finally:
-                    depth[0] -= 1
-                    if not depth[0]:
-                        in_run[0] += time.perf_counter() - t0
-            return call
+    def __init__(self, mode, args):
+        replay, overlap = MODES[mode]
+        hn.manual_seed(0)
+        self.runtime = hn.Runtime(devices=f"cpu:{args.workers}", perfmodel=False, trace=False,
+                                  overlap=overlap)
+        self.trainer = hn.Trainer(lenet5(), optimizer=hn.optim.SGD(lr=0.01, momentum=0.9),
+                                  runtime=self.runtime, batch_size=args.batch,
+                                  granularity=args.granularity, replay=replay)
+        self.steps, self.host = [], []
+        self._in_run = 0.0
+        self._depth = 0  # run() calls drain(): count the outer call only
+        executor = self.runtime.executor
+        executor.run = self._timed(executor.run)
+        executor.drain = self._timed(executor.drain)
 
-        executor.run = timed(executor.run)
-        executor.drain = timed(executor.drain)
-        steps, host = [], []
-        for i, (x, y) in enumerate(batches):
-            in_run[0] = 0.0
+    def _timed(self, method):
+        def call(*a, **kw):
+            self._depth += 1
             t0 = time.perf_counter()
-            trainer.train_step(x, y)
-            dt = time.perf_counter() - t0
-            if i >= 2:
-                steps.append(dt)
-                host.append(dt - in_run[0])
-    return steps, host
+            try:
+                return method(*a, **kw)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self._in_run += time.perf_counter() - t0
+        return call
+
+    def step(self, x, y, keep=True):
+        self._in_run = 0.0
+        t0 = time.perf_counter()
+        self.trainer.train_step(x, y)
+        dt = time.perf_counter() - t0
+        if keep:
+            self.steps.append(dt)
+            self.host.append(dt - self._in_run)
 
 
 def main(argv=None):
@@ -90,13 +93,21 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     batches = [(rng.random((args.batch, 1, 28, 28), dtype=np.float32),
-                rng.integers(0, 10, args.batch)) for _ in range(args.steps + 2)]
-    results = {mode: ([], []) for mode in MODES}
-    for _ in range(args.rounds):
-        for mode in MODES:
-            steps, host = timed_steps(mode, args, batches)
-            results[mode][0].extend(steps)
-            results[mode][1].extend(host)
+                rng.integers(0, 10, args.batch)) for _ in range(args.steps)]
+    timed = [TimedTrainer(mode, args) for mode in MODES]
+    try:
+        for t in timed:
+            for x, y in batches[:2]:  # warm-up: compiles, arena growth, the first capture
+                t.step(x, y, keep=False)
+        for r in range(args.rounds):
+            for i, (x, y) in enumerate(batches):
+                k = (r * len(batches) + i) % len(timed)  # each mode in turn goes first
+                for t in timed[k:] + timed[:k]:
+                    t.step(x, y)
+    finally:
+        for t in timed:
+            t.runtime.close()
+    results = {mode: (t.steps, t.host) for mode, t in zip(MODES, timed)}
     print(f"LeNet-5, batch {args.batch}, g={args.granularity}, {args.workers} workers, "
           f"{args.rounds} rounds x {args.steps} steps, medians in ms")
     print(f"{'mode':<22} {'step':>8} {'host':>8}")
