@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 import hetero_nn as hn
 from hetero_nn import RW, W
-from hetero_nn.scheduler.policies import POLICIES, Eager, Heft, Policy
+from hetero_nn.scheduler.policies import POLICIES, Eager
 from test_runtime_property import programs, run_runtime
 
 TIMEOUT = 10.0  # seconds: bounds a failure, never reached when the runtime is right
@@ -143,7 +143,6 @@ def test_a_policy_with_prepare_sees_whole_dags(monkeypatch):
             rt.submit(FILL, p, value=1.0)
         rt.wait()
         assert rt.executor.policy.sizes == [4]
-    assert Heft.prepare is not Policy.prepare
 
 
 # ---------------------------------------------------------------- same bits as flushes

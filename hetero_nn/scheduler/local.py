@@ -8,8 +8,9 @@ closed DAG (``run(tasks)``: a policy that plans whole graphs, a replay, or
 has finished. ``add`` links a task to its predecessors under the lock that
 releases successors, counting only those not finished yet (a task is marked
 ``done`` under that lock when it finishes), so a task is released exactly once
-and one whose predecessors have all finished is ready at once. Ready tasks are placed by the scheduling policy (``push``) and
-taken by workers (``pop``); both happen under one lock, with each worker
+and one whose predecessors have all finished is ready at once. Ready tasks are
+placed by the scheduling policy (``push``) and taken by workers (``pop``); both
+happen under one lock, with each worker
 sleeping on its own condition. A worker that finishes a task releases its
 successors and, where the policy put work in a shared place, wakes only as many
 idle workers as there are ready tasks beyond the one it will take itself: a

@@ -9,7 +9,9 @@ Names follow StarPU where they mean the same:
 ``ws``
     Work stealing: a worker pushes the tasks it releases on its own deque and
     pops the newest (depth first, cache-warm); an idle worker steals the oldest
-    task of another worker.
+    task of another worker. A task the program submits ready goes round robin,
+    to an idle worker where the next one is busy (a sleeping worker steals
+    nothing).
 ``dmda``
     Deque model data aware: a ready task goes to the worker with the earliest
     expected finish time = when its queue drains + transfers of the inputs
@@ -138,6 +140,11 @@ class WorkStealing(Policy):
         eligible = task.eligible
         w = eligible[self._next % len(eligible)]
         self._next += 1
+        if not w.idle:  # a task the program submits: an idle worker rather than a busy one
+            for v in eligible:
+                if v.idle:
+                    w = v
+                    break
         w.queue.append(task)
         return w
 

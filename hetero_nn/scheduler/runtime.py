@@ -52,14 +52,16 @@ State
 ``_pending``: tasks submitted since the last flush, in submission order (a
 topological order), whether they have run or not. ``_streaming``: whether this
 flush's tasks go to the executor as they are submitted (decided at its first
-submission, see ``_begin_flush``). ``_redux_pending``: root handle -> handles of that root with
-REDUX partials not yet combined, in the order of their first contribution.
+submission, see ``_begin_flush``). ``_redux_pending``: root handle -> handles of
+that root with REDUX partials not yet combined, in the order of their first
+contribution.
 ``_tracked``: handles given dependency state in this flush (dropped at its end).
 ``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
 partials) belong to one generation, and the node arenas are reset when the next
 flush starts (streaming: at its first submission, when nothing of the previous
-one runs any more). ``_records``: trace records of executed tasks. ``_capturing``: the
-:class:`Graph` being recorded (see :meth:`Runtime.capture`), or None.
+one runs any more). ``_records``: trace records of executed tasks.
+``_capturing``: the :class:`Graph` being recorded (see :meth:`Runtime.capture`),
+or None.
 
 Capture and replay
 ------------------
@@ -205,8 +207,8 @@ class Runtime:
         self._closed = False
         self._streaming = False
         self.executor = self._make_executor(executor, make_policy)
-        self.overlap = bool(overlap) and self.executor_name == "local" \
-            and not self.executor.policy.whole_graph
+        self.overlap = (bool(overlap) and self.executor_name == "local"
+                        and not self.executor.policy.whole_graph)
         _live_runtimes.add(self)
 
     # ------------------------------------------------------------------ executors
