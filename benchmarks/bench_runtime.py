@@ -10,7 +10,9 @@ Run through:
 
 - the local executor under each policy (``eager``, ``random``, ``ws``, ``dmda``,
   ``heft``) with ``--workers`` workers, traces and performance models off (the
-  overhead floor), and under ``eager``/``dmda`` with both on (the defaults);
+  overhead floor), and under ``eager``/``dmda`` with both on (the defaults); tasks
+  start as they are submitted, or at ``wait()`` with ``--no-overlap``
+  (``Runtime(overlap=False)``);
 - ``executor="dask"``: the same program as a Dask graph through ``dask.threaded.get``;
 - ``dask.threaded.get`` alone on that prebuilt graph (``build_graph``), and on a
   hand-built dict of no-op tasks of the same shape, for reference;
@@ -242,14 +244,19 @@ def main(argv=None):
     parser.add_argument("--only", choices=("tasks", "readers", "plans", "perfmodel"), nargs="+",
                         default=("tasks", "readers", "plans", "perfmodel"),
                         help="tables to measure (default: all)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="local runtimes with overlap=False: tasks run at wait(), as one "
+                             "DAG (default: they start as they are submitted)")
     parser.add_argument("--json", help="write the results to this JSON file")
     args = parser.parse_args(argv)
     n, repeat, workers, slow = args.tasks, args.repeat, args.workers, args.dask_repeat
+    overlap = not args.no_overlap
     os.environ.setdefault("HETERO_NN_CACHE", tempfile.mkdtemp(prefix="hetero_nn-bench-"))
     devices = f"cpu:{workers}"
 
     rows = []  # (label, tasks, {program: seconds per task})
     doc = {"tasks": n, "dist_tasks": args.dist_tasks, "repeat": repeat, "dask_repeat": slow,
+           "overlap": overlap,
            "workers": workers, "cpu_count": os.cpu_count(), "machine": platform.platform(),
            "python": platform.python_version(), "numpy": np.__version__,
            "hetero_nn": hn.__version__}
@@ -284,11 +291,11 @@ def main(argv=None):
 
     for policy in POLICIES:
         measure(f"local {policy} (trace, perfmodel off)", n, lambda p, policy=policy: time_runtime(
-            lambda: hn.Runtime(devices=devices, policy=policy, perfmodel=False, trace=False),
-            p, n, repeat))
+            lambda: hn.Runtime(devices=devices, policy=policy, perfmodel=False, trace=False,
+                               overlap=overlap), p, n, repeat))
     for policy in ("eager", "dmda"):
         measure(f"local {policy} (trace, perfmodel on)", n, lambda p, policy=policy: time_runtime(
-            lambda: hn.Runtime(devices=devices, policy=policy), p, n, repeat))
+            lambda: hn.Runtime(devices=devices, policy=policy, overlap=overlap), p, n, repeat))
     measure('executor="dask" (graph build + get)', n, lambda p: time_runtime(
         lambda: hn.Runtime(devices=devices, executor="dask", perfmodel=False, trace=False),
         p, n, slow))

@@ -74,10 +74,13 @@ def test_a_codelet_modelled_ten_times_faster_on_the_device_goes_there(tmp_path, 
 @pytest.mark.parametrize("policy", ["dmda", "heft"])
 def test_a_queue_long_enough_sends_work_to_the_slower_worker(tmp_path, policy):
     """Twenty tasks at 10 ms on the device vs 30 ms on the CPU: the CPU's share is what
-    equalises the finish times (dmda and heft agree on 5 of 20)."""
+    equalises the finish times (dmda and heft agree on 5 of 20). The tasks are placed
+    together (``overlap=False``): streamed, dmda would see them finish at once (they take
+    no real time), so the CPU's share would depend on timing."""
     pm = _model(tmp_path, {("place_touch", "ref", "cpu", FP): 3e-2,
                            ("place_touch", "cuda", "cuda", FP): 1e-2})
-    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy=policy, perfmodel=pm) as rt:
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy=policy, perfmodel=pm,
+                    overlap=False) as rt:
         for _ in range(20):
             rt.submit(TOUCH, rt.register(np.zeros(N)))
         rt.wait()
@@ -125,10 +128,12 @@ def test_eager_ignores_models_and_transfers(tmp_path):
 def test_prefetched_bytes_are_counted_per_link(tmp_path):
     """A prefetch (what dmda does for a task a worker releases to another node) copies on
     the target's stream; its bytes are in the trace's links though no task's
-    ``bytes_in`` shows them, and the task then finds its input in place."""
+    ``bytes_in`` shows them, and the task then finds its input in place (``overlap=False``:
+    the tasks run at the fetch, after the test's prefetches)."""
     pm = _model(tmp_path, {("place_touch", "ref", "cpu", FP): 1e-2,
                            ("place_touch", "cuda", "cuda", FP): 1e-3})
-    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy="dmda", perfmodel=pm) as rt:
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy="dmda", perfmodel=pm,
+                    overlap=False) as rt:
         hs = [rt.register(np.zeros(N)) for _ in range(3)]
         device = rt.workers[1].node
         for h in hs:

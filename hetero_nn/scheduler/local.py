@@ -2,9 +2,15 @@
 
 Policy
 ------
-``run(tasks)`` hands a flushed DAG to the workers and blocks until every task
-has finished. Ready tasks are placed by the scheduling policy (``push``) and
-taken by workers (``pop``); both happen under one lock, with each worker
+Tasks arrive one at a time as the program submits them (``add``) or as a
+closed DAG (``run(tasks)``: a policy that plans whole graphs, a replay, or
+``Runtime(overlap=False)``); ``drain()`` blocks until every task handed over
+has finished. ``add`` links a task to its predecessors under the lock that
+releases successors, counting only those not finished yet (a task is marked
+``done`` under that lock when it finishes), so a task is released exactly once
+and one whose predecessors have all finished is ready at once. Ready tasks are
+placed by the scheduling policy (``push``) and taken by workers (``pop``); both
+happen under one lock, with each worker
 sleeping on its own condition. A worker that finishes a task releases its
 successors and, where the policy put work in a shared place, wakes only as many
 idle workers as there are ready tasks beyond the one it will take itself: a
@@ -12,9 +18,11 @@ chain of tasks runs on one thread without a single context switch.
 
 State (all under ``_lock``)
 ---------------------------
-``_remaining``: tasks of the current DAG not yet finished. ``_error``: the
-first :class:`~hetero_nn.errors.TaskError`; once set, the remaining tasks are
-cancelled (released without running). ``_idle``: workers asleep.
+``_remaining``: tasks handed over since the last ``drain`` not yet finished.
+``_error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the
+remaining tasks (and those added after it) are cancelled (released without
+running) until ``drain`` re-raises it. ``_idle``: workers asleep. ``close``
+with tasks in flight cancels those not started and waits for the running ones.
 
 CUDA workers
 ------------
@@ -62,7 +70,8 @@ CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
 
 
 class LocalExecutor:
-    """Runs flushed DAGs on the runtime's workers with a scheduling policy."""
+    """Runs tasks on the runtime's workers with a scheduling policy, as they are
+    submitted (``add``) or as flushed DAGs (``run``)."""
 
     def __init__(self, runtime, policy):
         self.rt = runtime
@@ -87,6 +96,41 @@ class LocalExecutor:
             w.thread.start()
 
     # ------------------------------------------------------------------ main thread
+    def add(self, task):
+        """Take a task just submitted (its ``preds`` set): link it to the predecessors
+        not finished yet, or, if none, hand it to the policy now."""
+        with self._lock:
+            self._remaining += 1
+            n = 0
+            for p in task.preds:
+                if not p.done:
+                    p.succ.append(task)
+                    n += 1
+            if n:
+                task.npred = n
+                return
+            task.t_ready = _perf()
+            target = self.policy.push(task, None)
+            if target is None:
+                if self._mixed:
+                    self._wake_for(task)
+                elif self._idle:
+                    self._wake_some(1)
+            elif target.idle:
+                self._wake(target)
+
+    def drain(self):
+        """Block until every task handed over has finished; re-raise the first failure."""
+        with self._lock:
+            while self._remaining:
+                self._done.wait()
+            error = self._error
+            self._error = None
+        for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
+            node.synchronize()
+        if error is not None:
+            raise error
+
     def run(self, tasks, planned=False):
         """Execute ``tasks`` (a closed DAG in topological order); re-raise the first failure.
 
@@ -95,7 +139,7 @@ class LocalExecutor:
         policy = self.policy
         now = _perf()
         with self._lock:
-            self._remaining = len(tasks)
+            self._remaining = len(tasks)  # nothing else is in flight at a flush
             self._error = None
             if not (planned and policy.plan_once):
                 policy.prepare(tasks)
@@ -112,17 +156,17 @@ class LocalExecutor:
                     elif target.idle:
                         self._wake(target)
             self._wake_some(shared)
-            while self._remaining:
-                self._done.wait()
-            error = self._error
-            self._error = None
-        for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
-            node.synchronize()
-        if error is not None:
-            raise error
+        self.drain()
 
     def close(self):
+        """Stop the workers: tasks in flight that have not started are cancelled, the
+        running ones finish first."""
         with self._lock:
+            if self._remaining:
+                if self._error is None:
+                    self._error = TaskError("the runtime was closed with tasks in flight")
+                while self._remaining:
+                    self._done.wait()
             self._closing = True
             for w in self.workers:
                 w.cond.notify()
@@ -206,9 +250,9 @@ class LocalExecutor:
                     execute(task, w, kind, rt)
 
     def _finish(self, task, w, failed, takes_one, prefetch):
-        """Release a finished task's successors (lock held); returns the prefetch list.
-
-        ``takes_one``: the worker will take one of the released tasks itself."""
+        """Mark a task done and release its successors (lock held); returns the
+        prefetch list. ``takes_one``: the worker will take one of them itself."""
+        task.done = True
         if failed:
             task.error = "cancelled"
         elif task.error is not None:
@@ -245,7 +289,7 @@ class LocalExecutor:
                 self._wake_some(shared)
         self._remaining -= 1
         if not self._remaining:
-            self._done.notify()
+            self._done.notify_all()  # drain(), and close() from another thread
         return prefetch
 
     # ------------------------------------------------------------------ CUDA workers

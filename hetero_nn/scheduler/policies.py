@@ -9,14 +9,17 @@ Names follow StarPU where they mean the same:
 ``ws``
     Work stealing: a worker pushes the tasks it releases on its own deque and
     pops the newest (depth first, cache-warm); an idle worker steals the oldest
-    task of another worker.
+    task of another worker. A task the program submits ready goes round robin,
+    to an idle worker where the next one is busy (a sleeping worker steals
+    nothing).
 ``dmda``
     Deque model data aware: a ready task goes to the worker with the earliest
     expected finish time = when its queue drains + transfers of the inputs
     missing on its memory node + the predicted run time of the variant the
     model picks for that device (``UNKNOWN_COST`` when the model knows
-    nothing); ties go to the worker that released the task; inputs are
-    prefetched to the chosen node.
+    nothing); ties go to the worker that released the task (for a task
+    the program submits, to an idle worker); inputs are prefetched to the
+    chosen node.
 ``heft``
     Static list scheduling of the whole flushed DAG (known before it runs): tasks
     by decreasing upward rank, each placed on the worker with the earliest
@@ -24,7 +27,9 @@ Names follow StarPU where they mean the same:
     another node and of inputs that already live elsewhere (written by an
     earlier graph); workers then run their tasks in rank order as they get ready.
 
-A policy implements ``prepare(tasks)`` (once per flushed DAG),
+A policy implements ``prepare(tasks)`` (once per flushed DAG; a policy that
+defines it sees whole DAGs: the runtime hands it the tasks at ``wait()``
+instead of streaming them as they are submitted),
 ``push(task, from_worker) -> Worker | None`` (``None``: a place every worker
 looks at), ``pop(worker) -> Task | None`` and ``finished(task, worker)``. All
 four run under the executor's lock, so they must be quick. See
@@ -56,6 +61,11 @@ class Policy:
         self.workers = runtime.workers
         kinds = {w.kind for w in self.workers}
         self.homogeneous = len(kinds) == 1
+
+    @property
+    def whole_graph(self) -> bool:
+        """Whether ``prepare`` needs the whole flushed DAG (the policy defines it)."""
+        return type(self).prepare is not Policy.prepare
 
     def prepare(self, tasks):
         pass
@@ -130,6 +140,11 @@ class WorkStealing(Policy):
         eligible = task.eligible
         w = eligible[self._next % len(eligible)]
         self._next += 1
+        if not w.idle:  # a task the program submits: an idle worker rather than a busy one
+            for v in eligible:
+                if v.idle:
+                    w = v
+                    break
         w.queue.append(task)
         return w
 
@@ -170,8 +185,10 @@ class Dmda(Policy):
             if multi_node:
                 eft += self._transfer(task, w.node)
             # ties go to the worker that released the task: its caches are warm and
-            # a chain then runs on one thread, with no wake-up
-            if best_eft is None or eft < best_eft or (eft == best_eft and w is from_worker):
+            # a chain then runs on one thread, with no wake-up; a task the program
+            # submits goes to an idle worker rather than behind a running task
+            if best_eft is None or eft < best_eft or (eft == best_eft and (
+                    w is from_worker or from_worker is None and w.idle and not best.idle)):
                 best, best_eft, best_cost = w, eft, cost
         task.predicted = best_cost
         best.queued_work += best_cost

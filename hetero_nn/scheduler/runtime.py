@@ -36,20 +36,32 @@ variant :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS` names, so results
 are the same bits under every policy and worker count;
 ``deterministic=False`` lets the performance model choose.
 
-Submitted tasks accumulate until ``wait()`` / ``fetch()``, which hand the DAG
-to the executor and block until it has run (a whole training step is one such
-graph, which is what lets ``heft`` plan it statically).
+Execution overlaps submission (StarPU's behaviour): with the local executor a
+submitted task whose predecessors have finished goes to the policy at once and
+may run while the program goes on submitting. ``wait()`` / ``fetch()`` are the
+synchronisation points: they combine pending reductions, block until every
+task submitted has finished and end the *flush* (a generation). Submitted tasks
+instead accumulate until ``wait()``, which hands the closed DAG to the executor,
+where the whole graph is needed or streaming is not possible: a policy that
+defines ``prepare`` (``heft`` plans the whole step statically), the Dask
+executors (one Dask graph per flush), a capture (each recorded task keeps its
+full successor list), and ``Runtime(overlap=False)`` (kept for study).
 
 State
 -----
 ``_pending``: tasks submitted since the last flush, in submission order (a
-topological order). ``_redux_pending``: root handle -> handles of that root with
-REDUX partials not yet combined, in the order of their first contribution.
+topological order), whether they have run or not. ``_streaming``: whether this
+flush's tasks go to the executor as they are submitted (decided at its first
+submission, see ``_begin_flush``). ``_redux_pending``: root handle -> handles of
+that root with REDUX partials not yet combined, in the order of their first
+contribution.
 ``_tracked``: handles given dependency state in this flush (dropped at its end).
 ``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
 partials) belong to one generation, and the node arenas are reset when the next
-flush starts. ``_records``: trace records of executed tasks. ``_capturing``: the
-:class:`Graph` being recorded (see :meth:`Runtime.capture`), or None.
+flush starts (streaming: at its first submission, when nothing of the previous
+one runs any more). ``_records``: trace records of executed tasks.
+``_capturing``: the :class:`Graph` being recorded (see :meth:`Runtime.capture`),
+or None.
 
 Capture and replay
 ------------------
@@ -131,6 +143,11 @@ class Runtime:
         True (the default): a captured :class:`Graph` fuses, before its second
         replay, the chains of tasks the performance model predicts below the
         measured per-task overhead (:meth:`Graph.fuse_chains`); False: never.
+    overlap : bool
+        True (the default): with the local executor, tasks start as soon as their
+        inputs are ready while the program is still submitting. False: they run
+        only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
+        executors and captures always work that way).
 
     Examples
     --------
@@ -149,7 +166,7 @@ class Runtime:
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
-                 seed: int = 0, fuse_chains: bool = True):
+                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -195,7 +212,10 @@ class Runtime:
         self._records: list = []
         self._capturing = None
         self._closed = False
+        self._streaming = False
         self.executor = self._make_executor(executor, make_policy)
+        self.overlap = (bool(overlap) and self.executor_name == "local"
+                        and not self.executor.policy.whole_graph)
         _live_runtimes.add(self)
 
     # ------------------------------------------------------------------ executors
@@ -235,7 +255,7 @@ class Runtime:
     def temporary(self, shape, dtype="float32", name=None) -> Handle:
         """A handle whose replicas come from the node arenas: valid for the next flush only.
 
-        It may be fetched after that flush, until another flush starts.
+        It may be fetched after that flush, until work is submitted again.
         """
         self._check_open()
         return self._temporary(shape, dtype, name)
@@ -297,14 +317,28 @@ class Runtime:
                     h._redux.append((partial, codelet))
                     ops[i] = partial
             task.handles = ops
+        pending = self._pending
+        if not pending:
+            self._begin_flush()
+        pending.append(task)
         if preds:
             preds.pop(task, None)  # a handle twice in one task
             task.preds = list(preds)
+        if self._streaming:
+            self.executor.add(task)
+        elif preds:
             task.npred = len(task.preds)
             for p in task.preds:
                 p.succ.append(task)
-        self._pending.append(task)
         return task
+
+    def _begin_flush(self):
+        """The first submission since a flush ended: decide whether this flush streams;
+        streaming, the arenas are reset now (nothing of the previous flush runs)."""
+        self._streaming = self.overlap and self._capturing is None
+        if self._streaming:
+            for node in self.nodes:
+                node.arena.reset()
 
     def _bad_operand(self, codelet, i, h):
         if type(h) is not Handle:
@@ -568,7 +602,8 @@ class Runtime:
         self.wait()
 
     def wait(self):
-        """Combine pending reductions, run the pending DAG, block until it is done.
+        """Combine pending reductions and block until every submitted task has run
+        (handing them to the executor first where they were not streamed to it).
 
         A task that raised is re-raised as :class:`~hetero_nn.errors.TaskError`
         naming the codelet and task; the rest of that graph is cancelled and
@@ -580,14 +615,19 @@ class Runtime:
         if not tasks:
             return
         self._pending = []
+        if self._streaming:
+            try:
+                self.executor.drain()
+            finally:
+                self._end_flush(tasks)
+            return
         if self._capturing is not None:
             self._capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
         self._run(tasks, False)
 
     def _run(self, tasks, planned):
         """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
-        its plan), then end the flush: dependency state dropped, the arenas' generation
-        ended, measurements and records kept."""
+        its plan), then end the flush."""
         for node in self.nodes:
             node.arena.reset()
         try:
@@ -596,16 +636,21 @@ class Runtime:
             else:
                 self.executor.run(tasks)
         finally:
-            self._drop_dependency_state()
-            self._generation += 1
-            if self._measured:
-                self._feed_perfmodel()
-            if self.tracing:
-                self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
-            for t in tasks:
-                t.done = True
-                t.preds = ()
-                t.succ = ()
+            self._end_flush(tasks)
+
+    def _end_flush(self, tasks):
+        """After ``tasks`` ran: dependency state dropped, the arenas' generation ended,
+        measurements and records kept."""
+        self._drop_dependency_state()
+        self._generation += 1
+        if self._measured:
+            self._feed_perfmodel()
+        if self.tracing:
+            self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+        for t in tasks:
+            t.done = True
+            t.preds = ()
+            t.succ = ()
 
     def capture(self) -> "Graph":
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.

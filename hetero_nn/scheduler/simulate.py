@@ -286,6 +286,7 @@ def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
     """
     recorder = _GraphRecorder(runtime, {})
     executor, runtime.executor = runtime.executor, recorder
+    overlap, runtime.overlap = runtime.overlap, False  # the recorder takes whole DAGs
     out = []
     try:
         for _ in range(steps):
@@ -298,6 +299,7 @@ def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
             out.append(StepGraph(graphs, t1 - t0))
     finally:
         runtime.executor = executor
+        runtime.overlap = overlap
     return out
 
 
