@@ -128,6 +128,17 @@ def test_heft_capture_and_dask_flush_whole_graphs():
         assert not rt.overlap
 
 
+def test_runtimes_with_cuda_workers_flush_whole_graphs():
+    """Emulated (or real) CUDA workers: the flush is handed over at ``wait()``."""
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", perfmodel=False) as rt:
+        assert not rt.overlap
+        log = []
+        started = _signal_on(rt, rt.register(np.zeros(1)), "A", log)
+        assert not started.wait(0.2)
+        rt.wait()
+        assert started.is_set()
+
+
 class _Planning(Eager):
     """An eager policy that looks at the whole DAG first (a user's static policy)."""
 
