@@ -39,7 +39,8 @@ On the client (:class:`Cluster`): the ``distributed.Client`` (and the
 ``LocalCluster`` it started), a run id, the *template* future (the pickled model
 architecture, loss and worker-runtime settings, sent once per run and model
 build) and the scattered datasets (sent once per dataset, not per step). Each
-step scatters the weights once (broadcast) and submits one task per block.
+step scatters the weights once (to one worker; the others fetch them from it)
+and submits one task per block.
 
 On each worker process: ``_RUNS``, run key -> :class:`_WorkerState` (the model
 built and bound to a local runtime, created by the first block the process runs,
@@ -448,16 +449,18 @@ class Cluster:
         return results, {"scatter": t_scatter, "wait": t_wait, "gather": _perf() - t0}
 
     def _scatter(self, value):
-        """``value`` on every worker now (one future); no worker within the grace: lost.
+        """``value`` on one worker now (one future; the blocks on other workers fetch it
+        from there); no worker within the grace: lost.
 
-        The whole scatter is bounded, not only its wait for workers: a broadcast to a
-        worker killed while receiving it can wait forever inside distributed (seen in
-        ``test_sigkilled_worker_loses_nothing``); past the bound the step's inputs count
-        as lost and are sent again."""
+        Not a broadcast: replicating to every listed worker kept a worker SIGKILLed
+        mid-transfer listed, and the scheduler retried its address 30 s per try
+        (``test_sigkilled_worker_loses_nothing`` failed in 2 of 3 full-suite runs). The
+        whole scatter is bounded, not only its wait for workers; past the bound the
+        step's inputs count as lost and are sent again."""
         client = self.client
         try:
             [future] = client.sync(asyncio.wait_for,
-                                   client._scatter([value], broadcast=True, hash=False,
+                                   client._scatter([value], broadcast=False, hash=False,
                                                    timeout=self.worker_grace),
                                    2 * self.worker_grace)
         except (TimeoutError, asyncio.TimeoutError, OSError):  # no worker, or one died
