@@ -184,10 +184,7 @@ def _maxpool2d_fwd_cpu(x, y, argmax, kh, kw, sh, sw):
                 for p in range(kh):
                     row = first + p * width
                     for q in range(kw):
-                        v = xf[x0 + uintp(row + q)]
-                        take = (v > best) | (v != v)
-                        best = v if take else best
-                        where = row + q if take else where
+                        best, where = _take(xf[x0 + uintp(row + q)], best, where, row + q)
                 k = y0 + uintp(i * out_w + j)
                 yf[k] = best
                 af[k] = where
