@@ -62,8 +62,9 @@ def bench(name, batch, args, cache):
         if g > batch:
             continue
         for fuse in args.fuse:
-            specs.append({"kind": "hetero_nn", "g": g, "fuse": fuse, "workers": args.workers,
-                          "cache": cache, **common})
+            for policy in args.policies:
+                specs.append({"kind": "hetero_nn", "g": g, "fuse": fuse, "policy": policy,
+                              "workers": args.workers, "cache": cache, **common})
     if args.rss:
         twin = save_twin(specs[0], os.path.join(cache, f"twin-{name}.pt"))
         for spec in specs:
@@ -93,7 +94,7 @@ def format_row(row) -> str:
     over = "" if row["overhead_share"] is None else f"{100 * row['overhead_share']:8.1f}%"
     tasks = "" if row["tasks"] is None else row["tasks"]
     busy = utilisation_text(row["utilisation"]) if row["utilisation"] else ""
-    text = (f"{row['model']:12} {row['batch']:5d} {row['config']:26} {row['step_ms']:8.2f} "
+    text = (f"{row['model']:12} {row['batch']:5d} {row['config']:30} {row['step_ms']:8.2f} "
             f"{row['images_per_s']:9.0f} {row['ratio']:8.2f} {tasks:>5} {over:>9} {busy:>7}")
     if "peak_rss_mib" in row:
         text += f" {row['peak_rss_mib']:8.0f}"
@@ -107,6 +108,9 @@ def main(argv=None):
     p.add_argument("--granularities", nargs="+", type=positive_int, default=[1, 2, 4])
     p.add_argument("--fuse", nargs="+", choices=["on", "off"], default=["on", "off"])
     p.add_argument("--workers", type=positive_int, default=2)
+    p.add_argument("--policies", nargs="+", default=["dmda"],
+                   choices=["eager", "random", "ws", "dmda", "heft"],
+                   help="hetero_nn's scheduling policies (a row each; default dmda)")
     p.add_argument("--torch-threads", nargs="+", type=positive_int,
                    help="PyTorch thread counts to run (default: --workers); the ratio "
                         "is to the first")
@@ -135,7 +139,7 @@ def main(argv=None):
             p.error(f"--image-size {args.image_size}: {exc}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-training-") as cache:
-        print(f"{'model':12} {'batch':>5} {'configuration':26} {'ms/step':>8} {'img/s':>9} "
+        print(f"{'model':12} {'batch':>5} {'configuration':30} {'ms/step':>8} {'img/s':>9} "
               f"{'vs torch':>8} {'tasks':>5} {'overhead':>9} {'busy %':>7}"
               + (f" {'peak MiB':>8}" if args.rss else ""))
         for name in args.models:

@@ -4,10 +4,11 @@
 A *side* is one configuration under test, described by a spec (a plain dict, so it
 can cross a process boundary):
 
-- ``{"kind": "hetero_nn", "model", "shape", "batch", "g", "fuse", "workers", "cache"}``:
+- ``{"kind": "hetero_nn", "model", "shape", "batch", "g", "fuse", "workers", "cache"}``
+  (and optionally ``"policy"``, default ``"dmda"``):
   ``hn.build_model(model, shape, 10, seed=0)`` (``model.fuse = fuse``) trained by a
   :class:`~hetero_nn.Trainer` (SGD, lr 0.01, momentum 0.9; capture and replay, the
-  Trainer's default) on ``Runtime(devices="cpu:W", policy="dmda", perfmodel=cache)``,
+  Trainer's default) on ``Runtime(devices="cpu:W", policy=policy, perfmodel=cache)``,
   with ``batch`` split into ``g`` partitions (BLAS is held to one thread per worker by
   the runtime);
 - ``{"kind": "pytorch", "model", "shape", "batch", "threads", "twin"}``: the same
@@ -110,10 +111,12 @@ class HeteroSide:
         import hetero_nn as hn
         self.spec = spec
         g, fuse = spec["g"], spec["fuse"]
-        self.label = f"hetero_nn g={g} {'fused' if fuse else 'unfused'}"
+        policy = spec.get("policy", "dmda")
+        self.label = f"hetero_nn g={g} {'fused' if fuse else 'unfused'}" + (
+            "" if policy == "dmda" else f" {policy}")
         self.model = hn.build_model(spec["model"], tuple(spec["shape"]), CLASSES, seed=0)
         self.model.fuse = fuse
-        self.rt = hn.Runtime(devices=f"cpu:{spec['workers']}", policy="dmda",
+        self.rt = hn.Runtime(devices=f"cpu:{spec['workers']}", policy=policy,
                              perfmodel=spec.get("cache"))
         try:
             self.trainer = hn.Trainer(self.model, runtime=self.rt, batch_size=spec["batch"],

@@ -37,6 +37,18 @@ def test_image_size_and_busy_shares(tmp_path, capsys):
         [round(100 * s) for s in rows[1]["utilisation"].values()]
 
 
+def test_policies_give_a_row_each(tmp_path):
+    pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
+    out = tmp_path / "rows.json"
+    args = ["--models", "dahl-basic", "--batches", "4", "--granularities", "2", "--fuse", "on",
+            "--warmup", "1", "--rounds", "1", "--steps", "1"]
+    assert _script().main([*args, "--policies", "dmda", "eager", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == ["pytorch 2 threads", "hetero_nn g=2 fused",
+                                           "hetero_nn g=2 fused eager"]
+    assert all(r["tasks"] > 0 for r in rows[1:])
+
+
 @pytest.mark.slow
 def test_rss_runs_each_configuration_in_its_own_process(tmp_path):
     pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
