@@ -137,8 +137,9 @@ def _take(v, best, where, at):
 @jit
 def _maxpool2x2_fwd_cpu(x, y, argmax):
     """The 2x2, stride 2 window (most CNNs') unrolled: the four taps in PyTorch's order
-    with no inner loops, which LLVM vectorises over the output row (1.3-1.7x the
-    general scan, ``benchmarks/bench_bandwidth.py``)."""
+    with no inner loops, which LLVM vectorises over the output row (4x the general
+    scan's bandwidth on planes past the caches, 1.4-1.9x in cache:
+    ``benchmarks/bench_bandwidth.py``, docs/benchmarks.md)."""
     n_batch, n_chan, height, width = x.shape
     out_h, out_w = y.shape[2], y.shape[3]
     xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
