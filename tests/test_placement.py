@@ -113,6 +113,42 @@ def test_a_task_goes_where_its_input_lives_when_transfers_dominate(tmp_path, pol
             assert rt.fetch(out)[0] == 2.0 * N
 
 
+@pytest.mark.parametrize("policy", ["dmda", "heft"])
+def test_placement_does_not_wait_for_a_handle_lock(tmp_path, policy):
+    """A policy places tasks under the executor's lock; it reads where a handle is valid
+    without the handle's lock. (A transfer holds that lock while it waits for a stream,
+    whose completion callback needs the executor's lock: waiting for it there was a
+    deadlock seen with cuda-emu workers under dmda.)"""
+    import threading
+
+    times = {("place_read", "ref", "cpu", f"{FP}|{OUT_FP}"): 1e-4,
+             ("place_read", "cuda", "cuda", f"{FP}|{OUT_FP}"): 1e-4}
+    pm = _model(tmp_path, times, {("cuda-emu0", "host0"): 0.5, ("host0", "cuda-emu0"): 0.5})
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy=policy, perfmodel=pm) as rt:
+        x = rt.empty((N,), "float64")
+        rt.submit(FILL_ON_DEVICE, x)
+        rt.wait()
+        part = x.split(0, 2)[0]  # a partitioned root keeps validity per cell, under its lock
+        task = rt.submit(READ, part, rt.empty((1,), "float64"))
+        policy_object = rt.executor.policy
+        placed = threading.Event()
+
+        def place():
+            if policy == "heft":
+                policy_object.prepare([task])
+            policy_object.push(task, None)
+            placed.set()
+
+        with x.root._lock:  # as a transfer of x in progress holds it
+            threading.Thread(target=place, daemon=True).start()
+            assert placed.wait(5.0), "placement waited for the handle's lock"
+        for w in rt.workers:  # undo the trial placement: the flush places the task again
+            w.queue.clear()
+            w.queued_work = 0.0
+        assert part.valid_hint == part.valid == {1}
+        rt.wait()
+
+
 def test_eager_ignores_models_and_transfers(tmp_path):
     """The same models as above, but eager's shared queue feeds whichever worker is free."""
     pm = _model(tmp_path, {("place_touch", "ref", "cpu", FP): 1e-2,

@@ -203,14 +203,28 @@ class Handle:
     @property
     def valid(self) -> set:
         """Memory node indices whose replica holds the current data of the whole handle."""
+        if type(self.root._grid) is int:
+            return _nodes_of(self.root._grid)
+        with self._lock:
+            return _nodes_of(self._valid_bits())
+
+    @property
+    def valid_hint(self) -> set:
+        """:attr:`valid` read without the root's lock: for placement estimates only.
+
+        A policy runs under the executor's lock; taking a root's lock there would wait
+        for a transfer that holds it while waiting for a stream whose completion
+        callback needs the executor's lock (a deadlock seen with ``cuda-emu`` workers
+        under ``dmda``). The answer may be stale while a transfer runs.
+        """
+        return _nodes_of(self._valid_bits())
+
+    def _valid_bits(self) -> int:
         grid = self.root._grid
         if type(grid) is int:
-            return _nodes_of(grid)
-        with self._lock:
-            sub = grid.mask[self.cells()]
-            common = int(sub.flat[0]) if sub.size == 1 else int(
-                np.bitwise_and.reduce(sub, axis=None))
-        return _nodes_of(common)
+            return grid
+        sub = grid.mask[self.cells()]
+        return int(sub.flat[0]) if sub.size == 1 else int(np.bitwise_and.reduce(sub, axis=None))
 
     @valid.setter
     def valid(self, nodes):

@@ -202,7 +202,7 @@ class Dmda(Policy):
             return 0.0
         total = 0.0
         for h, m in zip(task.handles, task.modes):
-            valid = h.valid if m.reads else None  # computed from the cells: once
+            valid = h.valid_hint if m.reads else None  # computed from the cells: once
             if valid and node.index not in valid:
                 src = rt.nodes[min(valid)]
                 total += pm.predict_transfer(src.name, node.name, h.nbytes)
@@ -296,7 +296,7 @@ class Heft(Policy):
         nodes = self.rt.nodes
         total = 0.0
         for h, m in zip(task.handles, task.modes):
-            valid = h.valid if m.reads else None  # computed from the cells: once
+            valid = h.valid_hint if m.reads else None  # computed from the cells: once
             if valid and node.index not in valid and not any(_writes(p, h) for p in task.preds):
                 total += pm.predict_transfer(nodes[min(valid)].name, node.name, h.nbytes)
         return total
