@@ -46,10 +46,12 @@ where the whole graph is needed or streaming is not possible: a policy that
 defines ``prepare`` (``heft`` plans the whole step statically), the Dask
 executors (one Dask graph per flush), a capture (each recorded task keeps its
 full successor list), a runtime with CUDA (or emulated CUDA) workers, and
-``Runtime(overlap=False)`` (kept for study). CUDA workers are left out because
-one run of the whole suite hung in the emulated-device property test with
-streaming (every worker idle, a task still counted): a lost wake-up that was
-not found; their streams already overlap launches with execution.
+``Runtime(overlap=False)`` (kept for study). CUDA workers are left out: runs of
+the suite hung in the emulated-device property test with streaming, through a
+lock-order inversion (a policy reading a handle's validity under its lock while
+placing under the executor's; fixed, see ``Handle.valid_hint``) that streaming
+made likelier; streaming there waits for more runs. Their streams already
+overlap launches with execution.
 
 State
 -----
