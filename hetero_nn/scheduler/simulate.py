@@ -187,6 +187,11 @@ class SimHandle:
         if parent is not None:
             parent.children.append(self)
 
+    @property
+    def valid_hint(self) -> set:
+        """What a policy reads to estimate transfers (``Handle.valid_hint``): here exact."""
+        return self.valid
+
     def descendants(self):
         """Every handle below this one (the children of all its partition plans)."""
         stack = list(self.children)
