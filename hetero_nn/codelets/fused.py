@@ -41,14 +41,16 @@ Variants
 ``ref``
     The composition of the reference variants: the maths in one place, and
     what the other variants are checked against.
-``cpu:direct``, ``cpu:im2col`` (convolution) and ``cpu`` (dense)
+``cpu:direct`` (convolution) and ``cpu`` (dense)
     The Numba kernels of the composed codelets, called in turn on
     worker-private buffers (``_scratch``); the forward convolution
     runs chunk by chunk of samples, so ReLU and pooling read its output while
     it is still in cache.
-``cpu:blas`` (dense)
-    The Numba ReLU kernels around the reference's BLAS GEMMs: the mix the
-    performance model picks most often for the unfused dense and ReLU tasks.
+``cpu:im2col`` (convolution) and ``cpu:blas`` (dense), the pinned ones
+    One Numba kernel per task that calls the composed kernels and BLAS
+    (Numba's ``np.dot``) itself, chunk by chunk as above: the task crosses
+    the interpreter lock once, so two workers' tasks do not wait for each
+    other (``benchmarks/bench_gil.py``).
 ``cuda``
     The composition of the ``cuda`` variants, written against the array module.
 
