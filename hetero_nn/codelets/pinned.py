@@ -15,9 +15,10 @@ policy, the worker count or the executor.
 The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
 convolutions, the Numba kernels, the NumPy (BLAS) references for the dense
 layers, and for the fused dense + ReLU chains their ``cpu:blas`` variants (BLAS
-and the ReLU in one Numba call: 2-3.5x the Numba loops of their ``cpu``
-variants on LeNet-5's layers, ``benchmarks/bench_fused.py``). Changing an entry changes the last bits of every training run (and of a
-resumed one against its checkpoint): do it deliberately.
+and the ReLU in one Numba call: 1.6-3.6x the Numba loops of their ``cpu``
+variants on LeNet-5's layers, ``benchmarks/bench_gil.py`` and ``bench_fused.py``).
+Changing an entry changes the last bits of every training run (and of a resumed one
+against its checkpoint): do it deliberately.
 """
 
 from __future__ import annotations
