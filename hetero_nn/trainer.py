@@ -362,7 +362,7 @@ class Trainer:
         key = self._step_key(x, y, self.optimizer.replay_key()) if self.replay else None
         if key is None:
             return self._read_step(*self._submit_step(*self._batch(x, y)))
-        results, _ = self._run_captured(key, x, y, self._submit_step)
+        results = self._run_captured(key, x, y, self._submit_step)
         return self._read_step(*results)
 
     def _submit_step(self, xs, ys):
@@ -407,7 +407,7 @@ class Trainer:
     def _run_captured(self, key, x, y, submit):
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
         the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
-        Returns ``(submit's result handles, whether it replayed)``."""
+        Returns ``submit``'s result handles."""
         step = self._graphs.get(key)
         if step is not None:
             step.graph.write(step.x, x)
@@ -415,7 +415,7 @@ class Trainer:
             for owner, handle in step.inputs:
                 step.graph.write(handle, owner.replayed())
             step.graph.replay()
-            return step.results, True
+            return step.results
         rt = self.runtime
         xh = rt.register(np.array(x, dtype=self.dtype), name="x")  # copies: the loader reuses x
         yh = rt.register(self._labels(xh, y).copy(), name="y")
@@ -429,7 +429,7 @@ class Trainer:
             del self._graphs[next(iter(self._graphs))]
         self._graphs[key] = _CapturedStep(graph, xh, yh, results, inputs)
         self.graphs_captured += 1
-        return results, False
+        return results
 
     @property
     def graphs(self) -> dict:
@@ -445,7 +445,7 @@ class Trainer:
         if key is None:
             loss, correct = self._submit_eval(*self._batch(x, y))
         else:
-            (loss, correct), _ = self._run_captured(key, x, y, self._submit_eval)
+            loss, correct = self._run_captured(key, x, y, self._submit_eval)
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     def _submit_eval(self, xs, ys):
