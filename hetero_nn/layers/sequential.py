@@ -72,8 +72,12 @@ class Sequential(Layer):
     def blocks(self):
         """``[(first layer, last layer + 1, name)]`` of the blocks a forward pass runs now
         (fused runs when ``fuse``)."""
-        plan = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
-        return [(i, i + len(getattr(b, "layers", (b,))), type(b).__name__) for i, b in plan]
+        return [(i, i + len(getattr(b, "layers", (b,))), type(b).__name__)
+                for i, b in self._plan()]
+
+    def _plan(self):
+        """``[(first layer index, block)]``: fused runs when ``fuse``, else every layer."""
+        return fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
 
     def __len__(self):
         return len(self.layers)
@@ -162,7 +166,7 @@ class Sequential(Layer):
 
     # ------------------------------------------------------------ tasks
     def forward(self, rt, xs):
-        self._blocks = fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
+        self._blocks = self._plan()
         given, per_block = len(xs), self._granularities
         self._parts = []
         for i, block in self._blocks:
