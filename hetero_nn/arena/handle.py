@@ -24,8 +24,13 @@ grid. Transitions happen under the root's lock when a task starts, in an order
 the task dependencies already make safe.
 
 The scheduler keeps its per-handle dependency state in the ``_last_writer``,
-``_readers``, ``_live_below`` and ``_redux`` slots (StarPU keeps it in the
-handle too).
+``_readers`` and ``_live_below`` slots (StarPU keeps it in the handle too; see
+:mod:`hetero_nn.scheduler.dependencies`).
+
+Handles are cheap to make (``register`` and ``split`` are on the path of every
+step): a handle holds as few containers as it can (no partition plans and no readers
+until it has some: shared empty ones stand in), so the garbage collector has little
+to walk, and a child's view of its parent is taken when first asked for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from types import MappingProxyType
 
 import numpy as np
 
@@ -72,45 +78,71 @@ class Handle:
     ``Runtime.temporary`` and by :meth:`split`, never directly by users.
     """
 
-    __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "index", "box",
+    __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "box",
                  "plans", "_replicas", "root", "_grid", "_lock", "temporary", "generation",
                  "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
-                 "_redux", "__weakref__")
+                 "__weakref__")
 
-    def __init__(self, shape, dtype, name=None, *, owner=None, parent=None, index=None,
-                 box=None, temporary=False, generation=0):
+    def __init__(self, shape, dtype, name=None, *, owner=None, temporary=False, generation=0):
         self.id = next(_ids)
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.name = name or f"h{self.id}"
         self.owner = owner
-        self.parent = parent
+        self.parent = None
         self.plan = None              # the Plan this handle is a child of (None for a root)
-        self.index = index            # tuple of slices into the parent (None for a root)
-        self.box = box if box is not None else tuple((0, d) for d in self.shape)
-        self.plans: dict[tuple[int, int], Plan] = {}
+        self.box = tuple((0, d) for d in self.shape)
+        self.plans = _NO_PLANS        # a dict once split
         self._replicas: dict[int, object] = {}
         # a root's coherence state: an int (one node mask for the whole root) until a
         # split or a transfer needs cells, then its Grid; children use their root's
         self._grid = 0
-        if parent is None:
-            self.root = self
-            self._lock = threading.RLock()
-        else:
-            self.root = parent.root
-            self._lock = self.root._lock
+        self.root = self
+        self._lock = threading.RLock()
         self.temporary = temporary
         self.generation = generation
         size = 1
         for d in self.shape:
             size *= d
         self.nbytes = size * self.dtype.itemsize
-        self.footprint = "x".join(map(str, self.shape)) + ":" + self.dtype.str
+        self.footprint = _footprint(self.shape, self.dtype)
         self._cells = None            # (grid version, cell slices) cache
         self._last_writer = None
-        self._readers: list = []
+        self._readers = _NO_READERS   # a list once read in the flush
         self._live_below = 0          # handles below this one with dependency state
-        self._redux: list = []
+
+    @classmethod
+    def wrap(cls, array, name=None, owner=None) -> "Handle":
+        """A root handle whose host replica (node 0) is ``array``, valid there (no copy)."""
+        h = cls.__new__(cls)
+        h.id = i = next(_ids)
+        h.shape = shape = array.shape
+        h.dtype = dtype = array.dtype
+        h.name = name or f"h{i}"
+        h.owner = owner
+        h.parent = h.plan = h._last_writer = h._cells = None
+        h.box = tuple([(0, d) for d in shape])
+        h.plans = _NO_PLANS
+        h._replicas = {0: array}
+        h._grid = 1  # valid on node 0 only
+        h.root = h
+        h._lock = threading.RLock()
+        h.temporary = False
+        h.generation = h._live_below = 0
+        h.nbytes = array.nbytes
+        h.footprint = _footprint(shape, dtype)
+        h._readers = _NO_READERS
+        return h
+
+    @property
+    def index(self):
+        """A child's index into its parent (a tuple of slices); None for a root."""
+        if self.plan is None:
+            return None
+        axis = self.plan.axis
+        lo = self.box[axis][0] - self.parent.box[axis][0]
+        hi = self.box[axis][1] - self.parent.box[axis][0]
+        return (slice(None),) * axis + (slice(lo, hi),)
 
     # ---------------------------------------------------------------- partitioning
     def split(self, axis: int = 0, n: int = 2) -> tuple["Handle", ...]:
@@ -134,25 +166,54 @@ class Handle:
             return plan.children
         base, extra = divmod(length, n)
         offset = self.box[axis][0]
+        shape, box = list(self.shape), list(self.box)
+        footprints = {}
         children, start = [], 0
         for i in range(n):
-            size = base + (1 if i < extra else 0)
-            index = tuple(slice(start, start + size) if d == axis else slice(None)
-                          for d in range(len(self.shape)))
-            shape = tuple(size if d == axis else s for d, s in enumerate(self.shape))
-            box = tuple((offset + start, offset + start + size) if d == axis else b
-                        for d, b in enumerate(self.box))
-            children.append(Handle(shape, self.dtype, f"{self.name}[{i}]", owner=self.owner,
-                                   parent=self, index=index, box=box, temporary=self.temporary,
-                                   generation=self.generation))
+            size = base + 1 if i < extra else base
+            shape[axis] = size
+            box[axis] = (offset + start, offset + start + size)
+            fp = footprints.get(size)
+            if fp is None:
+                fp = footprints[size] = _footprint(shape, self.dtype)
+            children.append(self._child(tuple(shape), tuple(box), f"{self.name}[{i}]", fp))
             start += size
         plan = Plan(self, axis, n, tuple(children))
         for child in children:
             child.plan = plan
         with self._lock:
             self.grid.cut(axis, plan.starts)
+            if not self.plans:
+                self.plans = {}
             self.plans[(axis, n)] = plan
         return plan.children
+
+    def _child(self, shape, box, name, footprint) -> "Handle":
+        """A child view of this handle (its ``plan`` is set by :meth:`split`)."""
+        h = Handle.__new__(Handle)
+        h.id = next(_ids)
+        h.shape = shape
+        h.dtype = dtype = self.dtype
+        h.name = name
+        h.owner = self.owner
+        h.parent = self
+        h.plan = h._last_writer = h._cells = None
+        h.box = box
+        h.plans = _NO_PLANS
+        h._replicas = {}
+        h._grid = 0
+        h.root = root = self.root
+        h._lock = root._lock
+        h.temporary = self.temporary
+        h.generation = self.generation
+        size = 1
+        for d in shape:
+            size *= d
+        h.nbytes = size * dtype.itemsize
+        h.footprint = footprint
+        h._readers = _NO_READERS
+        h._live_below = 0
+        return h
 
     def overlaps(self, other: "Handle") -> bool:
         """Whether the two handles share elements (same root, intersecting boxes)."""
@@ -171,7 +232,7 @@ class Handle:
         arr = self._replicas.get(node.index)
         if arr is None:
             if self.parent is not None:
-                arr = self.parent.replica(node)[self.index]
+                arr = self.parent.replica(node)[self.index]  # a view, kept per node
             elif self.temporary:
                 arr = node.arena.empty(self.shape, self.dtype)
             else:
@@ -282,6 +343,15 @@ class Grid:
         """The root-coordinate slices of the cell at ``index`` (a tuple of ints)."""
         return tuple(slice(c[i], c[i + 1]) if len(c) > 1 else slice(0, 0)
                      for i, c in zip(index, self.cuts))
+
+
+_NO_PLANS = MappingProxyType({})  # what an unsplit handle's ``plans`` is: read-only, shared
+_NO_READERS = ()  # what a handle without readers in the flush holds
+
+
+def _footprint(shape, dtype) -> str:
+    """The performance model's key for an operand: shape and dtype (``"4x3:<f8"``)."""
+    return "x".join(map(str, shape)) + ":" + dtype.str
 
 
 def _nodes_of(mask: int) -> set:

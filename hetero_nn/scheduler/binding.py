@@ -47,7 +47,9 @@ class Binder:
             if m is SCRATCH:
                 arr = node.arena.empty(h.shape, h.dtype)
             elif single:
-                arr = h.replica(node)
+                arr = h._replicas.get(0)  # the host node's index; h.replica() makes it
+                if arr is None:
+                    arr = h.replica(node)
             else:
                 arr, b = acquire(h, node, self.nodes, m.reads, m is not R)
                 moved += b

@@ -29,7 +29,7 @@ State
 Per handle, in slots of :class:`~hetero_nn.arena.handle.Handle` (StarPU keeps it
 in the handle too; a dictionary keyed by handle would cost a lookup per operand):
 ``_last_writer`` (the task that last wrote it in this flush, or None),
-``_readers`` (tasks that read it since), ``_live_below`` (handles below it that
+``_readers`` (tasks that read it since: a list, or an empty tuple), ``_live_below`` (handles below it that
 hold state). Per runtime, :attr:`Dependencies.tracked`: the handles given state in
 this flush, whose state :meth:`Dependencies.drop` clears.
 """
@@ -64,10 +64,12 @@ class Dependencies:
             if readers:
                 for r in readers:
                     preds[r] = None
-                h._readers = []
+                h._readers = ()
             h._last_writer = task
-        else:
+        elif readers:
             readers.append(task)
+        else:
+            h._readers = [task]
 
     def depend(self, task, h, writes, preds):
         """Add to ``preds`` the tasks ``task`` must follow to access ``h``; update the state.
@@ -90,26 +92,28 @@ class Dependencies:
         if writes:
             for x in conflicting:
                 if x.within(h):
-                    _set_state(x, None, [], self.tracked)
+                    _set_state(x, None, (), self.tracked)
             readers = h._readers
             if readers:
                 for r in readers:
                     preds[r] = None
-                h._readers = []
+                h._readers = ()
             if own is None and not readers:  # h had no state: count it in its ancestors
-                _set_state(h, task, [], self.tracked)
+                _set_state(h, task, (), self.tracked)
             else:
                 h._last_writer = task
-        elif own is None and not h._readers:
+        elif h._readers:
+            h._readers.append(task)
+        elif own is None:
             _set_state(h, None, [task], self.tracked)
         else:
-            h._readers.append(task)
+            h._readers = [task]
 
     def drop(self):
         """Forget the flushed tasks: every dependency is on a task of the same flush."""
         for h in self.tracked:
             h._last_writer = None
-            h._readers = []
+            h._readers = ()
             h._live_below = 0
             a = h.parent
             while a is not None and a._live_below:  # above a zeroed one, all are zeroed

@@ -34,13 +34,14 @@ topological order), whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: trace records of executed tasks.
+recorded, or None. ``records``: trace records of executed tasks, as tuples.
 """
 
 from __future__ import annotations
 
-from .bundle import traced
-from .trace import TaskRecord
+from operator import attrgetter
+
+from .bundle import Bundle
 
 
 class Flushes:
@@ -49,6 +50,7 @@ class Flushes:
     def __init__(self, runtime):
         self.rt = runtime
         self.pending: list = []
+        self.open = False
         self.streaming = False
         self.generation = 0
         self.capturing = None
@@ -57,24 +59,28 @@ class Flushes:
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
         possibly itself) from dependency inference."""
-        pending = self.pending
-        if not pending:
+        if not self.open:
             self._begin()
-        pending.append(task)
         if preds:
             preds.pop(task, None)  # a handle twice in one task
             task.preds = list(preds)
-        if self.streaming:
+        if self.streaming:  # the executor holds it; finished, nothing keeps it alive
             self.rt.executor.add(task)
-        elif preds:
+            return
+        self.pending.append(task)
+        if preds:
             task.npred = len(task.preds)
             for p in task.preds:
-                p.succ.append(task)
+                if p.succ:
+                    p.succ.append(task)
+                else:
+                    p.succ = [task]
 
     def _begin(self):
         """The first submission since a flush ended: decide whether this flush streams;
         streaming, the arenas are reset now (nothing of the previous flush runs)."""
         rt = self.rt
+        self.open = True
         self.streaming = rt.overlap and self.capturing is None
         if self.streaming:
             for node in rt.nodes:
@@ -83,10 +89,9 @@ class Flushes:
     def wait(self):
         """Block until every task of the flush has run (handing them to the executor
         first where they were not streamed to it), then end the flush."""
-        tasks = self.pending
-        if not tasks:
+        if not self.open:
             return
-        self.pending = []
+        tasks, self.pending = self.pending, []
         if self.streaming:
             try:
                 self.rt.executor.drain()
@@ -101,6 +106,7 @@ class Flushes:
         """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
         its plan), then end the flush."""
         rt = self.rt
+        self.open = True
         for node in rt.nodes:
             node.arena.reset()
         try:
@@ -112,30 +118,42 @@ class Flushes:
             self.end(tasks)
 
     def end(self, tasks):
-        """After ``tasks`` ran: dependency state dropped, the arenas' generation ended,
-        measurements and records kept."""
+        """After ``tasks`` ran (streamed ones are not listed: the executor finished
+        them): dependency state dropped, the arenas' generation ended, measurements
+        and records kept (the local executor records each task as it finishes)."""
         rt = self.rt
+        self.open = False
         rt._dependencies.drop()
         self.generation += 1
-        if rt._variants._measured:
+        if rt._variants.has_measurements():
             rt._variants.feed()
-        if rt.tracing:
-            self.records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+        if rt.tracing and not getattr(rt.executor, "records_tasks", False):
+            records = self.records
+            for t in tasks:
+                if t.__class__ is Bundle:
+                    records.extend([record_of(m) for m in t.members if m.t_start])
+                elif t.t_start:  # not cancelled
+                    records.append(record_of(t))
         for t in tasks:
             t.done = True
             t.preds = ()
             t.succ = ()
 
 
-def _record(t):
+def record_of(t) -> tuple:
+    """A task's trace record, as a tuple of :class:`TaskRecord`'s fields in order (made a
+    ``TaskRecord`` by :meth:`Runtime.trace`): plain values only, so the garbage collector
+    stops tracking it (a flush's records would otherwise make every full collection
+    longer)."""
     w = t.worker
     if w is None or isinstance(w, str):  # not run, or run by a Dask worker
         worker, device, node = w or "", "cpu", "host0"
     else:
         worker, device, node = w.name, w.device, w.node.name
     preds = t.preds
-    deps = tuple([p.id for p in preds]) if preds else ()
-    # positional, in TaskRecord's field order (task_id, codelet, variant, worker, device,
-    # node, submit, ready, start, end, bytes_in, deps, error): one per task, keep it cheap
-    return TaskRecord(t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit,
-                      t.t_ready, t.t_start, t.t_end, t.bytes_in, deps, t.error)
+    return (t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit, t.t_ready,
+            t.t_start, t.t_end, t.bytes_in, tuple(map(_task_id, preds)) if preds else (),
+            t.error)
+
+
+_task_id = attrgetter("id")

@@ -39,10 +39,7 @@ class HandleFactory:
     def register(self, array, name=None) -> Handle:
         if not isinstance(array, np.ndarray):
             raise SubmitError(f"register: expected a numpy.ndarray, got {type(array).__name__}")
-        h = Handle(array.shape, array.dtype, name, owner=self.rt)
-        h._replicas[0] = array
-        h.valid = {0}
-        return h
+        return Handle.wrap(array, name, self.rt)
 
     def empty(self, shape, dtype="float32", name=None) -> Handle:
         return Handle(shape, dtype, name, owner=self.rt)

@@ -75,6 +75,9 @@ from dataclasses import dataclass, field
 
 from ..errors import TaskError
 from .bundle import Bundle
+from .flush import record_of
+from .policies import Policy
+from .timing import caller
 
 _perf = time.perf_counter
 CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
@@ -141,6 +144,8 @@ class LocalExecutor:
     """Runs tasks on the runtime's workers with a scheduling policy, as they are
     submitted (``add``) or as flushed DAGs (``run``)."""
 
+    records_tasks = True  # a task's trace record is made as it finishes (see _finish)
+
     def __init__(self, runtime, policy):
         self.rt = runtime
         self.policy = policy
@@ -149,6 +154,15 @@ class LocalExecutor:
         self._done = threading.Condition(self._lock)
         self.state = ExecutorState(self.workers, policy.queues())
         self._mixed = not policy.homogeneous  # device kinds differ: wake only eligible workers
+        self._variants = runtime._variants
+        # the base hook does nothing: not called per task
+        self._finished = None if type(policy).finished is Policy.finished else policy.finished
+        self._calls = {}  # kind -> {codelet: (variant, caller)} for pinned codelets
+        for w in self.workers:
+            runtime._variants.pinned.setdefault(w.kind, {})
+            self._calls[w.kind] = {}
+        self._bind = runtime._binder.bind
+        self._records = runtime._flushes.records
         self._blas = None
         try:
             from threadpoolctl import threadpool_limits
@@ -170,7 +184,10 @@ class LocalExecutor:
             n = 0
             for p in task.preds:
                 if not p.done:
-                    p.succ.append(task)
+                    if p.succ:
+                        p.succ.append(task)
+                    else:
+                        p.succ = [task]
                     n += 1
             if n:
                 task.npred = n
@@ -345,7 +362,11 @@ class LocalExecutor:
             err = self._task_error(task)
             if state.error is None:
                 state.error = err
-        self.policy.finished(task, w)
+            if self.rt.tracing:  # a success was recorded where it ran
+                failed_task = task.failed if task.__class__ is Bundle else task
+                self._records.append(record_of(failed_task))
+        if self._finished is not None:
+            self._finished(task, w)
         succ = task.succ
         node = w.node
         if succ:
@@ -375,6 +396,7 @@ class LocalExecutor:
                             prefetch.append((s, target.node))
             if shared > 0 and state.idle:
                 self._wake_some(shared)
+        task.preds = task.succ = ()  # released: nothing here keeps the others alive
         state.remaining -= 1
         if not state.remaining:
             self._done.notify_all()  # drain(), and close() from another thread
@@ -386,12 +408,12 @@ class LocalExecutor:
         the task when it failed before reaching the stream (finish it now), else None."""
         node, stream = w.node, w.stream
         try:
-            task.variant = variant = rt.choose_variant(task, w.kind)
+            task.variant = variant = self._variants.choose(task, w.kind)
             fn = task.codelet.variants[variant]
             node.hold(task.handles)
             try:
                 with node.context(), stream.activate():
-                    arrays = rt.bind(task, w)
+                    arrays = self._bind(task, w)
                     task.t_start = _perf()  # launched; the stream's thread stamps the real start
                     stream.launch(self._run_on_stream, task, fn, arrays)
             except BaseException:
@@ -421,7 +443,10 @@ class LocalExecutor:
         task.t_end = w.last_end = now
         if task.error is None:
             w.busy += task.t_end - task.t_start
-            self.rt.record(task, w.kind)
+            if self.rt.perfmodel is not None:
+                self._variants.record(task, w.kind, w.index)
+            if self.rt.tracing:
+                self._records.append(record_of(task))
         with self._lock:
             self.state.completed[w.index].append((task, False))  # it ran: not failed when taken
             if w.idle:
@@ -430,21 +455,34 @@ class LocalExecutor:
                 w.cond.notify()
 
     def _execute(self, task, w, kind, rt):
+        """Run ``task`` on CPU worker ``w``: variant, operands, call, times, model."""
         if task.__class__ is Bundle:  # members run in order, each as a task alone
             task.run(self._execute, w, kind, rt)
             return
+        codelet = task.codelet
+        variants = self._variants
         try:
-            task.variant = variant = rt.choose_variant(task, kind)
-            fn = task.codelet.variants[variant]
-            arrays = rt.bind(task, w)
-            task.t_start = _perf()
-            fn(*arrays, **task.params)
-            task.t_end = _perf()
-            w.busy += task.t_end - task.t_start
-            rt.record(task, kind)
+            pinned = self._calls[kind].get(codelet)
+            if pinned is None:
+                variant = variants.choose(task, kind)
+                call = caller(codelet.variants[variant])
+                if codelet in variants.pinned[kind]:  # its only candidate: ask no more
+                    self._calls[kind][codelet] = (variant, call)
+            else:
+                variant, call = pinned
+            task.variant = variant
+            arrays = self._bind(task, w)
+            task.t_start = start = _perf()
+            task.t_end = end = call(arrays, task.params)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             task.t_end = _perf()
             task.error = exc
+            return
+        w.busy += end - start
+        if rt.perfmodel is not None:
+            variants.record(task, kind, w.index)
+        if rt.tracing:
+            self._records.append(record_of(task))
 
     def _prefetch_failed(self, task, node, exc):
         err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "

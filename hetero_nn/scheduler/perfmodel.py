@@ -143,7 +143,7 @@ class _History:
         """The statistics of a batch of runs of one size."""
         n = len(seconds)
         mean = math.fsum(seconds) / n
-        return cls(n, mean, math.fsum((t - mean) * (t - mean) for t in seconds), size)
+        return cls(n, mean, math.fsum([(t - mean) * (t - mean) for t in seconds]), size)
 
     def merged(self, other: "_History | None") -> "_History":
         """A new history holding both sets of measurements (Chan et al.'s pairwise formula)."""

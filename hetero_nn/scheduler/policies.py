@@ -116,7 +116,12 @@ class Eager(Policy):
         return {"shared": self.queue}
 
     def pop(self, worker):
-        return self._take(self.queue, worker)
+        q = self.queue
+        if not q:
+            return None
+        if self.homogeneous:
+            return q.popleft()
+        return self._take(q, worker)
 
 
 class Random(Policy):

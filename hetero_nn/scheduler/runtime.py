@@ -60,7 +60,7 @@ from .flush import Flushes
 from .handles import HandleFactory
 from .redux import Reductions
 from .task import Task
-from .trace import Trace
+from .trace import TaskRecord, Trace
 from .variants import Variants
 
 _perf = time.perf_counter
@@ -285,8 +285,10 @@ class Runtime:
         return self._variants.predict(task, kind)
 
     def record(self, task, kind):
-        """Keep a finished task's run time for the performance model."""
-        self._variants.record(task, kind)
+        """Keep a finished task's run time for the performance model (from the
+        runtime's own thread; workers record through their own slot)."""
+        if self.perfmodel is not None and task.error is None:
+            self._variants.record(task, kind)
 
     def bind(self, task, worker):
         """Acquire the task's operands on ``worker``'s memory node; returns the arrays."""
@@ -347,7 +349,8 @@ class Runtime:
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
         records, transfers = self._flushes.records, self._binder.transfers
-        t = Trace(list(records), [w.name for w in self.workers], transfers=list(transfers))
+        t = Trace([TaskRecord(*r) for r in records], [w.name for w in self.workers],
+                  transfers=list(transfers))
         if clear:
             records.clear()
             transfers.clear()

@@ -21,8 +21,8 @@ class Task:
         self.handles = handles      # operands after REDUX partial substitution
         self.modes = modes
         self.params = params
-        self.preds: list[Task] = []
-        self.succ: list[Task] = []
+        self.preds: list[Task] | tuple = ()
+        self.succ: list[Task] | tuple = ()  # a list once a successor is linked
         self.npred = 0
         self.done = False
         self.eligible = ()          # workers that have a variant for this codelet

@@ -16,9 +16,10 @@ A task's footprint, as StarPU's default one, covers its operands' shapes and
 dtypes only: parameters such as a learning rate or a step count change every step
 without changing the cost (stride and kernel size show in the output's shape).
 
-Measurements: a worker keeps each finished task's run time; every ``FEED_EVERY``
-runs, and at the end of a flush, they go to the model in one locked update, so
-workers rarely contend on it and exploration still adapts within a flush. The
+Measurements: a worker keeps each finished task's run time in a list of its own;
+every ``FEED_EVERY`` runs, and at the end of a flush, they go to the model in one
+locked update, so workers rarely contend on it. A run of a codelet with several
+candidate variants goes to the model at once, so exploration adapts within a flush. The
 first run of each (codelet, variant, footprint) in the process is a warm-up and is
 not kept: Numba compiles once per signature, worker buffers grow once per shape.
 
@@ -26,13 +27,17 @@ State
 -----
 ``_candidates``: (codelet, kind) -> variant names, preferred first;
 ``_fp_cache``: (codelet, operand footprints) -> (footprint, size);
-``_measured``: (task, kind) runs not yet given to the model; ``_warm``: the
-(codelet, variant, footprint) whose warm-up run was seen. The model itself is the
+``_measured``: per worker (and one for the runtime's own thread), (task, kind)
+runs not yet given to the model; ``_warm``: the (codelet, variant, footprint) whose
+warm-up run was seen; ``pinned``: kind -> {codelet: variant} for the codelets with
+one candidate, which executors read instead of calling :meth:`Variants.choose`. The model itself is the
 runtime's ``perfmodel`` (read at each use: it may be swapped, as
 :mod:`hetero_nn.granularity` does).
 """
 
 from __future__ import annotations
+
+import threading
 
 from .bundle import Bundle
 
@@ -52,7 +57,10 @@ class Variants:
         self._candidates: dict = {}
         self._fp_cache: dict = {}
         self._warm: set = set()
-        self._measured: list = []
+        self._lock = threading.Lock()  # the feed: the warm-up set, the model's update
+        # per worker (its index), and one more for the runtime's own thread (Dask, sync)
+        self._measured: list[list] = [[] for _ in range(len(runtime.workers) + 1)]
+        self.pinned: dict = {}  # kind -> {codelet: its only candidate variant}
 
     def candidates(self, codelet, kind) -> tuple:
         """Variant names of ``codelet`` that may run on ``kind``, preferred first."""
@@ -92,8 +100,11 @@ class Variants:
         times on this footprint (explore; ``calibrate_samples`` when calibrating), or
         the one with the lowest predicted time."""
         cands = self.candidates(task.codelet, kind)
+        if len(cands) == 1:
+            self.pinned.setdefault(kind, {})[task.codelet] = cands[0]
+            return cands[0]
         pm = self.rt.perfmodel
-        if len(cands) == 1 or pm is None:
+        if pm is None:
             return cands[0]
         fp, size = self.footprint(task)
         name = task.codelet.name
@@ -118,25 +129,41 @@ class Variants:
         fp, size = self.footprint(task)
         return v, pm.predict(task.codelet.name, v, kind, fp, size)
 
-    def record(self, task, kind):
-        """Keep a finished task's run time for the model (see the module docstring)."""
-        if self.rt.perfmodel is not None and task.error is None:
-            measured = self._measured
-            measured.append((task, kind))
-            if len(measured) >= FEED_EVERY:
-                self.feed()
+    def record(self, task, kind, slot=-1):
+        """Keep a finished task's run time for the model (see the module docstring).
 
-    def feed(self):
-        """Hand the measurements kept so far to the model, warm-up runs left out."""
-        measured, self._measured = self._measured, []
-        runs = []
-        for task, kind in measured:
-            fp, size = self.footprint(task)
-            wkey = (task.codelet, task.variant, fp)
-            if wkey not in self._warm:
-                self._warm.add(wkey)
-                continue
-            runs.append((task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start))
-        if runs:
-            self.rt.perfmodel.record_many(runs)
+        ``slot``: the recording worker's index (each appends to its own list, so no
+        measurement is lost to a feed running on another thread); -1 for the
+        runtime's own thread."""
+        measured = self._measured[slot]
+        measured.append((task, kind))
+        if len(measured) >= FEED_EVERY or task.codelet not in self.pinned.get(kind, ()):
+            self.feed(slot)  # a codelet still choosing between variants learns at once
 
+    def feed(self, slot=None):
+        """Hand the measurements of ``slot`` (all slots: None) to the model, warm-up
+        runs left out. Thread-safe; an error of the model's update propagates."""
+        pm = self.rt.perfmodel
+        with self._lock:
+            if slot is None:
+                measured = [m for ms in self._measured for m in ms]
+                for ms in self._measured:
+                    ms.clear()
+            else:
+                measured, self._measured[slot] = self._measured[slot], []
+            if pm is None:
+                return
+            runs = []
+            for task, kind in measured:
+                fp, size = task._fp or self.footprint(task)
+                wkey = (task.codelet, task.variant, fp)
+                if wkey not in self._warm:
+                    self._warm.add(wkey)
+                    continue
+                runs.append((task.codelet.name, task.variant, kind, fp, size,
+                             task.t_end - task.t_start))
+            if runs:
+                pm.record_many(runs)
+
+    def has_measurements(self) -> bool:
+        return any(self._measured)
