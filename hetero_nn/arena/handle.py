@@ -228,16 +228,22 @@ class Handle:
 
     # ---------------------------------------------------------------- replicas
     def replica(self, node) -> object:
-        """This handle's array on ``node`` (allocated on first use; a view for children)."""
+        """This handle's array on ``node`` (allocated on first use; a view for children).
+
+        Made under the root's lock: two workers binding children of one root not yet
+        allocated there must see views of one buffer."""
         arr = self._replicas.get(node.index)
         if arr is None:
-            if self.parent is not None:
-                arr = self.parent.replica(node)[self.index]  # a view, kept per node
-            elif self.temporary:
-                arr = node.arena.empty(self.shape, self.dtype)
-            else:
-                arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
-            self._replicas[node.index] = arr
+            with self._lock:
+                arr = self._replicas.get(node.index)
+                if arr is None:
+                    if self.parent is not None:
+                        arr = self.parent.replica(node)[self.index]  # a view, kept per node
+                    elif self.temporary:
+                        arr = node.arena.empty(self.shape, self.dtype)
+                    else:
+                        arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
+                    self._replicas[node.index] = arr
         return arr
 
     @property

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from ..errors import TaskError
 from .bundle import Bundle
 
 
@@ -95,8 +96,10 @@ class Flushes:
         if self.streaming:
             try:
                 self.rt.executor.drain()
-            finally:
-                self.end(tasks)
+            except BaseException:
+                self.end(tasks, failed=True)
+                raise
+            self.end(tasks)
             return
         if self.capturing is not None:
             self.capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
@@ -114,19 +117,28 @@ class Flushes:
                 rt.executor.run(tasks, planned=True)
             else:
                 rt.executor.run(tasks)
-        finally:
-            self.end(tasks)
+        except BaseException:
+            self.end(tasks, failed=True)
+            raise
+        self.end(tasks)
 
-    def end(self, tasks):
+    def end(self, tasks, failed=False):
         """After ``tasks`` ran (streamed ones are not listed: the executor finished
         them): dependency state dropped, the arenas' generation ended, measurements
-        and records kept (the local executor records each task as it finishes)."""
+        and records kept (the local executor records each task as it finishes).
+
+        A failing update of the performance model raises a ``TaskError`` naming it,
+        once the flush has ended, unless the flush already ``failed`` (its error wins)."""
         rt = self.rt
         self.open = False
         rt._dependencies.drop()
         self.generation += 1
+        fault = None
         if rt._variants.has_measurements():
-            rt._variants.feed()
+            try:
+                rt._variants.feed()
+            except BaseException as exc:  # noqa: BLE001 - raised below, as the flush's
+                fault = exc
         if rt.tracing and not getattr(rt.executor, "records_tasks", False):
             records = self.records
             for t in tasks:
@@ -138,6 +150,10 @@ class Flushes:
             t.done = True
             t.preds = ()
             t.succ = ()
+        if fault is not None and not failed:
+            raise TaskError(f"the performance model's update at the end of flush "
+                            f"{self.generation - 1} failed: {type(fault).__name__}: "
+                            f"{fault}") from fault
 
 
 def record_of(t) -> tuple:

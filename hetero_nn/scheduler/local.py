@@ -101,6 +101,7 @@ class ExecutorState:
     completed: list = field(default_factory=list)
     idle: list = field(default_factory=list)
     error: TaskError | None = None
+    aborted: bool = False
     closing: bool = False
 
     def __post_init__(self):
@@ -111,6 +112,7 @@ class ExecutorState:
         lines = [f"executor state: {self.remaining} task(s) not finished, "
                  f"{len(self.waiting)} waiting for predecessors"
                  + (f", error: {self.error}" if self.error is not None else "")
+                 + (", aborted" if self.aborted else "")
                  + (", closing" if self.closing else "")]
         for place, queue in self.ready.items():
             tasks = _queued(queue)
@@ -127,6 +129,15 @@ class ExecutorState:
         if len(self.waiting) > 8:
             lines.append(f"  ... and {len(self.waiting) - 8} more waiting")
         return "\n".join(lines)
+
+
+class _Fault(Exception):
+    """A failure of a policy hook or of the executor's bookkeeping, raised with the
+    place it happened (``where``); the original exception is its ``__cause__``."""
+
+    def __init__(self, where):
+        super().__init__(where)
+        self.where = where
 
 
 def _queued(queue) -> list:
@@ -180,6 +191,10 @@ class LocalExecutor:
         not finished yet, or, if none, hand it to the policy now."""
         state = self.state
         with self._lock:
+            if state.aborted:  # the flush failed inside the executor: cancelled at once
+                task.done = True
+                task.error = "cancelled"
+                return
             state.remaining += 1
             n = 0
             for p in task.preds:
@@ -194,7 +209,12 @@ class LocalExecutor:
                 state.waiting[task] = None
                 return
             task.t_ready = _perf()
-            target = self.policy.push(task, None)
+            try:
+                target = self.policy.push(task, None)
+            except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+                self._fail(f"policy {self.policy.name!r} push() of task {task.id} "
+                           f"(codelet {task.codelet.name!r}) submitted ready", exc, abort=True)
+                return
             if target is None:
                 if self._mixed:
                     self._wake_for(task)
@@ -217,6 +237,7 @@ class LocalExecutor:
                                  STALL_REPORT_SECONDS, str(state))  # as it is now
             error = state.error
             state.error = None
+            state.aborted = False
         for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
             node.synchronize()
         if error is not None:
@@ -234,22 +255,28 @@ class LocalExecutor:
         with self._lock:
             state.remaining = len(tasks)  # nothing else is in flight at a flush
             state.error = None
-            if not (planned and policy.plan_once):
-                policy.prepare(tasks)
             shared = 0
-            for t in tasks:
-                if t.npred == 0:
-                    t.t_ready = now
-                    target = policy.push(t, None)
-                    if target is None:
-                        if self._mixed:
-                            self._wake_for(t)
-                        else:
-                            shared += 1
-                    elif target.idle:
-                        self._wake(target)
-                else:
-                    waiting[t] = None
+            where = f"policy {policy.name!r} prepare() of a flushed DAG of {len(tasks)} tasks"
+            try:
+                if not (planned and policy.plan_once):
+                    policy.prepare(tasks)
+                for t in tasks:
+                    if t.npred == 0:
+                        t.t_ready = now
+                        where = f"policy {policy.name!r} push() of task {t.id} (codelet " \
+                                f"{t.codelet.name!r}) at the start of a flushed DAG"
+                        target = policy.push(t, None)
+                        if target is None:
+                            if self._mixed:
+                                self._wake_for(t)
+                            else:
+                                shared += 1
+                        elif target.idle:
+                            self._wake(target)
+                    else:
+                        waiting[t] = None
+            except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+                self._fail(where, exc, abort=True)
             self._wake_some(shared)
         self.drain()
 
@@ -309,31 +336,53 @@ class LocalExecutor:
         idle = state.idle
         task = None
         failed = False  # whether the DAG had failed when this worker took ``task``
+
+        def take():
+            """The next task for ``w`` (lock held), or None: its stream is full, the
+            flush was aborted, or the policy has nothing for it. Tasks an aborted
+            flush left in a policy are dropped here."""
+            while len(running) < CUDA_PIPELINE and not state.aborted:
+                t = pop(w)
+                if t is None or not t.done:
+                    return t
+            return None
+
         while True:
             prefetch = None
             with lock:
-                if task is not None:  # finish the task just run
-                    prefetch = self._finish(task, w, failed, True, prefetch)
-                while completed:  # tasks its stream finished (CUDA workers)
-                    done, done_failed = completed.popleft()
-                    prefetch = self._finish(done, w, done_failed, False, prefetch)
-                task = pop(w) if len(running) < CUDA_PIPELINE else None
-                while task is None:
-                    if state.closing and not running:
-                        return
-                    if len(running) >= CUDA_PIPELINE:  # a full stream: wait for a completion
-                        w.cond.wait()
-                    else:
-                        w.idle = True
-                        idle.append(w)
-                        w.cond.wait()
-                        if w.idle:  # woken by close() or a completion, not by a push
-                            w.idle = False
-                            idle.remove(w)
-                    while completed:
+                try:
+                    if task is not None:  # finish the task just run
+                        done, task = task, None
+                        prefetch = self._finish(done, w, failed, True, prefetch)
+                    while completed:  # tasks its stream finished (CUDA workers)
                         done, done_failed = completed.popleft()
                         prefetch = self._finish(done, w, done_failed, False, prefetch)
-                    task = pop(w) if len(running) < CUDA_PIPELINE else None
+                    task = take()
+                    while task is None:
+                        if state.closing and not running:
+                            return
+                        if len(running) >= CUDA_PIPELINE:  # a full stream: wait for a completion
+                            w.cond.wait()
+                        else:
+                            w.idle = True
+                            idle.append(w)
+                            w.cond.wait()
+                            if w.idle:  # woken by close() or a completion, not by a push
+                                w.idle = False
+                                idle.remove(w)
+                        while completed:
+                            done, done_failed = completed.popleft()
+                            prefetch = self._finish(done, w, done_failed, False, prefetch)
+                        task = take()
+                except _Fault as fault:
+                    self._fail(fault.where, fault.__cause__, abort=True)
+                    task = None
+                    continue
+                except BaseException as exc:  # noqa: BLE001 - no fault may end this thread
+                    self._fail(f"policy {self.policy.name!r} pop() on worker {w.name}", exc,
+                               abort=True)
+                    task = None
+                    continue
                 running.append(task)
                 failed = state.error is not None
             if prefetch is not None:
@@ -352,55 +401,102 @@ class LocalExecutor:
 
     def _finish(self, task, w, failed, takes_one, prefetch):
         """Mark a task done and release its successors (lock held); returns the
-        prefetch list. ``takes_one``: the worker will take one of them itself."""
+        prefetch list. ``takes_one``: the worker will take one of them itself.
+        Raises :class:`_Fault` naming the hook or step that failed."""
         state = self.state
-        state.running[w.index].remove(task)
-        task.done = True
-        if failed:
-            task.error = "cancelled"
-        elif task.error is not None:
-            err = self._task_error(task)
-            if state.error is None:
-                state.error = err
-            if self.rt.tracing:  # a success was recorded where it ran
-                failed_task = task.failed if task.__class__ is Bundle else task
-                self._records.append(record_of(failed_task))
+        try:
+            state.running[w.index].remove(task)
+            task.done = True
+            if failed:
+                task.error = "cancelled"
+            elif task.error is not None:
+                err = self._task_error(task)
+                if state.error is None:
+                    state.error = err
+                if self.rt.tracing:  # a success was recorded where it ran
+                    failed_task = task.failed if task.__class__ is Bundle else task
+                    self._records.append(record_of(failed_task))
+        except BaseException as exc:
+            raise _Fault(f"the end of task {task.id} on worker {w.name}") from exc
         if self._finished is not None:
-            self._finished(task, w)
+            try:
+                self._finished(task, w)
+            except BaseException as exc:
+                raise _Fault(f"policy {self.policy.name!r} finished() of task {task.id} "
+                             f"on worker {w.name}") from exc
         succ = task.succ
-        node = w.node
-        if succ:
-            shared = -1 if takes_one else 0
-            now = _perf()
-            push = self.policy.push
-            waiting = state.waiting
-            for s in succ:
-                s.npred -= 1
-                if s.npred == 0:
-                    del waiting[s]
-                    s.t_ready = now
-                    target = push(s, w)
-                    if target is None:
-                        if not self._mixed:
-                            shared += 1
-                        elif takes_one and w in s.eligible:
-                            takes_one = False  # this worker will take it
-                        else:
-                            self._wake_for(s)
-                    elif target is not w:
-                        if target.idle:
-                            self._wake(target)
-                        if target.node is not node:
-                            if prefetch is None:
-                                prefetch = []
-                            prefetch.append((s, target.node))
-            if shared > 0 and state.idle:
-                self._wake_some(shared)
+        if succ and not state.aborted:
+            prefetch = self._release(task, succ, w, takes_one, prefetch)
         task.preds = task.succ = ()  # released: nothing here keeps the others alive
         state.remaining -= 1
         if not state.remaining:
             self._done.notify_all()  # drain(), and close() from another thread
         return prefetch
+
+    def _release(self, task, succ, w, takes_one, prefetch):
+        """Count ``task`` done in its successors; hand those now ready to the policy."""
+        state = self.state
+        node = w.node
+        shared = -1 if takes_one else 0
+        now = _perf()
+        push = self.policy.push
+        waiting = state.waiting
+        for s in succ:
+            s.npred -= 1
+            if s.npred == 0:
+                del waiting[s]
+                s.t_ready = now
+                try:
+                    target = push(s, w)
+                except BaseException as exc:
+                    raise _Fault(f"policy {self.policy.name!r} push() of task {s.id} (codelet "
+                                 f"{s.codelet.name!r}, released by task {task.id} on worker "
+                                 f"{w.name})") from exc
+                if target is None:
+                    if not self._mixed:
+                        shared += 1
+                    elif takes_one and w in s.eligible:
+                        takes_one = False  # this worker will take it
+                    else:
+                        self._wake_for(s)
+                elif target is not w:
+                    if target.idle:
+                        self._wake(target)
+                    if target.node is not node:
+                        if prefetch is None:
+                            prefetch = []
+                        prefetch.append((s, target.node))
+        if shared > 0 and state.idle:
+            self._wake_some(shared)
+        return prefetch
+
+    # ------------------------------------------------------------------ faults (lock held)
+    def _fail(self, where, exc, abort):
+        """An exception outside a codelet: the flush's error names ``where``. With
+        ``abort`` (a policy hook or the release of successors failed, so queues and
+        counts cannot be trusted) the tasks not running are cancelled now and
+        ``drain`` returns once the running ones end; the next flush starts clean."""
+        state = self.state
+        err = TaskError(f"{where} failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        if state.error is None:
+            state.error = err
+        if not abort:
+            return
+        state.aborted = True
+        for queue in state.ready.values():
+            queue.clear()
+        try:
+            self.policy.clear()
+        except BaseException:  # noqa: BLE001 - the policy is broken; take() drops leftovers
+            pass
+        for t in state.waiting:
+            t.done = True
+            t.error = "cancelled"
+        state.waiting.clear()
+        state.remaining = sum(len(r) for r in state.running)
+        if not state.remaining:
+            self._done.notify_all()
 
     # ------------------------------------------------------------------ CUDA workers
     def _launch(self, task, w, rt):
@@ -436,19 +532,30 @@ class LocalExecutor:
             task.error = exc
 
     def _completed(self, task, w):
-        """Stream callback: the task's kernels are done. Hand it to its worker."""
-        now = _perf()
-        w.node.release(task.handles)
-        task.t_start = max(task.t_start, w.last_end)
-        task.t_end = w.last_end = now
-        if task.error is None:
-            w.busy += task.t_end - task.t_start
-            if self.rt.perfmodel is not None:
-                self._variants.record(task, w.kind, w.index)
-            if self.rt.tracing:
-                self._records.append(record_of(task))
+        """Stream callback: the task's kernels are done. Hand it to its worker, whatever
+        fails on the way (the worker waits for it)."""
+        fault = None
+        step = "the completion callback"
+        try:
+            now = _perf()
+            w.node.release(task.handles)
+            task.t_start = max(task.t_start, w.last_end)
+            task.t_end = w.last_end = now
+            if task.error is None:
+                w.busy += task.t_end - task.t_start
+                if self.rt.perfmodel is not None:
+                    step = "the performance model's update in the completion callback"
+                    self._variants.record(task, w.kind, w.index)
+                    step = "the completion callback"
+                if self.rt.tracing:
+                    self._records.append(record_of(task))
+        except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+            fault = exc
         with self._lock:
-            self.state.completed[w.index].append((task, False))  # it ran: not failed when taken
+            if fault is not None:
+                self._fail(f"{step} of task {task.id} (codelet {task.codelet.name!r}) on "
+                           f"worker {w.name}", fault, abort=False)
+            self.state.completed[w.index].append((task, False))  # ran: not failed when taken
             if w.idle:
                 self._wake(w)
             else:
@@ -479,10 +586,15 @@ class LocalExecutor:
             task.error = exc
             return
         w.busy += end - start
-        if rt.perfmodel is not None:
-            variants.record(task, kind, w.index)
         if rt.tracing:
             self._records.append(record_of(task))
+        if rt.perfmodel is not None:
+            try:
+                variants.record(task, kind, w.index)
+            except BaseException as exc:  # noqa: BLE001 - not the codelet's failure
+                with self._lock:
+                    self._fail(f"the performance model's update after task {task.id} (codelet "
+                               f"{codelet.name!r}) on worker {w.name}", exc, abort=False)
 
     def _prefetch_failed(self, task, node, exc):
         err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "

@@ -84,6 +84,12 @@ class Policy:
         (each worker's ``queue``; a policy with a shared one names it ``"shared"``)."""
         return {w.name: w.queue for w in self.workers}
 
+    def clear(self):
+        """Forget every task placed (a flush was aborted): empty the queues, reset the
+        bookkeeping. A policy keeping tasks elsewhere than :meth:`queues` clears them."""
+        for queue in self.queues().values():
+            queue.clear()
+
     def _take(self, queue, worker):
         """The oldest task of ``queue`` that ``worker`` has a variant for (removed), or None."""
         if not queue:
@@ -235,10 +241,20 @@ class Dmda(Policy):
     def finished(self, task, worker):
         worker.running_end = 0.0  # nothing running: the worker is free now
 
+    def clear(self):
+        super().clear()
+        for w in self.workers:
+            w.queued_work = w.running_end = 0.0
+
 
 class Heft(Policy):
     name = "heft"
     plan_once = True
+
+    def __init__(self, runtime):
+        super().__init__(runtime)
+        for w in self.workers:
+            w.queue = []  # a heap of (-rank, id, task)
 
     def prepare(self, tasks):
         """Rank every task of the DAG and assign each one to a worker, statically."""
@@ -343,8 +359,4 @@ def policy_class(name):
 
 def make_policy(name, runtime) -> Policy:
     """The policy called ``name`` for ``runtime``'s workers."""
-    cls = policy_class(name)
-    if cls is Heft:
-        for w in runtime.workers:
-            w.queue = []  # a heap
-    return cls(runtime)
+    return policy_class(name)(runtime)
