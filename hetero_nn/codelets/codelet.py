@@ -70,8 +70,10 @@ class Codelet:
     ----------
     name : str
         Unique, used in traces and performance models.
-    modes : sequence of AccessMode
-        One per operand, in the order the variants take the arrays.
+    modes : sequence of AccessMode, or None
+        One per operand, in the order the variants take the arrays. ``None``: a
+        variable number of operands (StarPU's ``STARPU_VARIABLE_NBUFFERS``), their
+        modes given at each submission (``rt.submit(cl, *handles, modes=(R, R, W))``).
     variants : mapping of variant name to callable
         See the module docstring for names and calling convention.
     init : callable(partial) -> None, optional
@@ -88,8 +90,8 @@ class Codelet:
                  init: Callable | None = None, redux: Callable | None = None,
                  flops: Callable | None = None):
         self.name = str(name)
-        self.modes = tuple(AccessMode(m) for m in modes)
-        if not self.modes:
+        self.modes = None if modes is None else tuple(AccessMode(m) for m in modes)
+        if self.modes is not None and not self.modes:
             raise ValueError(f"codelet {self.name!r}: needs at least one operand mode")
         if not variants:
             raise ValueError(f"codelet {self.name!r}: needs at least one variant")
@@ -98,7 +100,7 @@ class Codelet:
         for vname in self.variants:
             kind = variant_kind(vname)
             self.kinds[kind] = self.kinds.get(kind, ()) + (vname,)
-        if REDUX in self.modes and (init is None or redux is None):
+        if self.modes is not None and REDUX in self.modes and (init is None or redux is None):
             raise ValueError(f"codelet {self.name!r}: a REDUX operand needs both init= and redux=")
         self.init = init
         self.redux = redux
@@ -109,6 +111,32 @@ class Codelet:
             raise SubmitError(
                 f"codelet {self.name!r} declares {len(self.modes)} operand(s) "
                 f"(modes {list(m.value for m in self.modes)}) but was submitted with {n}")
+
+    def submission_modes(self, n: int, modes) -> tuple:
+        """The modes of a submission of ``n`` operands: the declared ones, or for a codelet
+        declared with ``modes=None`` the ``modes`` given (checked)."""
+        if self.modes is not None:
+            if modes is not None:
+                raise SubmitError(f"codelet {self.name!r} declares its modes; modes= is for a "
+                                  "codelet declared with modes=None")
+            self.check_operands(n)
+            return self.modes
+        if modes is None:
+            raise SubmitError(f"codelet {self.name!r} takes a variable number of operands "
+                              "(modes=None): give their modes at submission, e.g. "
+                              "submit(cl, a, b, modes=(R, W))")
+        try:
+            modes = tuple(AccessMode(m) for m in modes)
+        except (TypeError, ValueError):
+            raise SubmitError(f"codelet {self.name!r}: modes={modes!r}: expected a sequence "
+                              "of R, W, RW, REDUX, SCRATCH") from None
+        if len(modes) != n or not n:
+            raise SubmitError(f"codelet {self.name!r}: submitted with {n} operand(s) but "
+                              f"{len(modes)} mode(s) {[m.value for m in modes]}")
+        if REDUX in modes and (self.init is None or self.redux is None):
+            raise SubmitError(f"codelet {self.name!r}: a REDUX operand needs the codelet's "
+                              "init= and redux=")
+        return modes
 
     def work(self, shapes, params) -> float:
         """Problem size for the performance model's regression."""
@@ -123,5 +151,5 @@ class Codelet:
         return float(total)
 
     def __repr__(self):
-        modes = ", ".join(m.value for m in self.modes)
-        return f"Codelet({self.name!r}, modes=({modes}), variants={list(self.variants)})"
+        modes = "None" if self.modes is None else "(" + ", ".join(m.value for m in self.modes) + ")"
+        return f"Codelet({self.name!r}, modes={modes}, variants={list(self.variants)})"

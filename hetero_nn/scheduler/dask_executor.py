@@ -9,6 +9,9 @@ process while the executor lives, ``distributed`` registers a worker plugin
 that sets it in every worker, joining ones included. Registered data (weights
 among it) reaches ``distributed`` workers as futures scattered once per flush,
 never inside the graph. See docs/cluster.md for what these executors cost.
+StarPU's task fields: ``after=`` becomes extra dependencies in the Dask graph and
+``callback=`` runs once the graph has run, in submission order; ``priority=`` and
+``worker=`` are refused at submission (Dask orders and places tasks itself).
 ``distributed`` starts a ``LocalCluster`` of worker processes (one
 thread each, as many as the runtime has CPU workers) unless given a scheduler
 address or a ``Client``; a cluster it started is closed with the runtime.
@@ -23,7 +26,7 @@ import time
 import numpy as np
 
 from ..arena.handle import mark_written
-from ..errors import DeviceError
+from ..errors import DeviceError, TaskError
 from .graph import build_graph
 
 
@@ -94,6 +97,19 @@ class DaskExecutor:
             t.t_end = end - offset
             t.worker = worker
             rt.record(t, "cpu")
+        for t in tasks:  # callback=, once the graph has run, in submission order
+            if t.callback is not None:
+                try:
+                    t.callback(t)
+                except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+                    raise TaskError(f"the callback of task {t.id} (codelet {t.codelet.name!r}) "
+                                    f"failed: {type(exc).__name__}: {exc}") from exc
+
+    def constrain(self):  # pragma: no cover - the runtime refuses worker= first
+        raise DeviceError("the Dask executors place tasks themselves: worker= is refused")
+
+    def wait_for(self, task, timeout=None):  # pragma: no cover - never streamed
+        """Tasks run at ``wait()`` here: :meth:`Task.wait` runs the flush first."""
 
     def close(self):
         if self._blas is not None:

@@ -52,6 +52,7 @@ class Flushes:
         self.rt = runtime
         self.pending: list = []
         self.open = False
+        self.first_id = 0  # the id of the flush's first task: later ones belong to it
         self.streaming = False
         self.generation = 0
         self.capturing = None
@@ -61,7 +62,7 @@ class Flushes:
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
         possibly itself) from dependency inference."""
         if not self.open:
-            self._begin()
+            self._begin(task)
         if preds:
             preds.pop(task, None)  # a handle twice in one task
             task.preds = list(preds)
@@ -77,11 +78,12 @@ class Flushes:
                 else:
                     p.succ = [task]
 
-    def _begin(self):
+    def _begin(self, task):
         """The first submission since a flush ended: decide whether this flush streams;
         streaming, the arenas are reset now (nothing of the previous flush runs)."""
         rt = self.rt
         self.open = True
+        self.first_id = task.id
         self.streaming = rt.overlap and self.capturing is None
         if self.streaming:
             for node in rt.nodes:
@@ -147,7 +149,7 @@ class Flushes:
                 elif t.t_start:  # not cancelled
                     records.append(record_of(t))
         for t in tasks:
-            t.done = True
+            t.ended = True
             t.preds = ()
             t.succ = ()
         if fault is not None and not failed:

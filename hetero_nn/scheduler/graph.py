@@ -33,9 +33,10 @@ from ..errors import TaskError
 class PureTask:
     """A codelet variant as a pure function of the values it reads.
 
-    Called with the values of its ``R``/``RW`` operands in order; returns the
-    arrays of its written operands (``W``, ``RW``, ``REDUX``) followed by
-    ``(start, end, worker)`` wall-clock times.
+    Called with the values of its ``R``/``RW`` operands in order (then the values of
+    its ``after=`` tasks, which only order it and are ignored); returns the arrays of
+    its written operands (``W``, ``RW``, ``REDUX``) followed by ``(start, end,
+    worker)`` wall-clock times.
     """
 
     def __init__(self, task, variant):
@@ -150,6 +151,8 @@ class GraphBuilder:
     def add(self, task, variant):
         args = [self.value(h) for h, m in zip(task.handles, task.modes) if m.reads]
         key = self.task_key(task)
+        # after= tasks of this graph: extra arguments the pure task ignores (order only)
+        args += [self.task_key(p) for p in task.after if self.task_key(p) in self.dsk]
         self.dsk[key] = (PureTask(task, variant), *args)
         i = 0
         for h, m in zip(task.handles, task.modes):

@@ -11,6 +11,10 @@ graph's own (an ordinary handle, allocated once), so the graph stays valid while
 other flushes run between replays. Children come from
 :meth:`Handle.split <hetero_nn.arena.handle.Handle.split>`.
 
+``unregister`` (StarPU's ``starpu_data_unregister``) waits for the work submitted,
+brings a root's data back to the host, drops its other replicas and disowns it and
+its children: the handles cannot be used again.
+
 An operand given to ``submit`` must be a :class:`~hetero_nn.arena.handle.Handle` of
 this runtime and, if temporary, of the current flush.
 
@@ -26,6 +30,9 @@ import numpy as np
 
 from ..arena.handle import Handle
 from ..errors import SubmitError
+
+
+UNREGISTERED = "unregistered"  # the owner of a handle given to Runtime.unregister
 
 
 class HandleFactory:
@@ -51,12 +58,30 @@ class HandleFactory:
         return Handle(shape, dtype, name, owner=self.rt, temporary=True,
                       generation=flushes.generation)
 
+    def unregister(self, root):
+        """Make ``root`` coherent on the host, drop its replicas elsewhere and disown it
+        and its descendants (the runtime has waited for its tasks); returns the host array."""
+        rt = self.rt
+        host = rt.host_replica(root)
+        for node in rt.nodes[1:]:  # replicas there come from node.empty: resident, evictable
+            node.evict(root)
+        stack = [root]
+        while stack:
+            h = stack.pop()
+            h.owner = UNREGISTERED
+            for plan in h.plans.values():
+                stack.extend(plan.children)
+        return host
+
     def bad_operand(self, codelet, i, h):
         """Raise the ``SubmitError`` for operand ``i`` of a submission, which is not a
         current handle of this runtime."""
         if type(h) is not Handle:
             raise SubmitError(f"codelet {codelet.name!r} operand {i}: expected a Handle, "
                               f"got {type(h).__name__} (register arrays with rt.register)")
+        if h.owner is UNREGISTERED:
+            raise SubmitError(f"codelet {codelet.name!r} operand {i}: handle {h.name!r} was "
+                              "unregistered")
         if h.owner is not self.rt:
             raise SubmitError(f"codelet {codelet.name!r} operand {i}: handle {h.name!r} belongs "
                               "to another Runtime")

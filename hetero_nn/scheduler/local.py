@@ -124,7 +124,7 @@ class ExecutorState:
                          + (f", completed {len(self.completed[w.index])} to release"
                             if self.completed[w.index] else ""))
         for t in list(self.waiting)[:8]:
-            left = [p for p in t.preds if not p.done]
+            left = [p for p in t.preds if not p.ended]
             lines.append(f"  waiting: {t!r} (npred {t.npred}) after {_some(left)}")
         if len(self.waiting) > 8:
             lines.append(f"  ... and {len(self.waiting) - 8} more waiting")
@@ -141,7 +141,10 @@ class _Fault(Exception):
 
 
 def _queued(queue) -> list:
-    """The tasks in a policy's queue (a deque, or heft's heap of ``(rank, id, task)``)."""
+    """The tasks in a policy's queue (a ReadyQueue, or heft's heap of tuples ending with
+    the task)."""
+    if hasattr(queue, "tasks"):
+        return queue.tasks()
     return [x[-1] if isinstance(x, tuple) else x for x in queue]
 
 
@@ -192,13 +195,13 @@ class LocalExecutor:
         state = self.state
         with self._lock:
             if state.aborted:  # the flush failed inside the executor: cancelled at once
-                task.done = True
+                task.ended = True
                 task.error = "cancelled"
                 return
             state.remaining += 1
             n = 0
             for p in task.preds:
-                if not p.done:
+                if not p.ended:
                     if p.succ:
                         p.succ.append(task)
                     else:
@@ -222,6 +225,24 @@ class LocalExecutor:
                     self._wake_some(1)
             elif target.idle:
                 self._wake(target)
+
+    def constrain(self):
+        """A task was given ``worker=``: from now on check eligibility on every pop and
+        wake-up (the policy's fast paths for workers all alike are off)."""
+        with self._lock:
+            self.policy.homogeneous = False
+            self._mixed = True
+
+    def wait_for(self, task, timeout=None):
+        """Block until ``task`` (handed over) has ended; ``TimeoutError`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            task.watched = True
+            while not task.ended:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{task!r} had not ended after {timeout} s")
+                self._done.wait(left)
 
     def drain(self):
         """Block until every task handed over has finished; re-raise the first failure.
@@ -343,7 +364,7 @@ class LocalExecutor:
             flush left in a policy are dropped here."""
             while len(running) < CUDA_PIPELINE and not state.aborted:
                 t = pop(w)
-                if t is None or not t.done:
+                if t is None or not t.ended:
                     return t
             return None
 
@@ -406,11 +427,11 @@ class LocalExecutor:
         state = self.state
         try:
             state.running[w.index].remove(task)
-            task.done = True
+            task.ended = True
             if failed:
                 task.error = "cancelled"
             elif task.error is not None:
-                err = self._task_error(task)
+                err = task_error(task)
                 if state.error is None:
                     state.error = err
                 if self.rt.tracing:  # a success was recorded where it ran
@@ -429,8 +450,8 @@ class LocalExecutor:
             prefetch = self._release(task, succ, w, takes_one, prefetch)
         task.preds = task.succ = ()  # released: nothing here keeps the others alive
         state.remaining -= 1
-        if not state.remaining:
-            self._done.notify_all()  # drain(), and close() from another thread
+        if not state.remaining or task.watched:
+            self._done.notify_all()  # drain(), close() from another thread, Task.wait()
         return prefetch
 
     def _release(self, task, succ, w, takes_one, prefetch):
@@ -491,12 +512,11 @@ class LocalExecutor:
         except BaseException:  # noqa: BLE001 - the policy is broken; take() drops leftovers
             pass
         for t in state.waiting:
-            t.done = True
+            t.ended = True
             t.error = "cancelled"
         state.waiting.clear()
         state.remaining = sum(len(r) for r in state.running)
-        if not state.remaining:
-            self._done.notify_all()
+        self._done.notify_all()  # drain() if nothing runs, and any Task.wait()
 
     # ------------------------------------------------------------------ CUDA workers
     def _launch(self, task, w, rt):
@@ -551,6 +571,8 @@ class LocalExecutor:
                     self._records.append(record_of(task))
         except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
             fault = exc
+        if task.callback is not None:
+            self._callback(task, w)
         with self._lock:
             if fault is not None:
                 self._fail(f"{step} of task {task.id} (codelet {task.codelet.name!r}) on "
@@ -562,7 +584,8 @@ class LocalExecutor:
                 w.cond.notify()
 
     def _execute(self, task, w, kind, rt):
-        """Run ``task`` on CPU worker ``w``: variant, operands, call, times, model."""
+        """Run ``task`` on CPU worker ``w``: variant, operands, call, times, model,
+        callback."""
         if task.__class__ is Bundle:  # members run in order, each as a task alone
             task.run(self._execute, w, kind, rt)
             return
@@ -584,17 +607,29 @@ class LocalExecutor:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             task.t_end = _perf()
             task.error = exc
-            return
-        w.busy += end - start
-        if rt.tracing:
-            self._records.append(record_of(task))
-        if rt.perfmodel is not None:
-            try:
-                variants.record(task, kind, w.index)
-            except BaseException as exc:  # noqa: BLE001 - not the codelet's failure
-                with self._lock:
-                    self._fail(f"the performance model's update after task {task.id} (codelet "
-                               f"{codelet.name!r}) on worker {w.name}", exc, abort=False)
+        else:
+            w.busy += end - start
+            if rt.tracing:
+                self._records.append(record_of(task))
+            if rt.perfmodel is not None:
+                try:
+                    variants.record(task, kind, w.index)
+                except BaseException as exc:  # noqa: BLE001 - not the codelet's failure
+                    with self._lock:
+                        self._fail(f"the performance model's update after task {task.id} "
+                                   f"(codelet {codelet.name!r}) on worker {w.name}", exc,
+                                   abort=False)
+        if task.callback is not None:
+            self._callback(task, w)
+
+    def _callback(self, task, w):
+        """Call the program's ``callback=`` (outside the lock: it may submit or wait)."""
+        try:
+            task.callback(task)
+        except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+            with self._lock:
+                self._fail(f"the callback of task {task.id} (codelet {task.codelet.name!r}) "
+                           f"on worker {w.name}", exc, abort=False)
 
     def _prefetch_failed(self, task, node, exc):
         err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "
@@ -605,14 +640,17 @@ class LocalExecutor:
             if self.state.error is None:
                 self.state.error = err
 
-    @staticmethod
-    def _task_error(task):
-        if task.__class__ is Bundle:
-            task = task.failed  # name the member that raised
-        exc = task.error
-        err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
-                        f"{task.variant!r}, worker {task.worker.name}) failed: "
-                        f"{type(exc).__name__}: {exc}", codelet=task.codelet.name, task_id=task.id)
-        err.__cause__ = exc
-        task.error = f"{type(exc).__name__}: {exc}"
-        return err
+
+def task_error(task) -> TaskError:
+    """The :class:`TaskError` of a task whose codelet raised (a bundle's: the member that
+    raised), kept as its ``failure``; its ``error`` becomes the exception's text."""
+    if task.__class__ is Bundle:
+        task = task.failed  # name the member that raised
+    exc = task.error
+    err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
+                    f"{task.variant!r}, worker {task.worker.name}) failed: "
+                    f"{type(exc).__name__}: {exc}", codelet=task.codelet.name, task_id=task.id)
+    err.__cause__ = exc
+    task.error = f"{type(exc).__name__}: {exc}"
+    task.failure = err
+    return err

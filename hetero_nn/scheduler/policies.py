@@ -27,6 +27,13 @@ Names follow StarPU where they mean the same:
     another node and of inputs that already live elsewhere (written by an
     earlier graph); workers then run their tasks in rank order as they get ready.
 
+Every policy honours two constraints a program may put on a task: ``priority=``
+(among ready tasks, higher first; each queue is a :class:`ReadyQueue`, a plain deque
+for priority 0 and a heap beside it for the others) and ``worker=`` (``task.eligible``
+holds only the workers allowed: every placement picks from it, and once a task is
+constrained the policy and the executor check eligibility on every pop and wake-up,
+``homogeneous`` turned off).
+
 A policy implements ``prepare(tasks)`` (once per flushed DAG; a policy that
 defines it sees whole DAGs: the runtime hands it the tasks at ``wait()``
 instead of streaming them as they are submitted),
@@ -49,6 +56,62 @@ _perf = time.perf_counter
 UNKNOWN_COST = 1e-5  # seconds assumed for a task the models know nothing about
 
 
+class ReadyQueue(deque):
+    """Ready tasks in arrival order (a deque: the common case costs nothing more). A
+    task with a priority other than 0 waits in ``ranked`` instead, a heap by priority
+    then submission, and is served before the others (priority > 0) or after them (< 0).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ranked: list = []
+
+    def push(self, task):
+        """Queue a task with a priority other than 0."""
+        heapq.heappush(self.ranked, (-task.priority, task.id, task))
+
+    def take(self, worker=None, newest=False):
+        """The next task, removed, or None: the highest priority first, then the oldest
+        (``newest``: the newest) of priority 0. With ``worker``, only a task it may run."""
+        ranked = self.ranked
+        if ranked and ranked[0][0] < 0:  # a task of priority > 0 waits
+            t = self._take_ranked(worker, positive=True)
+            if t is not None:
+                return t
+        if self:
+            if worker is None:
+                return self.pop() if newest else self.popleft()
+            for t in (reversed(self) if newest else self):
+                if worker in t.eligible:
+                    self.remove(t)
+                    return t
+        return self._take_ranked(worker, positive=False) if ranked else None
+
+    def _take_ranked(self, worker, positive):
+        ranked = self.ranked
+        if worker is None:
+            item = ranked[0]
+            if positive and item[0] >= 0:
+                return None
+            return heapq.heappop(ranked)[2]
+        for item in sorted(ranked):
+            if positive and item[0] >= 0:
+                return None
+            if worker in item[2].eligible:
+                ranked.remove(item)
+                heapq.heapify(ranked)
+                return item[2]
+        return None
+
+    def tasks(self) -> list:
+        """Every task queued (for the executor's state)."""
+        return list(self) + [item[2] for item in sorted(self.ranked)]
+
+    def clear(self):
+        super().clear()
+        self.ranked.clear()
+
+
 class Policy:
     """Base: the four hooks; see the module docstring."""
 
@@ -60,7 +123,9 @@ class Policy:
         self.rt = runtime
         self.workers = runtime.workers
         kinds = {w.kind for w in self.workers}
-        self.homogeneous = len(kinds) == 1
+        self.homogeneous = len(kinds) == 1  # turned off by the first task given worker=
+        for w in self.workers:
+            w.queue = ReadyQueue()
 
     @property
     def whole_graph(self) -> bool:
@@ -91,20 +156,25 @@ class Policy:
             queue.clear()
 
     def _take(self, queue, worker):
-        """The oldest task of ``queue`` that ``worker`` has a variant for (removed), or None."""
-        if not queue:
-            return None
-        if self.homogeneous:
-            return queue.popleft()
-        for i, t in enumerate(queue):
-            if worker in t.eligible:
-                del queue[i]
-                return t
-        return None
+        """The task of ``queue`` to serve next that ``worker`` may run (removed), or None:
+        the highest priority, then the oldest."""
+        if queue.ranked or not self.homogeneous:
+            return queue.take(None if self.homogeneous else worker)
+        return queue.popleft() if queue else None
 
     def _own_queue_pop(self, worker):
         q = worker.queue
+        if q.ranked:
+            return q.take()
         return q.popleft() if q else None
+
+    @staticmethod
+    def _queue(queue, task):
+        """Append ``task`` to ``queue`` (a :class:`ReadyQueue`), by priority if it has one."""
+        if task.priority:
+            queue.push(task)
+        else:
+            queue.append(task)
 
 
 class Eager(Policy):
@@ -112,10 +182,13 @@ class Eager(Policy):
 
     def __init__(self, runtime):
         super().__init__(runtime)
-        self.queue = deque()
+        self.queue = ReadyQueue()
 
     def push(self, task, from_worker):
-        self.queue.append(task)
+        if task.priority:
+            self.queue.push(task)
+        else:
+            self.queue.append(task)
         return None
 
     def queues(self) -> dict:
@@ -123,11 +196,9 @@ class Eager(Policy):
 
     def pop(self, worker):
         q = self.queue
-        if not q:
-            return None
-        if self.homogeneous:
-            return q.popleft()
-        return self._take(q, worker)
+        if q.ranked or not self.homogeneous:
+            return q.take(None if self.homogeneous else worker)
+        return q.popleft() if q else None
 
 
 class Random(Policy):
@@ -139,7 +210,7 @@ class Random(Policy):
 
     def push(self, task, from_worker):
         w = self.rng.choice(task.eligible)
-        w.queue.append(task)
+        self._queue(w.queue, task)
         return w
 
     pop = Policy._own_queue_pop
@@ -154,7 +225,7 @@ class WorkStealing(Policy):
 
     def push(self, task, from_worker):
         if from_worker is not None and from_worker in task.eligible:
-            from_worker.queue.append(task)
+            self._queue(from_worker.queue, task)
             return None  # others may steal it: wake idle ones
         eligible = task.eligible
         w = eligible[self._next % len(eligible)]
@@ -164,12 +235,15 @@ class WorkStealing(Policy):
                 if v.idle:
                     w = v
                     break
-        w.queue.append(task)
+        self._queue(w.queue, task)
         return w
 
     def pop(self, worker):
-        if worker.queue:
-            return worker.queue.pop()
+        q = worker.queue
+        if q.ranked:
+            return q.take(newest=True)  # its own: all eligible
+        if q:
+            return q.pop()
         n = len(self.workers)
         for k in range(1, n):
             victim = self.workers[(worker.index + k) % n]
@@ -211,7 +285,7 @@ class Dmda(Policy):
                 best, best_eft, best_cost = w, eft, cost
         task.predicted = best_cost
         best.queued_work += best_cost
-        best.queue.append(task)
+        self._queue(best.queue, task)
         return best
 
     def _transfer(self, task, node):
@@ -229,9 +303,12 @@ class Dmda(Policy):
 
     def pop(self, worker):
         q = worker.queue
-        if not q:
+        if q.ranked:
+            t = q.take()
+        elif q:
+            t = q.popleft()
+        else:
             return None
-        t = q.popleft()
         worker.queued_work -= t.predicted
         if worker.queued_work < 0.0:
             worker.queued_work = 0.0
@@ -254,7 +331,7 @@ class Heft(Policy):
     def __init__(self, runtime):
         super().__init__(runtime)
         for w in self.workers:
-            w.queue = []  # a heap of (-rank, id, task)
+            w.queue = []  # a heap of (-priority, -rank, id, task)
 
     def prepare(self, tasks):
         """Rank every task of the DAG and assign each one to a worker, statically."""
@@ -281,12 +358,12 @@ class Heft(Policy):
             c = cost[t]
             top = 0.0
             for s in t.succ:
-                if s.priority > top:
-                    top = s.priority
-            t.priority = sum(c.values()) / len(c) + top  # upward rank
+                if s.rank > top:
+                    top = s.rank
+            t.rank = sum(c.values()) / len(c) + top  # upward rank
         avail = {w: 0.0 for w in self.workers}
         finish = {}
-        for t in sorted(tasks, key=lambda t: (-t.priority, t.id)):
+        for t in sorted(tasks, key=lambda t: (-t.rank, t.id)):
             c = cost[t]
             ready = 0.0
             if not multi_node:
@@ -332,12 +409,12 @@ class Heft(Policy):
 
     def push(self, task, from_worker):
         w = task.assigned
-        heapq.heappush(w.queue, (-task.priority, task.id, task))
+        heapq.heappush(w.queue, (-task.priority, -task.rank, task.id, task))
         return w
 
     def pop(self, worker):
         q = worker.queue
-        return heapq.heappop(q)[2] if q else None
+        return heapq.heappop(q)[3] if q else None
 
 
 def _writes(task, h) -> bool:

@@ -55,7 +55,7 @@ from ..errors import ConfigError, DeviceError, SubmitError
 from .binding import Binder
 from .capture import Graph
 from .dependencies import Dependencies, check_overlap
-from .devices import make_workers
+from .devices import Worker, make_workers
 from .flush import Flushes
 from .handles import HandleFactory
 from .redux import Reductions
@@ -164,6 +164,7 @@ class Runtime:
         self._ids = itertools.count()
         self._eligible: dict = {}
         self._closed = False
+        self._constrained = False  # a task was given worker=
         self._handles = HandleFactory(self)
         self._dependencies = Dependencies()
         self._reductions = Reductions(self)
@@ -172,9 +173,10 @@ class Runtime:
         self._binder = Binder(self)
         self._flushes = Flushes(self)
         self.executor = self._make_executor(executor, make_policy)
-        self.overlap = (bool(overlap) and self.executor_name == "local"
-                        and not self.executor.policy.whole_graph
-                        and all(w.kind == "cpu" for w in self.workers))
+        self.overlap = self.executor_name == "sync" or (
+            bool(overlap) and self.executor_name == "local"
+            and not self.executor.policy.whole_graph
+            and all(w.kind == "cpu" for w in self.workers))
         _live_runtimes.add(self)
 
     # ------------------------------------------------------------------ executors
@@ -183,12 +185,16 @@ class Runtime:
             from .local import LocalExecutor
             self.executor_name = "local"
             return LocalExecutor(self, make_policy(self.policy_name, self))
+        if isinstance(executor, str) and executor == "sync":
+            from .sync import SyncExecutor
+            self.executor_name = "sync"
+            return SyncExecutor(self)
         from .dask_executor import DaskExecutor
         if isinstance(executor, str):
             name, _, address = executor.partition("=")
             if name not in ("dask", "distributed"):
-                raise DeviceError(f"executor {executor!r}: expected 'local', 'dask', 'distributed', "
-                                  "'distributed=ADDRESS' or a distributed.Client")
+                raise DeviceError(f"executor {executor!r}: expected 'local', 'sync', 'dask', "
+                                  "'distributed', 'distributed=ADDRESS' or a distributed.Client")
             self.executor_name = name
             return DaskExecutor(self, "threads" if name == "dask" else "distributed",
                                 address=address or None)
@@ -214,14 +220,55 @@ class Runtime:
         self._check_open()
         return self._handles.temporary(shape, dtype, name)
 
+    def unregister(self, handle: Handle):
+        """Stop managing ``handle`` (StarPU's ``starpu_data_unregister``): wait for the
+        work submitted, bring its data back to the host, drop its other replicas, and
+        return the host array (a registered handle's: the array given to
+        :meth:`register`). The handle, and its children, cannot be used afterwards."""
+        self._check_open()
+        if type(handle) is not Handle or handle.owner is not self:
+            raise SubmitError(f"unregister: {handle!r} is not a handle of this Runtime")
+        if handle.parent is not None:
+            raise SubmitError(f"unregister: {handle.name!r} is a child of "
+                              f"{handle.root.name!r}; unregister the root")
+        self.wait()
+        return self._handles.unregister(handle)
+
     # ------------------------------------------------------------------ submission
-    def submit(self, codelet: Codelet, *handles, **params):
-        """Submit ``codelet`` on ``handles`` (one per mode); ``params`` reach the variant."""
+    def submit(self, codelet: Codelet, *handles, priority=0, after=(), callback=None,
+               worker=None, modes=None, **params) -> Task:
+        """Submit ``codelet`` on ``handles`` (one per mode); ``params`` reach the variant.
+
+        Returns the :class:`~hetero_nn.scheduler.task.Task` (``done()``, ``wait()``,
+        ``exception()``). StarPU's task fields, as keywords (reserved: a variant cannot
+        take a parameter of these names):
+
+        priority : int
+            Among ready tasks, higher first (0 by default; negative: after the others).
+        after : sequence of Task
+            Explicit dependencies on tasks of this runtime, besides those the access
+            modes imply (tasks of an earlier flush have ended: nothing to wait for).
+        callback : callable(task)
+            Called once the task has run (whether it succeeded or raised), in the thread
+            that ran it, before its successors are released; an exception it raises
+            fails the flush. Not called for a cancelled task.
+        worker : Worker, worker name, or a collection of them
+            Run on that worker, or on one of those (a placement constraint every policy
+            honours, see :mod:`~hetero_nn.scheduler.policies`).
+        modes : sequence of AccessMode
+            The operands' modes, for a codelet declared with ``modes=None``.
+
+        The Dask executors order and place tasks themselves: ``priority`` and ``worker``
+        are refused there.
+        """
         if self._closed:
             raise SubmitError("submit on a closed Runtime")
-        modes = codelet.modes
-        if len(handles) != len(modes):
-            codelet.check_operands(len(handles))
+        if modes is None and codelet.modes is not None:
+            modes = codelet.modes
+            if len(handles) != len(modes):
+                codelet.check_operands(len(handles))
+        else:
+            modes = codelet.submission_modes(len(handles), modes)
         if len(handles) > 1:
             check_overlap(codelet, handles, modes)
         eligible = self._eligible.get(codelet)
@@ -229,6 +276,9 @@ class Runtime:
             eligible = self._compute_eligible(codelet)
         task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
+        task.runtime = self
+        if priority or after or callback is not None or worker is not None:
+            self._task_options(task, priority, after, callback, worker)
         preds: dict = {}
         redux = False
         generation = self._flushes.generation
@@ -253,8 +303,78 @@ class Runtime:
                     dependencies.depend(task, h, m is not R, preds)
         if redux:  # after the other operands, so no combine ever takes this task's own partials
             task.handles = reductions.contribute(task, codelet, handles, modes)
+        if task.after:
+            flushes = self._flushes
+            for p in task.after:  # a task of an earlier flush has ended: nothing to follow
+                if flushes.open and p.id >= flushes.first_id:
+                    preds[p] = None
         self._flushes.add(task, preds)
         return task
+
+    def _task_options(self, task, priority, after, callback, worker):
+        """Check and set the StarPU task fields given to :meth:`submit`."""
+        name = task.codelet.name
+        pure = self.executor_name in ("dask", "distributed")
+        if priority:
+            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+                raise SubmitError(f"codelet {name!r}: priority={priority!r}: expected a number")
+            if pure:
+                raise SubmitError(f"codelet {name!r}: priority= orders the ready tasks of "
+                                  f"executor='local' or 'sync'; the {self.executor_name!r} "
+                                  "executor orders tasks itself")
+            task.priority = priority
+        if after:
+            if isinstance(after, Task):
+                after = (after,)
+            after = tuple(after)
+            for p in after:
+                if not isinstance(p, Task) or p.runtime is not self:
+                    raise SubmitError(f"codelet {name!r}: after= takes tasks this Runtime's "
+                                      f"submit returned, got {p!r}")
+            task.after = after
+        if callback is not None:
+            if not callable(callback):
+                raise SubmitError(f"codelet {name!r}: callback={callback!r} is not callable")
+            task.callback = callback
+        if worker is not None:
+            if pure:
+                raise SubmitError(f"codelet {name!r}: worker= places a task on a worker of "
+                                  f"executor='local' or 'sync'; the {self.executor_name!r} "
+                                  "executor places tasks itself")
+            wanted = self._workers_named(worker, name)
+            eligible = tuple(w for w in task.eligible if w in wanted)
+            if not eligible:
+                raise SubmitError(
+                    f"codelet {name!r}: worker={[w.name for w in wanted]}: none of them has a "
+                    f"variant for it (it runs on {sorted(task.codelet.kinds)} workers)")
+            task.eligible = eligible
+            if not self._constrained:
+                self._constrained = True
+                self.executor.constrain()
+
+    def _workers_named(self, worker, codelet_name) -> tuple:
+        """The workers ``worker=`` names: a worker, its name, or a collection of them."""
+        items = (worker,) if isinstance(worker, (str, Worker)) else tuple(worker)
+        by_name = {w.name: w for w in self.workers}
+        out = []
+        for item in items:
+            w = by_name.get(item) if isinstance(item, str) else item
+            if w is None or w not in self.workers:
+                raise SubmitError(f"codelet {codelet_name!r}: worker={item!r} is not a worker of "
+                                  f"this Runtime ({list(by_name)})")
+            out.append(w)
+        if not out:
+            raise SubmitError(f"codelet {codelet_name!r}: worker= names no worker")
+        return tuple(out)
+
+    def _wait_task(self, task, timeout):
+        """Block until ``task`` ended (:meth:`Task.wait`): where it waits in a flush kept
+        for ``wait()``, that is the flush run now."""
+        flushes = self._flushes
+        if flushes.open and flushes.streaming:
+            self.executor.wait_for(task, timeout)
+        elif not task.ended:
+            self.wait()
 
     def _compute_eligible(self, codelet):
         kinds = set(codelet.kinds)

@@ -208,8 +208,8 @@ class SimTask:
     """A task of a captured graph, with the attributes the policies use."""
 
     __slots__ = ("id", "codelet", "handles", "modes", "preds", "succ", "npred", "eligible",
-                 "cost", "predicted", "priority", "assigned", "footprint", "size", "kinds",
-                 "variants", "start", "end", "worker")
+                 "cost", "predicted", "priority", "rank", "assigned", "footprint", "size",
+                 "kinds", "variants", "start", "end", "worker", "only")
 
     def __init__(self, task_id, codelet, handles, modes, preds, footprint, size):
         self.id = task_id
@@ -222,7 +222,9 @@ class SimTask:
         self.eligible = ()
         self.cost = {}
         self.predicted = 0.0
-        self.priority = 0.0
+        self.priority = 0           # the program's priority= (policies serve it first)
+        self.rank = 0.0             # heft's upward rank
+        self.only = None            # names of the workers given as worker=, or None
         self.assigned = None
         self.footprint = footprint
         self.size = size
@@ -253,6 +255,7 @@ class _GraphRecorder:
 
     def __init__(self, runtime, handles):
         self.rt = runtime
+        self.real = runtime.executor  # the one it stands in for while capturing
         self.handles = handles      # real Handle -> SimHandle, across the captured steps
         self.graphs = []
         self.flushed_at = []
@@ -273,11 +276,19 @@ class _GraphRecorder:
             fp, size = self.rt.footprint(t)
             st = SimTask(t.id, t.codelet, [self._sim_handle(h) for h in t.handles], t.modes,
                          [made[p.id] for p in t.preds if p.id in made], fp, size)
+            st.priority = t.priority
+            if t.eligible != self.rt._eligible.get(t.codelet, t.eligible):  # given worker=
+                st.only = tuple(w.name for w in t.eligible)
             for p in st.preds:
                 p.succ.append(st)
             made[t.id] = st
             graph.append(st)
         self.graphs.append(graph)
+
+    def constrain(self):
+        """A task was given ``worker=``: the executor this one stands in for checks
+        eligibility from now on (the simulated policy learns it from the graph)."""
+        self.real.constrain()
 
     def close(self):
         pass
@@ -414,6 +425,14 @@ def simulate_graph(graph, machine, policy, dispatch: float, start: float, moved:
         if not t.eligible:
             raise ConfigError(f"simulate: codelet {t.codelet.name!r} has no model for any "
                               f"worker kind of the platform ({sorted(machine_kinds(machine))})")
+        if t.only is not None:  # worker= as submitted: the same constraint here
+            t.eligible = tuple(w for w in t.eligible if w.name in t.only)
+            if not t.eligible:
+                raise ConfigError(f"simulate: task {t.id} (codelet {t.codelet.name!r}) was "
+                                  f"submitted with worker={list(t.only)}, and the platform has "
+                                  f"no such worker with a model for it "
+                                  f"({[w.name for w in machine.workers]})")
+    policy.homogeneous = policy.homogeneous and all(t.only is None for t in graph)
     for w in machine.workers:
         w.running_end = w.queued_work = 0.0
     free = {w: True for w in machine.workers}

@@ -1,8 +1,14 @@
 """Tasks: one codelet applied to handles, a node of the task DAG.
 
 The runtime fills ``preds``/``succ``/``npred`` at submission from the access
-modes; an executor decrements ``npred`` as predecessors finish, and a policy
-places the task when it reaches zero. Times are ``time.perf_counter()`` seconds.
+modes (and ``after=``); an executor decrements ``npred`` as predecessors finish,
+and a policy places the task when it reaches zero. Times are
+``time.perf_counter()`` seconds.
+
+What a program holds (StarPU's ``starpu_task``, a ``concurrent.futures.Future``):
+``submit`` returns the task; :meth:`Task.done`, :meth:`Task.wait` and
+:meth:`Task.exception` say whether it ran and how it ended. Everything else is the
+runtime's and the executor's state, mutated under the executor's lock.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 class Task:
     """A submitted codelet instance. Plain state, mutated by the runtime and one executor."""
 
-    __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "done",
+    __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "ended",
                  "eligible", "variant", "worker", "t_submit", "t_ready", "t_start", "t_end",
-                 "bytes_in", "predicted", "priority", "assigned", "error", "_fp")
+                 "bytes_in", "predicted", "priority", "rank", "assigned", "error", "failure",
+                 "runtime", "after", "callback", "watched", "_fp")
 
     def __init__(self, task_id, codelet, handles, modes, params, t_submit):
         self.id = task_id
@@ -24,8 +31,8 @@ class Task:
         self.preds: list[Task] | tuple = ()
         self.succ: list[Task] | tuple = ()  # a list once a successor is linked
         self.npred = 0
-        self.done = False
-        self.eligible = ()          # workers that have a variant for this codelet
+        self.ended = False          # finished, failed or cancelled
+        self.eligible = ()          # workers that may run it (a variant; ``worker=``)
         self.variant = None
         self.worker = None
         self.t_submit = t_submit
@@ -34,20 +41,56 @@ class Task:
         self.t_end = 0.0
         self.bytes_in = 0
         self.predicted = 0.0        # policy's predicted run time (dmda, heft)
-        self.priority = 0.0         # heft's upward rank
+        self.priority = 0           # the program's: higher first among ready tasks
+        self.rank = 0.0             # heft's upward rank
         self.assigned = None        # heft's static worker
-        self.error = None
+        self.error = None           # while running the exception, then its text or "cancelled"
+        self.failure = None         # the TaskError of a task that raised
+        self.runtime = None
+        self.after = ()             # tasks given as ``after=``
+        self.callback = None
+        self.watched = False        # a thread waits in wait(): notify when it ends
         self._fp = None             # cached (footprint, size) for the perfmodel
 
     def rearm(self, task_id, now):
-        """Reset the per-run state for a replay: a fresh id, not done, no variant, worker,
+        """Reset the per-run state for a replay: a fresh id, not ended, no variant, worker,
         error, times or bytes (dependencies are the replay's to set)."""
         self.id = task_id
-        self.done = False
-        self.variant = self.worker = self.error = None
+        self.ended = False
+        self.variant = self.worker = self.error = self.failure = None
         self.t_submit = now
         self.t_ready = self.t_start = self.t_end = 0.0
         self.bytes_in = 0
+
+    # ---------------------------------------------------------------- the program's view
+    def done(self) -> bool:
+        """Whether the task has ended (run, failed, or cancelled by a failure before it)."""
+        return self.ended
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the task has ended; raise its :class:`~hetero_nn.errors.TaskError`
+        if it failed or was cancelled.
+
+        Where the runtime keeps its tasks until ``wait()`` (``heft``, a capture, the Dask
+        executors, ``overlap=False``), this runs the flush, and so raises the flush's
+        failure if any (the synchronisation point that ends a flush raises its failure);
+        otherwise ``Runtime.wait()`` still raises it. ``timeout``: seconds (streamed
+        tasks), then ``TimeoutError``."""
+        if not self.ended:
+            self.runtime._wait_task(self, timeout)
+        exc = self.exception()
+        if exc is not None:
+            raise exc
+
+    def exception(self):
+        """The task's :class:`~hetero_nn.errors.TaskError` once it ended: the codelet's
+        failure, or its cancellation; None when it ran (or has not ended yet)."""
+        if self.failure is not None or self.error is None or not self.ended:
+            return self.failure
+        from ..errors import TaskError
+        return TaskError(f"task {self.id} (codelet {self.codelet.name!r}) was cancelled: "
+                         "a task of its flush failed before it ran",
+                         codelet=self.codelet.name, task_id=self.id)
 
     @property
     def key(self) -> str:
