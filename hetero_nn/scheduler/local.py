@@ -449,6 +449,7 @@ class LocalExecutor:
         if succ and not state.aborted:
             prefetch = self._release(task, succ, w, takes_one, prefetch)
         task.preds = task.succ = ()  # released: nothing here keeps the others alive
+        task.source = None
         state.remaining -= 1
         if not state.remaining or task.watched:
             self._done.notify_all()  # drain(), close() from another thread, Task.wait()
@@ -480,6 +481,10 @@ class LocalExecutor:
                         takes_one = False  # this worker will take it
                     else:
                         self._wake_for(s)
+                elif target is w:
+                    if takes_one:  # it takes this one: the shared ones need other workers
+                        takes_one = False
+                        shared += 1
                 elif target is not w:
                     if target.idle:
                         self._wake(target)

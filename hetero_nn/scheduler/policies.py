@@ -3,23 +3,30 @@
 Names follow StarPU where they mean the same:
 
 ``eager``
-    One shared FIFO; a worker takes the oldest task it has a variant for.
+    One shared FIFO; a worker takes the oldest task it has a variant for. Locality
+    (no model says moving pays, so a task stays near its input when that costs no
+    wait): a ready task goes to its *home* worker (the one that wrote its first
+    input) when that worker is idle; else one of the tasks a finishing worker makes
+    ready stays with it (its own queue, taken next in the same critical section), so
+    a chain runs on one worker, its inputs warm in that core's cache; the rest are
+    shared.
 ``random``
     Each ready task goes to an eligible worker drawn at random (seeded).
 ``ws``
     Work stealing: a worker pushes the tasks it releases on its own deque and
     pops the newest (depth first, cache-warm); an idle worker steals the oldest
-    task of another worker. A task the program submits ready goes round robin,
-    to an idle worker where the next one is busy (a sleeping worker steals
-    nothing).
+    task of another worker. A task the program submits ready goes to its home
+    worker (see ``eager``) when that one is idle, else round robin, to an idle
+    worker where the next one is busy (a sleeping worker steals nothing).
 ``dmda``
     Deque model data aware: a ready task goes to the worker with the earliest
     expected finish time = when its queue drains + transfers of the inputs
     missing on its memory node + the predicted run time of the variant the
     model picks for that device (``UNKNOWN_COST`` when the model knows
-    nothing); ties go to the worker that released the task (for a task
-    the program submits, to an idle worker); inputs are prefetched to the
-    chosen node.
+    nothing); ties go to the worker that released the task, or for a task the
+    program submits to its home worker (see ``eager``), then to an idle
+    worker: a task moves away from its input only when the model says the
+    move finishes it sooner; inputs are prefetched to the chosen node.
 ``heft``
     Static list scheduling of the whole flushed DAG (known before it runs): tasks
     by decreasing upward rank, each placed on the worker with the earliest
@@ -169,6 +176,17 @@ class Policy:
         return q.popleft() if q else None
 
     @staticmethod
+    def _home(task):
+        """The worker that wrote ``task``'s first input (ran the last writer of its first
+        read operand, in this flush) when ``task`` may run there, else None."""
+        source = task.source
+        if source is not None:
+            w = source.worker
+            if w is not None and w in task.eligible:
+                return w
+        return None
+
+    @staticmethod
     def _queue(queue, task):
         """Append ``task`` to ``queue`` (a :class:`ReadyQueue`), by priority if it has one."""
         if task.priority:
@@ -187,18 +205,34 @@ class Eager(Policy):
     def push(self, task, from_worker):
         if task.priority:
             self.queue.push(task)
-        else:
-            self.queue.append(task)
+            return None
+        home = self._home(task)
+        if home is not None and home is not from_worker and home.idle and not home.queue \
+                and home.stream is None:  # its input's worker is free: there
+            home.queue.append(task)
+            return home
+        if from_worker is not None and not from_worker.queue and from_worker.stream is None \
+                and from_worker in task.eligible:  # else the releasing worker takes it next
+            from_worker.queue.append(task)
+            return from_worker
+        self.queue.append(task)
         return None
 
     def queues(self) -> dict:
-        return {"shared": self.queue}
+        return {"shared": self.queue, **super().queues()}
 
     def pop(self, worker):
         q = self.queue
+        own = worker.queue
+        if own and not (q.ranked and q.ranked[0][0] < 0):  # none of priority > 0 waits
+            return own.popleft()
         if q.ranked or not self.homogeneous:
-            return q.take(None if self.homogeneous else worker)
-        return q.popleft() if q else None
+            t = q.take(None if self.homogeneous else worker)
+        else:
+            t = q.popleft() if q else None
+        if t is None and own:
+            return own.popleft()
+        return t
 
 
 class Random(Policy):
@@ -227,6 +261,10 @@ class WorkStealing(Policy):
         if from_worker is not None and from_worker in task.eligible:
             self._queue(from_worker.queue, task)
             return None  # others may steal it: wake idle ones
+        home = self._home(task)
+        if home is not None and home.idle:
+            self._queue(home.queue, task)
+            return home
         eligible = task.eligible
         w = eligible[self._next % len(eligible)]
         self._next += 1
@@ -263,6 +301,7 @@ class Dmda(Policy):
         now = self.clock()
         best, best_eft, best_cost = None, None, 0.0
         costs = None
+        near = self._home(task) or from_worker  # wins ties: where its input is, or warm
         # no model: every worker predicts the same small cost, so queues still balance
         cost = UNKNOWN_COST
         for w in task.eligible:
@@ -277,11 +316,11 @@ class Dmda(Policy):
             eft = start + w.queued_work + cost
             if multi_node:
                 eft += self._transfer(task, w.node)
-            # ties go to the worker that released the task: its caches are warm and
-            # a chain then runs on one thread, with no wake-up; a task the program
-            # submits goes to an idle worker rather than behind a running task
-            if best_eft is None or eft < best_eft or (eft == best_eft and (
-                    w is from_worker or from_worker is None and w.idle and not best.idle)):
+            # ties go to the worker that released the task (or, submitted, wrote its
+            # first input): its caches are warm and a chain then runs on one thread,
+            # with no wake-up; otherwise to an idle worker rather than a busy one
+            if best_eft is None or eft < best_eft or (eft == best_eft and best is not near and (
+                    w is near or w.idle and not best.idle)):
                 best, best_eft, best_cost = w, eft, cost
         task.predicted = best_cost
         best.queued_work += best_cost

@@ -285,6 +285,7 @@ class Runtime:
         reductions = self._reductions
         redux_pending = reductions.pending
         dependencies = self._dependencies
+        source = None
         i = 0
         for h in handles:
             if type(h) is not Handle or h.owner is not self or (
@@ -297,6 +298,8 @@ class Runtime:
             elif m is not SCRATCH:
                 if redux_pending and h.root in redux_pending:
                     reductions.combine_family(h.root)
+                if source is None and m.reads:  # where its first input was made: locality
+                    source = task.source = h._last_writer
                 if h.parent is None and not h.plans:
                     dependencies.depend_root(task, h, m is not R, preds)
                 else:

@@ -209,7 +209,7 @@ class SimTask:
 
     __slots__ = ("id", "codelet", "handles", "modes", "preds", "succ", "npred", "eligible",
                  "cost", "predicted", "priority", "rank", "assigned", "footprint", "size",
-                 "kinds", "variants", "start", "end", "worker", "only")
+                 "kinds", "variants", "start", "end", "worker", "only", "source")
 
     def __init__(self, task_id, codelet, handles, modes, preds, footprint, size):
         self.id = task_id
@@ -225,6 +225,7 @@ class SimTask:
         self.priority = 0           # the program's priority= (policies serve it first)
         self.rank = 0.0             # heft's upward rank
         self.only = None            # names of the workers given as worker=, or None
+        self.source = None          # no locality preference in a simulation
         self.assigned = None
         self.footprint = footprint
         self.size = size

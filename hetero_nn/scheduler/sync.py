@@ -109,6 +109,7 @@ class SyncExecutor:
                 failed = task.failed if task.__class__ is Bundle else task
                 self.rt._flushes.records.append(record_of(failed))
         task.preds = task.succ = ()  # ran: nothing here keeps the others alive
+        task.source = None
 
     def _execute(self, task, w):
         rt = self.rt

@@ -20,7 +20,7 @@ class Task:
     __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "ended",
                  "eligible", "variant", "worker", "t_submit", "t_ready", "t_start", "t_end",
                  "bytes_in", "predicted", "priority", "rank", "assigned", "error", "failure",
-                 "runtime", "after", "callback", "watched", "_fp")
+                 "runtime", "after", "callback", "watched", "source", "_fp")
 
     def __init__(self, task_id, codelet, handles, modes, params, t_submit):
         self.id = task_id
@@ -50,6 +50,7 @@ class Task:
         self.after = ()             # tasks given as ``after=``
         self.callback = None
         self.watched = False        # a thread waits in wait(): notify when it ends
+        self.source = None          # the last writer of its first read operand (locality)
         self._fp = None             # cached (footprint, size) for the perfmodel
 
     def rearm(self, task_id, now):
