@@ -20,8 +20,9 @@ node whose replica of that cell is current. Reading a handle on node ``n``
 copies in the cells not valid on ``n`` (the whole view at once when one node
 holds all of them); writing it on ``n`` makes ``n`` the only valid node of its
 cells. A root never split (most handles) keeps one mask, a plain int, and no
-grid. Transitions happen under the root's lock when a task starts, in an order
-the task dependencies already make safe.
+grid (nor does a split root until a transfer or a validity query needs its cells:
+the grid is made then, with every plan's cuts). Transitions happen under the root's
+lock when a task starts, in an order the task dependencies already make safe.
 
 The scheduler keeps its per-handle dependency state in the ``_last_writer``,
 ``_readers`` and ``_live_below`` slots (StarPU keeps it in the handle too; see
@@ -167,22 +168,25 @@ class Handle:
         base, extra = divmod(length, n)
         offset = self.box[axis][0]
         shape, box = list(self.shape), list(self.box)
-        footprints = {}
+        shapes = {}  # size along the axis -> (shape, footprint): at most two sizes
         children, start = [], 0
         for i in range(n):
             size = base + 1 if i < extra else base
-            shape[axis] = size
+            made = shapes.get(size)
+            if made is None:
+                shape[axis] = size
+                child_shape = tuple(shape)
+                made = shapes[size] = (child_shape, _footprint(child_shape, self.dtype))
             box[axis] = (offset + start, offset + start + size)
-            fp = footprints.get(size)
-            if fp is None:
-                fp = footprints[size] = _footprint(shape, self.dtype)
-            children.append(self._child(tuple(shape), tuple(box), f"{self.name}[{i}]", fp))
+            children.append(self._child(made[0], tuple(box), f"{self.name}[{i}]", made[1]))
             start += size
         plan = Plan(self, axis, n, tuple(children))
         for child in children:
             child.plan = plan
+        root = self.root
         with self._lock:
-            self.grid.cut(axis, plan.starts)
+            if type(root._grid) is not int:  # cells already in use: cut them now
+                root._grid.cut(axis, plan.starts)
             if not self.plans:
                 self.plans = {}
             self.plans[(axis, n)] = plan
@@ -248,14 +252,21 @@ class Handle:
 
     @property
     def grid(self) -> "Grid":
-        """The root's :class:`Grid` (made on first use)."""
+        """The root's :class:`Grid`, made on first use with the cuts of every plan made
+        so far (a split alone does not make it: on one memory node it is never needed)."""
         root = self.root
         grid = root._grid
         if type(grid) is int:
             with root._lock:
                 grid = root._grid
                 if type(grid) is int:
-                    grid = root._grid = Grid(root.shape, grid)
+                    grid = Grid(root.shape, grid)
+                    stack = [root]
+                    while stack:
+                        for plan in stack.pop().plans.values():
+                            grid.cut(plan.axis, plan.starts)
+                            stack.extend(plan.children)
+                    root._grid = grid
         return grid
 
     def cells(self) -> tuple:
@@ -355,9 +366,18 @@ _NO_PLANS = MappingProxyType({})  # what an unsplit handle's ``plans`` is: read-
 _NO_READERS = ()  # what a handle without readers in the flush holds
 
 
+_FOOTPRINTS: dict = {}  # (shape, dtype) -> footprint: a program uses few shapes
+
+
 def _footprint(shape, dtype) -> str:
     """The performance model's key for an operand: shape and dtype (``"4x3:<f8"``)."""
-    return "x".join(map(str, shape)) + ":" + dtype.str
+    key = (shape, dtype)
+    fp = _FOOTPRINTS.get(key)
+    if fp is None:
+        if len(_FOOTPRINTS) > 4096:  # a program of ever new shapes: keep the memory bounded
+            _FOOTPRINTS.clear()
+        fp = _FOOTPRINTS[key] = "x".join(map(str, shape)) + ":" + dtype.str
+    return fp
 
 
 def _nodes_of(mask: int) -> set:
@@ -378,7 +398,7 @@ def _lowest(mask: int) -> int:
 def make_valid(h: Handle, node, nodes) -> int:
     """Bring ``h``'s replica on ``node`` up to date; returns bytes copied. Root lock held."""
     held = h.root._grid
-    if type(held) is int:  # a root never split: one mask for all of it
+    if type(held) is int and h.parent is None:  # one mask for all of the root
         if held >> node.index & 1:
             return 0
         dst = h.replica(node)
@@ -438,7 +458,7 @@ def drop_replicas(root: Handle, node, nodes) -> None:
 
 def mark_written(h: Handle, n: int) -> None:
     """Record that ``h`` was written on node index ``n``. Root lock held."""
-    if type(h.root._grid) is int:
+    if h.parent is None and type(h._grid) is int:
         h._grid = 1 << n
     else:
         h.grid.mask[h.cells()] = np.uint64(1 << n)

@@ -84,11 +84,17 @@ class Codelet:
     flops : callable(*shapes, **params) -> float, optional
         Work of one task, for the performance model's regression on size; the
         operands' total element count is used when absent.
+    footprint : callable(*shapes, **params) -> str or int, optional
+        What besides the operands' shapes and dtypes sets a task's cost (StarPU's
+        ``footprint`` callback): tasks whose values differ keep apart histories in
+        the performance model, e.g. ``footprint=lambda x, iterations: iterations``
+        so a 64-iteration and a 4-million-iteration task do not share one mean.
+        Without it the footprint is the operands' shapes and dtypes only.
     """
 
     def __init__(self, name: str, modes, variants: Mapping[str, Callable], *,
                  init: Callable | None = None, redux: Callable | None = None,
-                 flops: Callable | None = None):
+                 flops: Callable | None = None, footprint: Callable | None = None):
         self.name = str(name)
         self.modes = None if modes is None else tuple(AccessMode(m) for m in modes)
         if self.modes is not None and not self.modes:
@@ -105,6 +111,7 @@ class Codelet:
         self.init = init
         self.redux = redux
         self.flops = flops
+        self.footprint = footprint
 
     def check_operands(self, n: int) -> None:
         if n != len(self.modes):

@@ -59,6 +59,7 @@ class BundleCodelet:
     """What a policy reads of a bundle's codelet: its name (``bundle(a+b)``)."""
 
     __slots__ = ("name",)
+    footprint = None  # no footprint callback: a bundle is never measured as one
 
     def __init__(self, name):
         self.name = name

@@ -14,7 +14,9 @@ with the lowest predicted time.
 
 A task's footprint, as StarPU's default one, covers its operands' shapes and
 dtypes only: parameters such as a learning rate or a step count change every step
-without changing the cost (stride and kernel size show in the output's shape).
+without changing the cost (stride and kernel size show in the output's shape). A
+codelet whose cost depends on a parameter says so with its ``footprint`` callback
+(StarPU's), whose value joins the footprint (``"64:<f8|taskbench=64"``).
 
 Measurements: a worker keeps each finished task's run time in a list of its own;
 every ``FEED_EVERY`` runs, and at the end of a flush, they go to the model in one
@@ -83,10 +85,14 @@ class Variants:
         fp = task._fp
         if fp is None:
             handles = task.handles
+            codelet = task.codelet
             if len(handles) == 1:  # the common case, without building a list
-                key = (task.codelet, handles[0].footprint)
+                key = (codelet, handles[0].footprint)
             else:
-                key = (task.codelet, *[h.footprint for h in handles])
+                key = (codelet, *[h.footprint for h in handles])
+            if codelet.footprint is not None:  # the codelet's own: parameters that matter
+                extra = codelet.footprint(*[h.shape for h in handles], **task.params)
+                key += (f"{codelet.name}={extra}",)
             fp = self._fp_cache.get(key)
             if fp is None:
                 fp = ("|".join(key[1:]),
