@@ -14,6 +14,14 @@ variants chosen by the performance model with two), ``executor="dask"`` and a
 ``distributed.Client`` of two worker processes. Every fetched array must equal
 the reference bit for bit.
 
+A root may also be an ``empty`` or a ``temporary`` handle (no data until written):
+the program then starts by writing it through the children of one of its partition
+plans (``init`` tasks, spread over the workers, so children of one unallocated root
+are bound on several workers at once), and reads it back through the parent and
+through the children of its other plans when its flush ends (a temporary is valid
+for that flush only: no later operation touches it) or, for an empty root, at the
+end.
+
 Operands of one task never overlap when one of them is written (two views of
 one region in one task would alias in place but not in the pure Dask graph);
 views of different plans do overlap, partially, across tasks.
@@ -75,6 +83,10 @@ def _add(dst, src):
     dst += src
 
 
+def _set(y, values):
+    y[...] = values
+
+
 SCALE = hn.Codelet("prop_scale", modes=(RW,), variants={"ref": _scale, "cpu:ufunc": _scale_ufunc})
 AXPY = hn.Codelet("prop_axpy", modes=(R, RW), variants={"ref": _axpy})
 COPY = hn.Codelet("prop_copy", modes=(R, W), variants={"ref": _copy})
@@ -87,8 +99,11 @@ ACC_SQ = hn.Codelet("prop_acc_sq", modes=(R, REDUX), variants={"ref": _acc_sq},
 ACC_MAX = hn.Codelet("prop_acc_max", modes=(REDUX, R), variants={"ref": _acc_max},
                      init=_zero, redux=_add)
 
+SET = hn.Codelet("prop_set", modes=(W,), variants={"ref": _set})
+
 CODELETS = {c.name: c for c in (SCALE, AXPY, AXPY_SCRATCH, COPY, FILL_MAX, ADD_MAX, ACC_SQ,
                                  ACC_MAX)}
+KINDS = ("registered", "registered", "empty", "temporary")  # how a root handle is made
 SAME_SHAPE = ("prop_axpy", "prop_axpy_scratch", "prop_copy", "prop_acc_sq")  # equal shapes
 ANY_SHAPE = ("prop_fill_max", "prop_add_max", "prop_acc_max")
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
@@ -163,16 +178,42 @@ def programs(draw):
     for r in range(len(roots)):
         maybe_split((r, ()), 0)
 
-    by_shape = {}
-    for h in handles:
-        by_shape.setdefault(_shape_of(roots, splits, h), []).append(h)
-    pairs = [(a, b) for group in by_shape.values() for a in group for b in group
-             if not _overlap(roots, splits, a, b)]
-    any_pairs = [(a, b) for a in handles for b in handles if not _overlap(roots, splits, a, b)]
+    # an empty or temporary root is written first, through the children of one of its plans
+    inits = []
+    for r, a in enumerate(roots):
+        kind = draw(st.sampled_from(KINDS))
+        if kind == "registered":
+            continue
+        plans = splits.setdefault((r, ()), [])
+        if not plans:
+            axis = draw(st.integers(0, a.ndim - 1))
+            n = draw(st.integers(1, min(a.shape[axis], 4)))
+            plans.append((axis, n))
+            handles.extend((r, ((0, i),)) for i in range(n))
+        inits.append(("init", r, kind, draw(st.integers(0, len(plans) - 1))))
+    temporary = {op[1] for op in inits if op[2] == "temporary"}
+    flushed = False  # a flush has ended: temporaries are no longer used
 
-    ops = []
+    def candidates(handles):
+        by_shape = {}
+        for h in handles:
+            by_shape.setdefault(_shape_of(roots, splits, h), []).append(h)
+        pairs = [(a, b) for group in by_shape.values() for a in group for b in group
+                 if not _overlap(roots, splits, a, b)]
+        any_pairs = [(a, b) for a in handles for b in handles
+                     if not _overlap(roots, splits, a, b)]
+        return pairs, any_pairs
+
+    pairs, any_pairs = candidates(handles)
+    ops = list(inits)
     for _ in range(draw(st.integers(5, 60))):
         kind = draw(st.integers(0, 19))
+        if kind <= 1 and not flushed and temporary:
+            flushed = True  # from here on, only the other roots
+            handles = [h for h in handles if h[0] not in temporary]
+            if not handles:
+                break
+            pairs, any_pairs = candidates(handles)
         if kind == 0:
             ops.append(("wait",))
             continue
@@ -214,9 +255,24 @@ def _tree_sum(parts):
     return parts[0]
 
 
+def _made(ops):
+    """``{root: (kind, init plan)}`` for the roots made empty or temporary."""
+    return {op[1]: (op[2], op[3]) for op in ops if op[0] == "init"}
+
+
+def _read_back(splits, r, init_plan):
+    """Where an empty or temporary root is read: the parent, then the children of its
+    other plans."""
+    plans = splits.get((r, ()), [])
+    return [(r, ())] + [(r, ((p, i),)) for p, (_, n) in enumerate(plans) if p != init_plan
+                        for i in range(n)]
+
+
 def run_reference(roots, splits, ops):
     """Run the program sequentially in NumPy; returns (final roots, fetched arrays)."""
-    arrays = [a.copy() for a in roots]
+    arrays = [a.copy() for a in roots]  # an empty or temporary root: what its init writes
+    made = _made(ops)
+    unread = {r for r, (kind, _) in made.items() if kind == "temporary"}
 
     def view(name):
         r, path = name
@@ -233,12 +289,21 @@ def run_reference(roots, splits, ops):
             view(h)[...] += _tree_sum(pending.pop(h))
 
     fetched = []
+
+    def read_back(which):
+        for r in sorted(which):
+            fetched.extend(view(h).copy() for h in _read_back(splits, r, made[r][1]))
+
     for op in ops:
+        if op[0] == "init":
+            continue
         if op[0] in ("wait", "fetch"):
             for root in {h[0] for h in pending}:
                 combine(root)
             if op[0] == "fetch":
                 fetched.append(view(op[1]).copy())
+            read_back(unread)  # the temporaries' flush has ended
+            unread = set()
             continue
         _, name, operands, params = op
         codelet = CODELETS[name]
@@ -261,13 +326,24 @@ def run_reference(roots, splits, ops):
         codelet.variants["ref"](*args, **params)
     for root in {h[0] for h in pending}:
         combine(root)
+    read_back(unread | {r for r, (kind, _) in made.items() if kind == "empty"})
     return arrays, fetched
 
 
 def run_runtime(rt, roots, splits, ops):
     """Run the program on ``rt``; returns (fetched roots, fetched arrays)."""
     rt.wait()  # nothing should be pending, but never let a failed example leak into this one
-    root_handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
+    made = _made(ops)
+    root_handles = []
+    for i, a in enumerate(roots):
+        kind = made.get(i, ("registered",))[0]
+        if kind == "registered":
+            root_handles.append(rt.register(a.copy(), name=f"root{i}"))
+        else:
+            make = rt.empty if kind == "empty" else rt.temporary
+            root_handles.append(make(a.shape, a.dtype, name=f"root{i}"))
+    unread = {r for r, (kind, _) in made.items() if kind == "temporary"}
+    final = {}  # temporaries: read when their flush ended (a later fetch is refused)
 
     def handle(name):
         r, path = name
@@ -278,16 +354,34 @@ def run_runtime(rt, roots, splits, ops):
         return h
 
     fetched = []
+
+    def read_back(which):
+        for r in sorted(which):
+            reads = [rt.fetch(handle(h), copy=True) for h in _read_back(splits, r, made[r][1])]
+            final[r] = reads[0]
+            fetched.extend(reads)
+
     for op in ops:
-        if op[0] == "wait":
-            rt.wait()
-        elif op[0] == "fetch":
-            fetched.append(rt.fetch(handle(op[1]), copy=True))
+        if op[0] == "init":  # write the root through the children of one plan
+            _, r, _, plan = op
+            axis, n = splits[(r, ())][plan]
+            for i, part in enumerate(root_handles[r].split(axis=axis, n=n)):
+                values = np.array_split(roots[r], n, axis=axis)[i].copy()
+                rt.submit(SET, part, values=values)
+        elif op[0] in ("wait", "fetch"):
+            if op[0] == "wait":
+                rt.wait()
+            else:
+                fetched.append(rt.fetch(handle(op[1]), copy=True))
+            read_back(unread)
+            unread = set()
         else:
             _, name, operands, params = op
             rt.submit(CODELETS[name], *[handle(h) for h in operands], **params)
     rt.wait()
-    return [rt.fetch(h, copy=True) for h in root_handles], fetched
+    read_back(unread | {r for r, (kind, _) in made.items() if kind == "empty"})
+    return [final[i] if i in final else rt.fetch(h, copy=True)
+            for i, h in enumerate(root_handles)], fetched
 
 
 # ---------------------------------------------------------------- every configuration
