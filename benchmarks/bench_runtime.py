@@ -33,11 +33,27 @@ Two more tables:
 - ``perfmodel hot calls``: nanoseconds per ``PerfModel.predict`` (from the
   history and from the regression), ``predict_transfer`` and ``record`` call.
 
+- ``goal`` (issue 16's submission goal): an empty codelet whose ``cpu`` variant is a
+  Numba ``nogil`` no-op, ``--workers`` workers, the default ``Runtime()`` (trace and
+  performance models on), ``--tasks`` tasks: ``chain`` (``RW`` on one handle) and
+  ``wide`` (``W`` on each part of a ``--tasks``-way split, made before the clock
+  starts); microseconds per task from the first submit to ``wait()`` returning
+  (goal: <= 5);
+- ``calls``: the goal's programs once more under a profiler hook in every thread:
+  Python function calls and C calls per task (load-independent: what the per-task
+  cost is made of, on any machine);
+- ``handles``: microseconds per ``rt.register`` of a small array, and per
+  ``split(0, 2)`` and ``split(0, 8)`` of a registered root (goals: <= 2 and <= 5).
+
 Prints a table (best of ``--repeat`` local runs, ``--dask-repeat`` Dask runs) and
 the ratios dask / local; ``--json`` writes the numbers with the machine and
 versions. Example (about 2 minutes on 2 cores)::
 
     python benchmarks/bench_runtime.py --tasks 10000 --repeat 5 --json runs/bench_runtime.json
+
+The submission goal and the handles alone (a few seconds)::
+
+    python benchmarks/bench_runtime.py --only goal handles --tasks 10000 --repeat 5
 """
 
 from __future__ import annotations
@@ -51,6 +67,7 @@ import sys
 import tempfile
 import time
 
+import numba
 import numpy as np
 
 import hetero_nn as hn
@@ -65,7 +82,15 @@ def _noop_value(*args):
     return None
 
 
+@numba.njit(nogil=True)
+def _noop_kernel(x):
+    pass
+
+
 EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop})
+# the goal's codelets: the cpu variant is the nogil no-op itself
+EMPTY_RW = hn.Codelet("empty_nogil_rw", modes=(hn.RW,), variants={"cpu": _noop_kernel})
+EMPTY_W = hn.Codelet("empty_nogil_w", modes=(hn.W,), variants={"cpu": _noop_kernel})
 READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop})
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 
@@ -202,6 +227,112 @@ def time_two_plans(parts, repeat, workers):
     return best_submit, best_total
 
 
+def time_goal(n, repeat, workers):
+    """Best seconds per task of the submission goal, per program (see the docstring)."""
+    def chain(rt):
+        h = rt.register(np.zeros(1))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            rt.submit(EMPTY_RW, h)
+        return t0
+
+    def wide(rt):
+        parts = rt.register(np.zeros(n)).split(axis=0, n=n)
+        t0 = time.perf_counter()
+        for p in parts:
+            rt.submit(EMPTY_W, p)
+        return t0
+
+    out = {}
+    with hn.Runtime(devices=f"cpu:{workers}") as rt:  # the defaults: trace, perfmodel on
+        for name, program in (("chain", chain), ("wide", wide)):
+            program(rt)  # warm-up: compilation, threads, models
+            rt.wait()
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = program(rt)
+                rt.wait()
+                best = min(best, time.perf_counter() - t0)
+                rt.trace(clear=True)
+            out[name] = best / n
+    return out
+
+
+def count_calls(n, workers, top=12):
+    """Python and C calls per task of the goal's programs, in every thread; returns
+    ``{program: (calls per task, [(calls per task, where), ...] the most frequent)}``."""
+    import collections
+    import threading
+
+    counts = collections.Counter()
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            counts[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+        elif event == "c_call":
+            counts[f"C:{getattr(arg, '__qualname__', arg)}"] += 1
+
+    def hook_workers(x, barrier):  # a task run on each worker installs the hook there
+        barrier.wait(30)
+        sys.setprofile(hook)
+
+    install = hn.Codelet("install_profiler", modes=(hn.RW,), variants={"ref": hook_workers})
+    out = {}
+    with hn.Runtime(devices=f"cpu:{workers}") as rt:
+        programs = {"chain": lambda: [rt.submit(EMPTY_RW, h) for _ in range(n)],
+                    "wide": lambda: [rt.submit(EMPTY_W, p) for p in parts]}
+        for name, program in programs.items():
+            h = rt.register(np.zeros(1))
+            parts = rt.register(np.zeros(n)).split(axis=0, n=n)
+            program()
+            rt.wait()
+            barrier = threading.Barrier(workers)
+            for _ in range(workers):
+                rt.submit(install, rt.register(np.zeros(1)), barrier=barrier)
+            rt.wait()
+            h = rt.register(np.zeros(1))
+            parts = rt.register(np.zeros(n)).split(axis=0, n=n)
+            counts.clear()
+            sys.setprofile(hook)
+            program()
+            rt.wait()
+            sys.setprofile(None)
+            uninstall = hn.Codelet("uninstall_profiler", modes=(hn.RW,),
+                                   variants={"ref": lambda x, b: (b.wait(30), sys.setprofile(None))})
+            barrier = threading.Barrier(workers)
+            for _ in range(workers):
+                rt.submit(uninstall, rt.register(np.zeros(1)), b=barrier)
+            rt.wait()
+            total = sum(counts.values()) / n
+            out[name] = (total, [(c / n, k) for k, c in counts.most_common(top)])
+    return out
+
+
+def time_handles(repeat, calls=5_000):
+    """Best seconds per ``register`` and per ``split(0, 2)`` / ``split(0, 8)``."""
+    out = {}
+    a = np.zeros((64, 8), np.float32)
+    with hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt:
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                rt.register(a)
+            best = min(best, time.perf_counter() - t0)
+        out["register"] = best / calls
+        for n in (2, 8):
+            best = float("inf")
+            for _ in range(repeat):
+                roots = [rt.register(a) for _ in range(calls)]
+                t0 = time.perf_counter()
+                for h in roots:
+                    h.split(0, n)
+                best = min(best, time.perf_counter() - t0)
+            out[f"split(0, {n})"] = best / calls
+    return out
+
+
 def time_perfmodel_calls(calls=20_000):
     """Nanoseconds per call of the performance model's hot methods (history of two sizes)."""
     from hetero_nn.scheduler.perfmodel import PerfModel
@@ -241,8 +372,10 @@ def main(argv=None):
     parser.add_argument("--no-distributed", action="store_true", help="skip the distributed rows")
     parser.add_argument("--readers", type=int, nargs="+", default=[1_000, 5_000, 20_000],
                         help="reader counts of the wide-readers table (default 1000 5000 20000)")
-    parser.add_argument("--only", choices=("tasks", "readers", "plans", "perfmodel"), nargs="+",
-                        default=("tasks", "readers", "plans", "perfmodel"),
+    parser.add_argument("--only", nargs="+",
+                        choices=("tasks", "readers", "plans", "perfmodel", "goal", "calls",
+                                 "handles"),
+                        default=("tasks", "readers", "plans", "perfmodel", "goal", "handles"),
                         help="tables to measure (default: all)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="local runtimes with overlap=False: tasks run at wait(), as one "
@@ -277,6 +410,23 @@ def main(argv=None):
     if "perfmodel" in args.only:
         doc["perfmodel_ns_per_call"] = calls = time_perfmodel_calls()
         print("perfmodel hot calls: " + ", ".join(f"{k} {v:.0f} ns" for k, v in calls.items()))
+    if "goal" in args.only:
+        doc["goal_us_per_task"] = goal = {k: 1e6 * v for k, v in
+                                          time_goal(n, repeat, workers).items()}
+        print(f"submission goal (nogil no-op, default Runtime(), {workers} workers, {n} tasks, "
+              f"best of {repeat}): chain {goal['chain']:.2f} us/task, wide "
+              f"{goal['wide']:.2f} us/task (goal <= 5)", flush=True)
+    if "calls" in args.only:
+        doc["calls_per_task"] = {}
+        for name, (total, top) in count_calls(n, workers).items():
+            doc["calls_per_task"][name] = {"total": total, "top": top}
+            print(f"{name}: {total:.1f} Python and C calls per task; most frequent: "
+                  + ", ".join(f"{c:.2f} {k}" for c, k in top[:8]), flush=True)
+    if "handles" in args.only:
+        doc["handles_us"] = made = {k: 1e6 * v for k, v in time_handles(repeat).items()}
+        print("handles (best of {}): ".format(repeat)
+              + ", ".join(f"{k} {v:.2f} us" for k, v in made.items())
+              + " (goals: register <= 2, split <= 5)", flush=True)
     if "tasks" not in args.only:
         if args.json:
             with open(args.json, "w") as f:

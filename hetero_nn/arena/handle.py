@@ -234,20 +234,23 @@ class Handle:
     def replica(self, node) -> object:
         """This handle's array on ``node`` (allocated on first use; a view for children).
 
-        Made under the root's lock: two workers binding children of one root not yet
-        allocated there must see views of one buffer."""
+        A root's buffer is allocated under its lock: two workers binding children of one
+        root not yet allocated there must see views of one buffer. (Two views of it made
+        at once are equal: a child keeps either.)"""
         arr = self._replicas.get(node.index)
         if arr is None:
-            with self._lock:
-                arr = self._replicas.get(node.index)
-                if arr is None:
-                    if self.parent is not None:
-                        arr = self.parent.replica(node)[self.index]  # a view, kept per node
-                    elif self.temporary:
+            if self.parent is not None:
+                arr = self.parent.replica(node)[self.index]  # a view, kept per node
+            else:
+                with self._lock:
+                    arr = self._replicas.get(node.index)
+                    if arr is not None:
+                        return arr
+                    if self.temporary:
                         arr = node.arena.empty(self.shape, self.dtype)
                     else:
                         arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
-                    self._replicas[node.index] = arr
+            self._replicas[node.index] = arr
         return arr
 
     @property

@@ -49,7 +49,7 @@ import time
 import weakref
 
 from ..arena.handle import Handle
-from ..codelets.codelet import R, REDUX, SCRATCH, Codelet
+from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..codelets.pinned import PINNED_VARIANTS
 from ..errors import ConfigError, DeviceError, SubmitError
 from .binding import Binder
@@ -298,7 +298,7 @@ class Runtime:
             elif m is not SCRATCH:
                 if redux_pending and h.root in redux_pending:
                     reductions.combine_family(h.root)
-                if source is None and m.reads:  # where its first input was made: locality
+                if source is None and (m is R or m is RW):  # where its first input was made
                     source = task.source = h._last_writer
                 if h.parent is None and not h.plans:
                     dependencies.depend_root(task, h, m is not R, preds)
