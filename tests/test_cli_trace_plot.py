@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,27 @@ def test_plot_errors_are_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")]) == 2
     assert "not readable as JSON" in _error_line(capsys)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
+    """``hetero-nn trace FILE --stats | head -1``: exit status 141, nothing on stderr."""
+    import subprocess
+    import sys
+
+    from hetero_nn.scheduler.trace import TaskRecord
+
+    records = [TaskRecord(i, f"codelet_{i:04d}", "cpu", "cpu0", "cpu", "host0", 0.0, 0.0,
+                          1e-4 * i, 1e-4 * i + 5e-5) for i in range(2000)]
+    path = Trace(records, ["cpu0"]).to_json(tmp_path / "big.json")  # stats: ~200 kB of text
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "hetero_nn", "trace", str(path), "--stats"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout.readline().startswith(str(path).encode())
+    child.stdout.close()  # as head does after its line
+    try:
+        err = child.stderr.read()
+        assert child.wait(timeout=120) == 141
+    finally:
+        child.kill()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err

@@ -35,6 +35,7 @@ its logs are silenced while the run shuts down; see
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, TrainingDiverged
@@ -83,3 +84,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`hetero-nn perfmodel | head`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
