@@ -28,8 +28,10 @@ on a CUDA worker, those launched on its stream); ``completed``: per worker, the
 tasks its stream finished, for its thread to release; ``idle``: workers asleep;
 ``error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the
 remaining tasks (and those added after it) are cancelled (released without
-running) until ``drain`` re-raises it; ``closing``: ``close`` asked the workers
-to stop. ``close`` with tasks in flight cancels those not started and waits for
+running) until ``drain`` re-raises it; ``aborted``: a fault in the scheduling
+machinery (a policy hook, the release of successors) ended the flush: the tasks not
+running were cancelled, tasks added since are cancelled at once, no worker pops,
+until ``drain`` returns; ``closing``: ``close`` asked the workers to stop. ``close`` with tasks in flight cancels those not started and waits for
 the running ones. A worker's ``idle`` flag stays on the worker (policies read it).
 
 CUDA workers
@@ -70,65 +72,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 from ..errors import TaskError
 from .bundle import Bundle
 from .flush import record_of
 from .policies import Policy
+from .state import ExecutorState, task_error
 from .timing import caller
 
 _perf = time.perf_counter
 CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
 STALL_REPORT_SECONDS = 60.0  # drain logs the state after this long without a task finishing
 _log = logging.getLogger("hetero_nn.scheduler")
-
-
-@dataclass(eq=False)
-class ExecutorState:
-    """What the local executor knows of the tasks handed to it (module docstring, *State*).
-
-    Per-worker fields are lists indexed by ``Worker.index``. ``str(state)`` says
-    where every unfinished task is, for a flush that stalls.
-    """
-
-    workers: list
-    ready: dict                  # place ("shared" or a worker's name) -> the policy's queue
-    remaining: int = 0
-    waiting: dict = field(default_factory=dict)  # task -> None (an ordered set)
-    running: list = field(default_factory=list)
-    completed: list = field(default_factory=list)
-    idle: list = field(default_factory=list)
-    error: TaskError | None = None
-    aborted: bool = False
-    closing: bool = False
-
-    def __post_init__(self):
-        self.running = [deque() for _ in self.workers]
-        self.completed = [deque() for _ in self.workers]
-
-    def __str__(self):
-        lines = [f"executor state: {self.remaining} task(s) not finished, "
-                 f"{len(self.waiting)} waiting for predecessors"
-                 + (f", error: {self.error}" if self.error is not None else "")
-                 + (", aborted" if self.aborted else "")
-                 + (", closing" if self.closing else "")]
-        for place, queue in self.ready.items():
-            tasks = _queued(queue)
-            if tasks:
-                lines.append(f"  ready on {place}: {_some(tasks)}")
-        for w in self.workers:
-            state = "idle" if w in self.idle else "awake"
-            lines.append(f"  {w.name} ({state}): running {_some(self.running[w.index])}"
-                         + (f", completed {len(self.completed[w.index])} to release"
-                            if self.completed[w.index] else ""))
-        for t in list(self.waiting)[:8]:
-            left = [p for p in t.preds if not p.ended]
-            lines.append(f"  waiting: {t!r} (npred {t.npred}) after {_some(left)}")
-        if len(self.waiting) > 8:
-            lines.append(f"  ... and {len(self.waiting) - 8} more waiting")
-        return "\n".join(lines)
 
 
 class _Fault(Exception):
@@ -138,20 +93,6 @@ class _Fault(Exception):
     def __init__(self, where):
         super().__init__(where)
         self.where = where
-
-
-def _queued(queue) -> list:
-    """The tasks in a policy's queue (a ReadyQueue, or heft's heap of tuples ending with
-    the task)."""
-    if hasattr(queue, "tasks"):
-        return queue.tasks()
-    return [x[-1] if isinstance(x, tuple) else x for x in queue]
-
-
-def _some(tasks, n=6) -> str:
-    tasks = list(tasks)
-    text = ", ".join(repr(t) for t in tasks[:n])
-    return f"[{text}{', ...' if len(tasks) > n else ''}] ({len(tasks)})" if tasks else "[]"
 
 
 class LocalExecutor:
@@ -644,18 +585,3 @@ class LocalExecutor:
         with self._lock:
             if self.state.error is None:
                 self.state.error = err
-
-
-def task_error(task) -> TaskError:
-    """The :class:`TaskError` of a task whose codelet raised (a bundle's: the member that
-    raised), kept as its ``failure``; its ``error`` becomes the exception's text."""
-    if task.__class__ is Bundle:
-        task = task.failed  # name the member that raised
-    exc = task.error
-    err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
-                    f"{task.variant!r}, worker {task.worker.name}) failed: "
-                    f"{type(exc).__name__}: {exc}", codelet=task.codelet.name, task_id=task.id)
-    err.__cause__ = exc
-    task.error = f"{type(exc).__name__}: {exc}"
-    task.failure = err
-    return err

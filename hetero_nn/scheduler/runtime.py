@@ -75,9 +75,11 @@ class Runtime:
     policy : str
         ``eager``, ``random``, ``ws``, ``dmda`` or ``heft`` (local executor).
     executor : str or distributed.Client
-        ``"local"`` (in place, the project's own), ``"dask"`` (``dask.threaded.get``),
-        ``"distributed"`` (a ``LocalCluster`` of processes), ``"distributed=ADDRESS"``,
-        or a ``distributed.Client``. Dask executors run codelets pure.
+        ``"local"`` (in place, the project's own), ``"sync"`` (each task runs inside
+        ``submit``, in the calling thread: for debugging), ``"dask"``
+        (``dask.threaded.get``), ``"distributed"`` (a ``LocalCluster`` of processes),
+        ``"distributed=ADDRESS"``, or a ``distributed.Client``. Dask executors run
+        codelets pure.
     host_nodes : int
         Split the host into this many memory nodes (CPU workers dealt in turn).
     device_memory : int, str or mapping, optional

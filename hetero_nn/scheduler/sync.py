@@ -31,7 +31,7 @@ import time
 from ..errors import TaskError
 from .bundle import Bundle
 from .flush import record_of
-from .local import task_error
+from .state import task_error
 
 _perf = time.perf_counter
 
