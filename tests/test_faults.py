@@ -245,3 +245,43 @@ def test_two_workers_binding_children_of_one_unallocated_root_share_one_buffer()
                 assert rt.fetch(root).tolist() == [float(1 + i // 10) for i in range(40)]
     finally:
         sys.setswitchinterval(old)
+
+
+def _held(x, go):
+    assert go.wait(BOUND)
+    x += 1
+
+
+HELD = hn.Codelet("fault_held", modes=(RW,), variants={"ref": _held})
+
+
+def test_waiting_on_a_task_an_aborted_flush_dropped_raises_instead_of_hanging(monkeypatch):
+    """One worker runs a held task while three more wait in the ready queue; the pop
+    after it raises: the flush is aborted, and task.wait() on a queued task raises its
+    cancellation."""
+    class PopFailsWithThreeQueued(Eager):
+        name = "faulty"
+        failed = False
+
+        def pop(self, worker):
+            if len(self.queue) >= 3 and not self.failed:  # once
+                self.failed = True
+                raise Boom("pop failed on purpose")
+            return super().pop(worker)
+
+    monkeypatch.setitem(POLICIES, "faulty", PopFailsWithThreeQueued)
+
+    def scenario():
+        go = threading.Event()
+        with hn.Runtime(devices="cpu:1", policy="faulty", perfmodel=False) as rt:
+            rt.submit(HELD, rt.register(np.zeros(1)), go=go)
+            queued = [rt.submit(ADD, rt.register(np.zeros(1))) for _ in range(3)]
+            go.set()
+            with pytest.raises(hn.TaskError, match="cancelled"):
+                queued[-1].wait(timeout=BOUND)
+            assert all(t.done() for t in queued)
+            with pytest.raises(hn.TaskError, match="pop"):
+                rt.wait()
+            _check_next_flush(rt)
+
+    bounded(scenario)

@@ -77,7 +77,7 @@ from ..errors import TaskError
 from .bundle import Bundle
 from .flush import record_of
 from .policies import Policy
-from .state import ExecutorState, task_error
+from .state import ExecutorState, queued_tasks, task_error
 from .timing import caller
 
 _perf = time.perf_counter
@@ -177,9 +177,15 @@ class LocalExecutor:
     def wait_for(self, task, timeout=None):
         """Block until ``task`` (handed over) has ended; ``TimeoutError`` after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        state = self.state
         with self._lock:
             task.watched = True
+            aborts = state.aborts
             while not task.ended:
+                if state.aborts != aborts and not any(task in r for r in state.running):
+                    task.ended = True  # an aborted flush lost it in transit: cancelled
+                    task.error = "cancelled"
+                    break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"{task!r} had not ended after {timeout} s")
@@ -451,7 +457,11 @@ class LocalExecutor:
         if not abort:
             return
         state.aborted = True
+        state.aborts += 1
         for queue in state.ready.values():
+            for t in queued_tasks(queue):
+                t.ended = True
+                t.error = "cancelled"
             queue.clear()
         try:
             self.policy.clear()

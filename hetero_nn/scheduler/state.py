@@ -42,6 +42,7 @@ class ExecutorState:
     idle: list = field(default_factory=list)
     error: TaskError | None = None
     aborted: bool = False
+    aborts: int = 0              # flushes aborted so far (Task.wait() notices one)
     closing: bool = False
 
     def __post_init__(self):
@@ -55,7 +56,7 @@ class ExecutorState:
                  + (", aborted" if self.aborted else "")
                  + (", closing" if self.closing else "")]
         for place, queue in self.ready.items():
-            tasks = _queued(queue)
+            tasks = queued_tasks(queue)
             if tasks:
                 lines.append(f"  ready on {place}: {_some(tasks)}")
         for w in self.workers:
@@ -71,7 +72,7 @@ class ExecutorState:
         return "\n".join(lines)
 
 
-def _queued(queue) -> list:
+def queued_tasks(queue) -> list:
     """The tasks in a policy's queue (a ReadyQueue, or heft's heap of tuples ending with
     the task)."""
     if hasattr(queue, "tasks"):
