@@ -53,20 +53,21 @@ def widen_planes(gf, g0, n_planes, out_h, out_w, wide, w0, wp, span):
 
 
 @jit_inline
-def _add_taps(acc, wf, w0, kw_size, src, base, tap, sw, runs, row_in, run_len, wp):
-    """``acc += sum_q w[w0 + q] * src[base + q*tap + sw*t]`` over one kernel row, three
-    taps per pass, in tap order (one run, or one per output row when ``runs > 1``)."""
+def _add_taps(acc, d0, wf, w0, kw_size, src, base, tap, sw, runs, row_in, run_len, wp):
+    """``acc[d0 + t] += sum_q w[w0 + q] * src[base + q*tap + sw*t]`` over one kernel row,
+    three taps per pass, in tap order (one run, or one per output row ``r`` at
+    ``d0 + r*wp`` when ``runs > 1``). ``tap`` may be negative."""
     q = 0
     while q < kw_size:
         b = base + q * tap
         if q + 3 <= kw_size:
             for r in range(runs):
-                axpy3_gather_row(acc, r * wp, wf[w0 + q], wf[w0 + q + 1], wf[w0 + q + 2],
+                axpy3_gather_row(acc, d0 + r * wp, wf[w0 + q], wf[w0 + q + 1], wf[w0 + q + 2],
                                  src, b + r * row_in, tap, sw, run_len)
             q += 3
         else:
             for r in range(runs):
-                axpy_gather_row(acc, r * wp, wf[w0 + q], src, b + r * row_in, sw, run_len)
+                axpy_gather_row(acc, d0 + r * wp, wf[w0 + q], src, b + r * row_in, sw, run_len)
             q += 1
 
 
@@ -91,9 +92,9 @@ def conv2d_fwd_cpu(x, w, b, has_bias, y, geo):
                 fill_row(acc, 0, span, b[o] if has_bias else 0.0)
                 for c in range(group_in):
                     for p in range(kh_size):
-                        _add_taps(acc, wf, ((o * group_in + c) * kh_size + p) * kw_size, kw_size,
-                                  xpad, c * plane + p * geo.dh * wp, geo.dw, geo.sw, runs,
-                                  geo.sh * wp, run_len, wp)
+                        _add_taps(acc, 0, wf, ((o * group_in + c) * kh_size + p) * kw_size,
+                                  kw_size, xpad, c * plane + p * geo.dh * wp, geo.dw, geo.sw,
+                                  runs, geo.sh * wp, run_len, wp)
                 y0 = (n * n_out + o) * out_h * out_w
                 for i in range(out_h):
                     gather_row(yf, y0 + i * out_w, acc, i * wp, 1, out_w)
@@ -103,30 +104,45 @@ def conv2d_fwd_cpu(x, w, b, has_bias, y, geo):
 def conv2d_bwd_input_cpu(dy, w, dx, geo):
     """Direct transposed convolution into ``dx`` (overwritten), one padded input plane at a
     time, folded onto ``dx`` (padding modes). The wide gradient rows are zero past ``OW``,
-    so the tail entries add ``w * 0``."""
+    so the tail entries add ``w * 0``.
+
+    With unit strides, input ``u`` of kernel row ``p`` receives ``w[p, q] * g[u - p*DH*WP -
+    q*DW]``: each wide gradient plane is kept between margins of ``(KW-1)*DW`` zeros so
+    that three taps are added per pass as a gather (``_add_taps`` with a negative tap
+    step), in the order one pass per tap would add them. Other strides scatter one tap
+    per pass.
+    """
     n_batch, n_in, height, width = dx.shape
     n_out, group_in, kh_size, kw_size = w.shape
     group_out = n_out // geo.groups
-    out_h, out_w, hp, wp = geo.out_h, geo.out_w, geo.hp, geo.wp
+    out_h, out_w, hp, wp, dh, dw = geo.out_h, geo.out_w, geo.hp, geo.wp, geo.dh, geo.dw
     runs, run_len = wide_runs(geo.sh, geo.sw, out_h, out_w, wp)
+    unit = geo.sh == 1 and geo.sw == 1
+    margin = (kw_size - 1) * dw if unit else 0
     span = (out_h - 1) * wp + out_w
+    stride = span + 2 * margin  # one wide plane and its margins
     gf, wf, dxf = dy.reshape(-1), w.reshape(-1), dx.reshape(-1)
-    gwide = np.zeros(group_out * span, dtype=dy.dtype)  # tails stay zero
+    gwide = np.zeros(group_out * stride, dtype=dy.dtype)  # tails and margins stay zero
     plane = np.empty(hp * wp, dtype=dx.dtype)
     for n in range(n_batch):
         for g in range(geo.groups):
-            widen_planes(gf, (n * n_out + g * group_out) * out_h * out_w, group_out, out_h, out_w,
-                         gwide, 0, wp, span)
+            for k in range(group_out):
+                widen_planes(gf, (n * n_out + g * group_out + k) * out_h * out_w, 1, out_h, out_w,
+                             gwide, k * stride + margin, wp, span)
             for c in range(group_in):
                 fill_row(plane, 0, hp * wp, 0.0)
                 for k in range(group_out):
-                    o = g * group_out + k
+                    w0 = ((g * group_out + k) * group_in + c) * kh_size * kw_size
                     for p in range(kh_size):
+                        if unit:
+                            _add_taps(plane, p * dh * wp, wf, w0 + p * kw_size, kw_size, gwide,
+                                      k * stride + margin, -dw, 1, 1, 0, run_len + margin, 0)
+                            continue
                         for q in range(kw_size):
-                            wv = wf[((o * group_in + c) * kh_size + p) * kw_size + q]
+                            wv = wf[w0 + p * kw_size + q]
                             for r in range(runs):
-                                axpy_scatter_row(plane, (p * geo.dh + r * geo.sh) * wp + q * geo.dw,
-                                                 geo.sw, wv, gwide, k * span + r * wp, run_len)
+                                axpy_scatter_row(plane, (p * dh + r * geo.sh) * wp + q * dw,
+                                                 geo.sw, wv, gwide, k * stride + r * wp, run_len)
                 fold_plane(plane, 0, hp, wp, dxf, (n * n_in + g * group_in + c) * height * width,
                            height, width, geo.pt, geo.pl, geo.mode)
 
