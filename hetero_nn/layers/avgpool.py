@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 
 from ..codelets.avgpool import (adaptive_avgpool2d_bwd, adaptive_avgpool2d_fwd, avgpool2d_bwd,
-                                avgpool2d_fwd)
+                                avgpool2d_fwd, avgpool2d_output_shape)
 from ..errors import ConfigError, ShapeError
 from .base import Layer
 from .conv import _compact
@@ -70,7 +70,7 @@ class AvgPool2d(_Pool):
         self.divisor_override = divisor_override
 
     def infer_shape(self, input_shape):
-        return _pooled_shape(input_shape, self._kw)
+        return _pooled_shape(input_shape, avgpool2d_output_shape, self._kw)
 
     @property
     def _kw(self):

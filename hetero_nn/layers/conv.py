@@ -93,7 +93,7 @@ class Conv2d(AffineLayer):
             raise ShapeError(f"expects input of shape ({self.in_channels}, H, W), got {input_shape}")
         weight = self._params["weight"].shape
         try:
-            geo = conv2d_geometry((1, *input_shape), weight, **self._kw)
+            geo = conv2d_geometry((1, *input_shape), weight, **{**self._kw, "groups": self.groups})
         except ValueError as exc:
             raise ShapeError(f"kernel {self.kernel_size} (dilation {self.dilation}) with padding "
                              f"{self.padding!r} does not fit input of shape {input_shape}: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codelets.pool import maxpool2d_bwd, maxpool2d_fwd, pool2d_geometry
+from ..codelets.pool import maxpool2d_bwd, maxpool2d_fwd, maxpool2d_output_shape
 from ..errors import ConfigError, ShapeError
 from .base import Layer
 from .checks import pair
@@ -41,7 +41,7 @@ class MaxPool2d(Layer):
         self.ceil_mode = bool(ceil_mode)
 
     def infer_shape(self, input_shape):
-        return _pooled_shape(input_shape, self._kw)
+        return _pooled_shape(input_shape, maxpool2d_output_shape, self._kw)
 
     @property
     def _kw(self):
@@ -94,12 +94,12 @@ def _window_args(kernel_size, stride, padding, name):
     return kernel_size, stride, padding
 
 
-def _pooled_shape(input_shape, kw):
-    """``(C, OH, OW)`` of pooling a ``(C, H, W)`` sample with the task parameters ``kw``."""
+def _pooled_shape(input_shape, output_shape, kw):
+    """``(C, OH, OW)`` of pooling a ``(C, H, W)`` sample: ``output_shape(x_shape, **kw)`` of
+    the layer's codelet, its ``ValueError`` a ``ShapeError``."""
     if len(input_shape) != 3:
         raise ShapeError(f"expects input of shape (C, H, W), got {input_shape}")
     try:
-        geo = pool2d_geometry((1, *input_shape), **kw)
+        return output_shape((1, *input_shape), **kw)[1:]
     except ValueError as exc:
         raise ShapeError(f"input of shape {input_shape}: {str(exc).split(': ', 1)[1]}") from None
-    return (input_shape[0], geo.out_h, geo.out_w)
