@@ -15,7 +15,7 @@ from .layers import (GELU, AvgPool2D, BatchNorm2D, Dropout, GlobalAvgPool2D, Lea
                      Sigmoid, Tanh)
 from .layers import LogSoftmax
 from .layers import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
-from .trainer import Trainer
-from . import checkpoint, datasets, models, transforms
+from .training import Trainer, checkpoint, load_model
+from . import datasets, models, transforms
 from .models import MODELS, build_model
-from .trainer import HISTORY_KEYS
+from .training import HISTORY_KEYS

@@ -76,7 +76,7 @@ def avgpool2d_output_shape(x_shape, kernel_size, stride=None, padding=0, ceil_mo
 
 
 def _flops(a, b, kernel_size, **params):
-    kh, kw = pair(kernel_size, "kernel_size")
+    kh, kw = pair(kernel_size, "kernel_size", "avgpool2d")
     return float(max(math.prod(a), math.prod(b)) * kh * kw)
 
 

@@ -122,8 +122,8 @@ def conv2d_geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1,
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(x_shape, w_shape, stride, padding, dilation, groups, padding_mode):
-    sh, sw = pair(stride, "stride")
-    dh, dw = pair(dilation, "dilation")
+    sh, sw = pair(stride, "stride", "conv2d")
+    dh, dw = pair(dilation, "dilation", "conv2d")
     if min(sh, sw, dh, dw) < 1:
         raise ValueError(f"conv2d: stride and dilation must be >= 1, got stride={stride!r}, "
                          f"dilation={dilation!r}")

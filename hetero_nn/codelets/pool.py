@@ -103,10 +103,10 @@ def pool2d_geometry(x_shape, kernel_size, stride=None, padding=0, dilation=1, ce
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(x_shape, kernel_size, stride, padding, dilation, ceil_mode, owner):
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(kernel_size if stride is None else stride, "stride")
-    ph, pw = pair(padding, "padding")
-    dh, dw = pair(dilation, "dilation")
+    kh, kw = pair(kernel_size, "kernel_size", owner)
+    sh, sw = pair(kernel_size if stride is None else stride, "stride", owner)
+    ph, pw = pair(padding, "padding", owner)
+    dh, dw = pair(dilation, "dilation", owner)
     if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
         raise ValueError(f"{owner}: kernel_size, stride and dilation must be >= 1 and padding "
                          f">= 0, got kernel_size={kernel_size!r}, stride={stride!r}, "
@@ -140,7 +140,7 @@ def maxpool2d_output_shape(x_shape, kernel_size, stride=None, padding=0, dilatio
 
 
 def _fwd_flops(x, y, argmax, kernel_size, **params):
-    kh, kw = pair(kernel_size, "kernel_size")
+    kh, kw = pair(kernel_size, "kernel_size", "maxpool2d")
     return float(math.prod(y) * kh * kw)
 
 

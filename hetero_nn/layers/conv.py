@@ -21,7 +21,7 @@ from ..codelets.conv import (conv2d_bwd_input, conv2d_bwd_params, conv2d_bwd_wei
 from ..codelets.padding import MODES
 from ..errors import ConfigError, ShapeError
 from .base import AffineLayer
-from .checks import pair, positive_int
+from ..codelets._checks import pair, positive_int
 
 
 class Conv2d(AffineLayer):

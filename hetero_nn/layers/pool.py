@@ -12,7 +12,7 @@ import numpy as np
 from ..codelets.pool import maxpool2d_bwd, maxpool2d_fwd, maxpool2d_output_shape
 from ..errors import ConfigError, ShapeError
 from .base import Layer
-from .checks import pair
+from ..codelets._checks import pair
 from .conv import _compact
 
 
@@ -33,7 +33,7 @@ class MaxPool2d(Layer):
         name = "MaxPool2d"
         self.kernel_size, self.stride, self.padding = _window_args(kernel_size, stride, padding,
                                                                    name)
-        self.dilation = pair(dilation, "dilation", name)
+        self.dilation = pair(dilation, "dilation", name, minimum=1)
         if return_indices:
             raise ConfigError(f"{name}: return_indices=True is not supported (a layer returns "
                               "one output; the indices stay inside the layer for its backward)")
@@ -85,8 +85,8 @@ MaxPool2D = MaxPool2d
 def _window_args(kernel_size, stride, padding, name):
     """``(kernel_size, stride, padding)`` as pairs, checked: stride defaults to the kernel
     size and padding is at most half the kernel (PyTorch's pooling rules)."""
-    kernel_size = pair(kernel_size, "kernel_size", name)
-    stride = kernel_size if stride is None else pair(stride, "stride", name)
+    kernel_size = pair(kernel_size, "kernel_size", name, minimum=1)
+    stride = kernel_size if stride is None else pair(stride, "stride", name, minimum=1)
     padding = pair(padding, "padding", name, minimum=0)
     if any(2 * p > k for p, k in zip(padding, kernel_size)):
         raise ConfigError(f"{name}: padding {padding} must be at most half the kernel size "
