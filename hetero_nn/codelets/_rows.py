@@ -91,26 +91,17 @@ def axpy_gather_row(dst, d0, alpha, src, s0, step, count):
 
 
 @jit_inline
-def axpy3_gather_row(dst, d0, a, b, c, src, s0, tap, step, count):
-    """``axpy_gather_row`` three times, for alphas ``a, b, c`` at ``src`` offsets ``0, tap,
-    2*tap``, in ONE pass over ``dst``: each entry gets the three products added in that
-    order, so the sums are bit for bit the three passes' (a third of the stores)."""
-    d, s0_, s1, s2 = uintp(d0), uintp(s0), uintp(s0 + tap), uintp(s0 + 2 * tap)
-    if step == 1:
-        for j in range(uintp(count)):
-            v = dst[d + j]
-            v += a * src[s0_ + j]
-            v += b * src[s1 + j]
-            v += c * src[s2 + j]
-            dst[d + j] = v
-    else:
-        st = uintp(step)
-        for j in range(uintp(count)):
-            v = dst[d + j]
-            v += a * src[s0_ + st * j]
-            v += b * src[s1 + st * j]
-            v += c * src[s2 + st * j]
-            dst[d + j] = v
+def axpy3_row(dst, d0, a, b, c, src, s0, s1, s2, count):
+    """``dst[d0 + j] += a*src[s0 + j] + b*src[s1 + j] + c*src[s2 + j]`` for ``j < count``, the
+    three products added one after the other: in ONE pass over ``dst``, the sums of three
+    ``axpy_gather_row`` passes bit for bit, with a third of the stores."""
+    d, t0, t1, t2 = uintp(d0), uintp(s0), uintp(s1), uintp(s2)
+    for j in range(uintp(count)):
+        v = dst[d + j]
+        v += a * src[t0 + j]
+        v += b * src[t1 + j]
+        v += c * src[t2 + j]
+        dst[d + j] = v
 
 
 @jit_inline
@@ -150,6 +141,19 @@ def mul_gather_row(lanes, l0, a, a0, b, b0, step, count):
         st = uintp(step)
         for j in range(uintp(count)):
             lanes[m + j] += a[s + j] * b[t + st * j]
+
+
+@jit_inline
+def mul3_row(lanes, l0, l1, l2, a, a0, b, b0, b1, b2, count):
+    """``mul_gather_row`` (unit step) for three lane rows at once, sharing the loads of ``a``:
+    ``lanes[lk + j] += a[a0 + j] * b[bk + j]`` for ``k < 3``."""
+    m0, m1, m2, s = uintp(l0), uintp(l1), uintp(l2), uintp(a0)
+    t0, t1, t2 = uintp(b0), uintp(b1), uintp(b2)
+    for j in range(uintp(count)):
+        g = a[s + j]
+        lanes[m0 + j] += g * b[t0 + j]
+        lanes[m1 + j] += g * b[t1 + j]
+        lanes[m2 + j] += g * b[t2 + j]
 
 
 @jit_inline

@@ -166,7 +166,8 @@ def _average(x, y, b, ch, i, j, r0, r1, s0, s1, first, second, backward):
     if backward:
         share = y[b, ch, i, j] / first / second
         for r in range(r0, r1):
-            x[b, ch, r, s0:s1] += share
+            for q in range(s0, s1):
+                x[b, ch, r, q] += share
     else:
         acc = y.dtype.type(0)
         for r in range(r0, r1):
