@@ -654,6 +654,8 @@ class Runtime:
         self._generation += 1
         if self._measured:
             self._feed_perfmodel()
+        if self.perfmodel is not None:
+            self.perfmodel.save_if_due()
         if self.tracing:
             self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
         for t in tasks:
@@ -750,10 +752,7 @@ class Runtime:
                 node.close()
         finally:
             if self.perfmodel is not None:
-                try:
-                    self.perfmodel.save()
-                except OSError:
-                    pass
+                self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
 
     def __enter__(self):
