@@ -65,7 +65,8 @@ contribution.
 ``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
 partials) belong to one generation, and the node arenas are reset when the next
 flush starts (streaming: at its first submission, when nothing of the previous
-one runs any more). ``_records``: trace records of executed tasks.
+one runs any more). ``_records``: trace records of executed tasks, the last
+``trace_flushes`` flushes (a :class:`~.trace_buffer.TraceBuffer`).
 ``_capturing``: the :class:`Graph` being recorded (see :meth:`Runtime.capture`),
 or None.
 
@@ -99,6 +100,7 @@ from ..codelets.pinned import PINNED_VARIANTS
 from ..errors import ConfigError, DeviceError, SubmitError
 from .devices import make_workers
 from .trace import TaskRecord, TransferRecord, Trace
+from .trace_buffer import TRACE_FLUSHES, TraceBuffer
 
 _perf = time.perf_counter
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
@@ -143,8 +145,14 @@ class Runtime:
         Explore every variant until each footprint has ``calibrate_samples`` runs
         (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each. It
         implies ``deterministic=False``; asking for both is a ``ConfigError``.
-    trace : bool
-        Keep a record of every executed task (see :meth:`trace`).
+    trace : bool, str or path
+        Keep a record of every executed task (see :meth:`trace`): True keeps the
+        last ``trace_flushes`` flushes in memory; a path also streams every record
+        to that file (JSON Lines, read by ``Trace.from_json``).
+    trace_flushes : int or None
+        Flushes the trace keeps in memory (default ``TRACE_FLUSHES``, 100), so a
+        long run's memory stays flat; None keeps all (for a caller that empties it
+        with ``trace(clear=True)``, as the CLI does every step).
     fuse_chains : bool
         True (the default): a captured :class:`Graph` fuses, before its second
         replay, the chains of tasks the performance model predicts below the
@@ -171,8 +179,8 @@ class Runtime:
     def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
-                 calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
-                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
+                 calibrate: bool = False, calibrate_samples: int = 10, trace=True,
+                 trace_flushes: int | None = TRACE_FLUSHES, seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -183,7 +191,6 @@ class Runtime:
                               "combined with deterministic=True")
         self._lock = threading.Lock()
         self.workers, self.nodes = make_workers(devices, host_nodes, self._lock, device_memory)
-        self._transfers: list = []
         for node in self.nodes:
             node.on_copy = self._copied
         self.devices = devices
@@ -195,6 +202,8 @@ class Runtime:
         self.calibrate_samples = int(calibrate_samples)
         self.seed = seed
         self.tracing = bool(trace)
+        self._records = TraceBuffer(
+            trace_flushes, None if isinstance(trace, bool) else trace, [w.name for w in self.workers])
         self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
             from .perfmodel import PerfModel
@@ -215,7 +224,6 @@ class Runtime:
         self._warm: set = set()
         self._measured: list = []
         self._generation = 0
-        self._records: list = []
         self._capturing = None
         self._closed = False
         self._streaming = False
@@ -591,7 +599,7 @@ class Runtime:
         """Every copy between memory nodes (called where it ran, e.g. a stream's thread):
         traced per link, and fed to the transfer model."""
         if self.tracing:
-            self._transfers.append(TransferRecord(src.name, dst.name, nbytes, t0, t1))
+            self._records.add_transfer(TransferRecord(src.name, dst.name, nbytes, t0, t1))
         if self.perfmodel is not None:
             self.perfmodel.record_transfer(src.name, dst.name, nbytes, t1 - t0)
 
@@ -657,7 +665,7 @@ class Runtime:
         if self.perfmodel is not None:
             self.perfmodel.save_if_due()
         if self.tracing:
-            self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+            self._records.add_flush([_record(t) for t in traced(tasks) if t.t_start])  # not cancelled
         for t in tasks:
             t.done = True
             t.preds = ()
@@ -716,11 +724,10 @@ class Runtime:
 
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        t = Trace(list(self._records), [w.name for w in self.workers],
-                  transfers=list(self._transfers))
+        t = Trace(self._records.records(), [w.name for w in self.workers],
+                  transfers=self._records.transfers())
         if clear:
             self._records.clear()
-            self._transfers.clear()
         return t
 
     @property

@@ -12,7 +12,8 @@ exports them:
 - :meth:`Trace.to_dot`: the executed DAG as Graphviz DOT, coloured by worker;
 - :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
 - :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
-- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records;
+- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records (``from_json`` also
+  reads the stream a runtime writes with ``trace=path``, see :mod:`.trace_buffer`);
 - :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
   memory node), from a :class:`TransferRecord` per copy, prefetches and copies
   back to the host included; the Chrome trace shows each copy as an event of
@@ -439,7 +440,12 @@ class Trace:
 
     @classmethod
     def from_json(cls, path) -> "Trace":
-        """Read a trace written by :meth:`to_json`."""
+        """Read a trace written by :meth:`to_json`, or streamed by ``Runtime(trace=path)``."""
+        from .trace_buffer import is_stream, read_stream
+
+        if is_stream(path):
+            records, transfers, workers = read_stream(path)
+            return cls(records, workers=workers, transfers=transfers)
         with open(path, encoding="utf-8") as f:
             document = json.load(f)
         if not isinstance(document, dict) or document.get("format") != _JSON_FORMAT:
