@@ -30,9 +30,9 @@ def test_the_default_trace_keeps_the_last_flushes_only():
         ids = _flushes(rt, 10)
         kept = sorted(r.task_id for r in rt.trace().records)
         assert kept == sorted(i for flush in ids[-3:] for i in flush)
-        assert len(rt._records) == 6  # what memory holds: 3 flushes of 2 tasks
+        assert len(rt._trace) == 6  # what memory holds: 3 flushes of 2 tasks
     with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
-        assert rt._records.flushes == TRACE_FLUSHES
+        assert rt._trace.flushes == TRACE_FLUSHES
         _flushes(rt, TRACE_FLUSHES + 20, parts=1)
         assert len(rt.trace()) == TRACE_FLUSHES
 
@@ -89,3 +89,12 @@ def test_copies_between_nodes_are_kept_with_their_flush():
 def test_trace_flushes_must_be_positive(bad):
     with pytest.raises(ValueError, match="trace_flushes"):
         TraceBuffer(flushes=bad)
+
+
+def test_a_runtime_that_ran_nothing_leaves_an_empty_stream(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    with hn.Runtime(devices="cpu:1", perfmodel=False, trace=path):
+        pass
+    assert len(Trace.from_json(path)) == 0
+    with pytest.raises(hn.errors.ConfigError, match="trace_flushes"):
+        hn.Runtime(devices="cpu:1", perfmodel=False, trace_flushes=0)

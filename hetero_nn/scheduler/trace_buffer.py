@@ -12,7 +12,8 @@ so memory is flat after the first ``flushes`` flushes whatever the run's length.
 With a ``path``, every record is also appended to that file as it arrives (JSON
 Lines, format :data:`STREAM_FORMAT`): a header line naming the workers, then one
 line per task (``{"task": {...}}``) or copy (``{"transfer": {...}}``), written
-and flushed at the end of each flush. Nothing of the file is kept in memory, so
+and flushed at the end of each flush. The file is created (or truncated) with the
+buffer and stays empty until the first flush ends (an empty stream: no task ran). Nothing of the file is kept in memory, so
 the whole run's trace survives without the run holding it; a process killed
 mid-write leaves at most a torn last line, which :func:`read_stream` skips.
 :meth:`Trace.from_json <hetero_nn.scheduler.trace.Trace.from_json>` reads both
@@ -54,7 +55,8 @@ class TraceBuffer:
     path : str or path, optional
         A file to stream every record to (JSON Lines, created or truncated now).
     workers : list of str
-        The runtime's workers, written in the stream's header.
+        The runtime's workers, for the stream's header (the runtime sets
+        :attr:`workers` once it has made them).
     """
 
     def __init__(self, flushes: int | None = TRACE_FLUSHES, path=None, workers=()):
@@ -64,11 +66,11 @@ class TraceBuffer:
         self.flushes = flushes
         self._flushes: deque = deque(maxlen=flushes)
         self._transfers: list = []
+        self.workers = list(workers)
         self.path = Path(path) if path is not None else None
+        self._header_written = False
         if self.path is not None:
-            header = {"format": STREAM_FORMAT, "version": STREAM_VERSION, "workers": list(workers)}
-            with open(self.path, "w", encoding="utf-8") as f:
-                f.write(json.dumps(header) + "\n")
+            open(self.path, "w").close()  # created (or emptied) now: a bad path fails early
 
     def add_transfer(self, record: TransferRecord) -> None:
         """Keep one copy between memory nodes (from any thread)."""
@@ -81,7 +83,10 @@ class TraceBuffer:
             return
         self._flushes.append((records, transfers))
         if self.path is not None:
-            lines = [json.dumps({"task": dataclasses.asdict(r)}) for r in records]
+            lines = [] if self._header_written else [json.dumps(
+                {"format": STREAM_FORMAT, "version": STREAM_VERSION, "workers": self.workers})]
+            self._header_written = True
+            lines += [json.dumps({"task": dataclasses.asdict(r)}) for r in records]
             lines += [json.dumps({"transfer": dataclasses.asdict(t)}) for t in transfers]
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
@@ -112,6 +117,8 @@ def read_stream(path) -> tuple[list, list, list]:
     """
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
+    if lines == [""]:  # the stream of a runtime that ran no task
+        return [], [], []
     header = json.loads(lines[0])
     if header.get("format") != STREAM_FORMAT or header.get("version") != STREAM_VERSION:
         raise ValueError(f"{path}: trace stream format {header.get('format')!r} version "
@@ -138,8 +145,9 @@ def read_stream(path) -> tuple[list, list, list]:
 
 
 def is_stream(path) -> bool:
-    """Whether the file at ``path`` starts like a trace stream (its first line a header)."""
+    """Whether the file at ``path`` starts like a trace stream (its first line a header,
+    or nothing: a runtime that ran no task)."""
     with open(path, "rb") as f:
         first = f.readline(4096)
-    return STREAM_FORMAT.encode() in first and first.endswith(b"\n")
+    return first == b"" or (STREAM_FORMAT.encode() in first and first.endswith(b"\n"))
 
