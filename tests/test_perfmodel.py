@@ -341,8 +341,10 @@ def test_unwritable_directory_warns_once_and_keeps_measurements(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     pm = PerfModel(blocker)
-    with pytest.warns(PerfModelWarning, match="cannot read"):
-        pm.record(*KEY, "fp", 1.0, 1e-6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm.record(*KEY, "fp", 1.0, 1e-6)  # no folder: nothing to read, nothing to say yet
+    assert not caught
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -418,3 +420,15 @@ def test_threads_recording_predicting_and_saving_add_up(tmp_path):
         assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
         assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
         assert model.transfer_entries()[0]["count"] == n_threads * per_thread
+
+
+def test_an_unreadable_model_is_warned_once_per_folder(tmp_path):
+    pm = PerfModel(tmp_path)
+    for codelet in ("conv2d_fwd", "pool_fwd"):  # a folder where each file should be
+        pm.path_for(codelet).mkdir(parents=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pm.predict("conv2d_fwd", "cpu", "cpu", "fp", 1.0) is None
+        assert pm.predict("pool_fwd", "cpu", "cpu", "fp", 1.0) is None
+    (warning,) = [w for w in caught if w.category is PerfModelWarning]
+    assert str(pm.directory) in str(warning.message) and "cannot read" in str(warning.message)

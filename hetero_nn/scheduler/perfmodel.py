@@ -730,10 +730,11 @@ class PerfModel:
             with open(path, "rb") as f:
                 identity = _identity(os.fstat(f.fileno()))
                 raw = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no model (no folder) yet
             return None
-        except OSError as exc:
-            self._warn(f"ignoring perfmodel file {path}: cannot read it ({exc})")
+        except OSError as exc:  # once per folder and cause, not once per codelet
+            self._warn(f"ignoring the perfmodel files in {path.parent}: cannot read them "
+                       f"({exc.strerror or exc})")
             return None
         try:
             doc = json.loads(raw)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
