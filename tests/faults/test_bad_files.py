@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from harness import LIMIT, REPO, TRAIN, env, hetero_nn, temporaries, train_args
-from hetero_nn.checkpoint import read_checkpoint
+from hetero_nn.training.checkpoint import read_checkpoint
 from hetero_nn.scheduler.perfmodel import PerfModel
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from harness import LIMIT, REPO, env, hetero_nn, temporaries, train_args
-from hetero_nn.checkpoint import read_checkpoint
+from hetero_nn.training.checkpoint import read_checkpoint
 
 ONE_EPOCH = train_args(epochs=1)
 RESUME_TO_TWO = ["train", "--resume", "--epochs", "2", "-q"]

@@ -13,7 +13,7 @@ import pytest
 
 from harness import (STEPS, TRAIN, WRITES, assert_same_bits, hetero_nn, killed_run, recover,
                      run_files, temporaries, weights)
-from hetero_nn.checkpoint import read_checkpoint
+from hetero_nn.training.checkpoint import read_checkpoint
 
 #: Bytes of each file a run writes, at most (a kill mid-write must come before the end).
 SIZES = {"checkpoint.npz": 60_000, "checkpoint-final.npz": 60_000, "metrics.json": 2_000,
