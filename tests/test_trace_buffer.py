@@ -17,7 +17,7 @@ SCALE = hn.Codelet("scale_traced", modes=(hn.RW,), variants={"ref": _scale})
 
 def _flushes(rt, n, parts=2):
     """``n`` flushes of ``parts`` tasks each; returns the ids submitted, per flush."""
-    h = rt.register(np.ones(8))
+    h = rt.register(np.ones(max(8, parts)))
     ids = []
     for _ in range(n):
         ids.append([rt.submit(SCALE, part, factor=1.0).id for part in h.split(0, parts)])
@@ -98,3 +98,18 @@ def test_a_runtime_that_ran_nothing_leaves_an_empty_stream(tmp_path):
     assert len(Trace.from_json(path)) == 0
     with pytest.raises(hn.errors.ConfigError, match="trace_flushes"):
         hn.Runtime(devices="cpu:1", perfmodel=False, trace_flushes=0)
+
+
+def test_granularity_auto_calibrates_with_a_full_bounded_trace():
+    """The calibration reads its own steps' records even when the runtime's trace is
+    already full (a long run): it is given a buffer of its own, then handed back."""
+    train = hn.datasets.load("synthetic", image_size=12, num_samples=64)
+    model = hn.build_model("dahl-basic", train.input_shape, train.num_classes, seed=0)
+    with hn.Runtime(devices="cpu:2", perfmodel=False, trace_flushes=1) as rt:
+        _flushes(rt, 1, parts=64)  # the trace is full, of a flush longer than a step
+        with hn.Trainer(model, runtime=rt, batch_size=16, granularity="auto") as trainer:
+            x, y = train.batch(np.arange(16))
+            trainer.train_step(x, y)
+            decision = trainer.granularity_decision
+        assert decision.dispatch_seconds > 0  # measured from the calibration steps' records
+        assert len(rt._trace._flushes) == 1  # bounded again, the calibration's last in it

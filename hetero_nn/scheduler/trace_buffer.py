@@ -91,6 +91,13 @@ class TraceBuffer:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
 
+    def extend(self, other: "TraceBuffer") -> None:
+        """Add ``other``'s flushes after this buffer's, as if they had ended here."""
+        for records, transfers in other._flushes:
+            self._transfers.extend(transfers)
+            self.add_flush(records)
+        self._transfers.extend(other._transfers)
+
     def records(self) -> list:
         """Task records of the flushes kept, oldest first."""
         return [r for records, _ in self._flushes for r in records]

@@ -86,6 +86,13 @@ def killed_run(out, moment: str, args=TRAIN, extra_env=None):
                           env=env(**(extra_env or {})))
 
 
+def uninterrupted(out, args=TRAIN) -> dict:
+    """The final weights of a run of ``args`` into ``out`` that nothing disturbs."""
+    done = hetero_nn(*args, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return weights(Path(out) / "checkpoint-final.npz")
+
+
 def weights(path) -> dict:
     """The model's arrays of a checkpoint file, by name."""
     with np.load(path, allow_pickle=False) as data:

@@ -41,7 +41,8 @@ def _warnings(stderr: str) -> list[str]:
 
 # -- checkpoints -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", pytest.param("garbage", marks=pytest.mark.slow),
+                                    pytest.param("empty", marks=pytest.mark.slow)])
 def test_a_damaged_checkpoint_is_one_line_and_stays_as_it_was(tmp_path, damage):
     out = tmp_path / "run"
     first = hetero_nn(*train_args(epochs=1), "--out", out)
@@ -130,6 +131,7 @@ def _can_mount_read_only() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="tmpfs and mount namespaces are Linux's")
 def test_a_read_only_perfmodel_folder_warns_once_and_the_run_completes(tmp_path):
     if not _can_mount_read_only():

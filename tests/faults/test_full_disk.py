@@ -63,6 +63,7 @@ def _can_mount_tmpfs() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="tmpfs and mount namespaces are Linux's")
 def test_a_full_tmpfs_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     if not _can_mount_tmpfs():
