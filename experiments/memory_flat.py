@@ -98,7 +98,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    from hetero_nn.cli import environment, git_commit
+    from hetero_nn.cli.run_folder import environment, git_commit
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20_000)
