@@ -74,7 +74,8 @@ def run(args) -> dict:
                 gc.collect()
                 samples.append({"step": step, "rss_bytes": rss_bytes(),
                                 "trace_records": len(rt.trace().records),
-                                "graphs": len(trainer._graphs),
+                                "graphs": len(trainer.graphs),
+                                "graph_bytes": trainer.step_cache.nbytes,
                                 "python_blocks": sys.getallocatedblocks()})
                 if args.verbose:
                     s = samples[-1]
