@@ -14,6 +14,7 @@ Kill moments (see ``killer.py``) are ``<stage>:<file>:<n>[:<bytes>]`` strings, o
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -122,6 +124,22 @@ def recover(out, args=TRAIN, timeout=LIMIT):
     if run_files(out):
         return hetero_nn("train", "--out", out, "--resume", "-q", timeout=timeout)
     return hetero_nn(*args, "--out", out, timeout=timeout)
+
+
+def with_tmpfs(mountpoint, options: str, then: str, timeout=2 * LIMIT):
+    """Run the shell command ``then`` with a tmpfs (``-o options``) mounted at
+    ``mountpoint`` in a private mount namespace (``unshare -m``: the mount is gone when
+    the command ends and no other process sees it); skip the test where this user may
+    not make one."""
+    if sys.platform != "linux" or shutil.which("unshare") is None:
+        pytest.skip("tmpfs in a private mount namespace needs Linux and unshare")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o {options} tmpfs /mnt"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("this user cannot mount a tmpfs in a private mount namespace (unshare -m)")
+    return subprocess.run(["unshare", "-m", "sh", "-c",
+                           f"mount -t tmpfs -o {options} tmpfs {mountpoint} && {then}"],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env())
 
 
 def wait_for(predicate, timeout, what):

@@ -13,15 +13,13 @@ a read-only tmpfs mounted over the cache (EROFS, what a read-only home gives).
 
 import gzip
 import json
-import shutil
 import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from harness import LIMIT, REPO, TRAIN, env, hetero_nn, temporaries, train_args
+from harness import TRAIN, hetero_nn, temporaries, train_args, with_tmpfs
 from hetero_nn.training.checkpoint import read_checkpoint
 from hetero_nn.scheduler.perfmodel import PerfModel
 
@@ -123,28 +121,15 @@ def test_a_perfmodel_folder_below_a_file_warns_once_and_the_run_completes(tmp_pa
     assert temporaries(tmp_path / "run") == []
 
 
-def _can_mount_read_only() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o ro,size=64k tmpfs /mnt"],
-                           capture_output=True)
-    return probe.returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="tmpfs and mount namespaces are Linux's")
 def test_a_read_only_perfmodel_folder_warns_once_and_the_run_completes(tmp_path):
-    if not _can_mount_read_only():
-        pytest.skip("this user cannot mount a read-only tmpfs in a private mount namespace")
     cache, keep = tmp_path / "cache", tmp_path / "kept"
     folder = PerfModel(cache, hostname=socket.gethostname()).directory
     folder.mkdir(parents=True)
     keep.mkdir()
     command = " ".join([sys.executable, "-m", "hetero_nn", *TRAIN, "--out", str(tmp_path / "run")])
-    script = (f"mount -t tmpfs -o ro,size=64k tmpfs {folder} && "
-              f"{{ HETERO_NN_CACHE={cache} {command} 2> {keep}/stderr; echo $? > {keep}/rc; }}")
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=LIMIT, cwd=REPO, env=env())
+    done = with_tmpfs(folder, "ro,size=64k",
+                      f"{{ HETERO_NN_CACHE={cache} {command} 2> {keep}/stderr; echo $? > {keep}/rc; }}")
     assert done.returncode == 0, done.stderr
     assert int((keep / "rc").read_text()) == 0, (keep / "stderr").read_text()
     (line,) = [line for line in _warnings((keep / "stderr").read_text()) if "could not save" in line]

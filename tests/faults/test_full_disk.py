@@ -9,14 +9,12 @@ second checkpoint does not fit in (ENOSPC).
 """
 
 import resource
-import shutil
 import signal
-import subprocess
 import sys
 
 import pytest
 
-from harness import LIMIT, REPO, env, hetero_nn, temporaries, train_args
+from harness import hetero_nn, temporaries, train_args, with_tmpfs
 from hetero_nn.training.checkpoint import read_checkpoint
 
 ONE_EPOCH = train_args(epochs=1)
@@ -55,31 +53,17 @@ def test_a_file_size_limit_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     assert again.returncode == 0, again.stderr
 
 
-def _can_mount_tmpfs() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
-    return probe.returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="tmpfs and mount namespaces are Linux's")
 def test_a_full_tmpfs_during_a_checkpoint_keeps_the_previous_one(tmp_path):
-    if not _can_mount_tmpfs():
-        pytest.skip("this user cannot mount a tmpfs in a private mount namespace (unshare -m)")
     mount, keep = tmp_path / "small", tmp_path / "kept"
     mount.mkdir()
     keep.mkdir()
-    python = [sys.executable, "-m", "hetero_nn"]
-    run = " ".join(python)
-    script = (f"mount -t tmpfs -o size=160k tmpfs {mount} && "
-              f"{run} {' '.join(ONE_EPOCH)} --out {mount}/run > /dev/null && "
-              f"cp {mount}/run/checkpoint.npz {keep}/before.npz && "
-              f"{{ {run} {' '.join(RESUME_TO_TWO)} --out {mount}/run 2> {keep}/stderr; "
-              f"echo $? > {keep}/rc; }} && cp -a {mount}/run {keep}/after")
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=2 * LIMIT, cwd=REPO, env=env())
+    run = f"{sys.executable} -m hetero_nn"
+    done = with_tmpfs(mount, "size=160k",
+                      f"{run} {' '.join(ONE_EPOCH)} --out {mount}/run > /dev/null && "
+                      f"cp {mount}/run/checkpoint.npz {keep}/before.npz && "
+                      f"{{ {run} {' '.join(RESUME_TO_TWO)} --out {mount}/run 2> {keep}/stderr; "
+                      f"echo $? > {keep}/rc; }} && cp -a {mount}/run {keep}/after")
     assert done.returncode == 0, done.stderr
     assert int((keep / "rc").read_text()) != 0
     line = _one_line_naming((keep / "stderr").read_text(), mount / "run" / "checkpoint.npz",
