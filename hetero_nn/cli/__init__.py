@@ -10,10 +10,13 @@ This package owns what a user of the command meets::
     hetero-nn perfmodel [codelet]
     hetero-nn models [--summary MODEL]
     hetero-nn simulate --model lenet5 --policy heft [--platform FILE]
+    hetero-nn trace runs/c10 --gantt gantt.png --stats    # a run's trace (train --trace)
+    hetero-nn plot runs/c10 runs/c10-adam -o curves.png   # loss, accuracy, images/s per epoch
 
 Each subcommand is a module with ``add_parser(sub)`` and ``command(args)``
 (:mod:`.train`, :mod:`.evaluate`, :mod:`.datasets`, :mod:`.perfmodel`,
-:mod:`.models`, :mod:`.simulate`); the option types and shared option groups are in
+:mod:`.models`, :mod:`.simulate`, :mod:`.trace`, :mod:`.plot`); the option types and
+shared option groups are in
 :mod:`.options`, the runtime, Dask client and cluster a command runs on in
 :mod:`.connect`, a run's output folder and Ctrl-C handling in :mod:`.run_folder`.
 ``hetero-nn`` alone, or ``hetero-nn datasets`` alone, prints its usage (exit 0).
@@ -36,12 +39,13 @@ aside, one that cannot be saved) are one line each, ``hetero-nn: warning: ...``.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import warnings
 
 from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, TrainingDiverged
-from . import datasets, evaluate, models, perfmodel, simulate, train
+from . import datasets, evaluate, models, perfmodel, plot, simulate, trace, train
 from .options import PROG, Parser, one_line
 from .run_folder import version
 
@@ -49,7 +53,8 @@ __all__ = ["main", "build_parser", "PROG"]
 
 #: The subcommands, in the order ``hetero-nn --help`` lists them.
 _COMMANDS = {"train": train, "evaluate": evaluate, "datasets": datasets,
-             "perfmodel": perfmodel, "simulate": simulate, "models": models}
+             "perfmodel": perfmodel, "simulate": simulate, "models": models, "trace": trace,
+             "plot": plot}
 _RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError, ClusterError)
 
 
@@ -84,6 +89,10 @@ def main(argv=None) -> int:
     except HeteroNNError as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`hetero-nn perfmodel | head`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except OSError as exc:  # a full disk, a file-size limit: the file, and why
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"{PROG}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
