@@ -34,7 +34,10 @@ topological order), whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: trace records of executed tasks, as tuples.
+recorded, or None. ``records``: the trace records of the flush's tasks, as tuples
+(the local and sync executors append each as its task ends); at the flush's end they
+go to the runtime's bounded :class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer`
+(``rt._trace``) as one unit.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Flushes:
         self.streaming = False
         self.generation = 0
         self.capturing = None
-        self.records: list = []
+        self.records: list = []  # this flush's trace records (tuples), one list for its life
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -141,13 +144,18 @@ class Flushes:
                 rt._variants.feed()
             except BaseException as exc:  # noqa: BLE001 - raised below, as the flush's
                 fault = exc
-        if rt.tracing and not getattr(rt.executor, "records_tasks", False):
-            records = self.records
-            for t in tasks:
-                if t.__class__ is Bundle:
-                    records.extend([record_of(m) for m in t.members if m.t_start])
-                elif t.t_start:  # not cancelled
-                    records.append(record_of(t))
+        if rt.perfmodel is not None:
+            rt.perfmodel.save_if_due()  # a killed run keeps its calibration (perfmodel.py)
+        records = self.records
+        if rt.tracing:
+            if not getattr(rt.executor, "records_tasks", False):
+                for t in tasks:
+                    if t.__class__ is Bundle:
+                        records.extend([record_of(m) for m in t.members if m.t_start])
+                    elif t.t_start:  # not cancelled
+                        records.append(record_of(t))
+            rt._trace.add_flush(list(records))
+        records.clear()  # the same list: executors append to it
         for t in tasks:
             t.ended = True
             t.preds = ()
