@@ -199,7 +199,7 @@ def test_resume_mid_epoch_ends_bit_identical_to_an_uninterrupted_run(tmp_path, d
     data, val = _data(n=80), _data(n=32, seed=1)  # 5 steps of 16 per epoch
 
     def make():
-        opt = hn.optim.SGD(lr=0.05, momentum=0.9) if optimizer == "sgd" else hn.optim.Adam(1e-2)
+        opt = hn.optim.SGD(lr=0.05, momentum=0.9) if optimizer == "sgd" else hn.optim.Adam(lr=1e-2)
         return _trainer(optimizer=opt, dtype=dtype, granularity=3, data=data)
 
     reference = make()
