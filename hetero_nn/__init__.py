@@ -17,6 +17,8 @@ from .layers import LogSoftmax
 from .layers import (BatchNorm1d, BatchNorm2d, Dropout2d, Hardswish, Identity, LayerNorm, Linear,
                      ReLU6, SiLU, Softmax)
 from .scheduler.default import close_default_runtime, default_runtime, set_default_runtime
+from .errors import ConversionError
+from .torch_interop import from_torch, to_torch
 from .trainer import Trainer
 from . import checkpoint, datasets, models, transforms
 from .models import MODELS, build_model
