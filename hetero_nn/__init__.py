@@ -19,7 +19,7 @@ from .layers import (BatchNorm1d, BatchNorm2d, Dropout2d, Hardswish, Identity, L
 from .scheduler.default import close_default_runtime, default_runtime, set_default_runtime
 from .errors import ConversionError
 from .torch_interop import from_torch, to_torch
-from .trainer import Trainer
-from . import checkpoint, datasets, models, transforms
+from .training import Trainer, checkpoint, load_model
+from . import datasets, models, transforms
 from .models import MODELS, build_model
-from .trainer import HISTORY_KEYS
+from .training import HISTORY_KEYS

@@ -233,7 +233,7 @@ class Optimizer:
     def replay_key(self):
         """What the parameters of ``step``'s tasks depend on besides the data (hashable):
         every group's options that are not in the hyper handle (see
-        :meth:`hetero_nn.trainer.Trainer.train_step`)."""
+        :meth:`hetero_nn.training.trainer.Trainer.train_step`)."""
         return (type(self).__name__, tuple(self._fixed(g, i) for i, g in
                                            enumerate(self.param_groups)))
 
@@ -467,7 +467,7 @@ def clip_grad_norm(parameters, max_norm) -> float:
     ``total_norm`` is the 2-norm of all gradients together, and returns
     ``total_norm`` (waiting for it). ``parameters`` is a bound optimizer, a model
     or an iterable of its Parameters; the gradients are those computed by the
-    tasks submitted so far. :class:`~hetero_nn.trainer.Trainer` clips inside each
+    tasks submitted so far. :class:`~hetero_nn.training.trainer.Trainer` clips inside each
     step with ``clip_grad_norm=max_norm``.
     """
     total = submit_clip_grad_norm(parameters, max_norm)

@@ -14,7 +14,7 @@ from ..codelets.dense import (dense_bwd_input, dense_bwd_params, dense_bwd_weigh
                               dense_fwd_nobias)
 from ..errors import ConfigError, ShapeError
 from .base import AffineLayer, Layer
-from .checks import positive_int
+from ..codelets._checks import positive_int
 
 
 class _View(Layer):
