@@ -23,7 +23,7 @@ class LRScheduler:
     """Base of the schedules: ``torch.optim.lr_scheduler.LRScheduler``, one value per
     parameter group.
 
-    ``interval`` says when :class:`~hetero_nn.trainer.Trainer` steps it by default:
+    ``interval`` says when :class:`~hetero_nn.training.trainer.Trainer` steps it by default:
     after every optimizer step (``"step"``) or at the end of every epoch (``"epoch"``).
     """
 

@@ -13,7 +13,8 @@ rebuilding calls the named classes with those arguments.
 Names: a layer class is found by the name it is recorded under, among the classes
 :func:`register` was given and the package's own layers (``hetero_nn.layers``, the
 Keras aliases included). A class that is neither is recorded under its qualified
-name, so that loading it without the class registered fails in one line naming it.
+name, so that loading it without the class registered fails in one line naming it
+(registered later, it is found by that name too).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def _builtins() -> dict:
 
 def layer_class(name: str) -> type:
     """The class recorded as ``name``; ConfigError naming it when none is known."""
-    cls = _registered.get(name) or _builtins().get(name)
+    cls = _registered.get(name) or _builtins().get(name) or next(
+        (c for c in _registered.values() if f"{c.__module__}.{c.__qualname__}" == name), None)
     if cls is None:
         raise ConfigError(f"unknown layer class {name!r}: not a hetero_nn layer; register it "
                           f"with hn.layers.register({name.rsplit('.', 1)[-1]}) before loading")
