@@ -14,8 +14,9 @@ is normalised on its own and a partition needs nothing from the others. PyTorch'
 formulas (``aten/src/ATen/native/cpu/SoftMaxKernel.cpp``): ``y = exp(x - max) /
 sum(exp(x - max))`` along ``dim``, and the backward from the forward *output*,
 ``dx = y * (dy - sum(dy * y))``. The array is seen as ``(outer, K, inner)`` with
-``K`` the length of ``dim``; the Numba kernel runs over that view, accumulating in
-the operands' dtype as PyTorch's CPU kernel does.
+``K`` the length of ``dim``; the Numba kernel runs over that view with the ``inner``
+axis innermost (contiguous), accumulating in the operands' dtype as PyTorch's CPU
+kernel does.
 
 Variants: ``ref`` (NumPy), ``cpu`` (Numba) and ``cuda`` (written against the array
 module: CuPy on a GPU, NumPy in CI).
@@ -81,32 +82,39 @@ def _bwd_cuda(y, dy, dx, *, dim):
 @jit
 def _fwd_cpu(x, y):
     outer, k, inner = x.shape
-    for o in range(outer):
+    m = np.empty(inner, x.dtype)
+    total = np.empty(inner, y.dtype)
+    for o in range(outer):  # the inner axis innermost: contiguous rows, vectorisable
         for i in range(inner):
-            m = x[o, 0, i]
-            for j in range(1, k):
+            m[i] = x[o, 0, i]
+        for j in range(1, k):
+            for i in range(inner):
                 v = x[o, j, i]
-                if v > m or v != v:  # NaN wins, as torch's max
-                    m = v
-            total = y.dtype.type(0)
-            for j in range(k):
-                e = np.exp(x[o, j, i] - m)
+                if v > m[i] or v != v:  # NaN wins, as torch's max
+                    m[i] = v
+        total[:] = 0
+        for j in range(k):
+            for i in range(inner):
+                e = np.exp(x[o, j, i] - m[i])
                 y[o, j, i] = e
-                total += e
-            for j in range(k):
-                y[o, j, i] = y[o, j, i] / total
+                total[i] += e
+        for j in range(k):
+            for i in range(inner):
+                y[o, j, i] = y[o, j, i] / total[i]
 
 
 @jit
 def _bwd_cpu(y, dy, dx):
     outer, k, inner = y.shape
+    dot = np.empty(inner, dx.dtype)
     for o in range(outer):
-        for i in range(inner):
-            dot = dx.dtype.type(0)
-            for j in range(k):
-                dot += dy[o, j, i] * y[o, j, i]
-            for j in range(k):
-                dx[o, j, i] = y[o, j, i] * (dy[o, j, i] - dot)
+        dot[:] = 0
+        for j in range(k):
+            for i in range(inner):
+                dot[i] += dy[o, j, i] * y[o, j, i]
+        for j in range(k):
+            for i in range(inner):
+                dx[o, j, i] = y[o, j, i] * (dy[o, j, i] - dot[i])
 
 
 def _fwd_cpu_wrapper(x, y, *, dim):
