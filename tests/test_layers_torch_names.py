@@ -348,3 +348,41 @@ def test_keras_spellings_are_the_same_classes():
     assert keys == list(torch.nn.BatchNorm1d(4).state_dict())
     assert [name for name, _ in hn.LayerNorm(4).named_state()] == \
         list(torch.nn.LayerNorm(4).state_dict())
+
+
+# --------------------------------------------------------------------------- on an emulated GPU
+
+def test_training_on_cuda_emu_runs_the_cuda_variants_and_equals_torch():
+    """Three SGD-momentum steps of a network of the new layers with every task on an
+    emulated CUDA device (the ``cuda`` variants under NumPy), against torch, float64."""
+    hn.manual_seed(5)
+    model = hn.Sequential(hn.Conv2D(2, 4, 3, padding=1), hn.SiLU(), hn.Dropout2d(0.0),
+                          hn.LayerNorm((4, 6, 6)), hn.Hardswish(), hn.Flatten(),
+                          hn.Linear(144, 12), hn.BatchNorm1d(12), hn.ReLU6(), hn.Identity(),
+                          hn.Linear(12, 5), hn.Softmax(dim=1), hn.Linear(5, 5))
+    model.build((2, 6, 6), "float64")
+    for p in model.parameters():  # LayerNorm and BatchNorm away from 1 and 0
+        p.data[...] += np.random.default_rng(1).standard_normal(p.data.shape) * 0.1
+    twin = hn.to_torch(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(2)
+    data = [(rng.standard_normal((6, 2, 6, 6)), rng.integers(0, 5, 6)) for _ in range(3)]
+    expected = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    with hn.Runtime(devices="cuda-emu:1", perfmodel=False) as rt:
+        trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.1, momentum=0.9), runtime=rt,
+                             batch_size=6, granularity=3)
+        losses = [trainer.train_step(x, y) for x, y in data]
+        state = model.state_dict()
+        ran = {(r.codelet, r.variant) for r in rt.trace()}
+    assert rel_err(losses, expected) <= 1e-9
+    for key, value in twin.state_dict().items():
+        assert rel_err(state[key], value.numpy()) <= 1e-9, key
+    for name in ("silu_fwd", "hardswish_bwd", "layer_norm_fwd", "layer_norm_bwd_input",
+                 "relu6_bwd", "softmax_fwd", "softmax_bwd", "bn_fwd"):
+        assert (name, "cuda") in ran, name
