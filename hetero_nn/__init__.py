@@ -19,6 +19,7 @@ from .layers import (BatchNorm1d, BatchNorm2d, Dropout2d, Hardswish, Identity, L
 from .scheduler.default import close_default_runtime, default_runtime, set_default_runtime
 from .errors import ConversionError
 from .torch_interop import from_torch, to_torch
+from .layers import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
 from .training import Trainer, checkpoint, load_model
 from . import datasets, models, transforms
 from .models import MODELS, build_model
