@@ -85,41 +85,27 @@ def _arg(args, kwargs, i, name, default=None):
     return args[i] if len(args) > i else kwargs.get(name, default)
 
 
-def _int_or_pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-
-
 def _conv(m):
-    if m.dilation != (1, 1) or m.groups != 1 or isinstance(m.padding, str) \
-            or m.padding_mode != "zeros":
-        raise _Unsupported(f"Conv2d with dilation={m.dilation}, groups={m.groups}, "
-                           f"padding={m.padding!r}, padding_mode={m.padding_mode!r}: only "
-                           "dilation 1, groups 1, int padding and zeros padding convert")
-    return L.Conv2D(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride,
-                    padding=m.padding, bias=m.bias is not None)
+    return L.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride,
+                    padding=m.padding, dilation=m.dilation, groups=m.groups,
+                    bias=m.bias is not None, padding_mode=m.padding_mode)
 
 
 def _max_pool(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
               return_indices=False):
-    if _int_or_pair(padding) != (0, 0) or _int_or_pair(dilation) != (1, 1) or ceil_mode \
-            or return_indices:
-        raise _Unsupported(f"MaxPool2d with padding={padding}, dilation={dilation}, "
-                           f"ceil_mode={ceil_mode}: only the defaults convert")
-    return L.MaxPool2D(kernel_size, stride or None)
+    if return_indices:
+        raise _Unsupported("MaxPool2d(return_indices=True): a layer has one output")
+    return L.MaxPool2d(kernel_size, stride or None, padding, dilation, ceil_mode=ceil_mode)
 
 
 def _avg_pool(kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
-    if ceil_mode or not count_include_pad or divisor_override is not None:
-        raise _Unsupported("AvgPool2d with ceil_mode, count_include_pad=False or a "
-                           "divisor_override does not convert")
-    return L.AvgPool2D(kernel_size, stride or None, padding)
+    return L.AvgPool2d(kernel_size, stride or None, padding, ceil_mode, count_include_pad,
+                       divisor_override)
 
 
 def _adaptive_avg_pool(output_size):
-    if _int_or_pair(output_size) != (1, 1):
-        raise _Unsupported(f"AdaptiveAvgPool2d({output_size}): only output size 1 converts")
-    return L.GlobalAvgPool2D()
+    return L.AdaptiveAvgPool2d(output_size)
 
 
 def _dropout(cls):
@@ -559,15 +545,15 @@ def _torch_module(layer, nn):
                                  else _torch_module(layer.shortcut, nn))
     simple = {L.ReLU: nn.ReLU, L.ReLU6: nn.ReLU6, L.SiLU: nn.SiLU, L.Hardswish: nn.Hardswish,
               L.Sigmoid: nn.Sigmoid, L.Tanh: nn.Tanh, L.GELU: nn.GELU, L.Identity: nn.Identity,
-              L.Flatten: nn.Flatten, L.GlobalAvgPool2D: lambda: nn.AdaptiveAvgPool2d(1),
-              L.LogSoftmax: lambda: nn.LogSoftmax(dim=1)}
+              L.Flatten: nn.Flatten, L.LogSoftmax: lambda: nn.LogSoftmax(dim=1)}
     if kind in simple:
         return simple[kind]()
     if kind is L.Linear:
         return nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
-    if kind is L.Conv2D:
+    if kind is L.Conv2d:
         return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                         stride=layer.stride, padding=layer.padding, bias=layer.bias)
+                         stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
+                         groups=layer.groups, bias=layer.bias, padding_mode=layer.padding_mode)
     if kind in (L.BatchNorm2d, L.BatchNorm1d):
         cls = nn.BatchNorm2d if kind is L.BatchNorm2d else nn.BatchNorm1d
         return cls(layer.num_features, layer.eps, layer.momentum, layer.affine,
@@ -575,10 +561,14 @@ def _torch_module(layer, nn):
     if kind is L.LayerNorm:
         return nn.LayerNorm(layer.normalized_shape, layer.eps, layer.elementwise_affine,
                             bias=layer.has_bias)
-    if kind is L.MaxPool2D:
-        return nn.MaxPool2d(layer.kernel_size, layer.stride)
-    if kind is L.AvgPool2D:
-        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding)
+    if kind is L.MaxPool2d:
+        return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                            ceil_mode=layer.ceil_mode)
+    if kind is L.AvgPool2d:
+        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode,
+                            layer.count_include_pad, layer.divisor_override)
+    if kind in (L.AdaptiveAvgPool2d, L.GlobalAvgPool2D):
+        return nn.AdaptiveAvgPool2d(layer.output_size)
     if kind is L.LeakyReLU:
         return nn.LeakyReLU(layer.negative_slope)
     if kind is L.Softmax:

@@ -28,13 +28,13 @@ TRAIN = textwrap.dedent('''
     train = hn.datasets.load("synthetic", "train", limit=96)
     test = hn.datasets.load("synthetic", "test", limit=40)
     model = hn.Sequential(OrderedDict([
-        ("stem", hn.Conv2D(1, 6, 3, padding=1, bias=False)), ("bn", hn.BatchNorm2d(6)),
+        ("stem", hn.Conv2d(1, 6, 3, padding=1, bias=False)), ("bn", hn.BatchNorm2d(6)),
         ("act", hn.SiLU()),
-        ("block", hn.Residual([hn.Conv2D(6, 6, 3, padding=1), hn.BatchNorm2d(6), hn.ReLU6(),
+        ("block", hn.Residual([hn.Conv2d(6, 6, 3, padding=1), hn.BatchNorm2d(6), hn.ReLU6(),
                                hn.Dropout2d(0.1)])),
-        ("pool", hn.MaxPool2D(2)),
-        ("down", hn.Residual([hn.Conv2D(6, 8, 3, stride=2, padding=1), hn.Hardswish()],
-                             shortcut=[hn.Conv2D(6, 8, 1, stride=2, bias=False)])),
+        ("pool", hn.MaxPool2d(2)),
+        ("down", hn.Residual([hn.Conv2d(6, 8, 3, stride=2, padding=1), hn.Hardswish()],
+                             shortcut=[hn.Conv2d(6, 8, 1, stride=2, bias=False)])),
         ("norm", hn.LayerNorm((8, 7, 7))), ("gap", hn.GlobalAvgPool2D()),
         ("flat", hn.Flatten()), ("fc", hn.Linear(8, 16)), ("bn1", hn.BatchNorm1d(16)),
         ("gelu", hn.GELU()), ("drop", hn.Dropout(0.2)), ("head", hn.Linear(16, 10))]))
