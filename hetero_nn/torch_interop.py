@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .errors import ConversionError
+from .errors import ConversionError, HeteroNNError
 from . import layers as L
 
 
@@ -115,7 +115,13 @@ def _dropout(cls):
 
 
 def _flatten(start_dim=1, end_dim=-1):
+    """``nn.Flatten``'s defaults; ``torch.flatten`` and ``x.flatten`` start at 0 (the batch
+    axis, which no layer flattens: refused)."""
     return L.Flatten(start_dim, end_dim)
+
+
+def _flatten_function(start_dim=0, end_dim=-1):
+    return _flatten(start_dim, end_dim)
 
 
 def _module_table(nn):
@@ -179,7 +185,7 @@ def _function_table(torch):
         "softmax": lambda dim=None, dtype=None: L.Softmax(dim),
         F.log_softmax: _log_softmax, torch.log_softmax: _log_softmax,
         "log_softmax": _log_softmax,
-        torch.flatten: _flatten, "flatten": _flatten,
+        torch.flatten: _flatten_function, "flatten": _flatten_function,
         F.max_pool2d: _max_pool, F.avg_pool2d: _avg_pool,
         F.adaptive_avg_pool2d: _adaptive_avg_pool,
         F.dropout: _dropout(L.Dropout), F.dropout2d: _dropout(L.Dropout2d),
@@ -236,7 +242,11 @@ def from_torch(module, input_shape, dtype=None):
     _propagate_shapes(torch, module, graph, shape, own)
     walk = _Walk(torch, module, graph, shape)
     model = walk.run()
-    model.build(shape, dtype)
+    try:
+        model.build(shape, dtype)
+    except HeteroNNError as exc:
+        raise ConversionError(f"from_torch: the converted model does not build for inputs "
+                              f"(N, {', '.join(map(str, shape))}): {exc}") from None
     model.train(module.training)
     for layer, source in walk.sources:
         state = {k: v.detach().cpu().numpy() for k, v in source.state_dict().items()}
@@ -341,6 +351,8 @@ class _Walk:
             layer = make()
         except TypeError as exc:  # arguments the converter does not take
             raise _Unsupported(f"arguments not understood ({exc})") from None
+        except HeteroNNError as exc:  # arguments the layer refuses (it says which)
+            raise _Unsupported(str(exc)) from None
         base = self.take(args[0])
         path = _Path(base.root, base.layers)
         if layer is not _IDENTITY:
@@ -382,8 +394,10 @@ class _Walk:
                 not all(isinstance(self.values.get(a), _Path) for a in args):
             raise _Unsupported("an addition converts only as two tensors from the model's "
                                "input added (a residual connection)")
+        if args[0] is args[1]:
+            raise _Unsupported("a tensor added to itself does not convert")
         a, b = (self.take(x) for x in args)
-        if a.root is not b.root:
+        if a.root is not b.root or a.root not in self.live:
             raise _Unsupported(f"the two operands branch from different points ({a.root.name!r} "
                                f"and {b.root.name!r}): only a residual connection around one "
                                "block converts")
@@ -499,7 +513,8 @@ def _target(node):
     return f"{node.op} {target}"
 
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>.*)')
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \S+'
+                    r'(?:\n(?!\s*File ")\s*(?P<code>[^\n]*))?')
 
 
 def _source_line(node) -> str:
@@ -510,7 +525,8 @@ def _source_line(node) -> str:
     if not frames:
         return ""
     m = frames[-1]
-    return f" at {m['file']}:{m['line']} `{m['code'].strip()}`"
+    code = f" `{m['code'].strip()}`" if m["code"] else ""
+    return f" at {m['file']}:{m['line']}{code}"
 
 
 # --------------------------------------------------------------------------- to_torch

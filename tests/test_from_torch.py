@@ -395,6 +395,21 @@ class Reshaping(nn.Module):
         return x.view(x.size(0), 2, -1)
 
 
+class Doubling(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y + y
+
+
+class FlattenAll(nn.Module):
+    def forward(self, x):
+        return torch.flatten(x)  # start_dim=0: the batch too
+
+
 @pytest.mark.parametrize("module, shape, match", [
     (Upsampling(), (1, 6, 6),
      r"^from_torch: node 'up' \(call_module 'up'\) at .*test_from_torch\.py:\d+ "
@@ -407,6 +422,8 @@ class Reshaping(nn.Module):
     (Shared(), (2, 4, 4), r"node 'conv_1' .*module 'conv' is called twice .*shared weights"),
     (DataDependent(), (2, 4, 4), r"^from_torch: torch\.fx cannot trace DataDependent: "),
     (Reshaping(), (2, 4, 4), r"node 'view' .*a reshape of samples \(2, 4, 4\) to \(N, 2, -1\)"),
+    (Doubling(), (2, 4, 4), r"node 'add' .*`return y \+ y`: a tensor added to itself"),
+    (FlattenAll(), (2, 4, 4), r"node 'flatten' .*Flatten: start_dim must be 1"),
     (LeNet5(), (1, 20, 20), r"^from_torch: LeNet5 fails on inputs of shape \(N, 1, 20, 20\)"),
 ])
 def test_what_does_not_convert_names_the_node_target_and_line(module, shape, match):
