@@ -109,7 +109,7 @@ def test_sequential_takes_layers_a_list_or_an_ordered_dict_named_as_torch():
     assert list(named.state_dict()) == list(twin.state_dict())
     assert named.fc is layers["fc"] and named[0] is layers["conv"]
     assert [n for n, _ in named.named_children()] == list(layers)
-    assert "(conv): Conv2D(" in repr(named)
+    assert "(conv): Conv2d(" in repr(named)
     listed = hn.Sequential(list(layers.values()))
     assert [n for n, _ in listed.named_parameters()] == \
         [n for n, _ in hn.Sequential(*layers.values()).named_parameters()]
