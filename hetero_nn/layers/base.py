@@ -20,6 +20,12 @@ zeroed by a ``fill_zero`` task and accumulated into, as before.
 Parameters are NumPy arrays owned by the layer (as ``torch.nn.Parameter`` owns
 its tensor); ``bind(rt)`` registers them with a runtime without copying, and
 creates a gradient handle for each.
+
+As a ``torch.nn.Module``: ``layer(x)`` returns the outputs of a NumPy batch (the forward
+tasks on the runtime the layer is bound to, else the package's default runtime),
+``state_dict``/``load_state_dict`` hold every layer's weights and buffers, and each
+layer keeps the arguments it was constructed with (``constructor_args``), which is what
+a checkpoint records to rebuild the model (:mod:`hetero_nn.layers.registry`).
 """
 
 from __future__ import annotations
