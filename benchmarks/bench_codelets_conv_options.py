@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 from hetero_nn.codelets import avgpool, conv, depthwise, pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_codelets_conv_pool import _row, parse_args, timed_rows  # noqa: E402
+from bench_codelets_conv_pool import parse_args, report, timed_rows  # noqa: E402
 
 # name, x shape without the batch, (out channels, kernel), convolution parameters
 CONVS = [
@@ -63,6 +63,14 @@ ADAPTIVE = [  # name, x shape without the batch, output plane
 ]
 
 
+def _timed(name, cases, params, repeat):
+    """``timed_rows`` of each ``(codelet, arrays, torch call)`` of ``cases``."""
+    rows = []
+    for codelet, arrays, torch_fn in cases:
+        rows += timed_rows(name, codelet.name, codelet, arrays, params, torch_fn, repeat)
+    return rows
+
+
 def conv_rows(name, shape, out_kernel, params, batch, dtype, repeat, rng):
     """Timed rows for the forward, input-gradient and parameter-gradient codelets."""
     n_out, k = out_kernel
@@ -81,10 +89,7 @@ def conv_rows(name, shape, out_kernel, params, batch, dtype, repeat, rng):
     fwd, bwd_input, bwd_params = _torch_conv(x, w, b, dy, params)
     cases = [(codelets[0], (x, w, b, y), fwd), (codelets[1], (dy, w, dx), bwd_input),
              (codelets[2], (x, dy, dw, db), bwd_params)]
-    rows = []
-    for codelet, arrays, torch_fn in cases:
-        rows += timed_rows(name, codelet.name, codelet, arrays, task, torch_fn, repeat)
-    return rows
+    return _timed(name, cases, task, repeat)
 
 
 def _torch_conv(x, w, b, dy, params):
@@ -133,10 +138,7 @@ def max_pool_rows(name, shape, params, batch, dtype, repeat, rng):
          lambda: torch.ops.aten.max_pool2d_with_indices_backward(
              dyt, xt, [k, k], [s, s], [p, p], [1, 1], ceil, argt)),
     ]
-    rows = []
-    for codelet, arrays, torch_fn in cases:
-        rows += timed_rows(name, codelet.name, codelet, arrays, params, torch_fn, repeat)
-    return rows
+    return _timed(name, cases, params, repeat)
 
 
 def avg_pool_rows(name, shape, params, batch, dtype, repeat, rng):
@@ -151,10 +153,7 @@ def avg_pool_rows(name, shape, params, batch, dtype, repeat, rng):
         (avgpool.avgpool2d_bwd, (dy, dx), lambda: torch.ops.aten.avg_pool2d_backward(
             dyt, xt, [k, k], [s, s], [p, p], ceil, include, None)),
     ]
-    rows = []
-    for codelet, arrays, torch_fn in cases:
-        rows += timed_rows(name, codelet.name, codelet, arrays, params, torch_fn, repeat)
-    return rows
+    return _timed(name, cases, params, repeat)
 
 
 def adaptive_rows(name, shape, out, batch, dtype, repeat, rng):
@@ -167,10 +166,7 @@ def adaptive_rows(name, shape, out, batch, dtype, repeat, rng):
         (avgpool.adaptive_avgpool2d_bwd, (dy, dx),
          lambda: torch.ops.aten._adaptive_avg_pool2d_backward(dyt, xt)),
     ]
-    rows = []
-    for codelet, arrays, torch_fn in cases:
-        rows += timed_rows(name, codelet.name, codelet, arrays, {}, torch_fn, repeat)
-    return rows
+    return _timed(name, cases, {}, repeat)
 
 
 def main(argv=None):
@@ -193,22 +189,8 @@ def main(argv=None):
         for name, shape, out in ADAPTIVE:
             rows += run(adaptive_rows, name, shape, out)
 
-    print(f"{dtype.name}, batch {args.batch}, 1 thread, {args.repeat} timed calls each; "
-          f"ratio = hetero_nn / torch (of medians; 'min' = of minima)")
-    header = (f"{'layer':<14} {'codelet':<28} {'variant':<11} {'ms':>8} {'torch ms':>9} "
-              f"{'ratio':>6} {'min':>6}")
-    print(header)
-    print("-" * len(header))
-    best = {}
-    for layer, op, variant, ms, torch_ms in rows:
-        print(_row(layer, op, variant, ms, torch_ms, widths=(14, 28)))
-        key = (layer, op)
-        if variant != "ref" and (key not in best or ms[0] < best[key][1][0]):
-            best[key] = (variant, ms, torch_ms)
-    print()
-    print("fastest non-reference variant per codelet (what the performance model should pick):")
-    for (layer, op), (variant, ms, torch_ms) in best.items():
-        print(_row(layer, op, variant, ms, torch_ms, widths=(14, 28)))
+    report(rows, f"{dtype.name}, batch {args.batch}, 1 thread, {args.repeat} timed calls each",
+           widths=(14, 28))
     return 0
 
 

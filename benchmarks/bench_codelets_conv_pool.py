@@ -141,22 +141,27 @@ def main(argv=None):
         for name, x_shape, kernel in POOLS:
             rows += pool_rows(name, x_shape, kernel, dtype, args.repeat, rng)
 
-    print(f"{dtype.name}, 1 thread, {args.repeat} timed calls each; ratio = hetero_nn / torch "
-          f"(of medians; 'min' = of minima)")
-    header = (f"{'layer':<12} {'codelet':<18} {'variant':<11} {'ms':>8} {'torch ms':>9} "
-              f"{'ratio':>6} {'min':>6}")
+    report(rows, f"{dtype.name}, 1 thread, {args.repeat} timed calls each")
+
+
+def report(rows, title, widths=(12, 18)):
+    """Print ``rows`` (``timed_rows``'s), then the fastest non-reference variant per
+    (layer, codelet)."""
+    print(f"{title}; ratio = hetero_nn / torch (of medians; 'min' = of minima)")
+    header = (f"{'layer':<{widths[0]}} {'codelet':<{widths[1]}} {'variant':<11} {'ms':>8} "
+              f"{'torch ms':>9} {'ratio':>6} {'min':>6}")
     print(header)
     print("-" * len(header))
     best = {}
     for layer, op, variant, ms, torch_ms in rows:
-        print(_row(layer, op, variant, ms, torch_ms))
+        print(_row(layer, op, variant, ms, torch_ms, widths))
         key = (layer, op)
         if variant != "ref" and (key not in best or ms[0] < best[key][1][0]):
             best[key] = (variant, ms, torch_ms)
     print()
     print("fastest non-reference variant per codelet (what the performance model should pick):")
     for (layer, op), (variant, ms, torch_ms) in best.items():
-        print(_row(layer, op, variant, ms, torch_ms))
+        print(_row(layer, op, variant, ms, torch_ms, widths))
 
 
 def _row(layer, op, variant, ms, torch_ms, widths=(12, 18)):

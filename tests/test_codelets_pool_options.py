@@ -292,6 +292,22 @@ def test_adaptive_pooling_backward_matches_central_differences():
         assert rel_err(dx, numeric) <= 1e-8, variant
 
 
+@pytest.mark.parametrize("variant", ["cpu", "ref"])
+def test_global_adaptive_pooling_has_the_bits_of_an_average_window_over_the_plane(variant):
+    """``GlobalAvgPool2D`` keeps the results it had as an ``avgpool2d`` window (docs)."""
+    x = np.random.default_rng(0).standard_normal((3, 4, 7, 6)).astype(np.float32)
+    dy = np.random.default_rng(1).standard_normal((3, 4, 1, 1)).astype(np.float32)
+    runs = []
+    for fwd, bwd, params in ((avgpool.adaptive_avgpool2d_fwd, avgpool.adaptive_avgpool2d_bwd, {}),
+                             (avgpool.avgpool2d_fwd, avgpool.avgpool2d_bwd,
+                              {"kernel_size": (7, 6)})):
+        y, dx = np.empty(dy.shape, np.float32), np.empty_like(x)
+        fwd.variants["cpu"](x, y, **params)
+        bwd.variants[variant](dy, dx, **params)
+        runs.append((y, dx))
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+
+
 def test_adaptive_pooling_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="share N and C"):
         avgpool.adaptive_avgpool2d_fwd.variants["cpu"](np.zeros((1, 2, 4, 4)),

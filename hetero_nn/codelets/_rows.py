@@ -105,6 +105,19 @@ def axpy3_row(dst, d0, a, b, c, src, s0, s1, s2, count):
 
 
 @jit_inline
+def set3_row(dst, d0, start, a, b, c, src, s0, s1, s2, count):
+    """``axpy3_row`` onto a row that holds ``start`` (of ``dst``'s dtype), without reading
+    it: ``dst`` filled with ``start`` then ``axpy3_row``, bit for bit, in one pass."""
+    d, t0, t1, t2 = uintp(d0), uintp(s0), uintp(s1), uintp(s2)
+    for j in range(uintp(count)):
+        v = start
+        v += a * src[t0 + j]
+        v += b * src[t1 + j]
+        v += c * src[t2 + j]
+        dst[d + j] = v
+
+
+@jit_inline
 def axpy_scatter_row(dst, d0, step, alpha, src, s0, count):
     """``dst[d0 + step*j] += alpha * src[s0 + j]`` for ``j < count``."""
     d, s = uintp(d0), uintp(s0)

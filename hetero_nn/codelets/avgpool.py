@@ -26,8 +26,10 @@ every input element of the window.
 windows. Output row ``i`` of ``OH`` averages input rows ``[floor(i*H/OH),
 ceil((i+1)*H/OH))`` (PyTorch's start/end index rule; windows may overlap when
 ``H`` is not a multiple of ``OH`` and repeat when ``OH > H``), columns likewise;
-the sum is divided by the window's height, then by its width, as PyTorch's CPU
-kernel does, and the backward pass spreads ``dy / KH / KW`` over the window.
+the sum is divided by the window's size ``KH*KW`` and the backward pass spreads
+``dy / (KH*KW)`` over the window, as ``avgpool2d`` does (so global average pooling,
+``GlobalAvgPool2D``, keeps the bits it had as an ``avgpool2d`` window over the plane;
+PyTorch divides by ``KH`` then ``KW``: equal to rounding).
 
 Variants: ``ref`` (NumPy sliding windows; the adaptive windows one slice each),
 ``cpu`` (Numba loops) and ``cuda`` (one strided slice per window offset, or per
@@ -158,13 +160,13 @@ def _span(i, stride, pad, k, size):
 
 
 @jit_inline
-def _average(x, y, b, ch, i, j, r0, r1, s0, s1, first, second, backward):
+def _average(x, y, b, ch, i, j, r0, r1, s0, s1, divisor, backward):
     """One window ``[r0, r1) x [s0, s1)`` of plane ``(b, ch)``: forward, ``y[b, ch, i, j]`` =
-    its sum divided by ``first`` then by ``second``; backward (``x`` is ``dx``), that
-    share of ``y[b, ch, i, j]`` added over the window. Dividing by ``second = 1`` is exact."""
-    first, second = y.dtype.type(first), y.dtype.type(second)
+    its sum (row-major) over ``divisor``; backward (``x`` is ``dx``), ``y[b, ch, i, j] /
+    divisor`` added over the window."""
+    divisor = y.dtype.type(divisor)
     if backward:
-        share = y[b, ch, i, j] / first / second
+        share = y[b, ch, i, j] / divisor
         for r in range(r0, r1):
             for q in range(s0, s1):
                 x[b, ch, r, q] += share
@@ -173,7 +175,7 @@ def _average(x, y, b, ch, i, j, r0, r1, s0, s1, first, second, backward):
         for r in range(r0, r1):
             for q in range(s0, s1):
                 acc += x[b, ch, r, q]
-        y[b, ch, i, j] = acc / first / second
+        y[b, ch, i, j] = acc / divisor
 
 
 @jit
@@ -195,7 +197,7 @@ def _pool_cpu(x, y, geo, include_pad, override, backward):
                         divisor = full_h * full_w
                     else:
                         divisor = (r1 - r0) * (s1 - s0)
-                    _average(x, y, b, ch, i, j, r0, r1, s0, s1, divisor, 1, backward)
+                    _average(x, y, b, ch, i, j, r0, r1, s0, s1, divisor, backward)
 
 
 def avgpool2d_fwd_cpu(x, y, kernel_size, **params):
@@ -231,7 +233,7 @@ def _adaptive_check(name, big, small):
 
 def _adaptive_xp(xp, x, y, backward):
     """The adaptive windows one slice each, in ``xp``: forward ``y`` from ``x``; backward
-    (``x`` is ``dx``, ``y`` is ``dy``) ``x`` = zero plus each ``y / KH / KW`` over its window."""
+    (``x`` is ``dx``, ``y`` is ``dy``) ``x`` = zero plus each ``y / (KH*KW)`` over its window."""
     _adaptive_check("adaptive_avgpool2d_" + ("bwd" if backward else "fwd"), x, y)
     rows = zip(*adaptive_windows(x.shape[2], y.shape[2]))
     cols = list(zip(*adaptive_windows(x.shape[3], y.shape[3])))
@@ -239,11 +241,11 @@ def _adaptive_xp(xp, x, y, backward):
         x[...] = 0
     for i, (r0, r1) in enumerate(rows):
         for j, (s0, s1) in enumerate(cols):
-            kh, kw = x.dtype.type(r1 - r0), x.dtype.type(s1 - s0)
+            size = x.dtype.type((r1 - r0) * (s1 - s0))
             if backward:
-                x[:, :, r0:r1, s0:s1] += (y[:, :, i, j] / kh / kw)[:, :, None, None]
+                x[:, :, r0:r1, s0:s1] += (y[:, :, i, j] / size)[:, :, None, None]
             else:
-                y[:, :, i, j] = x[:, :, r0:r1, s0:s1].sum(axis=(2, 3)) / kh / kw
+                y[:, :, i, j] = x[:, :, r0:r1, s0:s1].sum(axis=(2, 3)) / size
 
 
 def adaptive_avgpool2d_fwd_ref(x, y):
@@ -252,7 +254,7 @@ def adaptive_avgpool2d_fwd_ref(x, y):
 
 
 def adaptive_avgpool2d_bwd_ref(dy, dx):
-    """``dx`` = each ``dy[n, c, i, j] / KH / KW`` spread over its window; windows add."""
+    """``dx`` = each ``dy[n, c, i, j] / (KH*KW)`` spread over its window; windows add."""
     _adaptive_xp(np, dx, dy, True)
 
 
@@ -279,7 +281,8 @@ def _adaptive_cpu(x, y, backward):
                 r0, r1 = i * height // out_h, ((i + 1) * height + out_h - 1) // out_h
                 for j in range(out_w):
                     s0, s1 = j * width // out_w, ((j + 1) * width + out_w - 1) // out_w
-                    _average(x, y, b, ch, i, j, r0, r1, s0, s1, r1 - r0, s1 - s0, backward)
+                    _average(x, y, b, ch, i, j, r0, r1, s0, s1, (r1 - r0) * (s1 - s0),
+                             backward)
 
 
 def adaptive_avgpool2d_fwd_cpu(x, y):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._jit import jit, jit_inline
 from ._rows import (add_scatter_row, axpy3_row, axpy_gather_row, axpy_scatter_row, fill_row,
-                    gather_row, mul3_row, mul_gather_row, row_sum)
+                    gather_row, mul3_row, mul_gather_row, row_sum, set3_row)
 from .padding import fold_plane, pad_plane
 
 LANES_BYTES = 1 << 14
@@ -112,10 +112,16 @@ def widen_planes(gf, g0, n_planes, out_h, out_w, wide, w0, row, stride):
 
 
 @jit_inline
-def _add_taps(acc, wf, w0, kw_size, src, s0, p, geo, hq, wq, count):
+def _add_taps(acc, wf, w0, kw_size, src, s0, p, geo, hq, wq, count, start, first):
     """``acc[t] += sum_q w[w0 + q] * src[s0 + tap(p, q) + t]`` over kernel row ``p``, three
-    taps per pass, in tap order."""
+    taps per pass, in tap order; ``first``: ``acc`` holds ``start`` (and is not read)."""
     q = 0
+    if first and kw_size >= 3:
+        set3_row(acc, 0, start, wf[w0], wf[w0 + 1], wf[w0 + 2], src, s0 + _tap(p, 0, geo, hq, wq),
+                 s0 + _tap(p, 1, geo, hq, wq), s0 + _tap(p, 2, geo, hq, wq), count)
+        q = 3
+    elif first:
+        fill_row(acc, 0, count, start)
     while q < kw_size:
         if q + 3 <= kw_size:
             axpy3_row(acc, 0, wf[w0 + q], wf[w0 + q + 1], wf[w0 + q + 2], src,
@@ -141,16 +147,18 @@ def conv2d_fwd_cpu(x, w, b, has_bias, y, geo):
     pad = np.zeros(geo.hp * geo.wp, dtype=x.dtype)   # borders stay zero in 'zeros' mode
     xph = np.zeros(group_in * per, dtype=x.dtype)    # likewise
     acc = np.empty(span, dtype=y.dtype)
+    zero = y.dtype.type(0)
     for n in range(n_batch):
         for g in range(geo.groups):
             _load_planes(xf, (n * n_in + g * group_in) * height * width, group_in, height, width,
                          pad, xph, 0, geo, hq, wq)
             for o in range(g * group_out, (g + 1) * group_out):
-                fill_row(acc, 0, span, b[o] if has_bias else 0.0)
+                start = b[o] if has_bias else zero
                 for c in range(group_in):
                     for p in range(kh_size):
                         _add_taps(acc, wf, ((o * group_in + c) * kh_size + p) * kw_size,
-                                  kw_size, xph, c * per, p, geo, hq, wq, span)
+                                  kw_size, xph, c * per, p, geo, hq, wq, span, start,
+                                  c == 0 and p == 0)
                 y0 = (n * n_out + o) * out_h * out_w
                 for i in range(out_h):
                     gather_row(yf, y0 + i * out_w, acc, i * wq, 1, out_w)

@@ -377,13 +377,14 @@ def bwd_params_im2col_cpu(x, dy, dw, db, bias, total, cols, products, xpad, geo,
                 dw[o * rows + r] += total[g, r, k]
             if bias_row:
                 db[o] += total[g, rows, k]
-    if bias and not bias_row:
+    if bias and not bias_row:  # lane-wise over the batch (vectorised), then one row sum
         dyf = dy.reshape(-1)
+        lanes = np.empty(area, dtype=db.dtype)
         for o in range(n_out):
-            acc_o = db[o]
+            fill_row(lanes, 0, area, 0.0)
             for n in range(n_batch):
-                acc_o = row_sum(dyf, (n * n_out + o) * area, area, acc_o)
-            db[o] = acc_o
+                add_scatter_row(lanes, 0, 1, dyf, (n * n_out + o) * area, area)
+            db[o] = row_sum(lanes, 0, area, db[o])
 
 
 def bwd_params_operands(x, dw_shape, with_bias, dtype, geo):
