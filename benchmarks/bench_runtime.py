@@ -1,7 +1,9 @@
 """Per-task overhead of the runtime: microseconds per task for an empty codelet.
 
-Two graphs of ``--tasks`` tasks (default 10,000), timed from the first submit to
-``wait()`` returning (submission, dependency inference and scheduling included):
+The codelet's ``cpu`` variant is a Numba ``nogil`` no-op (what the runtime runs; its
+``ref`` twin, a Python no-op, serves the Dask rows). Two graphs of ``--tasks``
+tasks (default 10,000), timed from the first submit to ``wait()`` returning
+(submission, dependency inference and scheduling included):
 
 - ``chain``: every task ``RW`` on one handle, so each waits for the one before;
 - ``wide``: every task ``RW`` on its own child of one partitioned handle (independent).
@@ -13,13 +15,16 @@ Run through:
   overhead floor), and under ``eager``/``dmda`` with both on (the defaults); tasks
   start as they are submitted, or at ``wait()`` with ``--no-overlap``
   (``Runtime(overlap=False)``);
+- the same graphs captured once (``Runtime.capture``) and replayed (``graph.replay()``,
+  timed alone): by the compiled replay engine with traces and performance models off
+  and on, and through the executor (``replay_engine="executor"``) for comparison;
 - ``executor="dask"``: the same program as a Dask graph through ``dask.threaded.get``;
 - ``dask.threaded.get`` alone on that prebuilt graph (``build_graph``), and on a
   hand-built dict of no-op tasks of the same shape, for reference;
 - ``distributed``: a ``LocalCluster`` of 2 processes through ``executor=client``
   and a hand-built dict through ``client.get`` (``--dist-tasks`` tasks, default 2,000).
 
-Two more tables:
+More tables:
 
 - ``readers``: ``--readers`` (default 1,000, 5,000, 20,000) ``R`` tasks on one
   handle and then one ``RW`` task, in one flush, on the local executor (eager,
@@ -31,8 +36,7 @@ Two more tables:
   then on every part of the second (each waits for the two parts it overlaps):
   submission must stay flat in the number of partitions;
 - ``perfmodel hot calls``: nanoseconds per ``PerfModel.predict`` (from the
-  history and from the regression), ``predict_transfer`` and ``record`` call.
-
+  history and from the regression), ``predict_transfer`` and ``record`` call;
 - ``goal`` (issue 16's submission goal): an empty codelet whose ``cpu`` variant is a
   Numba ``nogil`` no-op, ``--workers`` workers, the default ``Runtime()`` (trace and
   performance models on), ``--tasks`` tasks: ``chain`` (``RW`` on one handle) and
@@ -83,15 +87,15 @@ def _noop_value(*args):
 
 
 @numba.njit(nogil=True)
-def _noop_kernel(x):
+def _noop_cpu(x):
     pass
 
 
-EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop})
-# the goal's codelets: the cpu variant is the nogil no-op itself
-EMPTY_RW = hn.Codelet("empty_nogil_rw", modes=(hn.RW,), variants={"cpu": _noop_kernel})
-EMPTY_W = hn.Codelet("empty_nogil_w", modes=(hn.W,), variants={"cpu": _noop_kernel})
-READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop})
+EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop, "cpu": _noop_cpu})
+READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop, "cpu": _noop_cpu})
+# the submission goal's codelets: the cpu variant, the only one, is the nogil no-op itself
+EMPTY_RW = hn.Codelet("empty_nogil_rw", modes=(hn.RW,), variants={"cpu": _noop_cpu})
+EMPTY_W = hn.Codelet("empty_nogil_w", modes=(hn.W,), variants={"cpu": _noop_cpu})
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 
 
@@ -126,6 +130,23 @@ def time_runtime(make_runtime, program, n, repeat):
         for _ in range(repeat):
             t0 = PROGRAMS[program](rt, n)
             rt.wait()
+            best = min(best, time.perf_counter() - t0)
+            rt.trace(clear=True)
+    return best / n
+
+
+def time_replayed(make_runtime, program, n, repeat):
+    """Best seconds per task of ``graph.replay()`` over ``repeat`` replays of the program
+    captured once (after two warm-up replays: binding, compiling, the second plan)."""
+    best = float("inf")
+    with make_runtime() as rt:
+        with rt.capture() as graph:
+            PROGRAMS[program](rt, n)
+        for _ in range(2):
+            graph.replay()
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            graph.replay()
             best = min(best, time.perf_counter() - t0)
             rt.trace(clear=True)
     return best / n
@@ -446,6 +467,13 @@ def main(argv=None):
     for policy in ("eager", "dmda"):
         measure(f"local {policy} (trace, perfmodel on)", n, lambda p, policy=policy: time_runtime(
             lambda: hn.Runtime(devices=devices, policy=policy, overlap=overlap), p, n, repeat))
+    measure("replayed, compiled (trace, perfmodel off)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices, perfmodel=False, trace=False), p, n, repeat))
+    measure("replayed, compiled (trace, perfmodel on)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices), p, n, repeat))
+    measure("replayed, executor (trace, perfmodel off)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices, perfmodel=False, trace=False,
+                           replay_engine="executor"), p, n, repeat))
     measure('executor="dask" (graph build + get)', n, lambda p: time_runtime(
         lambda: hn.Runtime(devices=devices, executor="dask", perfmodel=False, trace=False),
         p, n, slow))

@@ -47,7 +47,7 @@ def emu_runtimes():
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
-@given(program=prop.programs())
+@given(program=prop.programs(made_roots=True))
 def test_random_programs_on_emulated_devices_match_sequential_numpy(emu_runtimes, program):
     roots, splits, ops = program
     with mock.patch.dict(prop.CODELETS, CUDA_CODELETS):

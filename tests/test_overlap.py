@@ -179,7 +179,7 @@ def pairs():
 @settings(max_examples=15, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
-@given(program=programs())
+@given(program=programs(made_roots=True))
 def test_streamed_programs_equal_flushed_ones_bit_for_bit(pairs, program):
     roots, splits, ops = program
     for (streamed, flushed), (policy, nodes) in zip(pairs, _CONFIGS):
