@@ -240,17 +240,16 @@ class Handle:
         arr = self._replicas.get(node.index)
         if arr is None:
             if self.parent is not None:
-                arr = self.parent.replica(node)[self.index]  # a view, kept per node
-            else:
-                with self._lock:
-                    arr = self._replicas.get(node.index)
-                    if arr is not None:
-                        return arr
+                arr = self._replicas[node.index] = self.parent.replica(node)[self.index]
+                return arr  # a view, kept per node
+            with self._lock:
+                arr = self._replicas.get(node.index)
+                if arr is None:  # stored before the lock is let go: one buffer
                     if self.temporary:
                         arr = node.arena.empty(self.shape, self.dtype)
                     else:
                         arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
-            self._replicas[node.index] = arr
+                    self._replicas[node.index] = arr
         return arr
 
     @property
