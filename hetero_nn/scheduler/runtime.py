@@ -154,6 +154,11 @@ class Runtime:
         inputs are ready while the program is still submitting. False: they run
         only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
         executors, captures and runtimes with CUDA workers always work that way).
+    replay_engine : str
+        ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
+        schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
+        where the runtime allows it (local executor, CPU workers, one memory node);
+        ``"executor"``: replays go through the executor and policy as flushes do.
 
     Examples
     --------
@@ -172,10 +177,16 @@ class Runtime:
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
-                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
+                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
+                 replay_engine: str = "compiled"):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
+        if replay_engine not in ("compiled", "executor"):
+            raise ConfigError(f"Runtime: replay_engine={replay_engine!r}; expected 'compiled' "
+                              "or 'executor'")
+        self.replay_engine = replay_engine
+        self._engine = None  # the replay engine's threads (made at the first compiled replay)
         if deterministic is None:
             deterministic = not calibrate
         elif deterministic and calibrate:
@@ -676,6 +687,11 @@ class Runtime:
     def _replay(self, graph):
         self._check_open()
         self.wait()  # work submitted since comes first, as in program order
+        if unavailable(self) is None:
+            if graph._compiled is None:
+                graph._compiled = CompiledGraph(graph)
+            graph._compiled.run(self)
+            return
         ids = self._ids
         now = _perf()
         planned, graph._planned = graph._planned, True
@@ -714,7 +730,9 @@ class Runtime:
 
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        t = Trace(list(self._records), [w.name for w in self.workers],
+        records = [r for chunk in self._records
+                   for r in (chunk if type(chunk) is ReplayRecords else (chunk,))]
+        t = Trace(records, [w.name for w in self.workers],
                   transfers=list(self._transfers))
         if clear:
             self._records.clear()
@@ -745,6 +763,8 @@ class Runtime:
             return
         self._closed = True
         try:
+            if self._engine is not None:
+                self._engine.close()
             self.executor.close()
             for node in self.nodes:
                 node.close()
@@ -869,12 +889,14 @@ class Graph:
     A context manager: entering starts recording on its runtime, leaving flushes
     what is pending and stops. ``replay()`` runs the recorded flushes in order,
     as ``wait()`` runs one, and returns when they are done. The task parameters
-    are those given at capture: a value that changes per step must live in a
-    handle's data, not in a parameter.
+    are those given at capture, but for *step parameters*: values made with
+    :meth:`param` while capturing, given again to ``replay(name=value)``.
     """
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self._compiled = None  # the replay engine's CompiledGraph, made at the first replay
+        self._params: dict = {}  # declared step parameters: name -> value at capture
         self._segments: list = []
         self._closed = False
         self._planned = True  # False after fusion: a static policy plans the new tasks
@@ -900,12 +922,37 @@ class Graph:
         """Tasks recorded (REDUX trees included)."""
         return sum(len(s) for s in self._segments)
 
+    def param(self, name, value):
+        """Declare a step parameter while capturing: returns ``value`` (an ``int`` or a
+        ``float``) to pass to ``submit`` as a task parameter; ``replay(name=new)`` then
+        runs those tasks with ``new`` instead, with no handle per value.
+
+        >>> import numpy as np, hetero_nn as hn
+        >>> def scale(x, factor): x *= factor
+        >>> cl = hn.Codelet("scale_by", modes=(hn.RW,), variants={"ref": scale})
+        >>> with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        ...     h = rt.register(np.ones(2))
+        ...     with rt.capture() as graph:
+        ...         _ = rt.submit(cl, h, factor=graph.param("factor", 2.0))
+        ...     graph.replay(factor=3.0)
+        ...     rt.fetch(h)
+        array([6., 6.])
+        """
+        if self.runtime._capturing is not self:
+            raise SubmitError(f"Graph.param({name!r}): declare step parameters inside the "
+                              "capture's with block")
+        if name in self._params:
+            raise SubmitError(f"Graph.param: step parameter {name!r} is already declared")
+        p = step_param(name, value)
+        self._params[name] = p
+        return p
+
     def write(self, handle, array):
         """Bind a new input: copy ``array`` into ``handle``'s host buffer (a registered
-        handle the graph reads), made the only valid replica."""
+        handle the graph reads, or a part of one), made the only valid replica."""
         rt = self.runtime
-        if type(handle) is not Handle or handle.owner is not rt or handle.parent is not None:
-            raise SubmitError(f"Graph.write: {handle!r} is not a root handle of this Runtime")
+        if type(handle) is not Handle or handle.owner is not rt:
+            raise SubmitError(f"Graph.write: {handle!r} is not a handle of this Runtime")
         if tuple(np.shape(array)) != tuple(handle.shape):
             raise SubmitError(f"Graph.write: handle {handle.name!r} has shape {handle.shape}, "
                               f"got an array of shape {np.shape(array)}")
@@ -913,14 +960,22 @@ class Graph:
         np.copyto(rt.host_replica(handle), array, casting="same_kind")
         handle.valid = {0}
 
-    def replay(self):
-        """Run the recorded tasks again (same operands, parameters and dependencies)."""
+    def replay(self, **params):
+        """Run the recorded tasks again (same operands and dependencies; the same
+        parameters but the step parameters given here, see :meth:`param`)."""
         if not self._closed:
             raise SubmitError("Graph.replay: the capture has not completed (replay after the "
                               "with block, which must not have raised)")
-        if self.bundles is None and self.replays and self.runtime.fuse_chains:
-            self.fuse_chains()
-        self.runtime._replay(self)
+        rt = self.runtime
+        if params:
+            set_params(self, params)
+        if self.bundles is None and self.replays and rt.fuse_chains:
+            if self._compiled is not None:
+                self.bundles = BundleReport(None, tasks_before=self.num_tasks,
+                                            tasks_after=self.num_tasks, reason=ENGINE_FUSES)
+            else:
+                self.fuse_chains()
+        rt._replay(self)
         self.replays += 1
 
     def fuse_chains(self, overhead=None):
@@ -947,6 +1002,9 @@ class Graph:
 
 
 from .bundle import Bundle, fuse_chains, traced  # noqa: E402
+from .bundle import BundleReport  # noqa: E402
+from .replay import (ENGINE_FUSES, CompiledGraph, ReplayRecords, set_params,  # noqa: E402
+                     step_param, unavailable)
 from .task import Task as _Task  # noqa: E402
 
 _live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
