@@ -62,6 +62,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ._checks import pair, require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import REDUX, R, W, Codelet
+from .prepared import prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -685,27 +686,30 @@ def _chunk(n_batch, rows, n_out, area, itemsize):
     return max(1, min(n_batch, IM2COL_CHUNK_BYTES // per_sample))
 
 
-def _pad_buffer(x_shape, ph, pw, dtype):
+def _pad_buffer(x_shape, ph, pw, dtype, buffers=_worker_buffer):
     """The zero-padded sample ``_im2col_cpu`` copies into (empty without padding).
 
     Made zero once: ``_im2col_cpu`` writes only the interior, which the key
     (padding and padded shape) pins down, so the borders stay zero for good.
+    ``buffers``: where scratch arrays come from (the thread's, or a prepared
+    task's worker's: :mod:`~hetero_nn.codelets.prepared`).
     """
     _, n_in, height, width = x_shape
     if ph == 0 and pw == 0:
         return np.empty(0, dtype=dtype)
-    padded = _worker_buffer(("im2col:xpad", ph, pw),
-                            (n_in, height + 2 * ph, width + 2 * pw), dtype, zero=True)
+    padded = buffers(("im2col:xpad", ph, pw),
+                     (n_in, height + 2 * ph, width + 2 * pw), dtype, zero=True)
     return padded.reshape(-1)
 
 
-def _columns(x, kh, kw, n_rows, n_out, geometry):
+def _columns(x, kh, kw, n_rows, n_out, geometry, buffers=_worker_buffer):
     """Column buffer ``[chunk, n_rows, OH*OW]`` and chunk size for ``x``; rows past
-    ``C*KH*KW`` (the bias row) are set to one."""
+    ``C*KH*KW`` (the bias row) are set to one. The key names ``C*KH*KW``, so those
+    rows stay ones for every user of the buffer (im2col writes the rows above)."""
     sh, sw, ph, pw, out_h, out_w = geometry
     rows, area = x.shape[1] * kh * kw, out_h * out_w
     step = _chunk(x.shape[0], n_rows, n_out, area, x.itemsize)
-    cols = _worker_buffer("im2col:cols", (step, n_rows, area), x.dtype)
+    cols = buffers(("im2col:cols", rows), (step, n_rows, area), x.dtype)
     cols[:, rows:] = 1
     return cols, step
 
@@ -723,42 +727,88 @@ def _gemm_columns_cpu(x, n0, n1, w2d, out, cols, xpad, geo, step):
             np.dot(w2d, cols[n - start], out[n - n0])
 
 
-def _fwd_operands(x, w, b, dtype, stride, padding):
-    """``(x, w2d, cols, xpad, geo, step)`` for ``_gemm_columns_cpu`` to compute
-    ``conv2d(x, w) + b``: the contiguous input, ``[w | b]`` as rows, the worker's
-    column and padding buffers, the geometry and the chunk size."""
+@jit
+def _pack_weights_cpu(w_rows, bias, w2d):
+    """``w2d = [w_rows | bias]`` in ``w2d``'s dtype (``bias`` empty: no bias column)."""
+    rows = w_rows.shape[1]
+    for o in range(w2d.shape[0]):
+        for r in range(rows):
+            w2d[o, r] = w_rows[o, r]
+        if bias.shape[0]:
+            w2d[o, rows] = bias[o]
+
+
+def _weights(w, b, dtype, buffers):
+    """``(w2d, pack)``: the weights as rows, ``[w | b]`` with a bias, in ``dtype``, and the
+    call ``(_pack_weights_cpu, args)`` that fills them (None when ``w2d`` is a view of
+    ``w``). The rows live in one of ``buffers``: a prepared task packs them every run."""
+    n_out = w.shape[0]
+    w_rows = _c(w).reshape(n_out, -1)
+    if b is None and w_rows.dtype == dtype:
+        return w_rows, None
+    w2d = buffers("im2col:w2d", (n_out, w_rows.shape[1] + (b is not None)), dtype)
+    bias = w_rows[0, :0] if b is None else b
+    return w2d, (_pack_weights_cpu, (w_rows, bias, w2d))
+
+
+def _fwd_operands(x, w, b, dtype, stride, padding, buffers=_worker_buffer):
+    """``((x, w2d, cols, xpad, geo, step), pack)``: the arguments of ``_gemm_columns_cpu``
+    after ``n0, n1`` for ``conv2d(x, w) + b`` (the contiguous input, ``[w | b]`` as rows,
+    the column and padding buffers, the geometry and the chunk size), and the call
+    that packs the rows first (see ``_weights``)."""
     geometry = _geometry(x.shape, w.shape, stride, padding)
     sh, sw, ph, pw, out_h, out_w = geometry
     x = _c(x)
     n_out, _, kh, kw = w.shape
-    w2d = w.reshape(n_out, -1)
-    if b is not None:
-        w2d = np.concatenate([w2d, np.reshape(b, (n_out, 1))], axis=1)
-    cols, step = _columns(x, kh, kw, w2d.shape[1], n_out, geometry)
-    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
-    return x, _c(w2d, dtype=dtype), cols, xpad, (kh, kw, sh, sw, ph, pw, out_h, out_w), step
+    w2d, pack = _weights(w, b, dtype, buffers)
+    cols, step = _columns(x, kh, kw, w2d.shape[1], n_out, geometry, buffers)
+    xpad = _pad_buffer(x.shape, ph, pw, x.dtype, buffers)
+    return (x, w2d, cols, xpad, (kh, kw, sh, sw, ph, pw, out_h, out_w), step), pack
 
 
-def _conv2d_fwd_im2col(x, w, b, y, stride, padding):
-    """im2col then one GEMM per sample straight into ``y``, in one Numba call.
-
-    With a bias, ``[w | b]`` multiplies the columns plus a row of ones.
-    """
+def _fwd_im2col_calls(buffers, x, w, b, y, stride, padding):
+    """The calls of the im2col forward: pack ``[w | b]``, then im2col + one GEMM per
+    sample straight into ``y``. With a bias, ``[w | b]`` multiplies the columns plus a
+    row of ones."""
     require_contiguous("conv2d_fwd", y=y)
-    x, w2d, cols, xpad, geo, step = _fwd_operands(x, w, b, y.dtype, stride, padding)
+    args, pack = _fwd_operands(x, w, b, y.dtype, stride, padding, buffers)
+    x, w2d, cols, xpad, geo, step = args
     n_batch, n_out, out_h, out_w = y.shape
-    _gemm_columns_cpu(x, 0, n_batch, w2d, y.reshape(n_batch, n_out, out_h * out_w), cols, xpad,
-                      geo, step)
+    return [pack] * (pack is not None) + [(_gemm_columns_cpu, (
+        x, 0, n_batch, w2d, y.reshape(n_batch, n_out, out_h * out_w), cols, xpad, geo, step))]
 
 
+def _run(calls):
+    """Run prepared calls now (a variant called from Python)."""
+    for kernel, args in calls:
+        kernel(*args)
+
+
+def _views(*arrays) -> bool:
+    """Whether every array is C-contiguous: a prepared call must hold views of the
+    operands, never copies (a copy would freeze this step's data)."""
+    return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
+def _prepare_fwd(buffers, x, w, b, y, stride=1, padding=0):
+    return _fwd_im2col_calls(buffers, x, w, b, y, stride, padding) if _views(x, w, b, y) \
+        else None
+
+
+def _prepare_fwd_nobias(buffers, x, w, y, stride=1, padding=0):
+    return _prepare_fwd(buffers, x, w, None, y, stride, padding)
+
+
+@prepares(_prepare_fwd)
 def conv2d_fwd_cpu_im2col(x, w, b, y, stride=1, padding=0):
     """``conv2d_fwd`` as im2col + GEMM, the bias inside the GEMM."""
-    _conv2d_fwd_im2col(x, w, b, y, stride, padding)
+    _run(_fwd_im2col_calls(_worker_buffer, x, w, b, y, stride, padding))
 
 
+@prepares(_prepare_fwd_nobias)
 def conv2d_fwd_nobias_cpu_im2col(x, w, y, stride=1, padding=0):
     """``conv2d_fwd_nobias`` as im2col + GEMM."""
-    _conv2d_fwd_im2col(x, w, None, y, stride, padding)
+    _run(_fwd_im2col_calls(_worker_buffer, x, w, None, y, stride, padding))
 
 
 def _wide_rows(sh, sw, out_w, wp, n_out, itemsize):
@@ -793,7 +843,7 @@ def _bwd_input_im2col_cpu(dy, w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, st
             _col2im_cpu(cols, start, stop, plane, dx, kh, kw, sh, sw, ph, pw, out_h, out_w)
 
 
-def _bwd_input_operands(w, dx, stride, padding):
+def _bwd_input_operands(w, dx, stride, padding, buffers=_worker_buffer):
     """``(w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step)``: what
     ``_bwd_input_im2col_cpu`` takes after ``dy``."""
     sh, sw, ph, pw, out_h, out_w = _geometry(dx.shape, w.shape, stride, padding)
@@ -804,13 +854,21 @@ def _bwd_input_operands(w, dx, stride, padding):
     wide = _wide_rows(sh, sw, out_w, wp, n_out, dx.itemsize)
     span = out_h * wp if wide else out_h * out_w
     step = _chunk(n_batch, rows, n_out, span, dx.itemsize)
-    cols = _worker_buffer("col2im:cols", (step, rows, span), dx.dtype)
-    plane = _worker_buffer("col2im:plane", (hp * wp,), dx.dtype)
-    dy_wide = _worker_buffer("col2im:dy", (step, n_out, span) if wide else (1, 1, 1), dx.dtype)
+    cols = buffers("col2im:cols", (step, rows, span), dx.dtype)
+    plane = buffers("col2im:plane", (hp * wp,), dx.dtype)
+    dy_wide = buffers("col2im:dy", (step, n_out, span) if wide else (1, 1, 1), dx.dtype)
     return (_c(w).reshape(n_out, rows).T, dx, cols, plane, dy_wide,
             (kh, kw, sh, sw, ph, pw, out_h, out_w), wide, wp, step)
 
 
+def _prepare_bwd_input(buffers, dy, w, dx, stride=1, padding=0):
+    if not _views(dy, w, dx):
+        return None
+    return [(_bwd_input_im2col_cpu, (dy, *_bwd_input_operands(w, dx, stride, padding,
+                                                               buffers)))]
+
+
+@prepares(_prepare_bwd_input)
 def conv2d_bwd_input_cpu_im2col(dy, w, dx, stride=1, padding=0):
     """``conv2d_bwd_input`` as one GEMM per sample (``w^T dy``) then col2im, in one Numba call.
 
@@ -847,17 +905,18 @@ def _bwd_params_im2col_cpu(x, dy, dw, db, bias, total, cols, products, xpad, geo
             db[o] += total[rows, o]
 
 
-def _bwd_params_operands(x, dw_shape, with_bias, dtype, stride, padding):
+def _bwd_params_operands(x, dw_shape, with_bias, dtype, stride, padding,
+                         buffers=_worker_buffer):
     """``(total, cols, products, xpad, geo, step)``: the worker's buffers, the
     geometry and the chunk size for ``_bwd_params_im2col_cpu``."""
     geometry = _geometry(x.shape, dw_shape, stride, padding)
     sh, sw, ph, pw, out_h, out_w = geometry
     n_out, _, kh, kw = dw_shape
     n_rows = math.prod(dw_shape[1:]) + with_bias
-    cols, step = _columns(x, kh, kw, n_rows, n_out, geometry)
-    xpad = _pad_buffer(x.shape, ph, pw, x.dtype)
-    products = _worker_buffer("im2col:products", (step, n_rows, n_out), dtype)
-    total = _worker_buffer("im2col:total", (n_rows, n_out), dtype)
+    cols, step = _columns(x, kh, kw, n_rows, n_out, geometry, buffers)
+    xpad = _pad_buffer(x.shape, ph, pw, x.dtype, buffers)
+    products = buffers("im2col:products", (step, n_rows, n_out), dtype)
+    total = buffers("im2col:total", (n_rows, n_out), dtype)
     return total, cols, products, xpad, (kh, kw, sh, sw, ph, pw, out_h, out_w), step
 
 
@@ -868,7 +927,7 @@ def _params_operands(dw, db):
     return flat, (flat[:0] if db is None else db), db is not None
 
 
-def _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding):
+def _bwd_params_im2col_calls(buffers, x, dy, dw, db, stride, padding):
     """im2col then one GEMM per sample, ``cols_n dy_n^T``, summed into ``dw`` (and ``db``),
     in one Numba call.
 
@@ -878,18 +937,29 @@ def _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding):
     """
     x = _c(x)
     dw_flat, db, bias = _params_operands(dw, db)
-    _bwd_params_im2col_cpu(x, _c(dy), dw_flat, db, bias,
-                           *_bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding))
+    return [(_bwd_params_im2col_cpu, (x, _c(dy), dw_flat, db, bias, *_bwd_params_operands(
+        x, dw.shape, bias, dw.dtype, stride, padding, buffers)))]
 
 
+def _prepare_bwd_params(buffers, x, dy, dw, db, stride=1, padding=0):
+    return _bwd_params_im2col_calls(buffers, x, dy, dw, db, stride, padding) \
+        if _views(x, dy, dw, db) else None
+
+
+def _prepare_bwd_weight(buffers, x, dy, dw, stride=1, padding=0):
+    return _prepare_bwd_params(buffers, x, dy, dw, None, stride, padding)
+
+
+@prepares(_prepare_bwd_weight)
 def conv2d_bwd_weight_cpu_im2col(x, dy, dw, stride=1, padding=0):
     """``conv2d_bwd_weight`` as im2col then one GEMM per sample, summed into ``dw``."""
-    _conv2d_bwd_params_im2col(x, dy, dw, None, stride, padding)
+    _run(_bwd_params_im2col_calls(_worker_buffer, x, dy, dw, None, stride, padding))
 
 
+@prepares(_prepare_bwd_params)
 def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, stride=1, padding=0):
     """``conv2d_bwd_params`` as im2col + GEMM, ``db`` from the GEMM's row of ones."""
-    _conv2d_bwd_params_im2col(x, dy, dw, db, stride, padding)
+    _run(_bwd_params_im2col_calls(_worker_buffer, x, dy, dw, db, stride, padding))
 
 
 # --------------------------------------------------------------------------- cuda (array module)

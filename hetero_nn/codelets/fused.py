@@ -70,6 +70,7 @@ from ._jit import jit
 from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
 from .conv import _gemm_columns_cpu
 from .codelet import REDUX, R, W, Codelet
+from .prepared import prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -226,22 +227,40 @@ def _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_s
                                 argmax[start:stop], pkh, pkw, psh, psw)
 
 
-def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
-                                    pool_stride=None):
-    """The forward chain by the im2col kernels, one Numba call (one round trip through
-    the interpreter lock); ``z`` is computed a chunk of samples at a time, so ReLU and
-    pooling read it from cache."""
+def _fwd_im2col_calls(buffers, scratch, x, w, b, y, argmax, stride, padding, pool_size,
+                      pool_stride):
+    """The forward chain's calls: pack ``[w | b]``, then the chain in one kernel.
+    ``buffers``: the convolution's scratch arrays, ``scratch``: the chain's ``z``."""
     n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, stride, padding)
     _check_pooled("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w), y.shape, pool_size,
                   pool_stride)
     require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
     pkh, pkw, psh, psw, _, _ = pool._geometry((n_batch, n_out, out_h, out_w), pool_size,
                                               pool_stride)
-    x, w2d, cols, xpad, geo, conv_step = conv._fwd_operands(x, w, b, y.dtype, stride, padding)
+    args, pack = conv._fwd_operands(x, w, b, y.dtype, stride, padding, buffers)
+    x, w2d, cols, xpad, geo, conv_step = args
     step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
-    z = _scratch("z", (step, n_out, out_h * out_w), y.dtype)
-    _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_step,
-                                   (pkh, pkw, psh, psw))
+    z = scratch("z", (step, n_out, out_h * out_w), y.dtype)
+    return [pack] * (pack is not None) + [(_conv_relu_pool_fwd_im2col_cpu, (
+        x, w2d, z, y, argmax, cols, xpad, geo, conv_step, (pkh, pkw, psh, psw)))]
+
+
+def _prepare_fwd_im2col(buffers, x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
+                        pool_stride=None):
+    if not conv._views(x, w, b, y, argmax):
+        return None
+    return _fwd_im2col_calls(buffers, buffers, x, w, b, y, argmax, stride, padding, pool_size,
+                             pool_stride)
+
+
+@prepares(_prepare_fwd_im2col)
+def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
+                                    pool_stride=None):
+    """The forward chain by the im2col kernels, one Numba call (one round trip through
+    the interpreter lock; and one more packing ``[w | b]``); ``z`` is computed a chunk
+    of samples at a time, so ReLU and pooling read it from cache."""
+    conv._run(_fwd_im2col_calls(conv._worker_buffer, _scratch, x, w, b, y, argmax, stride,
+                                padding, pool_size, pool_stride))
 
 
 @jit
@@ -263,34 +282,58 @@ def _conv_relu_pool_bwd_im2col_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, p
     conv._bwd_input_im2col_cpu(dz, w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step)
 
 
-def _bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding):
+def _bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding,
+                        buffers=conv._worker_buffer, scratch=_scratch):
     """The arguments of ``_masked_dz_params_cpu`` (contiguous inputs, the worker's
     buffers for ``masked`` and ``dz``, the parameter kernel's buffers)."""
     x = np.ascontiguousarray(x)
     dy = np.ascontiguousarray(dy)
-    masked = _scratch("masked", dy.shape, dy.dtype)
-    dz = _scratch("dz", _conv_shape(x.shape, dw.shape, stride, padding), dy.dtype)
+    masked = scratch("masked", dy.shape, dy.dtype)
+    dz = scratch("dz", _conv_shape(x.shape, dw.shape, stride, padding), dy.dtype)
     dw_flat, db, bias = conv._params_operands(dw, db)
-    params = conv._bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding)
+    params = conv._bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding, buffers)
     return (x, np.ascontiguousarray(y), np.ascontiguousarray(argmax), dy, masked, dz, dw_flat,
             db, bias, params)
 
 
+def _bwd_im2col_calls(buffers, scratch, x, w, y, argmax, dy, dx, dw, db, stride, padding):
+    """The backward chain's call (without ``dx`` when ``w`` is None)."""
+    chain = _bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding, buffers, scratch)
+    if w is None:
+        return [(_masked_dz_params_cpu, chain)]
+    require_contiguous("conv2d_relu_pool_bwd", dx=dx)
+    w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step = conv._bwd_input_operands(
+        w, dx, stride, padding, buffers)
+    return [(_conv_relu_pool_bwd_im2col_cpu, (*chain, w2d_t, dx, (cols, plane, dy_wide), geo,
+                                              wide, wp, step))]
+
+
+def _prepare_bwd_im2col(buffers, x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
+                        pool_size=2, pool_stride=None):
+    if not conv._views(x, w, y, argmax, dy, dx, dw, db):
+        return None
+    return _bwd_im2col_calls(buffers, buffers, x, w, y, argmax, dy, dx, dw, db, stride, padding)
+
+
+def _prepare_bwd_params_im2col(buffers, x, y, argmax, dy, dw, db, stride=1, padding=0,
+                               pool_size=2, pool_stride=None):
+    return _prepare_bwd_im2col(buffers, x, None, y, argmax, dy, None, dw, db, stride, padding)
+
+
+@prepares(_prepare_bwd_im2col)
 def conv2d_relu_pool_bwd_cpu_im2col(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
                                     pool_size=2, pool_stride=None):
     """The backward chain by the im2col kernels, one Numba call."""
-    require_contiguous("conv2d_relu_pool_bwd", dx=dx)
-    w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step = conv._bwd_input_operands(
-        w, dx, stride, padding)
-    _conv_relu_pool_bwd_im2col_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride,
-                                                        padding),
-                                   w2d_t, dx, (cols, plane, dy_wide), geo, wide, wp, step)
+    conv._run(_bwd_im2col_calls(conv._worker_buffer, _scratch, x, w, y, argmax, dy, dx, dw, db,
+                                stride, padding))
 
 
+@prepares(_prepare_bwd_params_im2col)
 def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, stride=1, padding=0,
                                            pool_size=2, pool_stride=None):
     """The parameter gradients of the chain by the im2col kernels, one Numba call."""
-    _masked_dz_params_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding))
+    conv._run(_bwd_im2col_calls(conv._worker_buffer, _scratch, x, None, y, argmax, dy, None, dw,
+                                db, stride, padding))
 
 
 def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
@@ -399,6 +442,11 @@ def _dense_relu_fwd_blas_cpu(x, w, b, y):
     _relu_fwd_cpu(flat, flat)
 
 
+def _prepare_dense_relu_fwd_blas(buffers, x, w, b, y):
+    return [(_dense_relu_fwd_blas_cpu, (x, w, b, y))] if conv._views(x, w, b, y) else None
+
+
+@prepares(_prepare_dense_relu_fwd_blas)
 def _dense_relu_fwd_cpu_blas(x, w, b, y):
     require_contiguous("dense_relu_fwd", y=y)
     _dense_relu_fwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w), b, y)
@@ -462,19 +510,38 @@ def _dense_relu_bwd_blas_cpu(x, w, y, dy, dz, dx, dw, db, with_input):
         np.dot(dz, w, dx)
 
 
-def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
-    require_contiguous("dense_relu_bwd", dx=dx)
-    dz = np.empty(dy.shape, dy.dtype)
-    _dense_relu_bwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w),
-                             np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dx, dw, db,
-                             True)
-
-
-def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
-    dz = np.empty(dy.shape, dy.dtype)
+def _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db):
+    """The arguments of ``_dense_relu_bwd_blas_cpu`` (``w``, ``dx`` None: parameters only)."""
     x = np.ascontiguousarray(x)
-    _dense_relu_bwd_blas_cpu(x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy),
-                             dz, dz[:0, :0], dw, db, False)
+    if w is None:
+        return (x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dz[:0, :0],
+                dw, db, False)
+    require_contiguous("dense_relu_bwd", dx=dx)
+    return (x, np.ascontiguousarray(w), np.ascontiguousarray(y), np.ascontiguousarray(dy), dz,
+            dx, dw, db, True)
+
+
+def _prepare_dense_relu_bwd_blas(buffers, x, w, y, dy, dx, dw, db):
+    if not conv._views(x, w, y, dy, dx, dw, db):
+        return None
+    dz = buffers("dense_relu:dz", dy.shape, dy.dtype)
+    return [(_dense_relu_bwd_blas_cpu, _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db))]
+
+
+def _prepare_dense_relu_bwd_params_blas(buffers, x, y, dy, dw, db):
+    return _prepare_dense_relu_bwd_blas(buffers, x, None, y, dy, None, dw, db)
+
+
+@prepares(_prepare_dense_relu_bwd_blas)
+def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
+    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, w, y,
+                                                        dy, dx, dw, db))
+
+
+@prepares(_prepare_dense_relu_bwd_params_blas)
+def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
+    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, None,
+                                                        y, dy, None, dw, db))
 
 
 def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):

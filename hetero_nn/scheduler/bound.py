@@ -91,19 +91,20 @@ def _compiled_calls(task, fn, arrays, redux, buffers):
     """``(calls, why)``: the task's CompiledCalls, or ``(None, reason)``."""
     prepared = []
     init = task.codelet.init
-    for i in redux:
-        c = calls_of(init, buffers, [arrays[i]], {})
-        if c is None:
-            return None, f"the REDUX init {getattr(init, '__name__', init)!r} has no prepare"
-        prepared += c
-    c = calls_of(fn, buffers, arrays, task.params)
-    if c is None:
-        return None, f"variant {getattr(fn, '__name__', fn)!r} has no prepare"
-    prepared += c
     try:
+        for i in redux:
+            c = calls_of(init, buffers, [arrays[i]], {})
+            if c is None:
+                return None, f"the REDUX init {getattr(init, '__name__', init)!r} has no prepare"
+            prepared += c
+        c = calls_of(fn, buffers, arrays, task.params)
+        if c is None:
+            return None, f"variant {getattr(fn, '__name__', fn)!r} has no prepare"
+        prepared += c
         return [CompiledCall(kernel, args) for kernel, args in prepared], ""
-    except TypeError as exc:  # an argument no trampoline slot carries
-        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a check that fails, an argument no slot
+        # carries: the task runs as Python, where the variant raises (a TaskError) or runs
+        return None, f"prepare raised {type(exc).__name__}: {exc}"
 
 
 def bind_task(rt, task, worker, buffers) -> BoundTask:
