@@ -50,7 +50,8 @@ class BoundTask:
     why : str
         Why it runs as Python ("" when compiled).
     model_key : tuple
-        ``(codelet, variant, kind, footprint, size)`` for the performance model.
+        ``(codelet, variant, kind, footprint, size)`` for the performance model (the
+        codelet itself, as the runtime's warm-up set keys it).
     """
 
     __slots__ = ("task", "worker", "variant", "fn", "arrays", "redux", "calls", "why",
@@ -120,5 +121,5 @@ def bind_task(rt, task, worker, buffers) -> BoundTask:
     bound = BoundTask(task, worker, variant, arrays, buffers)
     if rt.perfmodel is not None:
         fp, size = rt.footprint(task)
-        bound.model_key = (task.codelet.name, variant, worker.kind, fp, size)
+        bound.model_key = (task.codelet, variant, worker.kind, fp, size)
     return bound

@@ -453,9 +453,9 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     results = threads.run([lambda s=s: seg.run_share(s, epoch) for s in seg.shares])
     failures = [r for r in results if r is not None]
-    rt._generation += 1
+    rt._flushes.generation += 1
     if rt.tracing:
-        rt._records.append(ReplayRecords(seg, seg.times.copy(), base, t_submit,
+        rt._flushes.records.append(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                          failures[0] if failures else None))
     if failures:
         t, exc = failures[0]
@@ -477,15 +477,21 @@ def _measure(rt, seg):
     pm = rt.perfmodel
     if pm is None:
         return
-    warm = rt._warm
-    for key, idx in seg.groups:
+    warm = rt._variants._warm
+    for (codelet, variant, kind, fp, size), idx in seg.groups:
         seconds = durations[idx] * 1e-9
-        wkey = (key[0], key[1], key[3])
+        wkey = (codelet, variant, fp)
         if wkey not in warm:  # the first run of a key in this process: a warm-up
             warm.add(wkey)
             seconds = seconds[1:]
         if len(seconds):
-            pm.record_many([(*key, float(s)) for s in seconds])
+            pm.record_many([(codelet.name, variant, kind, fp, size, float(s)) for s in seconds])
+
+
+def expand_records(records) -> list:
+    """A flushes' ``records`` list with every :class:`ReplayRecords` made into its records."""
+    return [r for chunk in records
+            for r in (chunk if type(chunk) is ReplayRecords else (chunk,))]
 
 
 class ReplayRecords:
