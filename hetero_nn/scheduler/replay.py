@@ -484,8 +484,7 @@ def _measure(rt, seg):
         if wkey not in warm:  # the first run of a key in this process: a warm-up
             warm.add(wkey)
             seconds = seconds[1:]
-        if len(seconds):
-            pm.record_many([(codelet.name, variant, kind, fp, size, float(s)) for s in seconds])
+        pm.record_array(codelet.name, variant, kind, fp, size, seconds)
 
 
 def expand_records(records) -> list:

@@ -28,21 +28,35 @@ Trampolines depend on the argument types only (the kernel is in the block), are
 made once per process per type tuple and shared by every kernel of those types:
 all the tasks of one layer, every ``fill_zero`` on one dtype. Making one compiles a
 small ``cfunc`` that does not link the kernel (compiled, or loaded from Numba's
-disk cache, as for a Python call).
+disk cache, as for a Python call). Its source is written once as a module under
+``<cache directory>/trampolines/`` (``HETERO_NN_CACHE``), named by a hash of its
+source and of the intrinsics module, and imported with ``cache=True``: a later
+process loads the machine code instead of compiling it again (where the directory
+cannot be written, the trampoline is compiled in memory).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import inspect
+import sys
 import threading
 
 import numpy as np
-from numba import carray, cfunc, typeof, types
+from numba import typeof, types
 
-from .intrinsics import array_view, call_native
+from ..fileio import atomic_write_text
+from . import intrinsics
+from .perfmodel import default_cache_dir
 
-_SIGNATURE = types.int64(types.voidptr)
+SIGNATURE = types.int64(types.voidptr)
+"""Every trampoline's C signature: ``int64 trampoline(void *block)``."""
 _lock = threading.Lock()
 _made: dict = {}
+_GENERATOR = inspect.getsource(intrinsics)
+"""What the generated modules depend on besides their own source: a change to the
+intrinsics makes new module names, so no stale machine code is loaded."""
 
 
 class Trampoline:
@@ -58,6 +72,8 @@ class Trampoline:
         Length of its argument block.
     address : int
         The ``cfunc``'s address, for :func:`~hetero_nn.scheduler.intrinsics.call_pointer`.
+    source : str
+        The Python source it was compiled from.
     """
 
     __slots__ = ("restype", "argtypes", "slots", "address", "cfunc", "source")
@@ -65,25 +81,61 @@ class Trampoline:
     def __init__(self, restype, argtypes):
         self.restype = restype
         self.argtypes = argtypes
-        namespace = {"carray": carray, "np": np, "call": call_native(restype)}
+        names: dict = {}
         lines, exprs, self.slots = [], [], 1
         for i, t in enumerate(argtypes):
-            expr, self.slots = _rebuild(t, self.slots, namespace, lines, f"a{i}")
+            expr, self.slots = _rebuild(t, self.slots, names, lines, f"a{i}")
             exprs.append(expr)
-        body = "".join(f"    {line}\n" for line in lines)
         comma = "," if len(exprs) == 1 else ""
+        body = "".join(f"    {line}\n" for line in lines)
         self.source = (
+            "import numpy as np\n"
+            "from numba import carray, cfunc, types\n"
+            "from hetero_nn.scheduler.intrinsics import array_view, call_native\n"
+            "from hetero_nn.scheduler.trampoline import SIGNATURE\n\n"
+            + "".join(f"{name} = {definition}\n" for definition, name in names.items())
+            + f"call = call_native({_type_source(restype)})\n\n\n"
+            "@cfunc(SIGNATURE, nopython=True, nogil=True, cache=CACHE)\n"
             "def trampoline(block):\n"
             f"    b = carray(block, {self.slots}, np.int64)\n"
             "    f = b.view(np.float64)\n"
             f"{body}"
             f"    return call(b[0], ({', '.join(exprs)}{comma}))\n")
-        exec(compile(self.source, "<trampoline>", "exec"), namespace)
-        self.cfunc = cfunc(_SIGNATURE, nopython=True, nogil=True)(namespace["trampoline"])
+        self.cfunc = _compile(self.source)
         self.address = self.cfunc.address
 
     def __repr__(self):
         return f"Trampoline({len(self.argtypes)} args, {self.slots} slots)"
+
+
+def _compile(source):
+    """The ``trampoline`` cfunc of ``source``: from a module written once under the cache
+    directory and imported (Numba caches its machine code there), or, when that
+    directory cannot be written, compiled in memory."""
+    key = hashlib.sha1((_GENERATOR + source).encode()).hexdigest()[:20]
+    name = f"hetero_nn_trampoline_{key}"
+    module = sys.modules.get(name)
+    if module is not None:
+        return module.trampoline
+    folder = default_cache_dir() / "trampolines"
+    path = folder / f"{name}.py"
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, source.replace("cache=CACHE", "cache=True"))
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # Numba's cache imports the module by name to load it
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module.trampoline
+    except OSError:
+        namespace: dict = {"CACHE": False}
+        exec(compile(source, f"<{name}>", "exec"), namespace)
+        return namespace["trampoline"]
 
 
 class CompiledCall:
@@ -173,12 +225,12 @@ _DTYPES = {types.float32, types.float64, types.int8, types.int16, types.int32, t
            types.uint8, types.uint16, types.uint32, types.uint64, types.boolean}
 
 
-def _rebuild(t, slot, namespace, lines, name):
+def _rebuild(t, slot, names, lines, name):
     """``(expression, next slot)``: the source that rebuilds a value of type ``t`` from
-    the block starting at ``slot`` (arrays get a line of their own)."""
+    the block starting at ``slot`` (arrays get a line of their own); ``names`` maps the
+    module-level definitions it needs (views, casts) to their names."""
     if isinstance(t, types.Array):
-        view = f"V_{len(namespace)}"
-        namespace[view] = array_view(t)
+        view = _name_for(names, f"array_view({_type_source(t)})", "V")
         n = t.ndim
         shape = ", ".join(f"b[{slot + 1 + d}]" for d in range(n))
         strides = ", ".join(f"b[{slot + 1 + n + d}]" for d in range(n))
@@ -189,22 +241,38 @@ def _rebuild(t, slot, namespace, lines, name):
         return "None", slot
     if isinstance(t, types.Boolean):
         return f"b[{slot}] != 0", slot + 1
-    if isinstance(t, types.Integer):
-        cast = f"T_{len(namespace)}"
-        namespace[cast] = t
-        return f"{cast}(b[{slot}])", slot + 1
-    if isinstance(t, types.Float):
-        cast = f"T_{len(namespace)}"
-        namespace[cast] = t
-        return f"{cast}(f[{slot}])", slot + 1
+    if isinstance(t, (types.Integer, types.Float)):
+        cast = _name_for(names, _type_source(t), "T")
+        return f"{cast}({'f' if isinstance(t, types.Float) else 'b'}[{slot}])", slot + 1
     if isinstance(t, types.BaseTuple):
         items = []
         for k, item in enumerate(t.types):
-            expr, slot = _rebuild(item, slot, namespace, lines, f"{name}_{k}")
+            expr, slot = _rebuild(item, slot, names, lines, f"{name}_{k}")
             items.append(expr)
         comma = "," if len(items) == 1 else ""
         return f"({', '.join(items)}{comma})", slot
     raise TypeError(f"trampoline: cannot rebuild {t}")
+
+
+def _name_for(names, definition, prefix):
+    name = names.get(definition)
+    if name is None:
+        name = names[definition] = f"{prefix}{len(names)}"
+    return name
+
+
+def _type_source(t) -> str:
+    """Source that makes the Numba type ``t`` (scalars, arrays of them, none)."""
+    if t is types.none:
+        return "types.none"
+    if isinstance(t, types.Boolean):
+        return "types.boolean"
+    if isinstance(t, (types.Integer, types.Float)):
+        return f"types.{t.name}"
+    if isinstance(t, types.Array):
+        return (f"types.Array({_type_source(t.dtype)}, {t.ndim}, {t.layout!r}, "
+                f"readonly={not t.mutable}, aligned={t.aligned})")
+    raise TypeError(f"trampoline: kernels returning {t} are not supported")
 
 
 def _flatten(value, out):
