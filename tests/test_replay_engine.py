@@ -26,7 +26,7 @@ from hetero_nn.scheduler.perfmodel import PerfModel
 from hetero_nn.scheduler.replay import unavailable
 from hetero_nn.scheduler.schedule import check_orders, from_assignment, plan
 from hetero_nn.scheduler.trampoline import CompiledCall
-from test_runtime_property import CODELETS as PROP, programs, run_reference
+from test_runtime_property import CODELETS as PROP, handle_named, programs, run_reference
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 
@@ -403,21 +403,14 @@ def _captured(rt, roots, splits, ops):
     """Register the roots, capture the program (fetches become waits); returns the graph,
     the root handles."""
     handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
-
-    def handle(name):
-        r, path = name
-        h = handles[r]
-        for depth, (plan_index, i) in enumerate(path):
-            axis, n = splits[(r, path[:depth])][plan_index]
-            h = h.split(axis=axis, n=n)[i]
-        return h
     with rt.capture() as graph:
         for op in ops:
             if op[0] in ("wait", "fetch"):
                 rt.wait()
             else:
                 _, name, operands, params = op
-                rt.submit(CODELETS[name], *[handle(h) for h in operands], **params)
+                rt.submit(CODELETS[name], *[handle_named(handles, splits, h) for h in operands],
+                          **params)
     return graph, handles
 
 
