@@ -433,3 +433,40 @@ def test_random_programs_replayed_with_new_inputs_match_sequential_numpy(engine_
             for i, (h, e) in enumerate(zip(handles, want)):
                 np.testing.assert_array_equal(rt.fetch(h), e, err_msg=f"{label}: root {i}")
         assert graph._compiled is not None
+
+
+# ----------------------------------------------------------------------------- no Python per task
+
+def _python_calls(fn):
+    """Python function calls made by ``fn()`` on every thread (the engine's included)."""
+    import sys
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return calls[0]
+
+
+@pytest.mark.parametrize("shape", ("chain", "wide"))
+def test_a_compiled_replay_makes_no_python_call_per_task(shape, tmp_path):
+    """Python calls of one replay (traces and models on) do not grow with its tasks."""
+    calls = {}
+    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path), variants=CPU_FIRST) as rt:
+        for n in (100, 1000):
+            h = rt.register(np.zeros(n))
+            parts = h.split(0, n) if shape == "wide" else [h] * n
+            with rt.capture() as graph:
+                for p in parts:
+                    rt.submit(NOOP, p)
+            for _ in range(3):  # bind, plan again on measured times, settle
+                graph.replay()
+            calls[n] = _python_calls(graph.replay)
+    assert calls[1000] - calls[100] < 20, calls  # a constant per replay, none per task
