@@ -470,3 +470,15 @@ def test_a_compiled_replay_makes_no_python_call_per_task(shape, tmp_path):
                 graph.replay()
             calls[n] = _python_calls(graph.replay)
     assert calls[1000] - calls[100] < 20, calls  # a constant per replay, none per task
+
+
+def test_array_types_are_numbas():
+    from numba import typeof
+    from hetero_nn.scheduler.trampoline import argument_types
+    base = np.zeros((4, 6), dtype=np.float32)
+    readonly = np.zeros(3)
+    readonly.flags.writeable = False
+    arrays = [base, base[:, ::2], base.T, base[1:3], np.zeros(0), readonly,
+              np.zeros((2, 2), dtype=np.int64)]
+    for a in arrays * 2:  # the second time from the memo
+        assert argument_types((a,)) == (typeof(a),)

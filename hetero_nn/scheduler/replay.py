@@ -65,6 +65,7 @@ import time
 
 import numpy as np
 
+from ..codelets.prepared import WorkerBuffers
 from ..errors import SubmitError, TaskError
 from .bound import bind_task
 from .bundle import Bundle
@@ -209,25 +210,29 @@ class Share:
 class CompiledSegment:
     """One flushed segment of a graph, compiled for the engine (module docstring)."""
 
-    def __init__(self, rt, segment, costs_ns=None, buffers=None):
+    def __init__(self, rt, segment, previous=None):
+        """Compile ``segment``; ``previous``: its last compilation, whose measured times
+        plan this one and whose bound tasks are kept where their worker is."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
         self.units = units
         n = len(self.tasks)
         workers = self.workers = rt.workers
+        costs_ns = None if previous is None else previous.times[:, 1] - previous.times[:, 0]
         self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
                                            self.tasks)
-        self.buffers = buffers if buffers is not None else {}
+        self.buffers = {} if previous is None else previous.buffers
         self.bound = [None] * n
         first = [u[0] for u in units]  # task index of each unit's first member
         for w, order in enumerate(orders):
             worker = workers[w]
             buf = self.buffers.get(w)
             if buf is None:
-                from ..codelets.prepared import WorkerBuffers
                 buf = self.buffers[w] = WorkerBuffers()
             for u in order:
                 for t in units[u]:
-                    self.bound[t] = bind_task(rt, self.tasks[t], worker, buf)
+                    kept = previous.bound[t] if previous is not None else None
+                    self.bound[t] = kept if kept is not None and kept.worker is worker else \
+                        bind_task(rt, self.tasks[t], worker, buf)
         # cross-worker waits (per other worker, the latest predecessor in its order
         # is enough) and who publishes
         position = {}
@@ -422,9 +427,8 @@ class CompiledGraph:
             self.segments = [CompiledSegment(rt, s) for s in self.graph._segments]
         elif not self.replanned:  # once: plan again on the engine's own measured times
             self.replanned = True
-            self.segments = [
-                CompiledSegment(rt, s, (seg.times[:, 1] - seg.times[:, 0]), seg.buffers)
-                for s, seg in zip(self.graph._segments, self.segments)]
+            self.segments = [CompiledSegment(rt, s, seg)
+                             for s, seg in zip(self.graph._segments, self.segments)]
         threads = _threads(rt)
         for seg in self.segments:
             self.epoch += 1

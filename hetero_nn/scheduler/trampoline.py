@@ -201,10 +201,25 @@ def argument_types(args) -> tuple:
     """The Numba types of a call's arguments, refusing what no slot can carry."""
     out = []
     for a in args:
-        t = typeof(a)
+        t = _array_type(a) if type(a) is np.ndarray else typeof(a)
         _check_type(t, a)
         out.append(t)
     return tuple(out)
+
+
+_ARRAY_TYPES: dict = {}
+
+
+def _array_type(a):
+    """``numba.typeof(a)`` for an ndarray, memoized on what it reads (dtype, ndim, layout,
+    writeability): binding a graph types a few arrays per task."""
+    flags = a.flags
+    layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
+    key = (a.dtype, a.ndim, layout, flags.writeable)
+    t = _ARRAY_TYPES.get(key)
+    if t is None:
+        t = _ARRAY_TYPES[key] = typeof(a)
+    return t
 
 
 def _check_type(t, value):
