@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from .policies import make_policy
-from .schedule import check_orders, from_assignment, plan
+from .schedule import fixed_orders
 
 _perf = time.perf_counter
 
@@ -57,19 +57,13 @@ class EnginePlan:
     def prepare(self, graph):
         index = {t: i for i, t in enumerate(graph)}
         preds = [[index[p] for p in t.preds] for t in graph]
-        n = len(self.workers)
-        orders = None
+        kind = self.workers[0].kind
         if self.heft is not None:
             self.heft.prepare(graph)
-            worker_of, orders = from_assignment([t.assigned.index for t in graph],
-                                                [t.priority for t in graph], n)
-            try:
-                check_orders(orders, preds)
-            except ValueError:
-                orders = None
-        if orders is None:
-            kind = self.workers[0].kind
-            _, orders = plan([t.cost[kind] for t in graph], preds, n)
+        _, orders = fixed_orders(
+            preds, len(self.workers), lambda: [t.cost[kind] for t in graph],
+            [t.assigned.index for t in graph] if self.heft is not None else None,
+            [t.priority for t in graph])
         self._orders = {w: [graph[u] for u in reversed(order)]
                         for w, order in zip(self.workers, orders)}
         self._ready = set()

@@ -73,7 +73,7 @@ from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort
 from .intrinsics import HAVE_CLOCK, clock_offset
 from .local import LocalExecutor
 from .policies import UNKNOWN_COST
-from .schedule import check_orders, from_assignment, plan
+from .schedule import fixed_orders
 from .trace import TaskRecord
 
 _perf = time.perf_counter
@@ -330,20 +330,14 @@ def _units(segment):
 
 def _schedule(rt, segment, units, unit_preds, costs_ns, tasks):
     """``(worker_of per unit, orders)``: heft's plan, or :func:`plan` on known costs."""
-    nworkers = len(rt.workers)
     index = {w: i for i, w in enumerate(rt.workers)}
-    if costs_ns is None and rt.policy_name == "heft":
-        heads = [t for t, _, _ in segment]
-        if all(t.assigned is not None for t in heads):
-            worker_of, orders = from_assignment([index[t.assigned] for t in heads],
-                                                [t.priority for t in heads], nworkers)
-            try:
-                check_orders(orders, unit_preds)
-                return worker_of, orders
-            except ValueError:
-                pass  # a plan whose ranks tie across an edge: plan it here instead
-    costs = _unit_costs(rt, units, tasks, costs_ns)
-    return plan(costs, unit_preds, nworkers)
+    heads = [t for t, _, _ in segment]
+    planned = costs_ns is None and rt.policy_name == "heft" and all(
+        t.assigned is not None for t in heads)
+    return fixed_orders(unit_preds, len(rt.workers),
+                        lambda: _unit_costs(rt, units, tasks, costs_ns),
+                        [index[t.assigned] for t in heads] if planned else None,
+                        [t.priority for t in heads])
 
 
 def _unit_costs(rt, units, tasks, costs_ns):

@@ -91,6 +91,20 @@ def from_assignment(worker_of, priority, workers: int):
     return list(worker_of), orders
 
 
+def fixed_orders(preds, workers: int, costs, assigned=None, priority=None):
+    """``(worker_of, orders)`` of a segment's units: the given assignment (``heft``'s:
+    worker indices and upward ranks) when it can run, else :func:`plan` on ``costs``
+    (a callable: only planning asks for them)."""
+    if assigned is not None:
+        worker_of, orders = from_assignment(assigned, priority, workers)
+        try:
+            check_orders(orders, preds)
+            return worker_of, orders
+        except ValueError:
+            pass  # ranks that tie across an edge: plan here instead
+    return plan(costs(), preds, workers)
+
+
 def check_orders(orders, preds) -> None:
     """Raise ``ValueError`` unless every worker's order can run (a predecessor on the same
     worker comes before its successor, and the orders merge into a topological order)."""
