@@ -115,7 +115,7 @@ def grid(pattern, width, steps, radix=3) -> list:
 
 # ----------------------------------------------------------------------------- the kernel
 
-@njit(nogil=True, cache=True, fastmath=False)
+@njit(nogil=True, fastmath=False)  # no disk cache: tests load this file as a module of no name
 def compute(iterations):
     """``iterations`` rounds of 16 independent multiply-adds: Task Bench's compute kernel."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 1.0
