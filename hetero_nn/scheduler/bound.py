@@ -8,7 +8,7 @@ buffers. In a replayed graph all of that gives the same answer every step, so
 it on:
 
 - the variant (``Runtime.choose_variant`` on that worker's kind: the pinned one,
-  or the model's choice at binding time);
+  or the model's choice at binding time, bound again while the model explores);
 - the operand arrays: the replicas of its handles on the worker's memory node
   (graph-owned or registered buffers, stable across replays), a ``SCRATCH``
   operand as one of the worker's buffers;

@@ -17,6 +17,11 @@ more after the first one measured its own tasks, the segment is *compiled*:
    blocks, the predecessors to wait for on other workers and whether another
    worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`).
 
+With ``deterministic=False`` a task's variant is the performance model's choice: while
+the model still explores (a candidate with fewer runs than exploration asks), each
+replay first binds again the tasks whose choice changed; once every choice is settled
+no replay looks at variants again.
+
 A replay then resets the node arenas, runs the shares at once (the calling
 thread runs worker 0's, one engine thread per other worker runs the others),
 each through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without the
@@ -75,6 +80,7 @@ from .local import LocalExecutor
 from .policies import UNKNOWN_COST
 from .schedule import fixed_orders
 from .trace import TaskRecord
+from .variants import EXPLORE_SAMPLES
 
 _perf = time.perf_counter
 ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call: no dispatch "
@@ -256,6 +262,9 @@ class CompiledSegment:
         self.share_tasks = [[t for u in order for t in units[u]] for order in orders]
         self.build_shares()
         self.notify_tasks = np.array([t for t in range(n) if notify_of[t]], dtype=np.int64)
+        # tasks whose variant the performance model chooses among several (deterministic=False)
+        self.choices = [i for i, b in enumerate(self.bound)
+                        if len(rt.candidates(b.task.codelet, b.worker.kind)) > 1]
         self.done = np.zeros(n, dtype=np.int32)
         self.times = np.zeros((n, 2), dtype=np.int64)
         self.sleepers = np.zeros(1, dtype=np.int32)
@@ -414,6 +423,7 @@ class CompiledGraph:
         self.segments = None
         self.epoch = 0
         self.replanned = False
+        self.exploring = True  # until the model's choice of every variant has settled
 
     def run(self, rt):
         """Replay every segment (compiling them first when needed)."""
@@ -423,10 +433,36 @@ class CompiledGraph:
             self.replanned = True
             self.segments = [CompiledSegment(rt, s, seg)
                              for s, seg in zip(self.graph._segments, self.segments)]
+        if self.exploring:
+            self.exploring = any([_explore(rt, seg) for seg in self.segments])
         threads = _threads(rt)
         for seg in self.segments:
             self.epoch += 1
             _run_segment(rt, seg, self.epoch, threads)
+
+
+def _explore(rt, seg) -> bool:
+    """While the performance model still explores (``deterministic=False``): bind again
+    the tasks whose chosen variant changed since they were bound; returns whether some
+    choice may still change (a candidate with fewer runs than exploration asks)."""
+    pm = rt.perfmodel
+    if not seg.choices or pm is None:
+        return False
+    need = rt.calibrate_samples if rt.calibrate else EXPLORE_SAMPLES
+    changed, open_ = False, False
+    for i in seg.choices:
+        b = seg.bound[i]
+        task, kind = b.task, b.worker.kind
+        if rt.choose_variant(task, kind) != b.variant:
+            seg.bound[i] = bind_task(rt, task, b.worker, b.buffers)
+            changed = True
+        fp = rt.footprint(task)[0]
+        open_ = open_ or any(pm.count(task.codelet.name, v, kind, fp) < need
+                             for v in rt.candidates(task.codelet, kind))
+    if changed:
+        seg.groups = _model_groups(seg.bound)
+        seg.build_shares()
+    return open_
 
 
 def _threads(rt):
