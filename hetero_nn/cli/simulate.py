@@ -190,7 +190,6 @@ def command(args) -> int:
     result = simulate_step(**common, platform=platform, policy=args.policy, costs=costs)
     if args.json:
         doc = result.to_json()
-        doc["dispatch_seconds"] = costs.dispatch if costs else 0.0
         if costs is not None:
             doc["path"] = costs.to_json()
         if measured is not None:
