@@ -115,6 +115,11 @@ COMPILED = {"prop_scale": _twin("prop_scale", _scale_cpu),
             "prop_axpy_scratch": _twin("prop_axpy_scratch", _axpy_scratch_cpu),
             "prop_acc_sq": _twin("prop_acc_sq", _acc_sq_cpu)}
 CODELETS = {name: COMPILED.get(name, codelet) for name, codelet in PROP.items()}
+# The same with a ``cuda`` variant (the reference function) for CUDA workers
+DEVICE_CODELETS = {name: hn.Codelet(c.name, modes=c.modes,
+                                    variants={**c.variants, "cuda": c.variants["ref"]},
+                                    init=c.init, redux=c.redux)
+                   for name, c in CODELETS.items()}
 SCALE, AXPY = COMPILED["prop_scale"], COMPILED["prop_axpy"]
 BOOM = hn.Codelet("engine_boom", modes=(R,), variants={"ref": _boom_ref, "cpu": _boom_cpu})
 NOOP = hn.Codelet("engine_noop", modes=(RW,), variants={"cpu": _noop_cpu})
@@ -192,8 +197,7 @@ def test_the_engine_serves_only_runtimes_it_can():
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
         assert unavailable(rt) is None
     for kwargs, reason in (({"replay_engine": "executor"}, "replay_engine"),
-                           ({"executor": "dask"}, "Dask"), ({"host_nodes": 2}, "memory node"),
-                           ({"devices": "cpu:1,cuda-emu:1"}, "CUDA")):
+                           ({"executor": "dask"}, "Dask")):
         with hn.Runtime(**{"devices": "cpu:2", "perfmodel": False, **kwargs}) as rt:
             assert reason in unavailable(rt)
     with pytest.raises(hn.ConfigError, match="replay_engine"):
@@ -386,20 +390,31 @@ class _Runtimes(list):
 
 @pytest.fixture(scope="module")
 def engine_runtimes():
+    """(label, runtime, codelets): CPU workers under every policy; several memory nodes
+    (two host nodes; a CPU and emulated CUDA devices under heft, their streams driven by
+    the engine), whose tasks bind their operands at every run."""
     made = _Runtimes()
     try:
         for workers in (1, 2, 3):
             for policy in POLICIES:
                 made.append((f"cpu:{workers} {policy}",
                              hn.Runtime(devices=f"cpu:{workers}", policy=policy, seed=workers,
-                                        perfmodel=False, variants=CPU_FIRST)))
+                                        perfmodel=False, variants=CPU_FIRST), CODELETS))
+        for policy in ("eager", "dmda"):
+            made.append((f"cpu:2 host_nodes=2 {policy}",
+                         hn.Runtime(devices="cpu:2", host_nodes=2, policy=policy,
+                                    perfmodel=False, variants=CPU_FIRST), CODELETS))
+        for devices in ("cpu:1,cuda-emu:1", "cpu:2,cuda-emu:2"):
+            made.append((f"{devices} heft",
+                         hn.Runtime(devices=devices, policy="heft", perfmodel=False,
+                                    variants=CPU_FIRST), DEVICE_CODELETS))
         yield made
     finally:
-        for _, rt in made:
+        for _, rt, _ in made:
             rt.close()
 
 
-def _captured(rt, roots, splits, ops):
+def _captured(rt, roots, splits, ops, codelets):
     """Register the roots, capture the program (fetches become waits); returns the graph,
     the root handles."""
     handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
@@ -409,7 +424,7 @@ def _captured(rt, roots, splits, ops):
                 rt.wait()
             else:
                 _, name, operands, params = op
-                rt.submit(CODELETS[name], *[handle_named(handles, splits, h) for h in operands],
+                rt.submit(codelets[name], *[handle_named(handles, splits, h) for h in operands],
                           **params)
     return graph, handles
 
@@ -424,8 +439,8 @@ def test_random_programs_replayed_with_new_inputs_match_sequential_numpy(engine_
     rng = np.random.default_rng(len(ops))
     inputs = [[rng.standard_normal(a.shape) for a in roots] for _ in range(2)]
     expected = [run_reference(new, splits, ops)[0] for new in inputs]
-    for label, rt in engine_runtimes:
-        graph, handles = _captured(rt, roots, splits, ops)
+    for label, rt, codelets in engine_runtimes:
+        graph, handles = _captured(rt, roots, splits, ops, codelets)
         for new, want in zip(inputs, expected):
             for h, a in zip(handles, new):
                 graph.write(h, a)
@@ -482,3 +497,47 @@ def test_array_types_are_numbas():
               np.zeros((2, 2), dtype=np.int64)]
     for a in arrays * 2:  # the second time from the memo
         assert argument_types((a,)) == (typeof(a),)
+
+
+# ----------------------------------------------------------------------------- CUDA workers
+
+def _device_boom(x, limit):
+    if (x > limit).any():
+        raise ValueError(f"{int((x > limit).sum())} values above {limit} on the device")
+
+
+DEVICE_BOOM = hn.Codelet("engine_device_boom", modes=(R,),
+                         variants={"cuda": _device_boom})
+
+
+def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
+    """cuda-emu under heft: the device's tasks go through its stream (operands copied in
+    at every run, traced per task), the CPU's wait for them through the counters; a
+    kernel that raises on the stream fails the replay, naming it, and nothing hangs."""
+    scale, axpy = DEVICE_CODELETS["prop_scale"], DEVICE_CODELETS["prop_axpy"]
+    with hn.Runtime(devices="cpu:1,cuda-emu:1", policy="heft", perfmodel=False,
+                    variants=CPU_FIRST) as rt:
+        x = rt.register(np.arange(12.0))
+        y = rt.register(np.zeros(12))
+        with rt.capture() as graph:
+            for xp, yp in zip(x.split(0, 4), y.split(0, 4)):
+                rt.submit(scale, xp, factor=2.0)
+                rt.submit(DEVICE_BOOM, xp, limit=1e9)   # on the device only
+                rt.submit(axpy, xp, yp, a=1.0)
+        graph.replay()
+        (seg,) = _segments(graph)
+        on_device = [b for b in seg.bound if b.worker.name == "cuda-emu0"]
+        assert on_device and all(b.arrays is None for b in seg.bound)  # bound at every run
+        rt.trace(clear=True)
+        graph.write(x, np.ones(12))
+        _within(60, graph.replay)
+        np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))
+        records = rt.trace().records
+        assert {r.worker for r in records if r.codelet == "engine_device_boom"} == {"cuda-emu0"}
+        assert sum(r.bytes_in for r in records) > 0  # copies between the nodes, per task
+        graph.write(x, np.full(12, 1e10))
+        with pytest.raises(hn.TaskError, match="engine_device_boom.*on the device"):
+            _within(60, graph.replay)
+        graph.write(x, np.ones(12))
+        _within(60, graph.replay)  # usable again
+        np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))

@@ -23,6 +23,12 @@ A replay then runs a compiled task by its calls' trampolines alone; parameters
 declared as step parameters (:mod:`~hetero_nn.scheduler.replay`) are the only
 thing that may change, and :meth:`BoundTask.rebind` prepares the task again
 when they do.
+
+On a runtime with several memory nodes a task is bound *dynamic*: its variant only.
+Its operands are acquired on its node at every run (``Runtime.bind``: the copies
+coherence needs, which depend on where the data was left), so it runs as Python
+(a CUDA worker's tasks are launched on its stream by
+:meth:`~hetero_nn.scheduler.segment.CompiledSegment.run_stream_share`).
 """
 
 from __future__ import annotations
@@ -55,9 +61,9 @@ class BoundTask:
     """
 
     __slots__ = ("task", "worker", "variant", "fn", "arrays", "redux", "calls", "why",
-                 "model_key", "buffers")
+                 "model_key", "buffers", "binder")
 
-    def __init__(self, task, worker, variant, arrays, buffers):
+    def __init__(self, task, worker, variant, arrays, buffers, binder=None):
         self.task = task
         self.worker = worker
         self.variant = variant
@@ -65,6 +71,7 @@ class BoundTask:
         self.arrays = arrays
         self.redux = [i for i, m in enumerate(task.modes) if m is REDUX]
         self.buffers = buffers
+        self.binder = binder  # the runtime, for a dynamic task (arrays None)
         self.calls = None
         self.why = ""
         self.model_key = None
@@ -72,11 +79,18 @@ class BoundTask:
 
     def rebind(self):
         """Prepare the calls again from the task's current parameters."""
+        if self.arrays is None:
+            self.calls, self.why = None, "dynamic: operands made coherent at every run"
+            return
         self.calls, self.why = _compiled_calls(self.task, self.fn, self.arrays, self.redux,
                                                self.buffers)
 
     def run_python(self):
-        """Run the task as the executor would: ``init`` its REDUX partials, call the variant."""
+        """Run the task as the executor would: bind a dynamic task's operands, ``init``
+        its REDUX partials (``bind`` does for a dynamic one), call the variant."""
+        if self.arrays is None:
+            self.fn(*self.binder.bind(self.task, self.worker), **self.task.params)
+            return
         init = self.task.codelet.init
         for i in self.redux:
             init(self.arrays[i])
@@ -108,17 +122,20 @@ def _compiled_calls(task, fn, arrays, redux, buffers):
         return None, f"prepare raised {type(exc).__name__}: {exc}"
 
 
-def bind_task(rt, task, worker, buffers) -> BoundTask:
-    """Resolve ``task`` for ``worker`` (single memory node: its replicas are the arrays)."""
+def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
+    """Resolve ``task`` for ``worker``: with one memory node its replicas are its arrays;
+    ``dynamic`` (several nodes), its operands are acquired at every run."""
     node = worker.node
     variant = rt.choose_variant(task, worker.kind)
-    arrays = []
-    for i, (h, m) in enumerate(zip(task.handles, task.modes)):
-        if m is SCRATCH:
-            arrays.append(buffers(("scratch", i), h.shape, h.dtype))
-        else:
-            arrays.append(h.replica(node))
-    bound = BoundTask(task, worker, variant, arrays, buffers)
+    arrays = None
+    if not dynamic:
+        arrays = []
+        for i, (h, m) in enumerate(zip(task.handles, task.modes)):
+            if m is SCRATCH:
+                arrays.append(buffers(("scratch", i), h.shape, h.dtype))
+            else:
+                arrays.append(h.replica(node))
+    bound = BoundTask(task, worker, variant, arrays, buffers, rt if dynamic else None)
     if rt.perfmodel is not None:
         fp, size = rt.footprint(task)
         bound.model_key = (task.codelet, variant, worker.kind, fp, size)

@@ -3,19 +3,23 @@ compiled dispatch loop.
 
 Policy
 ------
-``graph.replay()`` on a runtime the engine serves (:func:`unavailable` says which)
-runs each recorded flush (*segment*) as follows. At the first replay, and once
-more after the first one measured its own tasks, the segment is *compiled*:
+``graph.replay()`` on a runtime the engine serves (:func:`unavailable` says which:
+the local executor, with workers of one kind or under ``heft``) runs each recorded
+flush (*segment*) as follows. At the first replay, and once more after the first one
+measured its own tasks (one memory node), the segment is *compiled*
+(:mod:`~hetero_nn.scheduler.segment`):
 
 1. a fixed schedule (:mod:`~hetero_nn.scheduler.schedule`): ``heft``'s plan when
    the policy is ``heft``, else list scheduling on the costs known (the last
    compiled run's times; before one, the performance model's predictions, or the
    capture run's times with each (codelet, footprint)'s median standing for all of
    them, so a first run's compilation does not count);
-2. every task bound for its worker (:mod:`~hetero_nn.scheduler.bound`);
+2. every task bound for its worker (:mod:`~hetero_nn.scheduler.bound`; with several
+   memory nodes, *dynamic*: its operands acquired at every run);
 3. per worker a *share*: its tasks in order, with their trampolines, argument
    blocks, the predecessors to wait for on other workers and whether another
-   worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`).
+   worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`); a CUDA worker's
+   share is enqueued on its stream.
 
 With ``deterministic=False`` a task's variant is the performance model's choice: while
 the model still explores (a candidate with fewer runs than exploration asks), each
@@ -24,9 +28,9 @@ no replay looks at variants again.
 
 A replay then resets the node arenas, runs the shares at once (the calling
 thread runs worker 0's, one engine thread per other worker runs the others),
-each through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without the
-interpreter lock, Python tasks in between, and ends the flush as ``wait()``
-does. No task object, policy hook, variant choice, handle lock or dependency
+a CPU worker's through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without
+the interpreter lock, Python tasks in between, a CUDA worker's on its stream, and
+ends the flush as ``wait()`` does (the nodes' streams synchronized). No task object, policy hook, variant choice, handle lock or dependency
 count is touched per task.
 
 Measurement: the loop stamps each task's start and end into the segment's
@@ -56,7 +60,7 @@ State
 (``epoch``, what the counters compare to), the step parameters' uses.
 :class:`CompiledSegment`: ``units`` (tasks or a bundle's members), ``tasks`` (in
 segment order, bundles flattened), ``bound``, ``worker_of``, ``shares``, and
-the arrays ``done``, ``times``, ``sleepers``, ``abort``.
+the arrays ``done``, ``times``, ``sleepers``, ``abort``, ``bytes_in``.
 :class:`EngineThreads` (``runtime._engine``): one thread per worker but the first.
 """
 
@@ -89,10 +93,9 @@ def unavailable(rt) -> str | None:
         return f"the {rt.executor_name!r} executor runs graphs as Dask graphs"
     if type(rt.executor) is not LocalExecutor:
         return f"the executor was replaced ({type(rt.executor).__name__})"
-    if any(w.kind != "cpu" for w in rt.workers):
-        return "CUDA workers replay through the executor (their streams)"
-    if len(rt.nodes) != 1:
-        return "more than one memory node (transfers replay through the executor)"
+    if len({w.kind for w in rt.workers}) > 1 and rt.policy_name != "heft":
+        return (f"workers of several kinds under {rt.policy_name!r}: a dynamic policy places "
+                "each replay's tasks as they get ready (heft plans them once)")
     if not HAVE_CLOCK:
         return "no clock_gettime on this platform"
     return None
@@ -220,6 +223,7 @@ class CompiledGraph:
         """Replay every segment (compiling them first when needed)."""
         if self.segments is None:
             self.segments = [CompiledSegment(rt, s) for s in self.graph._segments]
+            self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
         elif not self.replanned:  # once: plan again on the engine's own measured times
             self.replanned = True
             self.segments = [CompiledSegment(rt, s, seg)
@@ -252,12 +256,16 @@ def _run_segment(rt, seg, epoch, threads):
     seg.times[:] = 0
     seg.abort[0] = 0
     t_submit = _perf()
-    results = threads.run([lambda s=s: seg.run_share(s, epoch) for s in seg.shares])
+    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares])
+    if seg.dynamic:
+        for node in rt.nodes:  # copies made for tasks that ran on other nodes
+            node.synchronize()
     failures = [r for r in results if r is not None]
     rt._flushes.generation += 1
     if rt.tracing:
         rt._flushes.records.append(ReplayRecords(seg, seg.times.copy(), base, t_submit,
-                                         failures[0] if failures else None))
+                                                 failures[0] if failures else None,
+                                                 seg.bytes_in.copy() if seg.dynamic else None))
     if failures:
         t, exc = failures[0]
         b = seg.bound[t]
@@ -297,14 +305,15 @@ def expand_records(records) -> list:
 class ReplayRecords:
     """The trace records of one compiled replay of a segment, made when read."""
 
-    __slots__ = ("seg", "times", "base", "t_submit", "failure")
+    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in")
 
-    def __init__(self, seg, times, base, t_submit, failure):
+    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
         self.seg = seg
         self.times = times
         self.base = base
         self.t_submit = t_submit
         self.failure = failure
+        self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
 
     def __iter__(self):
         seg, times, base = self.seg, self.times, self.base
@@ -323,6 +332,7 @@ class ReplayRecords:
             if i == failed:
                 exc = self.failure[1]
                 error = f"{type(exc).__name__}: {exc}"
+            moved = 0 if self.bytes_in is None else int(self.bytes_in[i])
             yield TaskRecord(base + i, b.task.codelet.name, b.variant, w.name, w.device,
                              w.node.name, self.t_submit, ready, float(start[i]), float(end[i]),
-                             0, tuple(base + p for p in preds), error)
+                             moved, tuple(base + p for p in preds), error)

@@ -91,10 +91,11 @@ def from_assignment(worker_of, priority, workers: int):
     return list(worker_of), orders
 
 
-def fixed_orders(preds, workers: int, costs, assigned=None, priority=None):
+def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallback=None):
     """``(worker_of, orders)`` of a segment's units: the given assignment (``heft``'s:
-    worker indices and upward ranks) when it can run, else :func:`plan` on ``costs``
-    (a callable: only planning asks for them)."""
+    worker indices and upward ranks) when it can run; else ``fallback`` (another
+    ``(assigned, priority)`` known to run: an assignment in submission order) or
+    :func:`plan` on ``costs`` (a callable: only planning asks for them)."""
     if assigned is not None:
         worker_of, orders = from_assignment(assigned, priority, workers)
         try:
@@ -102,6 +103,8 @@ def fixed_orders(preds, workers: int, costs, assigned=None, priority=None):
             return worker_of, orders
         except ValueError:
             pass  # ranks that tie across an edge: plan here instead
+    if fallback is not None:
+        return from_assignment(*fallback, workers)
     return plan(costs(), preds, workers)
 
 

@@ -12,14 +12,16 @@ trampolines and argument blocks, the predecessors to wait for on other workers (
 other worker the latest in that worker's order: the others come before it) and
 whether another worker waits for each task.
 
-Schedules. On CPU workers of one memory node: ``heft``'s plan under ``heft``, else
+Schedules. ``heft``'s plan under ``heft``, else, on workers of one kind,
 :func:`~hetero_nn.scheduler.schedule.plan` on the costs known (the engine's own
 measurements, the model's predictions, or the capture run's times, each (codelet,
 footprint)'s median standing for all, so a first run's compilation does not
-count). With several memory nodes (CUDA workers, ``host_nodes``): ``heft``'s plan, or
-the placement of the capture's run (its policy's), each worker's tasks in submission
-order; every task is then *dynamic*: its operands are made coherent on its node
-(``Runtime.bind``: the transfers) each run, in Python.
+count). Workers of several kinds (CPU and CUDA) are served under ``heft`` only
+(:func:`~hetero_nn.scheduler.replay.unavailable`); should its ranks tie across an
+edge, its placement at capture is kept, each worker's tasks in submission order.
+With several memory nodes (CUDA workers, ``host_nodes``) every task is *dynamic*:
+its operands are made coherent on its node (``Runtime.bind``: the transfers) each
+run, in Python.
 
 Shares. A CPU worker's share runs through the compiled loop, its Python tasks in
 between (:meth:`CompiledSegment.run_share`). A CUDA worker's share is enqueued on its
@@ -86,6 +88,8 @@ class CompiledSegment:
         plan this one and whose bound tasks are kept where their worker is."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
         self.units = units
+        self.rt = rt
+        self.dynamic = len(rt.nodes) > 1  # operands made coherent at every run
         n = len(self.tasks)
         workers = self.workers = rt.workers
         costs_ns = None if previous is None else previous.times[:, 1] - previous.times[:, 0]
@@ -103,7 +107,7 @@ class CompiledSegment:
                 for t in units[u]:
                     kept = previous.bound[t] if previous is not None else None
                     self.bound[t] = kept if kept is not None and kept.worker is worker else \
-                        bind_task(rt, self.tasks[t], worker, buf)
+                        bind_task(rt, self.tasks[t], worker, buf, self.dynamic)
         # cross-worker waits (per other worker, the latest predecessor in its order
         # is enough) and who publishes
         position = {}
@@ -132,9 +136,15 @@ class CompiledSegment:
                         if len(rt.candidates(b.task.codelet, b.worker.kind)) > 1]
         self.done = np.zeros(n, dtype=np.int32)
         self.times = np.zeros((n, 2), dtype=np.int64)
+        self.bytes_in = np.zeros(n, dtype=np.int64)
         self.sleepers = np.zeros(1, dtype=np.int32)
         self.abort = np.zeros(1, dtype=np.int32)
         self.groups = _model_groups(self.bound)
+
+    def run_stream_share(self, share, epoch):
+        """Enqueue a CUDA worker's share on its stream, then wait for the stream once;
+        returns None, or ``(task index, exception)``."""
+        return _run_stream_share(self, share, epoch)
 
     def build_shares(self):
         """(Re)make the shares' arrays from the bound tasks (after a rebind)."""
@@ -146,8 +156,15 @@ class CompiledSegment:
         """Tasks of this segment that run as Python."""
         return sum(b.calls is None for b in self.bound)
 
+    def run(self, share, epoch):
+        """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
+        through the compiled loop. Returns None, or ``(task index, exception)``."""
+        if share.worker.stream is not None:
+            return self.run_stream_share(share, epoch)
+        return self.run_share(share, epoch)
+
     def run_share(self, share, epoch):
-        """Run one share (any thread); returns None, or ``(task index, exception)``."""
+        """Run a CPU worker's share; returns None, or ``(task index, exception)``."""
         n = len(share.order)
         k = 0
         done, times, sleepers, abort = self.done, self.times, self.sleepers, self.abort
@@ -159,14 +176,16 @@ class CompiledSegment:
                 return None
             if r >= 0:  # a Python task, its predecessors done
                 t = int(share.order[r])
+                b = self.bound[t]
                 times[t, 0] = now_ns()
                 try:
-                    self.bound[t].run_python()
+                    b.run_python()
                 except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
                     times[t, 1] = now_ns()
                     set_abort(abort, done, self.notify_tasks)
                     return t, exc
                 times[t, 1] = now_ns()
+                self.bytes_in[t] = b.task.bytes_in if b.arrays is None else 0
                 if share.notify[r]:
                     publish(done, t, epoch, sleepers)
                 k = r + 1
@@ -179,6 +198,78 @@ class CompiledSegment:
                 return t, exc
             return t, RuntimeError("its compiled kernel raised; run again from Python it "
                                    "did not")
+
+
+class _StreamRun:
+    """One CUDA worker's share on its stream, for one replay (see the module docstring):
+    what the launches and the stream's callbacks share."""
+
+    __slots__ = ("seg", "worker", "epoch", "failure", "last_end")
+
+    def __init__(self, seg, worker, epoch):
+        self.seg, self.worker, self.epoch = seg, worker, epoch
+        self.failure = None   # (task index, exception) of the first kernel that raised
+        self.last_end = 0     # when the stream finished its last task (ns)
+
+    def on_stream(self, t, arrays):
+        """The kernel as the stream runs it (a launch into CuPy's stream on a GPU)."""
+        seg = self.seg
+        start = now_ns()
+        if start > seg.times[t, 0]:
+            seg.times[t, 0] = start
+        b = seg.bound[t]
+        try:
+            b.fn(*arrays, **b.task.params)
+        except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+            if self.failure is None:
+                self.failure = (t, exc)
+            set_abort(seg.abort, seg.done, seg.notify_tasks)
+
+    def completed(self, t, notify):
+        """Stream callback: task ``t``'s kernels are done; publish it (not if it raised)."""
+        seg = self.seg
+        end = now_ns()
+        self.worker.node.release(seg.bound[t].task.handles)
+        if self.last_end > seg.times[t, 0]:
+            seg.times[t, 0] = self.last_end  # it waited for the task before on the stream
+        seg.times[t, 1] = self.last_end = end
+        if notify and (self.failure is None or self.failure[0] != t):
+            publish(seg.done, t, self.epoch, seg.sleepers)
+
+
+def _run_stream_share(seg, share, epoch):
+    """:meth:`CompiledSegment.run_stream_share` (module docstring)."""
+    rt, w = seg.rt, share.worker
+    node, stream = w.node, w.stream
+    run = _StreamRun(seg, w, epoch)
+    done, times, sleepers, abort = seg.done, seg.times, seg.sleepers, seg.abort
+    try:
+        for k in range(len(share.order)):
+            t = int(share.order[k])
+            for j in range(share.wait_start[k], share.wait_start[k + 1]):
+                if not wait_done(done, share.waits[j], epoch, sleepers, abort):
+                    return None  # another share failed: its error is the flush's
+            task = seg.bound[t].task
+            try:
+                node.hold(task.handles)
+                try:
+                    with node.context(), stream.activate():
+                        arrays = rt.bind(task, w)
+                        seg.bytes_in[t] = task.bytes_in
+                        times[t, 0] = now_ns()  # launched; the stream stamps the real start
+                        stream.launch(run.on_stream, t, arrays)
+                except BaseException:
+                    node.release(task.handles)
+                    raise
+            except BaseException as exc:  # noqa: BLE001 - binding failed: the flush's error
+                times[t, 1] = now_ns()
+                set_abort(abort, done, seg.notify_tasks)
+                return t, exc
+            stream.add_callback(lambda t=t, notify=bool(share.notify[k]):
+                                run.completed(t, notify))
+    finally:
+        stream.synchronize()
+    return run.failure
 
 
 def _units(segment):
@@ -203,11 +294,19 @@ def _units(segment):
 
 
 def _schedule(rt, segment, units, unit_preds, costs_ns, tasks):
-    """``(worker_of per unit, orders)``: heft's plan, or :func:`plan` on known costs."""
+    """``(worker_of per unit, orders)``: heft's plan, or :func:`plan` on known costs; with
+    several memory nodes, heft's plan or the capture run's placement (module docstring)."""
     index = {w: i for i, w in enumerate(rt.workers)}
     heads = [t for t, _, _ in segment]
     planned = costs_ns is None and rt.policy_name == "heft" and all(
         t.assigned is not None for t in heads)
+    if len({w.kind for w in rt.workers}) > 1:  # heft's plan (or, if its ranks tie across
+        placed = [index.get(t.worker, index[t.eligible[0]]) for t in heads]  # an edge, its
+        return fixed_orders(unit_preds, len(rt.workers), None,  # placement at capture)
+                            [index[t.assigned] for t in heads] if planned else placed,
+                            [t.priority for t in heads] if planned else
+                            [-u for u in range(len(heads))],
+                            fallback=(placed, [-u for u in range(len(heads))]))
     return fixed_orders(unit_preds, len(rt.workers),
                         lambda: _unit_costs(rt, units, tasks, costs_ns),
                         [index[t.assigned] for t in heads] if planned else None,
@@ -268,7 +367,7 @@ def explore(rt, seg) -> bool:
         b = seg.bound[i]
         task, kind = b.task, b.worker.kind
         if rt.choose_variant(task, kind) != b.variant:
-            seg.bound[i] = bind_task(rt, task, b.worker, b.buffers)
+            seg.bound[i] = bind_task(rt, task, b.worker, b.buffers, seg.dynamic)
             changed = True
         fp = rt.footprint(task)[0]
         open_ = open_ or any(pm.count(task.codelet.name, v, kind, fp) < need
