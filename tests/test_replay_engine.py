@@ -197,9 +197,13 @@ def test_the_engine_serves_only_runtimes_it_can():
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
         assert unavailable(rt) is None
     for kwargs, reason in (({"replay_engine": "executor"}, "replay_engine"),
-                           ({"executor": "dask"}, "Dask")):
+                           ({"executor": "dask"}, "Dask"),
+                           ({"devices": "cpu:1,cuda-emu:1"}, "several kinds")):
         with hn.Runtime(**{"devices": "cpu:2", "perfmodel": False, **kwargs}) as rt:
             assert reason in unavailable(rt)
+    for kwargs in ({"host_nodes": 2}, {"devices": "cpu:1,cuda-emu:1", "policy": "heft"}):
+        with hn.Runtime(**{"devices": "cpu:2", "perfmodel": False, **kwargs}) as rt:
+            assert unavailable(rt) is None
     with pytest.raises(hn.ConfigError, match="replay_engine"):
         hn.Runtime(devices="cpu:1", replay_engine="fast")
 
