@@ -28,3 +28,18 @@ def load_script(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def central_differences(loss, x, eps):
+    """``d loss() / d x`` by central differences, one element at a time: ``loss`` reads
+    ``x``, which is changed in place and restored."""
+    grad = np.empty_like(x)
+    for i in np.ndindex(x.shape):
+        saved = x[i]
+        x[i] = saved + eps
+        up = loss()
+        x[i] = saved - eps
+        down = loss()
+        x[i] = saved
+        grad[i] = (up - down) / (2 * eps)
+    return grad

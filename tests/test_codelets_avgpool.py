@@ -97,7 +97,7 @@ def test_backward_matches_finite_differences():
 @pytest.mark.parametrize("bad, match", [
     ({"kernel_size": 2, "padding": 2}, "half the kernel"),
     ({"kernel_size": 0}, ">= 1"),
-    ({"kernel_size": 9}, "larger than the padded input"),
+    ({"kernel_size": 9}, "larger than the input 4x4 padded"),
 ])
 def test_bad_geometry_is_named(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -18,7 +18,8 @@ The argument block is an ``int64`` array, one slot per scalar:
 - an array: its address, then its shape, then its strides (bytes);
 - an integer or boolean: its value; a float: its IEEE bits (``float64``, cast back
   to the kernel's type: exact for ``float32``);
-- a tuple: its elements in order; ``None``: no slot.
+- a tuple: its elements in order (a named tuple is rebuilt by its class, imported
+  from its module); ``None``: no slot.
 
 A trampoline returns 0, or 1 when the kernel raised (the exception itself
 cannot cross the C boundary: the runtime calls the kernel again from Python to
@@ -89,6 +90,7 @@ class Trampoline:
         comma = "," if len(exprs) == 1 else ""
         body = "".join(f"    {line}\n" for line in lines)
         self.source = (
+            "import importlib\n\n"
             "import numpy as np\n"
             "from numba import carray, cfunc, types\n"
             "from hetero_nn.scheduler.intrinsics import array_view, call_native\n"
@@ -230,6 +232,9 @@ def _check_type(t, value):
     if isinstance(t, (types.Integer, types.Float, types.Boolean)) or t is types.none:
         return
     if isinstance(t, types.BaseTuple):
+        if isinstance(t, types.BaseNamedTuple) and "." in t.instance_class.__qualname__:
+            raise TypeError(f"trampoline: cannot rebuild {t.instance_class.__qualname__} "
+                            "(not defined at a module's top level)")
         for item_type, item in zip(t.types, value):
             _check_type(item_type, item)
         return
@@ -264,6 +269,11 @@ def _rebuild(t, slot, names, lines, name):
         for k, item in enumerate(t.types):
             expr, slot = _rebuild(item, slot, names, lines, f"{name}_{k}")
             items.append(expr)
+        if isinstance(t, types.BaseNamedTuple):  # e.g. a convolution's geometry
+            cls = t.instance_class
+            maker = _name_for(names, f"importlib.import_module({cls.__module__!r})."
+                                     f"{cls.__qualname__}", "N")
+            return f"{maker}({', '.join(items)})", slot
         comma = "," if len(items) == 1 else ""
         return f"({', '.join(items)}{comma})", slot
     raise TypeError(f"trampoline: cannot rebuild {t}")
