@@ -545,3 +545,31 @@ def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
         graph.write(x, np.ones(12))
         _within(60, graph.replay)  # usable again
         np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))
+
+
+@pytest.mark.parametrize("policy", ("eager", "heft"))
+def test_grouped_dilated_convolutions_replay_compiled_bit_for_bit(policy):
+    """A grouped convolution through the prepared im2col kernels (its geometry crosses
+    the trampolines as a named tuple) beside a dilated, reflect-padded depthwise one (a
+    variant without a prepare: Python in the replay)."""
+    def train(replay):
+        hn.manual_seed(4)
+        model = hn.Sequential(hn.Conv2D(2, 4, 3, padding=2, dilation=2, groups=2,
+                                        padding_mode="reflect"), hn.ReLU(), hn.MaxPool2D(2),
+                              hn.Conv2D(4, 4, 3, groups=2, bias=False), hn.ReLU(),
+                              hn.Flatten(), hn.Dense(4 * 3 * 3, 5))
+        rng = np.random.default_rng(8)
+        with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=False) as rt:
+            trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9),
+                                 runtime=rt, batch_size=6, granularity=2, dtype="float64",
+                                 replay=replay)
+            losses = [trainer.train_step(rng.standard_normal((6, 2, 10, 10)),
+                                         rng.integers(0, 5, 6)) for _ in range(4)]
+            compiled = sum(b.calls is not None for g in trainer.graphs.values()
+                           if g._compiled is not None for s in g._compiled.segments
+                           for b in s.bound)
+            return losses, model.state_dict(), compiled
+    replayed, submitted = train(True), train(False)
+    assert replayed[0] == submitted[0] and replayed[2] > 0
+    for k, v in submitted[1].items():
+        np.testing.assert_array_equal(replayed[1][k], v, err_msg=k)
