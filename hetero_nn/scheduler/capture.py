@@ -28,7 +28,9 @@ State
 ``Graph._segments``: per flush recorded, ``[(task, preds, succ), ...]`` in
 submission order; ``_planned``: whether a static policy may keep its plan (False
 once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
-``_params``: the declared step parameters; ``_compiled``: the engine's
+``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
+graphs bounds (the replay engine's scratch buffers are the runtime's, shared by its
+graphs); ``_params``: the declared step parameters; ``_compiled``: the engine's
 :class:`~hetero_nn.scheduler.replay.CompiledGraph` (made at the first replay it runs).
 """
 
@@ -65,6 +67,7 @@ class Graph:
         self._planned = True  # False after fusion: a static policy plans the new tasks
         self.replays = 0
         self.bundles = None  # the BundleReport of fuse_chains, once decided
+        self.nbytes = 0  # its own temporaries' bytes (activations, REDUX partials)
 
     def __enter__(self):
         self.runtime._flushes.capturing = self

@@ -141,6 +141,9 @@ class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
     def __init__(self, count):
+        #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
+        #: replays never overlap, and a buffer's key fixes what it must hold)
+        self.buffers: dict = {}
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -221,16 +224,17 @@ class CompiledGraph:
 
     def run(self, rt):
         """Replay every segment (compiling them first when needed)."""
+        threads = _threads(rt)
         if self.segments is None:
-            self.segments = [CompiledSegment(rt, s) for s in self.graph._segments]
+            self.segments = [CompiledSegment(rt, s, buffers=threads.buffers)
+                             for s in self.graph._segments]
             self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
         elif not self.replanned:  # once: plan again on the engine's own measured times
             self.replanned = True
-            self.segments = [CompiledSegment(rt, s, seg)
+            self.segments = [CompiledSegment(rt, s, seg, threads.buffers)
                              for s, seg in zip(self.graph._segments, self.segments)]
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
-        threads = _threads(rt)
         for seg in self.segments:
             self.epoch += 1
             _run_segment(rt, seg, self.epoch, threads)
@@ -263,9 +267,9 @@ def _run_segment(rt, seg, epoch, threads):
     failures = [r for r in results if r is not None]
     rt._flushes.generation += 1
     if rt.tracing:
-        rt._flushes.records.append(ReplayRecords(seg, seg.times.copy(), base, t_submit,
-                                                 failures[0] if failures else None,
-                                                 seg.bytes_in.copy() if seg.dynamic else None))
+        rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
+                                          failures[0] if failures else None,
+                                          seg.bytes_in.copy() if seg.dynamic else None))
     if failures:
         t, exc = failures[0]
         b = seg.bound[t]
@@ -286,6 +290,7 @@ def _measure(rt, seg):
     pm = rt.perfmodel
     if pm is None:
         return
+    pm.save_if_due()  # a killed run keeps its calibration (perfmodel.py), as flushes do
     warm = rt._variants._warm
     for (codelet, variant, kind, fp, size), idx in seg.groups:
         seconds = durations[idx] * 1e-9
@@ -296,16 +301,11 @@ def _measure(rt, seg):
         pm.record_array(codelet.name, variant, kind, fp, size, seconds)
 
 
-def expand_records(records) -> list:
-    """A flushes' ``records`` list with every :class:`ReplayRecords` made into its records."""
-    return [r for chunk in records
-            for r in (chunk if type(chunk) is ReplayRecords else (chunk,))]
-
-
 class ReplayRecords:
-    """The trace records of one compiled replay of a segment, made when read."""
+    """The trace records of one compiled replay of a segment, made when read: the
+    runtime's trace buffer keeps it as one flush's records (a list it iterates)."""
 
-    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in")
+    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in", "count")
 
     def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
         self.seg = seg
@@ -314,6 +314,11 @@ class ReplayRecords:
         self.t_submit = t_submit
         self.failure = failure
         self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
+        self.count = int(np.count_nonzero(times[:, 0]))
+
+    def __len__(self):
+        """The records it makes: the tasks that ran."""
+        return self.count
 
     def __iter__(self):
         seg, times, base = self.seg, self.times, self.base

@@ -83,9 +83,10 @@ class Share:
 class CompiledSegment:
     """One flushed segment of a graph, compiled for the engine (module docstring)."""
 
-    def __init__(self, rt, segment, previous=None):
+    def __init__(self, rt, segment, previous=None, buffers=None):
         """Compile ``segment``; ``previous``: its last compilation, whose measured times
-        plan this one and whose bound tasks are kept where their worker is."""
+        plan this one and whose bound tasks are kept where their worker is; ``buffers``:
+        the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
         self.units = units
         self.rt = rt
@@ -95,7 +96,7 @@ class CompiledSegment:
         costs_ns = None if previous is None else previous.times[:, 1] - previous.times[:, 0]
         self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
                                            self.tasks)
-        self.buffers = {} if previous is None else previous.buffers
+        self.buffers = buffers if buffers is not None else {}
         self.bound = [None] * n
         first = [u[0] for u in units]  # task index of each unit's first member
         for w, order in enumerate(orders):

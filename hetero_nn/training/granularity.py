@@ -63,6 +63,7 @@ import numpy as np
 from ..layers.base import keeping_state
 from ..scheduler.paths import PathCosts, step_path
 from ..scheduler.simulate import Platform, capture, simulate
+from ..scheduler.trace_buffer import TraceBuffer
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -240,6 +241,9 @@ def _calibrate(trainer, x, y, platform, runs):
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
     kinds = [k for k, n in platform.workers.items() if n]
     tracing, rt.tracing = rt.tracing, True
+    # the calibration's records in a buffer of their own, unbounded (the runtime's keeps
+    # only its last flushes); they join the runtime's trace afterwards if it is on
+    kept, rt._trace = rt._trace, TraceBuffer(None, workers=rt._trace.workers)
     try:
         model, rt.perfmodel = rt.perfmodel, None
         try:  # capture, compilation (Numba compiles per signature), first touch: unrecorded
@@ -249,17 +253,18 @@ def _calibrate(trainer, x, y, platform, runs):
         timed = []
         steps = 1
         while steps < MAX_CALIBRATION_STEPS:
-            before = len(rt.trace().records)
+            before = len(rt._trace)
             t0 = _perf()
             trainer.train_step(x, y)
-            timed.append((_perf() - t0, rt.trace().records[before:]))
+            timed.append((_perf() - t0, rt._trace.records()[before:]))
             steps += 1
             if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
                 break
     finally:
+        calibration, rt._trace = rt._trace, kept
         rt.tracing = tracing
-        if not tracing:
-            rt.trace(clear=True)
+        if tracing:
+            kept.extend(calibration)
     runs.append(timed)
     return steps
 
