@@ -573,3 +573,35 @@ def test_grouped_dilated_convolutions_replay_compiled_bit_for_bit(policy):
     assert replayed[0] == submitted[0] and replayed[2] > 0
     for k, v in submitted[1].items():
         np.testing.assert_array_equal(replayed[1][k], v, err_msg=k)
+
+
+def test_a_fault_of_the_engine_itself_is_a_task_error_and_nothing_hangs(monkeypatch):
+    """Fault injection: a share whose runner raises (not a task: the engine) fails the
+    replay with a TaskError, the other shares stop at their next task, no engine thread
+    is lost (the next replays run on the same threads)."""
+    from hetero_nn.scheduler.segment import CompiledSegment
+
+    with hn.Runtime(devices="cpu:3", perfmodel=False, variants=CPU_FIRST) as rt:
+        h = rt.register(np.zeros(12))
+        with rt.capture() as graph:
+            for _ in range(3):
+                for p in h.split(0, 6):
+                    rt.submit(SCALE, p, factor=2.0)
+                rt.submit(SCALE, h, factor=1.0)
+        graph.replay()
+        threads = rt._engine._threads
+        run_share = CompiledSegment.run_share
+
+        def broken(seg, share, epoch):
+            if share.worker.index == 1:
+                raise RuntimeError("engine fault")
+            return run_share(seg, share, epoch)
+        monkeypatch.setattr(CompiledSegment, "run_share", broken)
+        with pytest.raises(hn.TaskError, match="replay engine failed: RuntimeError: engine "
+                                               "fault"):
+            _within(60, graph.replay)
+        monkeypatch.setattr(CompiledSegment, "run_share", run_share)
+        graph.write(h, np.ones(12))
+        _within(60, graph.replay)
+        np.testing.assert_array_equal(rt.fetch(h), np.full(12, 8.0))
+        assert rt._engine._threads == threads and all(t.is_alive() for t in threads)

@@ -9,7 +9,8 @@ workers, then, if the task is compiled, stamps its start, calls each of its
 entries' trampolines through their addresses, stamps its end and, if a task on
 another worker waits for it, publishes it. It returns at the first task that
 must run in Python (its predecessors already waited for), at the end of the
-share, or when a task failed or another worker aborted the replay.
+share, or when a task failed or another worker aborted the replay (checked before
+every task, so a failure cancels what the other shares have not started).
 :func:`run_share` is the Python side: it calls the loop, runs the Python tasks
 it stops at, and calls it again.
 
@@ -101,6 +102,8 @@ def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start
     n = order.shape[0]
     for k in range(k0, n):
         t = order[k]
+        if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
+            return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):
             if not wait_done(done, waits[j], epoch, sleepers, abort):
                 return ABORTED

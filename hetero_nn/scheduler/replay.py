@@ -168,6 +168,8 @@ class EngineThreads:
             def run():
                 try:
                     results[i] = job()
+                except BaseException as exc:  # noqa: BLE001 - never lose an engine thread
+                    results[i] = (None, exc)
                 finally:
                     finished.release()
             return run
@@ -272,6 +274,8 @@ def _run_segment(rt, seg, epoch, threads):
                                           seg.bytes_in.copy() if seg.dynamic else None))
     if failures:
         t, exc = failures[0]
+        if t is None:
+            raise TaskError(f"the replay engine failed: {type(exc).__name__}: {exc}") from exc
         b = seg.bound[t]
         task_id = base + t
         err = TaskError(f"task {task_id} (codelet {b.task.codelet.name!r}, variant "

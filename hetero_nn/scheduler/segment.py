@@ -159,10 +159,15 @@ class CompiledSegment:
 
     def run(self, share, epoch):
         """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
-        through the compiled loop. Returns None, or ``(task index, exception)``."""
-        if share.worker.stream is not None:
-            return self.run_stream_share(share, epoch)
-        return self.run_share(share, epoch)
+        through the compiled loop. Returns None, or ``(task index, exception)`` (``(None,
+        exception)`` when the engine itself failed: the other shares are aborted too)."""
+        try:
+            if share.worker.stream is not None:
+                return self.run_stream_share(share, epoch)
+            return self.run_share(share, epoch)
+        except BaseException as exc:  # noqa: BLE001 - the engine's own fault, not a task's
+            set_abort(self.abort, self.done, self.notify_tasks)
+            return None, exc
 
     def run_share(self, share, epoch):
         """Run a CPU worker's share; returns None, or ``(task index, exception)``."""
