@@ -41,8 +41,8 @@ Measurement: the loop stamps each task's start and end into the segment's
 read.
 
 Failures: a task that raises (in its kernel or in Python) stops its share and
-sets ``abort``, which every other share sees at its next wait (a futex sleep
-lasts at most ``WAIT_NS``); the first failure is raised as the flush's
+sets ``abort``, which every other share sees before its next task or in its wait
+(a futex sleep lasts at most ``WAIT_NS``), so what has not started is cancelled; the first failure is raised as the flush's
 ``TaskError`` naming the task, codelet, variant and worker. A compiled kernel's
 exception cannot cross the loop, so the task is run once more in Python to name
 it. The runtime and the graph stay usable.
