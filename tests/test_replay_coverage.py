@@ -34,9 +34,25 @@ def _bn_dropout(shape, dtype):
     return model
 
 
+def _every_layer(shape, dtype):
+    """The layers the built-in models do not use: a depthwise convolution, the other
+    activations, average pooling, LayerNorm, Softmax and LogSoftmax (with NLLLoss)."""
+    hn.manual_seed(6)
+    c = shape[0]
+    model = hn.Sequential(
+        hn.Conv2D(c, 2 * c, 3, padding=1, groups=c), hn.LeakyReLU(0.1), hn.GELU(),
+        hn.AvgPool2D(2), hn.SiLU(), hn.Conv2D(2 * c, 4, 1), hn.ReLU6(), hn.Hardswish(),
+        hn.AdaptiveAvgPool2d(2), hn.LayerNorm((4, 2, 2)), hn.Flatten(), hn.Dense(16, 12), hn.Tanh(),
+        hn.Sigmoid(), hn.Softmax(dim=1), hn.Dense(12, 10), hn.LogSoftmax())
+    model.build(shape, dtype)
+    return model
+
+
 def _model(name, shape, dtype):
     if name == "bn-dropout":
         return _bn_dropout(shape, dtype)
+    if name == "every-layer":
+        return _every_layer(shape, dtype)
     return hn.build_model(name, shape, 10, dtype=dtype, seed=4)
 
 
@@ -58,7 +74,7 @@ CASES = [("dahl-basic", (1, 10, 10), "sgd", True),
          ("bn-dropout", (3, 8, 8), "adamw", True)]
 
 
-def _run(name, shape, opt, fuse, replay, g=2, dtype="float64"):
+def _run(name, shape, opt, fuse, replay, g=2, dtype="float64", loss=None):
     """``(digest of losses, weights, buffers and optimizer state, Counter of the replayed
     tasks that ran as Python by (codelet, variant, why), tasks bound)``."""
     model = _model(name, shape, dtype)
@@ -67,7 +83,7 @@ def _run(name, shape, opt, fuse, replay, g=2, dtype="float64"):
     rng = np.random.default_rng(11)
     h = hashlib.sha256()
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
-        trainer = hn.Trainer(model, optimizer=optimizer, runtime=rt, batch_size=BATCH,
+        trainer = hn.Trainer(model, loss=loss, optimizer=optimizer, runtime=rt, batch_size=BATCH,
                              granularity=g, dtype=dtype, replay=replay, clip_grad_norm=clip)
         for _ in range(STEPS):
             x = rng.standard_normal((BATCH, *shape)).astype(dtype)
@@ -101,4 +117,17 @@ def test_every_task_of_a_built_in_model_s_step_runs_compiled(name, shape, opt, f
     assert not unexpected, f"{sum(unexpected.values())} of {bound} tasks run as Python: " \
                            f"{unexpected}"
     submitted, _, _ = _run(name, shape, opt, fuse, False)
+    assert replayed == submitted
+
+
+@pytest.mark.parametrize("loss", ("nll", "mse"))
+def test_the_other_layers_and_losses_run_compiled(loss):
+    """A network of every layer the built-in models leave out, under NLLLoss (it ends with
+    LogSoftmax) and MSELoss (one-hot targets), with Adam; granularity 3."""
+    make = {"nll": hn.losses.NLLLoss, "mse": hn.losses.MSELoss}[loss]
+    replayed, python, bound = _run("every-layer", (2, 8, 8), "adam", True, True, g=3,
+                                   loss=make())
+    assert bound > 0 and not python, f"{sum(python.values())} of {bound} tasks run as " \
+                                     f"Python: {dict(python)}"
+    submitted, _, _ = _run("every-layer", (2, 8, 8), "adam", True, False, g=3, loss=make())
     assert replayed == submitted
