@@ -25,9 +25,10 @@ through the segment in one topological order that merges the workers' orders:
 - *epilogue*: compiled tasks leave the coherence state alone, so after a replay each
   root the segment touched gets the state the segment leaves, one masked update per root:
   a cell it wrote is valid exactly where its last version is, a cell it only read keeps
-  its state plus the nodes it was copied to. After a failed replay (some tasks and copies
-  did not run) a written cell is valid only on its last writer's node and a read-only
-  cell keeps the state the prologue left, so no node holds a stale copy marked valid.
+  its state plus the nodes it was copied to. After a failed replay (the tasks and copies
+  other shares had not started were cancelled) the effects of those that ran are applied
+  in order instead, one by one, as acquiring their operands would have: the state then
+  says where each cell's data really is.
 
 A plan stays right while each root's cells stay those it was planned on
 (:meth:`DataPlan.current`; a later split that cuts a root again makes the segment
@@ -74,7 +75,8 @@ class _Shadow:
     """The planned state of one root's cells (one cell for a root never split):
     ``written`` by the segment so far, ``bits`` the nodes holding each (exactly once
     written; at least, before), ``writer`` the last task writing it, ``via[node]`` the
-    transfer that brought its current version to ``node`` (or -1)."""
+    transfer that brought its current version to ``node`` (or -1); its ``inputs`` and the
+    nodes ``need`` says they are read on."""
 
     __slots__ = ("root", "split", "version", "shape", "written", "bits", "writer", "via",
                  "inputs", "need")
@@ -101,33 +103,28 @@ class _Shadow:
     def cells(self, h) -> tuple:
         return h.cells() if self.split else (slice(None),)
 
-    def current(self) -> bool:
-        grid = self.root._grid
-        if not self.split:
-            return type(grid) is int
-        return type(grid) is not int and grid.version == self.version \
-            and grid.mask.shape == self.shape
-
-    def settle(self, failed) -> None:
+    def settle(self) -> None:
         """Write the planned final state into the root's cells (module docstring)."""
         root = self.root
         with root._lock:
             if not self.split:
-                if self.written[0]:
-                    root._grid = _final(int(self.bits[0]), failed)
-                elif not failed:
-                    root._grid |= int(self.bits[0])
+                bits = int(self.bits[0])
+                root._grid = bits if self.written[0] else root._grid | bits
                 return
             mask = root._grid.mask
-            if failed:
-                lowest = self.bits & (~self.bits + np.uint64(1))  # each cell's lowest node
-                mask[...] = np.where(self.written, lowest, mask)
+            mask[...] = np.where(self.written, self.bits, mask | self.bits)
+
+    def mark(self, cells, bit, written) -> None:
+        """One effect on the root's state: ``cells`` (slices, or a cell's index) now valid
+        on ``bit``'s node too, or (``written``) only there."""
+        root = self.root
+        with root._lock:
+            if not self.split:
+                root._grid = int(bit) if written else root._grid | int(bit)
+            elif written:
+                root._grid.mask[cells] = bit
             else:
-                mask[...] = np.where(self.written, self.bits, mask | self.bits)
-
-
-def _final(bits, failed):
-    return bits & -bits if failed else bits
+                root._grid.mask[cells] |= bit
 
 
 def _lowest(mask: int) -> int:
@@ -137,15 +134,27 @@ def _lowest(mask: int) -> int:
 class DataPlan:
     """The copies of one compiled segment (module docstring)."""
 
-    def __init__(self, transfers, waits, shadows):
+    def __init__(self, transfers, waits, shadows, effects):
         self.transfers = transfers
         self.waits = waits
         self.shadows = shadows
+        self.effects = effects  # in order: (counter index, shadow, cells, bit, written)
         self.inputs = [sh for sh in shadows if sh.inputs]
+        # the roots a replay changes the state of (one only read keeps the prologue's)
+        self.changed = [sh for sh in shadows if sh.written.any() or (sh.via >= 0).any()]
+        self.split = [(sh.root, sh.version, sh.shape) for sh in shadows if sh.split]
+        self.whole = [sh.root for sh in shadows if not sh.split]
 
     def current(self) -> bool:
         """Whether every root still has the cells the plan was made on."""
-        return all(sh.current() for sh in self.shadows)
+        for root in self.whole:
+            if type(root._grid) is not int:
+                return False
+        for root, version, shape in self.split:
+            grid = root._grid
+            if type(grid) is int or grid.version != version or grid.mask.shape != shape:
+                return False
+        return True
 
     def prologue(self, nodes, bytes_in) -> None:
         """Make the inputs valid where the plan reads them (a root whose inputs all are
@@ -157,10 +166,17 @@ class DataPlan:
                 with node.context():
                     bytes_in[first] += acquire(h, node, nodes, True, False)[1]
 
-    def epilogue(self, failed=False) -> None:
-        """Give every root touched the state the replay left (module docstring)."""
-        for sh in self.shadows:
-            sh.settle(failed)
+    def epilogue(self, ran=None) -> None:
+        """Give every root the replay changed the state it left (module docstring);
+        ``ran`` (after a failure): per counter index (tasks, then transfer ``k`` at
+        ``n + k``), whether it ran, so only what did counts."""
+        if ran is None:
+            for sh in self.changed:
+                sh.settle()
+            return
+        for i, sh, cells, bit, written in self.effects:
+            if ran[i]:
+                sh.mark(cells, bit, written)
 
 
 def plan_data(nodes, tasks, node_of, order):
@@ -172,7 +188,9 @@ def plan_data(nodes, tasks, node_of, order):
     shadows: dict = {}
     transfers: list = []
     waits: dict = {}
+    effects: list = []
     n_nodes = len(nodes)
+    n = len(tasks)
     for t in order:
         task, node = tasks[t], node_of[t]
         bit = np.uint64(1 << node.index)
@@ -187,7 +205,8 @@ def plan_data(nodes, tasks, node_of, order):
                 bits[~written] |= bit
                 sh.need[sl] |= bit
             if ((bits & bit) == 0).any():
-                _bring(sh, h, sl, node, nodes, t, transfers)
+                for k, cells in _bring(sh, h, sl, node, nodes, t, transfers):
+                    effects.append((n + k, sh, cells, bit, False))
             via = sh.via[node.index][sl]
             through = set(int(x) for x in np.unique(via[via >= 0]))
             if through:
@@ -201,7 +220,8 @@ def plan_data(nodes, tasks, node_of, order):
             sh.bits[sl] = bit
             sh.writer[sl] = t
             sh.via[(slice(None), *sl)] = -1
-    return DataPlan(transfers, waits, list(shadows.values()))
+            effects.append((t, sh, sl, bit, True))
+    return DataPlan(transfers, waits, list(shadows.values()), effects)
 
 
 def _shadow(shadows, root, n_nodes):
@@ -211,9 +231,10 @@ def _shadow(shadows, root, n_nodes):
     return sh
 
 
-def _bring(sh, h, sl, node, nodes, t, transfers) -> None:
+def _bring(sh, h, sl, node, nodes, t, transfers) -> list:
     """Plan the copies that make view ``h`` (its cells ``sl``) valid on ``node`` for task
-    ``t``, as ``make_valid`` would make them; updates the shadow."""
+    ``t``, as ``make_valid`` would make them; updates the shadow. Returns ``[(transfer
+    index, the cells it makes valid)]`` (slices, or a tuple of cell indices)."""
     bits = sh.bits[sl]
     bit = np.uint64(1 << node.index)
     common = int(np.bitwise_and.reduce(bits, axis=None))
@@ -232,12 +253,17 @@ def _bring(sh, h, sl, node, nodes, t, transfers) -> None:
             box = grid.cell_box(tuple(o + int(i) for o, i in zip(offset, rel)))
             pairs.append(_pair(sh.root, node, src, box))
     writer, via_dst = sh.writer[sl], sh.via[node.index][sl]
+    made = []
     for s, (cells, pairs) in groups.items():
         writers = {int(w) for w in writer[cells] if w >= 0}
         after = {int(x) for x in sh.via[s][sl][cells] if x >= 0}
         via_dst[cells] = len(transfers)
         bits[cells] |= bit
+        absolute = tuple(o + i for o, i in zip((x.start for x in sl), np.nonzero(cells))) \
+            if sh.split else sl
+        made.append((len(transfers), absolute))
         transfers.append(Transfer(nodes[s], node, pairs, writers, after, t))
+    return made
 
 
 def _pair(h, dst, src, box=None):

@@ -193,9 +193,12 @@ class CompiledSegment:
         self.data.prologue(self.rt.nodes, self.bytes_in)
 
     def copies_done(self, failed):
-        """After a replay: the roots' coherence state as the plan leaves it, and the
-        compiled host copies reported (traced, fed to the transfer model)."""
-        self.data.epilogue(failed)
+        """After a replay: the roots' coherence state as the plan leaves it (after a
+        failure, as what ran left it), and the compiled host copies reported (traced, fed
+        to the transfer model)."""
+        n = self.n_tasks
+        self.data.epilogue(None if not failed else np.concatenate(
+            [self.times[:n, 0] != 0, self.times[n:, 1] != 0]))
         copied = self.rt._binder.copied
         offset = clock_offset()
         for i, b in enumerate(self.moves, start=self.n_tasks):
