@@ -203,7 +203,7 @@ def plan_data(nodes, tasks, node_of, order):
             if ((bits & bit) == 0)[~written].any():  # an input not yet valid here
                 sh.inputs.setdefault((id(h), node.index), (h, node, t))
                 bits[~written] |= bit
-                sh.need[sl] |= bit
+                sh.need[sl][~written] |= bit
             if ((bits & bit) == 0).any():
                 for k, cells in _bring(sh, h, sl, node, nodes, t, transfers):
                     effects.append((n + k, sh, cells, bit, False))

@@ -131,7 +131,8 @@ class CompiledSegment:
                     if t >= n:
                         self.moves[t - n] = BoundTransfer(self.data.transfers[t - n], worker)
                         continue
-                    kept = previous.bound[t] if previous is not None else None
+                    kept = previous.bound[t] if previous is not None and \
+                        previous.dynamic == self.dynamic else None
                     self.bound[t] = kept if kept is not None and kept.worker is worker else \
                         bind_task(rt, self.tasks[t], worker, buf, self.dynamic)
         n = n + len(self.moves)  # counters, stamps: the tasks, then the planned copies
