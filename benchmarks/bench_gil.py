@@ -126,9 +126,23 @@ def measure(tasks, rt, repeat, interval):
     return rows
 
 
+def compiled_share(trainer):
+    """``(tasks, compiled)`` of the trainer's replayed training step: the bound tasks and
+    those the engine's loop runs without returning to Python (each other one is a round
+    trip through the interpreter lock per replay). A count, not a timing."""
+    tasks = compiled = 0
+    for key, graph in trainer.graphs.items():
+        if key == "eval" or graph._compiled is None:
+            continue
+        for seg in graph._compiled.segments or ():
+            tasks += len(seg.bound)
+            compiled += len(seg.bound) - seg.python_tasks
+    return tasks, compiled
+
+
 def inside_runtime(model, shape, batch, granularity, workers, steps):
-    """``(median summed task seconds per step, {worker: median busy share})`` of replayed
-    steps on ``workers`` CPU workers (see the module docstring)."""
+    """``(median summed task seconds per step, {worker: median busy share}, (tasks,
+    compiled))`` of replayed steps on ``workers`` CPU workers (see the module docstring)."""
     import hetero_nn as hn
     net = hn.build_model(model, shape, 10, seed=0)
     rng = np.random.default_rng(0)
@@ -147,8 +161,9 @@ def inside_runtime(model, shape, batch, granularity, workers, steps):
             sums.append(sum(r.end - r.start for r in trace.records))
             for w, share in trace.utilisation().items():
                 shares[w].append(share)
+        counts = compiled_share(trainer)
         trainer.close()
-    return statistics.median(sums), {w: statistics.median(v) for w, v in shares.items()}
+    return statistics.median(sums), {w: statistics.median(v) for w, v in shares.items()}, counts
 
 
 def main(argv=None):
@@ -183,9 +198,12 @@ def main(argv=None):
               f"{r['two'] * 1e6:11.1f} {r['two'] / r['alone']:8.2f}")
     print(f"{'step':38s} {'':11s} {len(tasks):5d} {total_alone * 1e6:9.1f} {'':11s} "
           f"{total_two * 1e6:11.1f} {total_two / total_alone:8.2f}")
-    inside, shares = inside_runtime(args.model, shape, args.batch, args.granularity,
-                                    args.workers, args.steps)
+    inside, shares, (bound, compiled) = inside_runtime(args.model, shape, args.batch,
+                                                       args.granularity, args.workers,
+                                                       args.steps)
     busy = ", ".join(f"{w} {100 * v:.0f}%" for w, v in sorted(shares.items()))
+    print(f"replayed step: {compiled} of {bound} tasks compiled, {bound - compiled} run as "
+          f"Python (a round trip through the interpreter lock each, per replay)")
     print(f"inside the runtime ({args.workers} workers, replayed, median of {args.steps} "
           f"steps): tasks summed {inside * 1e6:.1f} us = {inside / total_alone:.2f}x alone; "
           f"busy {busy}")

@@ -474,11 +474,14 @@ def _python_calls(fn):
     return calls[0]
 
 
+@pytest.mark.parametrize("host_nodes", (1, 2))
 @pytest.mark.parametrize("shape", ("chain", "wide"))
-def test_a_compiled_replay_makes_no_python_call_per_task(shape, tmp_path):
-    """Python calls of one replay (traces and models on) do not grow with its tasks."""
+def test_a_compiled_replay_makes_no_python_call_per_task(shape, host_nodes, tmp_path):
+    """Python calls of one replay (traces and models on) do not grow with its tasks, on
+    one memory node or two (the data plan's prologue checks one mask per root)."""
     calls = {}
-    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path), variants=CPU_FIRST) as rt:
+    with hn.Runtime(devices="cpu:2", host_nodes=host_nodes, perfmodel=PerfModel(tmp_path),
+                    variants=CPU_FIRST) as rt:
         for n in (100, 1000):
             h = rt.register(np.zeros(n))
             parts = h.split(0, n) if shape == "wide" else [h] * n
@@ -515,9 +518,10 @@ DEVICE_BOOM = hn.Codelet("engine_device_boom", modes=(R,),
 
 
 def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
-    """cuda-emu under heft: the device's tasks go through its stream (operands copied in
-    at every run, traced per task), the CPU's wait for them through the counters; a
-    kernel that raises on the stream fails the replay, naming it, and nothing hangs."""
+    """cuda-emu under heft: the device's tasks go through its stream, bound to the data
+    plan's replicas, its copies in and out enqueued there too (traced per copy); the
+    CPU's tasks run compiled and wait for the device's through the counters; a kernel
+    that raises on the stream fails the replay, naming it, and nothing hangs."""
     scale, axpy = DEVICE_CODELETS["prop_scale"], DEVICE_CODELETS["prop_axpy"]
     with hn.Runtime(devices="cpu:1,cuda-emu:1", policy="heft", perfmodel=False,
                     variants=CPU_FIRST) as rt:
@@ -531,14 +535,20 @@ def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
         graph.replay()
         (seg,) = _segments(graph)
         on_device = [b for b in seg.bound if b.worker.name == "cuda-emu0"]
-        assert on_device and all(b.arrays is None for b in seg.bound)  # bound at every run
+        assert on_device and all(b.arrays is not None for b in seg.bound)  # bound once
+        assert all(b.calls is not None for b in seg.bound if b.worker.kind == "cpu")
+        copies = {(b.transfer.src.kind, b.transfer.dst.kind, b.worker.name) for b in seg.moves}
+        assert copies == {("host", "cuda", "cuda-emu0"), ("cuda", "host", "cuda-emu0")}
         rt.trace(clear=True)
         graph.write(x, np.ones(12))
         _within(60, graph.replay)
         np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))
-        records = rt.trace().records
+        trace = rt.trace()
+        records = trace.records
         assert {r.worker for r in records if r.codelet == "engine_device_boom"} == {"cuda-emu0"}
         assert sum(r.bytes_in for r in records) > 0  # copies between the nodes, per task
+        assert {(t.src, t.dst) for t in trace.transfers} == {("host0", "cuda-emu0"),
+                                                             ("cuda-emu0", "host0")}
         graph.write(x, np.full(12, 1e10))
         with pytest.raises(hn.TaskError, match="engine_device_boom.*on the device"):
             _within(60, graph.replay)

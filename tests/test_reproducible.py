@@ -74,12 +74,12 @@ def test_default_runtime_is_pinned():
     assert all(len(variants) == 1 for variants in ran.values()), ran
     convolutions = [name for name in ran if name.startswith("conv2d") and "." not in name]
     assert convolutions and all(ran[name] == {"cpu:im2col"} for name in convolutions), ran
-    assert ran["dense_fwd"] == {"ref"} and ran["sgd_step"] == {"cpu"}, ran
+    assert ran["dense_fwd"] == {"cpu:blas"} and ran["sgd_step"] == {"cpu"}, ran
     fused_dense = [name for name in ran if name.startswith("dense_relu") and ".redux" not in name]
     assert fused_dense and all(ran[name] == {"cpu:blas"} for name in fused_dense), ran
     twins = [name for name in ran if name.endswith(".overwrite")]  # first contributions
     assert twins and all(ran[name] == ran.get(name.partition(".")[0], ran[name]) for name in twins)
-    assert ran["dense_bwd_params.overwrite"] == {"ref"}, ran  # as its base: one kernel per gradient
+    assert ran["dense_bwd_params.overwrite"] == {"cpu:blas"}, ran  # as its base: one kernel per gradient
 
 
 @pytest.mark.parametrize("policy, workers", CONFIGS[1:], ids=[f"{p}-{w}" for p, w in CONFIGS[1:]])

@@ -220,6 +220,20 @@ class MemoryNode:
             self._copy_between_devices(dst, src, src_node, nbytes)
         return nbytes
 
+    def copy_from_device_async(self, dst, src, src_node) -> int:
+        """Enqueue the copy of ``src`` (a replica on the device ``src_node``) into ``dst`` (a
+        replica on this host node) on the device's stream, and return: ``dst`` holds it
+        once the stream has passed it (a callback added after it runs then). Returns the
+        bytes. Under CuPy the copy itself waits for the stream, as :meth:`copy` does."""
+        nbytes = int(dst.nbytes)
+        with src_node.context():
+            if src_node.emulated:
+                src_node.stream.launch(self._timed(_emu_copy, src_node, nbytes, dst, src, None))
+            else:
+                src_node.stream.launch(self._timed(_cupy_get, src_node, nbytes, dst, src,
+                                                   src_node.stream))
+        return nbytes
+
     def _copy_from_host(self, dst, src, src_node, nbytes):
         buf = self._staging_buffer(nbytes)
         staged = buf[:nbytes].view(dst.dtype).reshape(dst.shape)

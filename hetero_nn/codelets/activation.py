@@ -10,7 +10,8 @@ the letter, NaN included:
   so the layer need not keep its input.
 
 The Numba kernels run over the flattened buffers (a branch-free select that
-LLVM vectorises); the ``"cuda"`` variants use ``xp.where``.
+LLVM vectorises), each ``cpu`` variant with a ``prepare`` (one call of its kernel on
+flat views, :func:`_flat_variant`); the ``"cuda"`` variants use ``xp.where``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ._jit import jit
 from .codelet import R, W, Codelet
+from .prepared import contiguous
 from .reduce import flat_view
 from .xp import array_module, by_xp
 
@@ -34,6 +36,43 @@ def _check_same_shape(name, *arrays):
     if len(shapes) != 1:
         raise ValueError(f"{name}: operands must have one shape, got "
                          f"{[a.shape for a in arrays]}")
+
+
+def _flat_calls(kernel, name, inputs, out, *scalars):
+    """The prepared call of a flat kernel ``kernel(*inputs, out, *scalars)`` on same-shape
+    arrays (flat views), or None when one is strided (:func:`_run_flat` copies it)."""
+    _check_same_shape(name, *inputs, out)
+    if not contiguous(*inputs, out):
+        return None
+    return [(kernel, (*(a.reshape(-1) for a in inputs), out.reshape(-1), *scalars))]
+
+
+def _flat_variant(kernel, name, scalars=None):
+    """The ``cpu`` variant ``variant(*inputs, out, **params)`` that runs a flat kernel, and its
+    ``prepare``; ``scalars(out, **params)``: the kernel's arguments after ``out``."""
+    def variant(*arrays, **params):
+        _run_flat(kernel, name, arrays[:-1], arrays[-1],
+                  *(scalars(arrays[-1], **params) if scalars else ()))
+
+    def prepare(buffers, *arrays, **params):
+        return _flat_calls(kernel, name, arrays[:-1], arrays[-1],
+                           *(scalars(arrays[-1], **params) if scalars else ()))
+    variant.__name__ = f"{kernel.__name__}_wrapper"
+    variant.prepare = prepare
+    return variant
+
+
+def _run_flat(kernel, name, inputs, out, *scalars):
+    """Run a flat Numba kernel ``kernel(*inputs, out, *scalars)`` on same-shape arrays."""
+    _check_same_shape(name, *inputs, out)
+    flat_in = [np.ascontiguousarray(a).reshape(-1) for a in inputs]
+    out_flat = flat_view(out)
+    if out_flat is None:
+        tmp = np.empty(out.shape, out.dtype)
+        kernel(*flat_in, tmp.reshape(-1), *scalars)
+        out[...] = tmp
+        return
+    kernel(*flat_in, out_flat, *scalars)
 
 
 # --------------------------------------------------------------------------- forward
@@ -52,15 +91,7 @@ def _relu_fwd_cpu(x, y):
             y[i] = v
 
 
-def _relu_fwd_cpu_wrapper(x, y):
-    _check_same_shape("relu_fwd", x, y)
-    y_flat = flat_view(y)
-    if y_flat is None:
-        tmp = np.empty(y.shape, y.dtype)
-        _relu_fwd_cpu(np.ascontiguousarray(x).reshape(-1), tmp.reshape(-1))
-        y[...] = tmp
-        return
-    _relu_fwd_cpu(np.ascontiguousarray(x).reshape(-1), y_flat)
+_relu_fwd_cpu_wrapper = _flat_variant(_relu_fwd_cpu, "relu_fwd")
 
 
 def _relu_fwd_cuda(x, y):
@@ -91,17 +122,7 @@ def _relu_bwd_cpu(y, dy, dx):
             dx[i] = dy[i]
 
 
-def _relu_bwd_cpu_wrapper(y, dy, dx):
-    _check_same_shape("relu_bwd", y, dy, dx)
-    y_flat = np.ascontiguousarray(y).reshape(-1)
-    dy_flat = np.ascontiguousarray(dy).reshape(-1)
-    dx_flat = flat_view(dx)
-    if dx_flat is None:
-        tmp = np.empty(dx.shape, dx.dtype)
-        _relu_bwd_cpu(y_flat, dy_flat, tmp.reshape(-1))
-        dx[...] = tmp
-        return
-    _relu_bwd_cpu(y_flat, dy_flat, dx_flat)
+_relu_bwd_cpu_wrapper = _flat_variant(_relu_bwd_cpu, "relu_bwd")
 
 
 def _relu_bwd_cuda(y, dy, dx):
@@ -128,19 +149,6 @@ _SQRT1_2 = 0.7071067811865476        # M_SQRT1_2
 _GELU_PDF = 0.3989422804014327       # M_2_SQRTPI * M_SQRT1_2 * 0.5 = 1 / sqrt(2 pi)
 
 
-def _run_flat(kernel, name, inputs, out, *scalars):
-    """Run a flat Numba kernel ``kernel(*inputs, out, *scalars)`` on same-shape arrays."""
-    _check_same_shape(name, *inputs, out)
-    flat_in = [np.ascontiguousarray(a).reshape(-1) for a in inputs]
-    out_flat = flat_view(out)
-    if out_flat is None:
-        tmp = np.empty(out.shape, out.dtype)
-        kernel(*flat_in, tmp.reshape(-1), *scalars)
-        out[...] = tmp
-        return
-    kernel(*flat_in, out_flat, *scalars)
-
-
 def _erf(xp, x):
     """``erf`` elementwise: CuPy's on a GPU, SciPy's or ``math.erf`` per element on the host."""
     if xp is not np:
@@ -164,6 +172,11 @@ def _pointwise(name, ref, cpu, cuda, modes):
 
 # LeakyReLU: y = x if x > 0 else slope * x; dx = dy if x > 0 else slope * dy
 
+def _slope(out, negative_slope=0.01):
+    """The leaky ReLU kernels' scalar: the slope in the operands' dtype."""
+    return (out.dtype.type(negative_slope),)
+
+
 def _leaky_relu_fwd_ref(x, y, negative_slope=0.01):
     np.copyto(y, np.where(x > 0, x, x * x.dtype.type(negative_slope)))
 
@@ -175,8 +188,7 @@ def _leaky_relu_fwd_cpu(x, y, slope):
         y[i] = v if v > 0 else v * slope
 
 
-def _leaky_relu_fwd_cpu_wrapper(x, y, negative_slope=0.01):
-    _run_flat(_leaky_relu_fwd_cpu, "leaky_relu_fwd", (x,), y, x.dtype.type(negative_slope))
+_leaky_relu_fwd_cpu_wrapper = _flat_variant(_leaky_relu_fwd_cpu, "leaky_relu_fwd", _slope)
 
 
 def _leaky_relu_fwd_cuda(x, y, negative_slope=0.01):
@@ -194,8 +206,7 @@ def _leaky_relu_bwd_cpu(x, dy, dx, slope):
         dx[i] = dy[i] if x[i] > 0 else dy[i] * slope
 
 
-def _leaky_relu_bwd_cpu_wrapper(x, dy, dx, negative_slope=0.01):
-    _run_flat(_leaky_relu_bwd_cpu, "leaky_relu_bwd", (x, dy), dx, dy.dtype.type(negative_slope))
+_leaky_relu_bwd_cpu_wrapper = _flat_variant(_leaky_relu_bwd_cpu, "leaky_relu_bwd", _slope)
 
 
 def _leaky_relu_bwd_cuda(x, dy, dx, negative_slope=0.01):
@@ -224,8 +235,7 @@ def _sigmoid_fwd_cpu(x, y):
         y[i] = 1 / (1 + np.exp(-x[i]))
 
 
-def _sigmoid_fwd_cpu_wrapper(x, y):
-    _run_flat(_sigmoid_fwd_cpu, "sigmoid_fwd", (x,), y)
+_sigmoid_fwd_cpu_wrapper = _flat_variant(_sigmoid_fwd_cpu, "sigmoid_fwd")
 
 
 def _sigmoid_fwd_cuda(x, y):
@@ -244,8 +254,7 @@ def _sigmoid_bwd_cpu(y, dy, dx):
         dx[i] = dy[i] * (1 - y[i]) * y[i]
 
 
-def _sigmoid_bwd_cpu_wrapper(y, dy, dx):
-    _run_flat(_sigmoid_bwd_cpu, "sigmoid_bwd", (y, dy), dx)
+_sigmoid_bwd_cpu_wrapper = _flat_variant(_sigmoid_bwd_cpu, "sigmoid_bwd")
 
 
 def _sigmoid_bwd_cuda(y, dy, dx):
@@ -273,8 +282,7 @@ def _tanh_fwd_cpu(x, y):
         y[i] = np.tanh(x[i])
 
 
-def _tanh_fwd_cpu_wrapper(x, y):
-    _run_flat(_tanh_fwd_cpu, "tanh_fwd", (x,), y)
+_tanh_fwd_cpu_wrapper = _flat_variant(_tanh_fwd_cpu, "tanh_fwd")
 
 
 def _tanh_fwd_cuda(x, y):
@@ -292,8 +300,7 @@ def _tanh_bwd_cpu(y, dy, dx):
         dx[i] = dy[i] * (1 - y[i] * y[i])
 
 
-def _tanh_bwd_cpu_wrapper(y, dy, dx):
-    _run_flat(_tanh_bwd_cpu, "tanh_bwd", (y, dy), dx)
+_tanh_bwd_cpu_wrapper = _flat_variant(_tanh_bwd_cpu, "tanh_bwd")
 
 
 def _tanh_bwd_cuda(y, dy, dx):
@@ -335,8 +342,7 @@ def _gelu_fwd_cpu(x, y):
         y[i] = v * 0.5 * (1 + math.erf(v * _SQRT1_2))
 
 
-def _gelu_fwd_cpu_wrapper(x, y):
-    _run_flat(_gelu_fwd_cpu, "gelu_fwd", (x,), y)
+_gelu_fwd_cpu_wrapper = _flat_variant(_gelu_fwd_cpu, "gelu_fwd")
 
 
 def _gelu_fwd_cuda(x, y):
@@ -356,8 +362,7 @@ def _gelu_bwd_cpu(x, dy, dx):
         dx[i] = dy[i] * (cdf + v * pdf)
 
 
-def _gelu_bwd_cpu_wrapper(x, dy, dx):
-    _run_flat(_gelu_bwd_cpu, "gelu_bwd", (x, dy), dx)
+_gelu_bwd_cpu_wrapper = _flat_variant(_gelu_bwd_cpu, "gelu_bwd")
 
 
 def _gelu_bwd_cuda(x, dy, dx):
@@ -384,12 +389,7 @@ gelu_bwd = _pointwise("gelu_bwd", _gelu_bwd_ref, _gelu_bwd_cpu_wrapper, _gelu_bw
 def _flat_codelet(name, fn, kernel, modes):
     """A pointwise codelet from its ``xp`` formula and its flat Numba kernel."""
     ref, cuda = by_xp(fn)
-
-    def cpu(*arrays):
-        _run_flat(kernel, name, arrays[:-1], arrays[-1])
-
-    cpu.__name__ = f"{kernel.__name__}_wrapper"
-    return _pointwise(name, ref, cpu, cuda, modes)
+    return _pointwise(name, ref, _flat_variant(kernel, name), cuda, modes)
 
 
 def _silu_fwd_xp(xp, x, y):

@@ -32,7 +32,7 @@ the sum is divided by the window's size ``KH*KW`` and the backward pass spreads
 PyTorch divides by ``KH`` then ``KW``: equal to rounding).
 
 Variants: ``ref`` (NumPy sliding windows; the adaptive windows one slice each),
-``cpu`` (Numba loops) and ``cuda`` (one strided slice per window offset, or per
+``cpu`` (Numba loops, prepared) and ``cuda`` (one strided slice per window offset, or per
 adaptive window, written against the array module: CuPy on a GPU, NumPy in CI;
 no scatter, so no atomics). The adaptive ``ref`` and ``cuda`` share one
 function written against ``xp``.
@@ -49,6 +49,7 @@ from ._checks import pair, require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .pool import _padded, pool2d_geometry
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["avgpool2d_fwd", "avgpool2d_bwd", "avgpool2d_output_shape",
@@ -200,18 +201,20 @@ def _pool_cpu(x, y, geo, include_pad, override, backward):
                     _average(x, y, b, ch, i, j, r0, r1, s0, s1, divisor, backward)
 
 
-def avgpool2d_fwd_cpu(x, y, kernel_size, **params):
+@from_calls
+def avgpool2d_fwd_cpu(view, x, y, kernel_size, **params):
     """``avgpool2d_fwd`` by Numba loops."""
     geo, include_pad, override = _geometry(x.shape, kernel_size, **params)
     require_contiguous("avgpool2d_fwd", y=y)
-    _pool_cpu(np.ascontiguousarray(x), y, geo, include_pad, override, False)
+    return [(_pool_cpu, (view(x), y, geo, include_pad, override, False))]
 
 
-def avgpool2d_bwd_cpu(dy, dx, kernel_size, **params):
+@from_calls
+def avgpool2d_bwd_cpu(view, dy, dx, kernel_size, **params):
     """``avgpool2d_bwd`` by Numba loops."""
     geo, include_pad, override = _geometry(dx.shape, kernel_size, **params)
     require_contiguous("avgpool2d_bwd", dx=dx)
-    _pool_cpu(dx, np.ascontiguousarray(dy), geo, include_pad, override, True)
+    return [(_pool_cpu, (dx, view(dy), geo, include_pad, override, True))]
 
 
 # --------------------------------------------------------------------------- adaptive
@@ -285,18 +288,20 @@ def _adaptive_cpu(x, y, backward):
                              backward)
 
 
-def adaptive_avgpool2d_fwd_cpu(x, y):
+@from_calls
+def adaptive_avgpool2d_fwd_cpu(view, x, y):
     """``adaptive_avgpool2d_fwd`` by Numba loops."""
     _adaptive_check("adaptive_avgpool2d_fwd", x, y)
     require_contiguous("adaptive_avgpool2d_fwd", y=y)
-    _adaptive_cpu(np.ascontiguousarray(x), y, False)
+    return [(_adaptive_cpu, (view(x), y, False))]
 
 
-def adaptive_avgpool2d_bwd_cpu(dy, dx):
+@from_calls
+def adaptive_avgpool2d_bwd_cpu(view, dy, dx):
     """``adaptive_avgpool2d_bwd`` by Numba loops."""
     _adaptive_check("adaptive_avgpool2d_bwd", dx, dy)
     require_contiguous("adaptive_avgpool2d_bwd", dx=dx)
-    _adaptive_cpu(dx, np.ascontiguousarray(dy), True)
+    return [(_adaptive_cpu, (dx, view(dy), True))]
 
 
 def _adaptive_flops(a, b):

@@ -42,8 +42,9 @@ the batch, ``sum(dy)`` and ``dotp = sum((x - mean) * dy)``, again by REDUX; then
 or (fixed statistics, ``batch_stats=False``) ``dx = dy * invstd * weight``.
 
 Sums accumulate in float64 whatever the dtype (PyTorch's CPU accumulation type).
-Variants: ``ref`` (NumPy), ``cpu`` (Numba loops over ``(n, C, L)`` planes) and
-``cuda`` (written against the array module: CuPy on a GPU, NumPy in CI).
+Variants: ``ref`` (NumPy), ``cpu`` (Numba loops over ``(n, C, L)`` planes, each with a
+``prepare``: a replayed task is one call of its kernel, the momentum read inside it)
+and ``cuda`` (written against the array module: CuPy on a GPU, NumPy in CI).
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ import math
 import numpy as np
 
 from ._checks import require_contiguous
-from ._jit import jit
+from ._jit import as_dtype_of, jit
 from .codelet import R, REDUX, RW, W, Codelet
+from .prepared import from_calls
 from .reduce import add_redux, zero_init
 from .xp import by_xp
 
@@ -219,55 +221,68 @@ def _param_grads_cpu(sum_dy, dotp, var, dweight, dbias, eps):
 
 
 @jit
-def _running_cpu(mean, sqdev, running_mean, running_var, count, momentum):
+def _running_cpu(mean, sqdev, running_mean, running_var, count, momentum_data):
+    """The update with ``momentum`` read from its operand here (it changes every step)."""
+    momentum = momentum_data[0]
     for j in range(mean.shape[0]):
         unbiased = np.float64(sqdev[j]) / (count - 1)
         running_mean[j] = momentum * mean[j] + (1 - momentum) * running_mean[j]
         running_var[j] = momentum * unbiased + (1 - momentum) * running_var[j]
 
 
-def _c(a):
-    return np.ascontiguousarray(_planes(a))
+@jit
+def _divide_cpu(total, out, count):
+    """``out = total / count``, ``count`` rounded to ``total``'s dtype (the ``xp`` formula)."""
+    d = as_dtype_of(total, count)
+    for j in range(total.shape[0]):
+        out[j] = total[j] / d
 
 
-def _sum_cpu_wrapper(x, total):
-    _sum_cpu(_c(x), total)
+# The ``cpu`` variants: each is its kernel's one call (``from_calls``), the inputs it reads
+# as ``(n, C, L)`` planes through ``view`` (copied from Python when strided).
+
+@from_calls
+def _sum_cpu_wrapper(view, x, total):
+    return [(_sum_cpu, (_planes(view(x)), total))]
 
 
-def _sqdev_cpu_wrapper(x, mean, sqdev):
-    _sqdev_cpu(_c(x), mean, sqdev)
+@from_calls
+def _sqdev_cpu_wrapper(view, x, mean, sqdev):
+    return [(_sqdev_cpu, (_planes(view(x)), mean, sqdev))]
 
 
-def _fwd_cpu_wrapper(x, mean, var, weight, bias, y, eps):
+@from_calls
+def _fwd_cpu_wrapper(view, x, mean, var, weight, bias, y, eps):
     require_contiguous("bn_fwd", y=y)
-    _fwd_cpu(_c(x), mean, var, weight, bias, _planes(y), float(eps))
+    return [(_fwd_cpu, (_planes(view(x)), mean, var, weight, bias, _planes(y), float(eps)))]
 
 
-def _bwd_sums_cpu_wrapper(x, dy, mean, sum_dy, dotp):
-    _bwd_sums_cpu(_c(x), _c(dy), mean, sum_dy, dotp)
+@from_calls
+def _bwd_sums_cpu_wrapper(view, x, dy, mean, sum_dy, dotp):
+    return [(_bwd_sums_cpu, (_planes(view(x)), _planes(view(dy)), mean, sum_dy, dotp))]
 
 
-def _param_grads_cpu_wrapper(sum_dy, dotp, var, dweight, dbias, eps):
-    _param_grads_cpu(sum_dy, dotp, var, dweight, dbias, float(eps))
+@from_calls
+def _param_grads_cpu_wrapper(view, sum_dy, dotp, var, dweight, dbias, eps):
+    return [(_param_grads_cpu, (sum_dy, dotp, var, dweight, dbias, float(eps)))]
 
 
-def _bwd_input_cpu_wrapper(x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps,
+@from_calls
+def _bwd_input_cpu_wrapper(view, x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps,
                            batch_stats=True):
     require_contiguous("bn_bwd_input", dx=dx)
-    _bwd_input_cpu(_c(x), _c(dy), mean, var, weight, sum_dy, dotp, _planes(dx), float(count),
-                   float(eps), bool(batch_stats))
+    return [(_bwd_input_cpu, (_planes(view(x)), _planes(view(dy)), mean, var, weight, sum_dy,
+                              dotp, _planes(dx), float(count), float(eps), bool(batch_stats)))]
 
 
-def _mean_cpu_wrapper(total, mean, count):
-    _mean_xp(np, total, mean, count)  # C divisions: NumPy is the kernel
+@from_calls
+def _mean_cpu_wrapper(view, total, mean, count):
+    return [(_divide_cpu, (total, mean, float(count)))]
 
 
-def _var_cpu_wrapper(sqdev, var, count):
-    _mean_xp(np, sqdev, var, count)
-
-
-def _running_cpu_wrapper(mean, sqdev, running_mean, running_var, momentum, count):
-    _running_cpu(mean, sqdev, running_mean, running_var, float(count), momentum.tolist()[0])
+@from_calls
+def _running_cpu_wrapper(view, mean, sqdev, running_mean, running_var, momentum, count):
+    return [(_running_cpu, (mean, sqdev, running_mean, running_var, float(count), momentum))]
 
 
 # --------------------------------------------------------------------------- codelets
@@ -285,7 +300,7 @@ bn_mean = _codelet("bn_mean", (R, W), _mean_xp, _mean_cpu_wrapper)
 """``mean = sum / count`` (R sum, W mean)."""
 bn_sqdev = _codelet("bn_sqdev", (R, R, REDUX), _sqdev_xp, _sqdev_cpu_wrapper, reduce=True)
 """``sqdev += ((x - mean)^2).sum(axis=(0, 2, 3))`` (R x, R mean, REDUX sqdev)."""
-bn_var = _codelet("bn_var", (R, W), _mean_xp, _var_cpu_wrapper)
+bn_var = _codelet("bn_var", (R, W), _mean_xp, _mean_cpu_wrapper)
 """``var = sqdev / count``, the biased variance (R sqdev, W var)."""
 bn_running = _codelet("bn_running", (R, R, RW, RW, R), _running_xp, _running_cpu_wrapper)
 """Running statistics update with the unbiased variance (R mean, R sqdev, RW running_mean,

@@ -61,7 +61,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from . import conv_direct, conv_im2col
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
-from .prepared import prepares
+from .prepared import from_calls, prepares
 from .padding import MODES, check_mode_fits, fold_xp, mode_code, pad_xp, resolve_padding
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -266,39 +266,46 @@ def conv2d_bwd_params_ref(x, dy, dw, db, **params):
 _c = np.ascontiguousarray
 
 
-def conv2d_fwd_cpu_direct(x, w, b, y, **params):
+@from_calls
+def conv2d_fwd_cpu_direct(view, x, w, b, y, **params):
     """``conv2d_fwd`` by direct Numba loops."""
     geo = conv2d_geometry(x.shape, w.shape, **params)
     require_contiguous("conv2d_fwd", y=y)
-    conv_direct.conv2d_fwd_cpu(_c(x), _c(w), _c(b), True, y, geo)
+    return [(conv_direct.conv2d_fwd_cpu, (view(x), view(w), view(b), True, y, geo))]
 
 
-def conv2d_fwd_nobias_cpu_direct(x, w, y, **params):
+@from_calls
+def conv2d_fwd_nobias_cpu_direct(view, x, w, y, **params):
     """``conv2d_fwd_nobias`` by direct Numba loops."""
     geo = conv2d_geometry(x.shape, w.shape, **params)
     require_contiguous("conv2d_fwd_nobias", y=y)
-    conv_direct.conv2d_fwd_cpu(_c(x), _c(w), np.empty(0, dtype=y.dtype), False, y, geo)
+    return [(conv_direct.conv2d_fwd_cpu, (view(x), view(w), np.empty(0, dtype=y.dtype), False,
+                                          y, geo))]
 
 
-def conv2d_bwd_input_cpu_direct(dy, w, dx, **params):
+@from_calls
+def conv2d_bwd_input_cpu_direct(view, dy, w, dx, **params):
     """``conv2d_bwd_input`` by direct Numba loops."""
     geo = conv2d_geometry(dx.shape, w.shape, **params)
     require_contiguous("conv2d_bwd_input", dx=dx)
-    conv_direct.conv2d_bwd_input_cpu(_c(dy), _c(w), dx, geo)
+    return [(conv_direct.conv2d_bwd_input_cpu, (view(dy), view(w), dx, geo))]
 
 
-def conv2d_bwd_params_cpu_direct(x, dy, dw, db, **params):
+@from_calls
+def conv2d_bwd_params_cpu_direct(view, x, dy, dw, db, **params):
     """``conv2d_bwd_params`` by direct Numba loops (adds into ``dw``, ``db``)."""
     geo = conv2d_geometry(x.shape, dw.shape, **params)
     require_contiguous("conv2d_bwd_params", dw=dw)
-    conv_direct.conv2d_bwd_params_cpu(_c(x), _c(dy), dw, db, True, geo)
+    return [(conv_direct.conv2d_bwd_params_cpu, (view(x), view(dy), dw, db, True, geo))]
 
 
-def conv2d_bwd_weight_cpu_direct(x, dy, dw, **params):
+@from_calls
+def conv2d_bwd_weight_cpu_direct(view, x, dy, dw, **params):
     """``conv2d_bwd_weight`` by direct Numba loops (adds into ``dw``)."""
     geo = conv2d_geometry(x.shape, dw.shape, **params)
     require_contiguous("conv2d_bwd_weight", dw=dw)
-    conv_direct.conv2d_bwd_params_cpu(_c(x), _c(dy), dw, np.empty(0, dtype=dw.dtype), False, geo)
+    return [(conv_direct.conv2d_bwd_params_cpu, (view(x), view(dy), dw,
+                                                 np.empty(0, dtype=dw.dtype), False, geo))]
 
 
 # --------------------------------------------------------------------------- cpu:im2col

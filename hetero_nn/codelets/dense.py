@@ -14,6 +14,14 @@ Variants
 ``"cpu"``
     Numba loops register-blocked over four samples, with innermost loops that
     run along contiguous rows so LLVM vectorises them without ``fastmath``.
+``"cpu:blas"``, the pinned one
+    The reference's GEMMs through Numba's ``np.dot`` (SciPy's BLAS) and its bias
+    gradient in NumPy's summation order, one ``nogil`` kernel per task, so a
+    replayed task runs in the engine's compiled loop
+    (:mod:`~hetero_nn.codelets.prepared`). Where NumPy and SciPy ship the same
+    OpenBLAS kernels (the wheels of this project's pins: OpenBLAS 0.3.30 and 0.3.31,
+    one BLAS thread per worker) it gives the reference's bits
+    (``benchmarks/blas_bits.py`` checks the shapes of the built-in models).
 ``"cuda"``
     The same GEMMs written against ``xp`` (cuBLAS through CuPy on a GPU).
 """
@@ -27,7 +35,7 @@ import numpy as np
 
 from ._jit import jit
 from .codelet import REDUX, R, W, Codelet
-from .prepared import calls_of
+from .prepared import calls_of, contiguous, prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -110,6 +118,173 @@ def _dense_fwd_nobias_cuda(x, w, y):
     xp.matmul(x, w.T, out=y)
 
 
+# --------------------------------------------------------------------------- BLAS in Numba
+
+@jit
+def _dot_cpu(a, b, out):
+    """``out = a @ b`` (BLAS)."""
+    np.dot(a, b, out)
+
+
+@jit
+def _dot_bias_cpu(a, b, bias, out):
+    """``out = a @ b + bias`` (BLAS, then the bias added to each row)."""
+    np.dot(a, b, out)
+    out += bias
+
+
+@jit
+def _block_sum_cpu(a, start, n):
+    """NumPy's pairwise sum of up to 128 terms ``a[start:start + n]``: under 8 in order
+    from zero, else eight interleaved partial sums combined as a tree, then the rest."""
+    if n < 8:
+        res = a.dtype.type(0)
+        for i in range(start, start + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
+    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    i = 8
+    while i < n - n % 8:
+        k = start + i
+        r0 += a[k]
+        r1 += a[k + 1]
+        r2 += a[k + 2]
+        r3 += a[k + 3]
+        r4 += a[k + 4]
+        r5 += a[k + 5]
+        r6 += a[k + 6]
+        r7 += a[k + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for k in range(start + i, start + n):
+        res += a[k]
+    return res
+
+
+@jit
+def _pairwise_sum_cpu(a):
+    """NumPy's pairwise sum of the 1-d ``a`` (``pairwise_sum`` in its ``loops_utils.h``):
+    blocks of up to 128 terms (:func:`_block_sum_cpu`), above that the two halves (cut
+    at a multiple of 8) summed apart and added. Its recursion runs on an explicit stack
+    (Numba's cache cannot reload a recursive function): ranges to sum (``n >= 0``) and
+    additions of the two last sums (``n < 0``)."""
+    n = a.shape[0]
+    if n <= 128:
+        return _block_sum_cpu(a, 0, n)
+    starts = np.empty(192, np.int64)
+    sizes = np.empty(192, np.int64)
+    sums = np.empty(64, a.dtype)
+    starts[0], sizes[0] = 0, n
+    todo, done = 1, 0
+    while todo:
+        todo -= 1
+        start, size = starts[todo], sizes[todo]
+        if size < 0:
+            done -= 1
+            sums[done - 1] = sums[done - 1] + sums[done]
+        elif size <= 128:
+            sums[done] = _block_sum_cpu(a, start, size)
+            done += 1
+        else:
+            half = size // 2
+            half -= half % 8
+            sizes[todo] = -1
+            starts[todo + 1], sizes[todo + 1] = start + half, size - half
+            starts[todo + 2], sizes[todo + 2] = start, half
+            todo += 3
+    return sums[0]
+
+
+@jit
+def _column_sums_acc_cpu(a, out):
+    """``out += a.sum(axis=0)`` for a C-contiguous ``a``, in NumPy's order: from zero down
+    each column, rows in order (NumPy's reduction runs along the contiguous rows), or
+    the column's pairwise sum when there is one column (NumPy's inner loop)."""
+    n, m = a.shape
+    if m == 1:
+        out[0] += a.dtype.type(0) + _pairwise_sum_cpu(a[:, 0])
+        return
+    for j in range(m):
+        s = a.dtype.type(0)
+        for i in range(n):
+            s += a[i, j]
+        out[j] += s
+
+
+@jit
+def _dense_bwd_params_blas_cpu(x, dy, dw, db, product):
+    """``dw += dy.T @ x`` (BLAS into ``product``, then added) and, unless ``db`` is None,
+    ``db += dy.sum(0)``: the reference's operations in its order."""
+    np.dot(dy.T, x, product)
+    dw += product
+    if db is not None:
+        _column_sums_acc_cpu(dy, db)
+
+
+def _prepare_fwd_blas(buffers, x, w, b, y):
+    _check_dense("dense_fwd", x, w, y, b)
+    return [(_dot_bias_cpu, (x, w.T, b, y))] if contiguous(x, w, b, y) else None
+
+
+def _prepare_fwd_nobias_blas(buffers, x, w, y):
+    _check_dense("dense_fwd_nobias", x, w, y)
+    return [(_dot_cpu, (x, w.T, y))] if contiguous(x, w, y) else None
+
+
+def _prepare_bwd_input_blas(buffers, dy, w, dx):
+    _check_dense("dense_bwd_input", dx, w, dy)
+    return [(_dot_cpu, (dy, w, dx))] if contiguous(dy, w, dx) else None
+
+
+def _prepare_bwd_params_blas(buffers, x, dy, dw, db=None):
+    _check_dense(_params_name(db), x, dw, dy, db)
+    if not contiguous(x, dy, dw, db):
+        return None
+    product = buffers("dense:dw", dw.shape, dw.dtype)
+    return [(_dense_bwd_params_blas_cpu, (x, dy, dw, db, product))]
+
+
+_c = np.ascontiguousarray
+
+
+def _params_name(db):
+    return "dense_bwd_weight" if db is None else "dense_bwd_params"
+
+
+def _run_into(kernel, args, out):
+    """``kernel(*args, out)``, through a contiguous copy of a strided ``out`` (BLAS writes
+    C-contiguous rows)."""
+    target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    kernel(*args, target)
+    if target is not out:
+        out[...] = target
+
+
+@prepares(_prepare_fwd_blas)
+def _dense_fwd_cpu_blas(x, w, b, y):
+    _check_dense("dense_fwd", x, w, y, b)
+    _run_into(_dot_bias_cpu, (_c(x), _c(w).T, _c(b)), y)
+
+
+@prepares(_prepare_fwd_nobias_blas)
+def _dense_fwd_nobias_cpu_blas(x, w, y):
+    _check_dense("dense_fwd_nobias", x, w, y)
+    _run_into(_dot_cpu, (_c(x), _c(w).T), y)
+
+
+@prepares(_prepare_bwd_input_blas)
+def _dense_bwd_input_cpu_blas(dy, w, dx):
+    _check_dense("dense_bwd_input", dx, w, dy)
+    _run_into(_dot_cpu, (_c(dy), _c(w)), dx)
+
+
+@prepares(_prepare_bwd_params_blas)
+def _dense_bwd_params_cpu_blas(x, dy, dw, db=None):
+    _check_dense(_params_name(db), x, dw, dy, db)
+    _dense_bwd_params_blas_cpu(_c(x), _c(dy), dw, db, np.empty(dw.shape, dw.dtype))
+
+
 def _rows(a, name, output=False):
     """``a`` of shape ``(n, *features)`` seen as ``(n, prod(features))`` through a view.
 
@@ -153,7 +328,7 @@ def _dense_fwd_flops(x, w, *rest, **params):
 dense_fwd = Codelet(
     "dense_fwd", modes=(R, R, R, W),
     variants=_rowwise({"ref": _dense_fwd_ref, "cpu": _dense_fwd_cpu_wrapper,
-                       "cuda": _dense_fwd_cuda}, 0),
+                       "cpu:blas": _dense_fwd_cpu_blas, "cuda": _dense_fwd_cuda}, 0),
     flops=_dense_fwd_flops,
 )
 """``y = x @ w.T + b`` (R x[N,I], R w[O,I], R b[O], W y[N,O])."""
@@ -161,6 +336,7 @@ dense_fwd = Codelet(
 dense_fwd_nobias = Codelet(
     "dense_fwd_nobias", modes=(R, R, W),
     variants=_rowwise({"ref": _dense_fwd_nobias_ref, "cpu": _dense_fwd_nobias_cpu_wrapper,
+                       "cpu:blas": _dense_fwd_nobias_cpu_blas,
                        "cuda": _dense_fwd_nobias_cuda}, 0),
     flops=_dense_fwd_flops,
 )
@@ -187,6 +363,7 @@ def _dense_bwd_input_cuda(dy, w, dx):
 dense_bwd_input = Codelet(
     "dense_bwd_input", modes=(R, R, W),
     variants=_rowwise({"ref": _dense_bwd_input_ref, "cpu": _dense_bwd_input_cpu_wrapper,
+                       "cpu:blas": _dense_bwd_input_cpu_blas,
                        "cuda": _dense_bwd_input_cuda}, 2, output=True),
     flops=lambda dy, w, dx, **params: 2.0 * dy[0] * dy[1] * w[1],
 )
@@ -264,6 +441,7 @@ def _dense_bwd_params_flops(x, dy, *grads, **params):
 dense_bwd_params = Codelet(
     "dense_bwd_params", modes=(R, R, REDUX, REDUX),
     variants=_rowwise({"ref": _dense_bwd_params_ref, "cpu": _dense_bwd_params_cpu_wrapper,
+                       "cpu:blas": _dense_bwd_params_cpu_blas,
                        "cuda": _dense_bwd_params_cuda}, 0),
     init=zero_init, redux=add_redux, flops=_dense_bwd_params_flops,
 )
@@ -272,6 +450,7 @@ dense_bwd_params = Codelet(
 dense_bwd_weight = Codelet(
     "dense_bwd_weight", modes=(R, R, REDUX),
     variants=_rowwise({"ref": _dense_bwd_weight_ref, "cpu": _dense_bwd_weight_cpu_wrapper,
+                       "cpu:blas": _dense_bwd_params_cpu_blas,
                        "cuda": _dense_bwd_weight_cuda}, 0),
     init=zero_init, redux=add_redux, flops=_dense_bwd_params_flops,
 )

@@ -36,6 +36,7 @@ from __future__ import annotations
 from . import conv
 from .codelet import REDUX, R, W, Codelet
 from .padding import fold_xp, pad_xp
+from .prepared import calls_of
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -59,6 +60,11 @@ def _variant(base, name, input_index, weight_index):
     shape is the operand at ``input_index`` (``dx`` for the input gradient)."""
     def variant(*arrays, **params):
         base(*arrays, **_params(arrays[input_index].shape, arrays[weight_index].shape, params))
+
+    def prepare(buffers, *arrays, **params):  # base's calls, with groups = C
+        return calls_of(base, buffers, arrays,
+                        _params(arrays[input_index].shape, arrays[weight_index].shape, params))
+    variant.prepare = prepare
     variant.__name__ = variant.__qualname__ = name
     variant.__doc__ = f"``{base.__name__}`` with ``groups`` the input's channel count."
     return variant

@@ -29,7 +29,8 @@ drops or keeps the channel's ``block`` contiguous elements (its plane) together:
 same rule with ``counter = (start + i) * (sample_size / block) + j // block``, which for
 ``block = 1`` is the element-wise mask above.
 
-Variants: ``ref`` (NumPy uint64 arithmetic, which wraps), ``cpu`` (Numba) and
+Variants: ``ref`` (NumPy uint64 arithmetic, which wraps), ``cpu`` (Numba, prepared:
+the kernel reads the key) and
 ``cuda`` (the array module's uint64 arithmetic: CuPy on a GPU, NumPy in CI).
 """
 
@@ -42,6 +43,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["dropout_fwd", "dropout_bwd", "dropout2d_fwd", "dropout2d_bwd", "dropout_key", "key_data",
@@ -118,7 +120,10 @@ def _uniform(counter, key):
 
 
 @jit
-def _apply_cpu(src, dst, p, key, start, scale, block):
+def _apply_cpu(src, dst, p, key_data, start, scale, block):
+    """``dst = src * keep * scale`` on ``(n, sample size)`` rows, the key read from its
+    operand here (it changes every step)."""
+    key = key_data[0]
     n, size = src.shape
     zero = dst.dtype.type(0)
     units = size // block
@@ -130,11 +135,13 @@ def _apply_cpu(src, dst, p, key, start, scale, block):
                 dst[i, j] = src[i, j] * scale if keep else zero
 
 
-def _apply_cpu_wrapper(src, dst, key, *, p, start, block=1):
+@from_calls
+def _apply_cpu_wrapper(view, src, dst, key, *, p, start, block=1):
     require_contiguous("dropout", dst=dst)
     n = src.shape[0]
-    _apply_cpu(np.ascontiguousarray(src).reshape(n, -1), dst.reshape(n, -1), float(p),
-               np.uint64(key[0]), np.uint64(start), _scale(p, dst.dtype), int(block))
+    return [(_apply_cpu, (view(src).reshape(n, -1), dst.reshape(n, -1), float(p),
+                          view(key).reshape(-1), np.uint64(start), _scale(p, dst.dtype),
+                          int(block)))]
 
 
 # --------------------------------------------------------------------------- codelets

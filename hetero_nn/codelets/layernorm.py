@@ -35,6 +35,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import R, REDUX, W, Codelet
+from .prepared import contiguous, prepares
 from .reduce import add_redux, zero_init
 from .xp import by_xp
 
@@ -147,6 +148,35 @@ def _bwd_params_cpu(x, dy, mean, rstd, dweight, dbias, with_bias):
             dbias[j] += acc_b[j]
 
 
+def _prepare_fwd(buffers, x, weight, bias, y, mean, rstd, *, eps):
+    m = _check("layer_norm_fwd", x, weight, mean)
+    require_contiguous("layer_norm_fwd", y=y, mean=mean, rstd=rstd)
+    if not contiguous(x, weight, bias):
+        return None
+    return [(_fwd_cpu, (_rows(x, m), weight.reshape(-1), bias.reshape(-1), y.reshape(-1, m),
+                        mean.reshape(-1), rstd.reshape(-1), float(eps)))]
+
+
+def _prepare_bwd_input(buffers, x, dy, mean, rstd, weight, dx):
+    m = _check("layer_norm_bwd_input", x, weight, mean)
+    require_contiguous("layer_norm_bwd_input", dx=dx)
+    if not contiguous(x, dy, mean, rstd, weight):
+        return None
+    return [(_bwd_input_cpu, (_rows(x, m), _rows(dy, m), mean.reshape(-1), rstd.reshape(-1),
+                              weight.reshape(-1), dx.reshape(-1, m)))]
+
+
+def _prepare_bwd_params(buffers, x, dy, mean, rstd, dweight, dbias=None):
+    m = dweight.size
+    require_contiguous("layer_norm_bwd_params", dweight=dweight)
+    if not contiguous(x, dy, mean, rstd, dbias):
+        return None
+    flat_b = dweight.reshape(-1) if dbias is None else dbias.reshape(-1)
+    return [(_bwd_params_cpu, (_rows(x, m), _rows(dy, m), mean.reshape(-1), rstd.reshape(-1),
+                               dweight.reshape(-1), flat_b, dbias is not None))]
+
+
+@prepares(_prepare_fwd)
 def _fwd_cpu_wrapper(x, weight, bias, y, mean, rstd, *, eps):
     m = _check("layer_norm_fwd", x, weight, mean)
     require_contiguous("layer_norm_fwd", y=y, mean=mean, rstd=rstd)
@@ -154,6 +184,7 @@ def _fwd_cpu_wrapper(x, weight, bias, y, mean, rstd, *, eps):
              y.reshape(-1, m), mean.reshape(-1), rstd.reshape(-1), float(eps))
 
 
+@prepares(_prepare_bwd_input)
 def _bwd_input_cpu_wrapper(x, dy, mean, rstd, weight, dx):
     m = _check("layer_norm_bwd_input", x, weight, mean)
     require_contiguous("layer_norm_bwd_input", dx=dx)
@@ -161,6 +192,7 @@ def _bwd_input_cpu_wrapper(x, dy, mean, rstd, weight, dx):
                    mean.reshape(-1), rstd.reshape(-1), weight.reshape(-1), dx.reshape(-1, m))
 
 
+@prepares(_prepare_bwd_params)
 def _bwd_params_cpu_wrapper(x, dy, mean, rstd, dweight, dbias=None):
     m = dweight.size
     require_contiguous("layer_norm_bwd_params", dweight=dweight)

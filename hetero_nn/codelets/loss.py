@@ -38,7 +38,7 @@ import numpy as np
 from ._jit import as_dtype_of, jit, jit_inline
 from ._checks import require_contiguous
 from .codelet import REDUX, R, W, Codelet
-from .prepared import prepares
+from .prepared import contiguous, from_calls, prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -225,23 +225,27 @@ def _softmax_xent_task_cpu(logits, labels, dlogits, loss, correct, batch, label_
     correct[0] += n_correct
 
 
-def _prepare_softmax_xent(buffers, logits, labels, dlogits, loss, correct, *, batch,
-                          label_smoothing=0.0):
-    _check_logits("softmax_xent", logits, labels)
-    if dlogits.shape != logits.shape:
-        raise ValueError(f"softmax_xent: dlogits {dlogits.shape} != logits {logits.shape}")
-    if logits.shape[1] == 0 or logits.shape[0] == 0 or not all(
-            a.flags.c_contiguous for a in (logits, labels, dlogits, loss, correct)):
+def _xent_calls(logits, labels, dlogits, loss, correct, batch, label_smoothing):
+    if logits.shape[1] == 0 or logits.shape[0] == 0 or \
+            not contiguous(logits, labels, dlogits, loss, correct):
         return None
     return [(_softmax_xent_task_cpu, (logits, labels, dlogits, loss.reshape(-1),
                                       correct.reshape(-1), int(batch), float(label_smoothing)))]
 
 
+def _prepare_softmax_xent(buffers, logits, labels, dlogits, loss, correct, *, batch,
+                          label_smoothing=0.0):
+    _check_logits("softmax_xent", logits, labels)
+    if dlogits.shape != logits.shape:
+        raise ValueError(f"softmax_xent: dlogits {dlogits.shape} != logits {logits.shape}")
+    return _xent_calls(logits, labels, dlogits, loss, correct, batch, label_smoothing)
+
+
 def _prepare_softmax_xent_eval(buffers, logits, labels, loss, correct, *, batch,
                                label_smoothing=0.0):
+    _check_logits("softmax_xent_eval", logits, labels)
     none = buffers("softmax_xent:no dlogits", (0, 0), logits.dtype)
-    return _prepare_softmax_xent(buffers, logits, labels, none, loss, correct, batch=batch,
-                                 label_smoothing=label_smoothing) if logits.ndim == 2 else None
+    return _xent_calls(logits, labels, none, loss, correct, batch, label_smoothing)
 
 
 @prepares(_prepare_softmax_xent)
@@ -267,13 +271,14 @@ def _softmax_xent_eval_cpu_wrapper(logits, labels, loss, correct, *, batch, labe
                           label_smoothing)
 
 
-def _argmax_rows_cpu_wrapper(logits, pred):
+@from_calls
+def _argmax_rows_cpu_wrapper(view, logits, pred):
     if logits.ndim != 2 or pred.shape != (logits.shape[0],):
         raise ValueError(f"argmax_rows: expected logits[n, K] and pred[n], got "
                          f"{logits.shape} and {pred.shape}")
     if logits.shape[1] == 0:
         raise ValueError("argmax_rows: logits have no columns")
-    _argmax_rows_cpu(logits, pred)
+    return [(_argmax_rows_cpu, (logits, pred))]
 
 
 # --------------------------------------------------------------------------- array-module variants
@@ -385,11 +390,11 @@ def _log_softmax_fwd_cpu(x, y):
             y[i, k] = (x[i, k] - row_max) - log_sum
 
 
-def _log_softmax_fwd_cpu_wrapper(x, y):
+@from_calls
+def _log_softmax_fwd_cpu_wrapper(view, x, y):
     _check_rows("log_softmax", x, y)
     require_contiguous("log_softmax", y=y)
-    if x.size:
-        _log_softmax_fwd_cpu(np.ascontiguousarray(x), y)
+    return [(_log_softmax_fwd_cpu, (view(x), y))] if x.size else []
 
 
 def _log_softmax_fwd_cuda(x, y):
@@ -415,11 +420,11 @@ def _log_softmax_bwd_cpu(y, dy, dx):
             dx[i, k] = dy[i, k] - np.exp(y[i, k]) * total
 
 
-def _log_softmax_bwd_cpu_wrapper(y, dy, dx):
+@from_calls
+def _log_softmax_bwd_cpu_wrapper(view, y, dy, dx):
     _check_rows("log_softmax_bwd", y, dy, dx)
     require_contiguous("log_softmax_bwd", dx=dx)
-    if y.size:
-        _log_softmax_bwd_cpu(np.ascontiguousarray(y), np.ascontiguousarray(dy), dx)
+    return [(_log_softmax_bwd_cpu, (view(y), view(dy), dx))] if y.size else []
 
 
 def _log_softmax_bwd_cuda(y, dy, dx):
@@ -451,6 +456,26 @@ def _nll_loss_cpu(logp, labels, dlogp, grad):
     return total
 
 
+@jit
+def _nll_loss_task_cpu(logp, labels, dlogp, loss, batch):
+    """The ``cpu`` variant as one kernel (a prepared task): the label check (the wrapper,
+    run again from Python, names the row), the rows, then ``loss`` (flat) added to as the
+    wrapper adds to it."""
+    if _first_bad_label_cpu(labels, logp.shape[1]) >= 0:
+        raise ValueError("nll_loss: a label is out of range")
+    total = _nll_loss_cpu(logp, labels, dlogp, as_dtype_of(dlogp, -1.0 / batch))
+    loss[0] += as_dtype_of(loss, total / batch)
+
+
+def _prepare_nll_loss(buffers, logp, labels, dlogp, loss, *, batch):
+    _check_logits("nll_loss", logp, labels)
+    _check_rows("nll_loss", logp, dlogp)
+    if not logp.size or not contiguous(logp, labels, dlogp, loss):
+        return None if logp.size else []
+    return [(_nll_loss_task_cpu, (logp, labels, dlogp, loss.reshape(-1), float(batch)))]
+
+
+@prepares(_prepare_nll_loss)
 def _nll_loss_cpu_wrapper(logp, labels, dlogp, loss, *, batch):
     _check_logits("nll_loss", logp, labels)
     _check_rows("nll_loss", logp, dlogp)
@@ -498,13 +523,19 @@ def _mse_loss_cpu(x, target, dx, norm):
     return total
 
 
-def _mse_loss_cpu_wrapper(x, target, dx, loss, *, numel):
+@jit
+def _mse_loss_task_cpu(x, target, dx, loss, numel):
+    """``_mse_loss_cpu``, then ``loss`` (flat) added to as a Python float is added to it."""
+    total = _mse_loss_cpu(x, target, dx, as_dtype_of(x, 2.0 / numel))
+    loss[0] += as_dtype_of(loss, total / numel)
+
+
+@from_calls
+def _mse_loss_cpu_wrapper(view, x, target, dx, loss, *, numel):
     _check_mse(x, target, dx)
-    require_contiguous("mse_loss", dx=dx)
-    total = _mse_loss_cpu(np.ascontiguousarray(x).reshape(-1),
-                          np.ascontiguousarray(target).reshape(-1), dx.reshape(-1),
-                          x.dtype.type(2.0 / numel))
-    loss[...] += total / numel
+    require_contiguous("mse_loss", dx=dx, loss=loss)
+    return [(_mse_loss_task_cpu, (view(x).reshape(-1), view(target).reshape(-1),
+                                  dx.reshape(-1), loss.reshape(-1), float(numel)))]
 
 
 def _mse_loss_cuda(x, target, dx, loss, *, numel):
@@ -531,6 +562,22 @@ def _one_hot_cpu(labels, out):
         out[i, labels[i]] = 1
 
 
+@jit
+def _one_hot_task_cpu(labels, out):
+    """The label check (the wrapper, run again from Python, names the row), then
+    ``_one_hot_cpu``: a prepared task."""
+    if _first_bad_label_cpu(labels, out.shape[1]) >= 0:
+        raise ValueError("one_hot: a label is out of range")
+    _one_hot_cpu(labels, out)
+
+
+def _prepare_one_hot(buffers, labels, out):
+    _check_logits("one_hot", out, labels)
+    require_contiguous("one_hot", out=out)
+    return [(_one_hot_task_cpu, (labels, out))]
+
+
+@prepares(_prepare_one_hot)
 def _one_hot_cpu_wrapper(labels, out):
     _check_logits("one_hot", out, labels)
     require_contiguous("one_hot", out=out)
@@ -560,10 +607,19 @@ def _count_correct_cpu(scores, labels):
     return n
 
 
-def _count_correct_cpu_wrapper(scores, labels, correct):
+@jit
+def _count_correct_acc_cpu(scores, labels, correct):
+    """``correct[0] += _count_correct_cpu(...)`` (``correct``: the REDUX scalar seen flat)."""
+    correct[0] += _count_correct_cpu(scores, labels)
+
+
+@from_calls
+def _count_correct_cpu_wrapper(view, scores, labels, correct):
     _check_logits("count_correct", scores, labels)
-    if scores.size:
-        correct[...] += _count_correct_cpu(np.ascontiguousarray(scores), labels)
+    if not scores.size:
+        return []
+    require_contiguous("count_correct", correct=correct)
+    return [(_count_correct_acc_cpu, (view(scores), labels, correct.reshape(-1)))]
 
 
 def _count_correct_cuda(scores, labels, correct):

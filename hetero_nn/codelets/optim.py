@@ -325,21 +325,64 @@ def _adam_step_cpu(param, grad, exp_avg, exp_avg_sq, weight_decay, use_weight_de
         param[i] = p + (step_size_neg * m) / denom
 
 
+@jit
+def _adam_step_hyper_cpu(param, grad, exp_avg, exp_avg_sq, hyper, eps, weight_decay, decoupled,
+                         half):
+    """One Adam (or, ``decoupled``, AdamW) step on flat operands, ``lr``, the betas and the
+    step count read from ``hyper`` here and the scalars computed in float64 as
+    :func:`_adam_scalars` computes them in Python floats, then rounded to the parameters'
+    dtype: what the ``cpu`` variant runs, from Python or prepared.
+
+    ``half`` is 0.5, passed in so that LLVM cannot turn ``x ** 0.5`` into a square root,
+    which differs from Python's ``pow`` in the last bit for about one value in 2,000.
+    """
+    lr, beta1, beta2, step = hyper[0], hyper[1], hyper[2], hyper[3]
+    if step < 1:
+        raise ValueError("adam_step: step counts from 1")
+    step_size = lr / (1 - beta1 ** step)
+    bias_correction2_sqrt = (1 - beta2 ** step) ** half
+    if weight_decay != 0 and decoupled:
+        _scale_cpu(param, as_dtype_of(param, 1 - lr * weight_decay))
+        weight_decay = 0.0
+    weight = as_dtype_of(param, 1 - beta1)
+    _adam_step_cpu(param, grad, exp_avg, exp_avg_sq, as_dtype_of(param, weight_decay),
+                   weight_decay != 0, weight, weight - as_dtype_of(param, 1.0),
+                   as_dtype_of(param, beta2), as_dtype_of(param, 1 - beta2),
+                   as_dtype_of(param, bias_correction2_sqrt), as_dtype_of(param, eps),
+                   as_dtype_of(param, -step_size))
+
+
+def _adam_step_calls(name, param, grad, exp_avg, exp_avg_sq, hyper, eps, weight_decay,
+                     decoupled, prepared):
+    """The one call of the ``cpu`` variant; ``prepared``: None where an operand is strided
+    (the variant then copies ``grad``, and refuses a strided state)."""
+    _check_same_shape(name, param, grad, exp_avg, exp_avg_sq)
+    if prepared and not all(flat_view(a) is not None
+                            for a in (param, grad, exp_avg, exp_avg_sq, hyper)):
+        return None
+    param_flat, avg_flat, avg_sq_flat = _flat_operands(name, param, exp_avg, exp_avg_sq)
+    return [(_adam_step_hyper_cpu, (param_flat, np.ascontiguousarray(grad).reshape(-1),
+                                    avg_flat, avg_sq_flat,
+                                    np.ascontiguousarray(hyper, np.float64).reshape(-1),
+                                    float(eps), float(weight_decay), bool(decoupled), 0.5))]
+
+
+def _prepare_adam_step(buffers, param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
+                       weight_decay=0.0, decoupled=False):
+    if hyper.dtype != np.float64:
+        return None
+    return _adam_step_calls("adam_step", param, grad, exp_avg, exp_avg_sq, hyper, eps,
+                            weight_decay, decoupled, True)
+
+
+@prepares(_prepare_adam_step)
 def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
                            weight_decay=0.0, decoupled=False):
     lr, beta1, beta2, step = hyper.ravel().tolist()
-    _check_same_shape("adam_step", param, grad, exp_avg, exp_avg_sq)
-    param_flat, avg_flat, avg_sq_flat = _flat_operands("adam_step", param, exp_avg, exp_avg_sq)
-    dtype = param.dtype.type
-    step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
-    weight = dtype(1 - beta1)
-    if weight_decay != 0 and decoupled:
-        _scale_cpu(param_flat, dtype(1 - lr * weight_decay))
-        weight_decay = 0.0
-    _adam_step_cpu(param_flat, np.ascontiguousarray(grad).reshape(-1), avg_flat, avg_sq_flat,
-                   dtype(weight_decay), weight_decay != 0, weight, weight - dtype(1),
-                   dtype(beta2), dtype(1 - beta2), dtype(bias_correction2_sqrt), dtype(eps),
-                   dtype(-step_size))
+    _adam_scalars(lr, beta1, beta2, step)  # its checks, with the numbers in the message
+    for kernel, args in _adam_step_calls("adam_step", param, grad, exp_avg, exp_avg_sq, hyper,
+                                         eps, weight_decay, decoupled, False):
+        kernel(*args)
 
 
 def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
@@ -406,9 +449,23 @@ def _sum_squares_cpu(x):
     return s
 
 
+@jit
+def _sum_squares_acc_cpu(x, total):
+    """``total[0] += sum(x * x)`` (``total``: the REDUX scalar seen flat)."""
+    if x.shape[0]:
+        total[0] += _sum_squares_cpu(x)
+
+
+def _prepare_sum_squares(buffers, x, total):
+    if flat_view(x) is None or flat_view(total) is None:
+        return None
+    return [(_sum_squares_acc_cpu, (x.reshape(-1), total.reshape(-1)))]
+
+
+@prepares(_prepare_sum_squares)
 def _sum_squares_cpu_wrapper(x, total):
-    if x.size:
-        total[...] += _sum_squares_cpu(np.ascontiguousarray(x).reshape(-1))
+    (total_flat,) = _flat_operands("sum_squares", total)
+    _sum_squares_acc_cpu(np.ascontiguousarray(x).reshape(-1), total_flat)
 
 
 def _sum_squares_cuda(x, total):
@@ -427,9 +484,29 @@ def _clip_scale_ref(grad, total, *, max_norm):
     grad *= _clip_factor(np.asarray(total), max_norm)
 
 
+@jit
+def _clip_scale_total_cpu(grad, total, max_norm):
+    """``_scale_cpu`` by :func:`_clip_factor`, computed here from ``total`` (seen flat) in its
+    dtype as the wrapper computes it (``min`` as Python's: ``factor`` unless 1 is smaller,
+    so a NaN factor passes)."""
+    one = as_dtype_of(total, 1.0)
+    factor = as_dtype_of(total, max_norm) / (np.sqrt(total[0]) + as_dtype_of(total, 1e-6))
+    if one < factor:
+        factor = one
+    _scale_cpu(grad, factor)
+
+
+def _prepare_clip_scale(buffers, grad, total, *, max_norm):
+    (grad_flat,) = _flat_operands("clip_scale", grad)
+    if flat_view(total) is None or total.size != 1:
+        return None
+    return [(_clip_scale_total_cpu, (grad_flat, total.reshape(-1), float(max_norm)))]
+
+
+@prepares(_prepare_clip_scale)
 def _clip_scale_cpu_wrapper(grad, total, *, max_norm):
     (grad_flat,) = _flat_operands("clip_scale", grad)
-    _scale_cpu(grad_flat, _clip_factor(np.asarray(total), max_norm))
+    _clip_scale_total_cpu(grad_flat, np.ascontiguousarray(total).reshape(-1), float(max_norm))
 
 
 def _clip_scale_cuda(grad, total, *, max_norm):

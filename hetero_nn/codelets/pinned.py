@@ -13,10 +13,14 @@ shape does not depend on the schedule, runs then give the same bits whatever the
 policy, the worker count or the executor.
 
 The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
-convolutions, the Numba kernels, the NumPy (BLAS) references for the dense
-layers, and for the fused dense + ReLU chains their ``cpu:blas`` variants (BLAS
-and the ReLU in one Numba call: 1.6-3.6x the Numba loops of their ``cpu``
-variants on LeNet-5's layers, ``benchmarks/bench_gil.py`` and ``bench_fused.py``).
+convolutions, the Numba kernels, BLAS for the dense layers, and for the fused dense +
+ReLU chains their ``cpu:blas`` variants (BLAS and the ReLU in one Numba call: 1.6-3.6x
+the Numba loops of their ``cpu`` variants on LeNet-5's layers,
+``benchmarks/bench_gil.py`` and ``bench_fused.py``). The dense layers' ``cpu:blas``
+variants are their NumPy references' operations in one Numba kernel (BLAS through
+Numba's ``np.dot``), so a replayed step runs them in the engine's compiled loop; with
+the BLAS of NumPy's and SciPy's wheels they give the references' bits
+(``benchmarks/blas_bits.py``), which they replaced as the pinned variant.
 Changing an entry changes the last bits of every training run (and of a resumed one
 against its checkpoint): do it deliberately.
 """
@@ -26,9 +30,7 @@ from __future__ import annotations
 #: Codelet name (``"*"``: every codelet not named) -> variant names, preferred first.
 PINNED_VARIANTS = {
     "*": ("cpu:im2col", "cpu", "cuda"),
-    **{name: ("ref", "cuda") for name in (
-        "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
-        "dense_bwd_weight")},
     **{name: ("cpu:blas", "cuda") for name in (
-        "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},
+        "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
+        "dense_bwd_weight", "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},
 }

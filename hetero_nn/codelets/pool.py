@@ -32,7 +32,7 @@ index, and an element replaces the running maximum when it is strictly greater
 zeros common), a NaN always wins and the last NaN of a window is the one
 recorded, and a window of ``-inf`` records its first element.
 
-Variants: ``ref`` (NumPy sliding windows + ``argmax``), ``cpu`` (Numba loops)
+Variants: ``ref`` (NumPy sliding windows + ``argmax``), ``cpu`` (Numba loops, prepared)
 and ``cuda`` (a loop over the window offsets of whole-array strided slices,
 written against the array module: CuPy on a GPU, NumPy in CI; with the window
 parameters the backward pass needs no scatter-add, so no atomics, the same sums
@@ -52,6 +52,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ._checks import pair, require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["maxpool2d_fwd", "maxpool2d_bwd", "maxpool2d_output_shape", "Pool2dGeometry",
@@ -312,17 +313,19 @@ def maxpool2d_bwd_cpu_kernel(dy, argmax, dx):
             dxf[x0 + uintp(where)] += gf[g0 + k]
 
 
-def maxpool2d_fwd_cpu(x, y, argmax, kernel_size, **params):
+@from_calls
+def maxpool2d_fwd_cpu(view, x, y, argmax, kernel_size, **params):
     """``maxpool2d_fwd`` by Numba loops."""
     geo = pool2d_geometry(x.shape, kernel_size, **params)
     require_contiguous("maxpool2d_fwd", y=y, argmax=argmax)
-    maxpool2d_fwd_cpu_kernel(np.ascontiguousarray(x), y, argmax, geo)
+    return [(maxpool2d_fwd_cpu_kernel, (view(x), y, argmax, geo))]
 
 
-def maxpool2d_bwd_cpu(dy, argmax, dx, kernel_size=None, **params):
+@from_calls
+def maxpool2d_bwd_cpu(view, dy, argmax, dx, kernel_size=None, **params):
     """``maxpool2d_bwd`` by Numba loops."""
     require_contiguous("maxpool2d_bwd", dx=dx)
-    maxpool2d_bwd_cpu_kernel(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
+    return [(maxpool2d_bwd_cpu_kernel, (view(dy), view(argmax), dx))]
 
 
 # --------------------------------------------------------------------------- cuda (array module)

@@ -26,19 +26,22 @@ time. An array that must keep a prepared content between calls (a row of ones
 beside an im2col block) takes a tag that says so.
 
 :func:`calls_of` gives any variant's calls: its ``prepare``; for a Numba
-dispatcher itself, one call with the parameters in its signature's order; for
-other Python code (NumPy references, ...), None. :func:`prepares` attaches a
-``prepare`` to a variant, and wrappers that adapt a variant (``overwriting``,
-``dense._rowwise``) attach one that adapts the inner variant's.
+dispatcher itself, one call with the parameters in its signature's order; for a
+``functools.partial``, its function's with the partial's arguments; for other Python
+code (NumPy references, ...), None. :func:`prepares` attaches a ``prepare`` to a
+variant; :func:`from_calls` makes a variant and its ``prepare`` from one function that
+returns the calls; wrappers that adapt a variant (``overwriting``, ``dense._rowwise``)
+attach one that adapts the inner variant's.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
 
-__all__ = ["WorkerBuffers", "calls_of", "prepares"]
+__all__ = ["WorkerBuffers", "calls_of", "contiguous", "from_calls", "prepares"]
 
 
 def prepares(prepare):
@@ -49,9 +52,53 @@ def prepares(prepare):
     return attach
 
 
+def from_calls(calls):
+    """Decorator: the variant whose work is ``calls(view, *arrays, **params)``, a function
+    that checks its operands and returns its calls ``[(kernel, args), ...]``, passing each
+    array a kernel reads through ``view``. Called from Python, ``view`` is
+    ``np.ascontiguousarray`` (a strided input is copied) and the calls run; as the
+    variant's ``prepare``, ``view`` returns a C-contiguous operand itself and makes
+    ``prepare`` return None for a strided one (the task then runs as Python). One function
+    thus says both what the variant runs and what a replayed task runs."""
+    def variant(*arrays, **params):
+        for kernel, args in calls(np.ascontiguousarray, *arrays, **params):
+            kernel(*args)
+
+    def prepare(buffers, *arrays, **params):
+        try:
+            return calls(_view, *arrays, **params)
+        except _Strided:
+            return None
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(variant, name, getattr(calls, name))
+    variant.prepare = prepare
+    return variant
+
+
+class _Strided(Exception):
+    """An operand a prepared call would have to copy."""
+
+
+def _view(a):
+    if type(a) is np.ndarray and a.flags.c_contiguous:
+        return a
+    raise _Strided
+
+
+def contiguous(*arrays) -> bool:
+    """Whether every array (None: absent) is a C-contiguous NumPy array: what a prepared
+    call may hold as a view. A wrapper makes a strided input contiguous by copying it,
+    which a prepared call cannot do once (the copy would freeze one step's data), so
+    ``prepare`` returns None for such operands and the task runs as Python."""
+    return all(a is None or (type(a) is np.ndarray and a.flags.c_contiguous) for a in arrays)
+
+
 def calls_of(variant, buffers, arrays, params):
     """The prepared calls of ``variant`` on ``arrays`` with ``params``, or None (it runs as
     Python). See the module docstring."""
+    if isinstance(variant, functools.partial):  # e.g. AdamW: Adam's variants, decoupled
+        return calls_of(variant.func, buffers, [*variant.args, *arrays],
+                        {**variant.keywords, **params})
     prepare = getattr(variant, "prepare", None)
     if prepare is not None:
         return prepare(buffers, *arrays, **params)

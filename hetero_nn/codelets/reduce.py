@@ -53,10 +53,13 @@ def _add_calls(buffers, dst, src):
 
 
 def _copy_calls(buffers, src, dst):
+    """One flat copy; between strided views of one shape, an element-wise one."""
     src_flat, dst_flat = flat_view(src), flat_view(dst)
-    if src_flat is None or dst_flat is None or src.size != dst.size:
-        return None
-    return [(_copy_cpu, (src_flat, dst_flat))]
+    if src_flat is not None and dst_flat is not None and src.size == dst.size:
+        return [(_copy_cpu, (src_flat, dst_flat))]
+    if src.shape == dst.shape and src.dtype == dst.dtype:
+        return [(_copy_strided_cpu, (src, dst))]
+    return None
 
 
 @prepares(_zero_calls)
@@ -213,6 +216,12 @@ def _copy_ref(src, dst):
 @jit
 def _copy_cpu(src, dst):
     for i in range(dst.shape[0]):
+        dst[i] = src[i]
+
+
+@jit
+def _copy_strided_cpu(src, dst):
+    for i in np.ndindex(dst.shape):
         dst[i] = src[i]
 
 

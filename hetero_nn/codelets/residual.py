@@ -5,7 +5,7 @@ backward pass adds the two input gradients. Neither operand may be overwritten
 (the layers that made them may still read them), hence a third, written operand,
 where the runtime's ``add`` codelet accumulates in place.
 
-Variants: ``ref`` (NumPy), ``cpu`` (a Numba loop over flat buffers), ``cuda``
+Variants: ``ref`` (NumPy), ``cpu`` (a Numba loop over flat buffers, prepared), ``cuda``
 (written against the array module: CuPy on a GPU, NumPy in CI).
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import R, W, Codelet
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["add2"]
@@ -39,11 +40,11 @@ def _add2_cpu(a, b, y):
         y[i] = a[i] + b[i]
 
 
-def _add2_cpu_wrapper(a, b, y):
+@from_calls
+def _add2_cpu_wrapper(view, a, b, y):
     _check(a, b, y)
     require_contiguous("add2", y=y)
-    _add2_cpu(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1),
-              y.reshape(-1))
+    return [(_add2_cpu, (view(a).reshape(-1), view(b).reshape(-1), y.reshape(-1)))]
 
 
 def _add2_cuda(a, b, y):

@@ -18,8 +18,8 @@ sum(exp(x - max))`` along ``dim``, and the backward from the forward *output*,
 axis innermost (contiguous), accumulating in the operands' dtype as PyTorch's CPU
 kernel does.
 
-Variants: ``ref`` (NumPy), ``cpu`` (Numba) and ``cuda`` (written against the array
-module: CuPy on a GPU, NumPy in CI).
+Variants: ``ref`` (NumPy), ``cpu`` (Numba, prepared) and ``cuda`` (written against the
+array module: CuPy on a GPU, NumPy in CI).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import R, W, Codelet
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["softmax_fwd", "softmax_bwd"]
@@ -117,17 +118,18 @@ def _bwd_cpu(y, dy, dx):
                 dx[o, j, i] = y[o, j, i] * (dy[o, j, i] - dot[i])
 
 
-def _fwd_cpu_wrapper(x, y, *, dim):
+@from_calls
+def _fwd_cpu_wrapper(view, x, y, *, dim):
     _check_dim("softmax_fwd", x, dim)
     require_contiguous("softmax_fwd", y=y)
-    _fwd_cpu(np.ascontiguousarray(_three(x, dim)), _three(y, dim))
+    return [(_fwd_cpu, (_three(view(x), dim), _three(y, dim)))]
 
 
-def _bwd_cpu_wrapper(y, dy, dx, *, dim):
+@from_calls
+def _bwd_cpu_wrapper(view, y, dy, dx, *, dim):
     _check_dim("softmax_bwd", y, dim)
     require_contiguous("softmax_bwd", dx=dx)
-    _bwd_cpu(np.ascontiguousarray(_three(y, dim)), np.ascontiguousarray(_three(dy, dim)),
-             _three(dx, dim))
+    return [(_bwd_cpu, (_three(view(y), dim), _three(view(dy), dim), _three(dx, dim)))]
 
 
 # --------------------------------------------------------------------------- codelets

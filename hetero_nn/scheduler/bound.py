@@ -24,17 +24,21 @@ declared as step parameters (:mod:`~hetero_nn.scheduler.replay`) are the only
 thing that may change, and :meth:`BoundTask.rebind` prepares the task again
 when they do.
 
-On a runtime with several memory nodes a task is bound *dynamic*: its variant only.
-Its operands are acquired on its node at every run (``Runtime.bind``: the copies
-coherence needs, which depend on where the data was left), so it runs as Python
-(a CUDA worker's tasks are launched on its stream by
-:meth:`~hetero_nn.scheduler.segment.CompiledSegment.run_stream_share`).
+On a runtime with several memory nodes the segment's data plan
+(:mod:`~hetero_nn.scheduler.data_plan`) fixes the copies between nodes, so a task
+binds to the replicas on its worker's node as on one node (a device worker's replicas
+and ``SCRATCH`` buffers allocated on its device, its tasks launched on its stream by
+:meth:`~hetero_nn.scheduler.segment.CompiledSegment.run_stream_share`), and each
+planned copy is a :class:`BoundTransfer`. Where no plan can be made, a task is bound
+*dynamic*: its variant only, its operands acquired on its node at every run
+(``Runtime.bind``), so it runs as Python.
 """
 
 from __future__ import annotations
 
 from ..codelets.codelet import REDUX, SCRATCH
 from ..codelets.prepared import calls_of
+from ..codelets.reduce import _copy_calls
 from .trampoline import CompiledCall
 
 
@@ -82,6 +86,9 @@ class BoundTask:
         if self.arrays is None:
             self.calls, self.why = None, "dynamic: operands made coherent at every run"
             return
+        if self.worker.stream is not None:
+            self.calls, self.why = None, "launched on its device's stream"
+            return
         self.calls, self.why = _compiled_calls(self.task, self.fn, self.arrays, self.redux,
                                                self.buffers)
 
@@ -123,20 +130,69 @@ def _compiled_calls(task, fn, arrays, redux, buffers):
 
 
 def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
-    """Resolve ``task`` for ``worker``: with one memory node its replicas are its arrays;
-    ``dynamic`` (several nodes), its operands are acquired at every run."""
+    """Resolve ``task`` for ``worker``: its replicas on the worker's node are its arrays
+    (a device's allocated in its context); ``dynamic``, its operands are acquired at
+    every run."""
     node = worker.node
     variant = rt.choose_variant(task, worker.kind)
     arrays = None
     if not dynamic:
         arrays = []
-        for i, (h, m) in enumerate(zip(task.handles, task.modes)):
-            if m is SCRATCH:
-                arrays.append(buffers(("scratch", i), h.shape, h.dtype))
-            else:
-                arrays.append(h.replica(node))
+        with node.context():
+            for i, (h, m) in enumerate(zip(task.handles, task.modes)):
+                if m is not SCRATCH:
+                    arrays.append(h.replica(node))
+                elif worker.stream is not None:
+                    arrays.append(node.empty(h.shape, h.dtype))
+                else:
+                    arrays.append(buffers(("scratch", i), h.shape, h.dtype))
     bound = BoundTask(task, worker, variant, arrays, buffers, rt if dynamic else None)
     if rt.perfmodel is not None:
         fp, size = rt.footprint(task)
         bound.model_key = (task.codelet, variant, worker.kind, fp, size)
     return bound
+
+
+class BoundTransfer:
+    """A planned copy between memory nodes (:class:`~hetero_nn.scheduler.data_plan.Transfer`)
+    bound for the worker that runs it: host to host, one compiled copy per pair (its
+    ``calls``); to or from a device, enqueued on the device's stream (:meth:`enqueue`,
+    by the device worker's share). Shares the attributes the engine reads of a
+    :class:`BoundTask`."""
+
+    __slots__ = ("transfer", "worker", "calls", "why", "model_key", "arrays")
+
+    def __init__(self, transfer, worker):
+        self.transfer = transfer
+        self.worker = worker
+        self.model_key = None
+        self.arrays = ()
+        self.calls, self.why = None, "a copy on a device's stream"
+        if transfer.src.kind != "cuda" and transfer.dst.kind != "cuda":
+            try:
+                calls = [c for d, s in transfer.pairs for c in _copy_calls(None, s, d)]
+                self.calls, self.why = [CompiledCall(k, a) for k, a in calls], ""
+            except Exception as exc:  # noqa: BLE001 - a dtype no slot carries: np.copyto
+                self.calls, self.why = None, f"{type(exc).__name__}: {exc}"
+
+    def run_python(self):
+        """The copies from Python (a host copy no kernel could take)."""
+        x = self.transfer
+        for d, s in x.pairs:
+            x.dst.copy(d, s, x.src)
+
+    def enqueue(self):
+        """Enqueue the copies on the device's stream: into a device, as the node copies
+        in; out of one, asynchronously on its stream."""
+        x = self.transfer
+        if x.dst.kind == "cuda":
+            with x.dst.context():
+                for d, s in x.pairs:
+                    x.dst.copy(d, s, x.src)
+        else:
+            for d, s in x.pairs:
+                x.dst.copy_from_device_async(d, s, x.src)
+
+    def __repr__(self):
+        how = f"{len(self.calls)} calls" if self.calls is not None else self.why
+        return f"BoundTransfer({self.transfer.name}, {self.worker.name}, {how})"

@@ -14,8 +14,10 @@ measured its own tasks (one memory node), the segment is *compiled*
    compiled run's times; before one, the performance model's predictions, or the
    capture run's times with each (codelet, footprint)'s median standing for all of
    them, so a first run's compilation does not count);
-2. every task bound for its worker (:mod:`~hetero_nn.scheduler.bound`; with several
-   memory nodes, *dynamic*: its operands acquired at every run);
+2. with several memory nodes, its copies between them planned
+   (:mod:`~hetero_nn.scheduler.data_plan`); every task bound for its worker
+   (:mod:`~hetero_nn.scheduler.bound`; *dynamic*, its operands acquired at every run,
+   where no plan can be made);
 3. per worker a *share*: its tasks in order, with their trampolines, argument
    blocks, the predecessors to wait for on other workers and whether another
    worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`); a CUDA worker's
@@ -30,7 +32,10 @@ A replay then resets the node arenas, runs the shares at once (the calling
 thread runs worker 0's, one engine thread per other worker runs the others),
 a CPU worker's through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without
 the interpreter lock, Python tasks in between, a CUDA worker's on its stream, and
-ends the flush as ``wait()`` does (the nodes' streams synchronized). No task object, policy hook, variant choice, handle lock or dependency
+ends the flush as ``wait()`` does (the nodes' streams synchronized). On several
+memory nodes the data plan's inputs are made valid first and the roots get the
+coherence state the replay leaves after; a plan made on cells a later split has cut
+again is made again first. No task object, policy hook, variant choice, handle lock or dependency
 count is touched per task.
 
 Measurement: the loop stamps each task's start and end into the segment's
@@ -237,7 +242,10 @@ class CompiledGraph:
                              for s, seg in zip(self.graph._segments, self.segments)]
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
-        for seg in self.segments:
+        for i, seg in enumerate(self.segments):
+            if seg.data is not None and not seg.data.current():  # a root cut again since
+                seg = self.segments[i] = CompiledSegment(rt, self.graph._segments[i], seg,
+                                                         threads.buffers)
             self.epoch += 1
             _run_segment(rt, seg, self.epoch, threads)
 
@@ -262,20 +270,28 @@ def _run_segment(rt, seg, epoch, threads):
     seg.times[:] = 0
     seg.abort[0] = 0
     t_submit = _perf()
+    if seg.data is not None:
+        seg.run_copies()
     results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares])
-    if seg.dynamic:
+    if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes
             node.synchronize()
     failures = [r for r in results if r is not None]
+    if seg.data is not None:
+        seg.copies_done(bool(failures))
     rt._flushes.generation += 1
     if rt.tracing:
         rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                           failures[0] if failures else None,
-                                          seg.bytes_in.copy() if seg.dynamic else None))
+                                          seg.bytes_in.copy() if seg.multinode else None))
     if failures:
         t, exc = failures[0]
         if t is None:
             raise TaskError(f"the replay engine failed: {type(exc).__name__}: {exc}") from exc
+        if t >= seg.n_tasks:
+            b = seg.runs[t]
+            raise TaskError(f"the replay's {b.transfer.name} (worker {b.worker.name}) "
+                            f"failed: {type(exc).__name__}: {exc}") from exc
         b = seg.bound[t]
         task_id = base + t
         err = TaskError(f"task {task_id} (codelet {b.task.codelet.name!r}, variant "
@@ -313,12 +329,12 @@ class ReplayRecords:
 
     def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
         self.seg = seg
-        self.times = times
+        self.times = times[:seg.n_tasks]  # the tasks' (the planned copies' are transfers)
         self.base = base
         self.t_submit = t_submit
         self.failure = failure
         self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
-        self.count = int(np.count_nonzero(times[:, 0]))
+        self.count = int(np.count_nonzero(self.times[:, 0]))
 
     def __len__(self):
         """The records it makes: the tasks that ran."""

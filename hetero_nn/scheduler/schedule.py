@@ -108,9 +108,10 @@ def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallb
     return plan(costs(), preds, workers)
 
 
-def check_orders(orders, preds) -> None:
-    """Raise ``ValueError`` unless every worker's order can run (a predecessor on the same
-    worker comes before its successor, and the orders merge into a topological order)."""
+def check_orders(orders, preds) -> list:
+    """The units in one topological order that merges the workers' orders (each a
+    subsequence of it); ``ValueError`` unless every worker's order can run (a predecessor
+    on the same worker comes before its successor, and the orders merge)."""
     position = {}
     for w, order in enumerate(orders):
         for k, u in enumerate(order):
@@ -120,15 +121,16 @@ def check_orders(orders, preds) -> None:
     # simulate: repeatedly advance any worker whose next unit has all predecessors done
     done = [False] * len(preds)
     heads = [0] * len(orders)
-    left = len(preds)
-    while left:
+    merged = []
+    while len(merged) < len(preds):
         moved = False
         for w, order in enumerate(orders):
             while heads[w] < len(order) and all(done[p] for p in preds[order[heads[w]]]):
                 done[order[heads[w]]] = True
+                merged.append(order[heads[w]])
                 heads[w] += 1
-                left -= 1
                 moved = True
         if not moved:
             stuck = [order[heads[w]] for w, order in enumerate(orders) if heads[w] < len(order)]
             raise ValueError(f"schedule: the workers' orders deadlock at units {stuck}")
+    return merged

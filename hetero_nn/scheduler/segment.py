@@ -19,26 +19,38 @@ footprint)'s median standing for all, so a first run's compilation does not
 count). Workers of several kinds (CPU and CUDA) are served under ``heft`` only
 (:func:`~hetero_nn.scheduler.replay.unavailable`); should its ranks tie across an
 edge, its placement at capture is kept, each worker's tasks in submission order.
-With several memory nodes (CUDA workers, ``host_nodes``) every task is *dynamic*:
-its operands are made coherent on its node (``Runtime.bind``: the transfers) each
-run, in Python.
+With several memory nodes (CUDA workers, ``host_nodes``) the schedule fixes every
+task's node, hence its copies: the segment's data plan
+(:mod:`~hetero_nn.scheduler.data_plan`, :func:`_plan_copies`) adds each planned copy
+as a unit of its own (counter index ``n + k`` for copy ``k``), just before its first
+reader in the workers' merged order, and every task binds to the replicas on its node
+as on one node. Where no plan can be made (a node with a memory limit), every task is
+*dynamic*: its operands are made coherent on its node (``Runtime.bind``) each run, in
+Python. Before a planned replay its inputs are made valid where it reads them, after
+it the roots get the coherence state it leaves (:meth:`CompiledSegment.run_copies`,
+:meth:`CompiledSegment.copies_done`).
 
 Shares. A CPU worker's share runs through the compiled loop, its Python tasks in
-between (:meth:`CompiledSegment.run_share`). A CUDA worker's share is enqueued on its
-stream at once (:meth:`CompiledSegment.run_stream_share`, the CUDA-graph idea; the
-same code drives ``cuda-emu``'s emulated stream): per task, in order, it waits on the
-host only for predecessors other workers run, binds the operands in the device's
-context (copies in go on the stream), launches the variant and queues a callback that
-stamps the end, releases the node's hold on the operands and publishes the task for
-the workers waiting on it. The host waits for the stream once, at the share's end.
+between (:meth:`CompiledSegment.run_share`); a copy between host nodes is one compiled
+call there. A CUDA worker's share is enqueued on its stream at once
+(:meth:`CompiledSegment.run_stream_share`, the CUDA-graph idea; the same code drives
+``cuda-emu``'s emulated stream): per task or copy, in order, it waits on the host only
+for predecessors other workers run, launches the variant on the plan's replicas (or
+enqueues the copy into or out of the device; a dynamic task binds its operands in the
+device's context first, copies in going on the stream, and the node holds them) and
+queues a callback that stamps the end and publishes it for the workers waiting on it.
+The host waits for the stream once, at the share's end.
 
 State
 -----
-``units``, ``tasks`` (bundles flattened, segment order), ``task_preds``, ``bound``,
-``worker_of`` (per unit), ``share_tasks`` (per worker), ``shares``, ``waits_of`` /
-``notify_of`` (per task), ``choices`` (tasks whose variant the model chooses), the
-run arrays ``done``, ``times``, ``sleepers``, ``abort``, ``bytes_in``, and ``groups``
-(the performance model's keys and their tasks).
+``units``, ``tasks`` (bundles flattened, segment order; ``n_tasks`` of them),
+``task_preds``, ``bound``, ``data`` (the data plan or None) and ``moves`` (its copies,
+bound), ``runs`` (``bound + moves``, by counter index), ``worker_of`` (per unit),
+``share_tasks`` (per worker), ``shares``, ``waits_of`` / ``notify_of`` (per counter),
+``choices`` (tasks whose variant the model chooses), the run arrays ``done``,
+``times``, ``sleepers``, ``abort``, ``bytes_in`` (``planned_bytes``: each planned
+copy's, at its first reader), and ``groups`` (the performance model's keys and their
+tasks).
 """
 
 from __future__ import annotations
@@ -48,11 +60,13 @@ import statistics
 import numpy as np
 
 from ..codelets.prepared import WorkerBuffers
-from .bound import bind_task
+from .bound import BoundTransfer, bind_task
+from .data_plan import plan_data
 from .bundle import Bundle
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, wait_done
+from .intrinsics import clock_offset
 from .policies import UNKNOWN_COST
-from .schedule import fixed_orders
+from .schedule import check_orders, fixed_orders
 from .variants import EXPLORE_SAMPLES
 
 
@@ -88,14 +102,22 @@ class CompiledSegment:
         plan this one and whose bound tasks are kept where their worker is; ``buffers``:
         the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
-        self.units = units
         self.rt = rt
-        self.dynamic = len(rt.nodes) > 1  # operands made coherent at every run
-        n = len(self.tasks)
+        self.multinode = len(rt.nodes) > 1
+        n = self.n_tasks = len(self.tasks)
         workers = self.workers = rt.workers
-        costs_ns = None if previous is None else previous.times[:, 1] - previous.times[:, 0]
+        costs_ns = None if previous is None else \
+            previous.times[:n, 1] - previous.times[:n, 0]
         self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
                                            self.tasks)
+        self.data, self.moves = None, []
+        if self.multinode:  # the copies between nodes, fixed by the schedule (data_plan.py)
+            planned = _plan_copies(self, rt, units, unit_preds, orders)
+            if planned is not None:
+                self.data, units, unit_preds, orders, self.worker_of = planned
+                self.moves = [None] * len(self.data.transfers)
+        self.dynamic = self.multinode and self.data is None  # operands acquired at every run
+        self.units = units
         self.buffers = buffers if buffers is not None else {}
         self.bound = [None] * n
         first = [u[0] for u in units]  # task index of each unit's first member
@@ -106,9 +128,14 @@ class CompiledSegment:
                 buf = self.buffers[w] = WorkerBuffers()
             for u in order:
                 for t in units[u]:
-                    kept = previous.bound[t] if previous is not None else None
+                    if t >= n:
+                        self.moves[t - n] = BoundTransfer(self.data.transfers[t - n], worker)
+                        continue
+                    kept = previous.bound[t] if previous is not None and \
+                        previous.dynamic == self.dynamic else None
                     self.bound[t] = kept if kept is not None and kept.worker is worker else \
                         bind_task(rt, self.tasks[t], worker, buf, self.dynamic)
+        n = n + len(self.moves)  # counters, stamps: the tasks, then the planned copies
         # cross-worker waits (per other worker, the latest predecessor in its order
         # is enough) and who publishes
         position = {}
@@ -138,6 +165,9 @@ class CompiledSegment:
         self.done = np.zeros(n, dtype=np.int32)
         self.times = np.zeros((n, 2), dtype=np.int64)
         self.bytes_in = np.zeros(n, dtype=np.int64)
+        self.planned_bytes = np.zeros(n, dtype=np.int64)  # each copy's, at its first reader
+        for x in self.data.transfers if self.data is not None else ():
+            self.planned_bytes[x.first] += x.nbytes
         self.sleepers = np.zeros(1, dtype=np.int32)
         self.abort = np.zeros(1, dtype=np.int32)
         self.groups = _model_groups(self.bound)
@@ -149,13 +179,34 @@ class CompiledSegment:
 
     def build_shares(self):
         """(Re)make the shares' arrays from the bound tasks (after a rebind)."""
-        self.shares = [Share(w, tasks, self.bound, self.waits_of, self.notify_of)
+        self.runs = self.bound + self.moves  # by counter index
+        self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of)
                        for w, tasks in zip(self.workers, self.share_tasks)]
 
     @property
     def python_tasks(self) -> int:
         """Tasks of this segment that run as Python."""
         return sum(b.calls is None for b in self.bound)
+
+    def run_copies(self):
+        """Before a replay: the inputs made valid where the data plan reads them."""
+        self.bytes_in[:] = self.planned_bytes
+        self.data.prologue(self.rt.nodes, self.bytes_in)
+
+    def copies_done(self, failed):
+        """After a replay: the roots' coherence state as the plan leaves it (after a
+        failure, as what ran left it), and the compiled host copies reported (traced, fed
+        to the transfer model)."""
+        n = self.n_tasks
+        self.data.epilogue(None if not failed else np.concatenate(
+            [self.times[:n, 0] != 0, self.times[n:, 1] != 0]))
+        copied = self.rt._binder.copied
+        offset = clock_offset()
+        for i, b in enumerate(self.moves, start=self.n_tasks):
+            t0, t1 = self.times[i]
+            if b.calls is not None and t0:
+                x = b.transfer
+                copied(x.src, x.dst, x.nbytes, t0 * 1e-9 + offset, t1 * 1e-9 + offset)
 
     def run(self, share, epoch):
         """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
@@ -182,7 +233,7 @@ class CompiledSegment:
                 return None
             if r >= 0:  # a Python task, its predecessors done
                 t = int(share.order[r])
-                b = self.bound[t]
+                b = self.runs[t]
                 times[t, 0] = now_ns()
                 try:
                     b.run_python()
@@ -191,7 +242,8 @@ class CompiledSegment:
                     set_abort(abort, done, self.notify_tasks)
                     return t, exc
                 times[t, 1] = now_ns()
-                self.bytes_in[t] = b.task.bytes_in if b.arrays is None else 0
+                if self.dynamic:
+                    self.bytes_in[t] = b.task.bytes_in
                 if share.notify[r]:
                     publish(done, t, epoch, sleepers)
                 k = r + 1
@@ -199,7 +251,7 @@ class CompiledSegment:
             t = int(share.order[-(r + 2)])
             set_abort(abort, done, self.notify_tasks)
             try:  # name the exception the compiled kernel could not carry out of the loop
-                self.bound[t].run_python()
+                self.runs[t].run_python()
             except BaseException as exc:  # noqa: BLE001
                 return t, exc
             return t, RuntimeError("its compiled kernel raised; run again from Python it "
@@ -218,24 +270,29 @@ class _StreamRun:
         self.last_end = 0     # when the stream finished its last task (ns)
 
     def on_stream(self, t, arrays):
-        """The kernel as the stream runs it (a launch into CuPy's stream on a GPU)."""
+        """The kernel as the stream runs it (a launch into CuPy's stream on a GPU);
+        ``arrays`` None: the task's own (bound to the plan's replicas)."""
         seg = self.seg
         start = now_ns()
         if start > seg.times[t, 0]:
             seg.times[t, 0] = start
         b = seg.bound[t]
         try:
-            b.fn(*arrays, **b.task.params)
+            if arrays is None:
+                b.run_python()
+            else:
+                b.fn(*arrays, **b.task.params)
         except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
             if self.failure is None:
                 self.failure = (t, exc)
             set_abort(seg.abort, seg.done, seg.notify_tasks)
 
     def completed(self, t, notify):
-        """Stream callback: task ``t``'s kernels are done; publish it (not if it raised)."""
+        """Stream callback: task (or copy) ``t`` is done; publish it (not if it raised)."""
         seg = self.seg
         end = now_ns()
-        self.worker.node.release(seg.bound[t].task.handles)
+        if seg.dynamic:
+            self.worker.node.release(seg.bound[t].task.handles)
         if self.last_end > seg.times[t, 0]:
             seg.times[t, 0] = self.last_end  # it waited for the task before on the stream
         seg.times[t, 1] = self.last_end = end
@@ -255,18 +312,16 @@ def _run_stream_share(seg, share, epoch):
             for j in range(share.wait_start[k], share.wait_start[k + 1]):
                 if not wait_done(done, share.waits[j], epoch, sleepers, abort):
                     return None  # another share failed: its error is the flush's
-            task = seg.bound[t].task
             try:
-                node.hold(task.handles)
-                try:
-                    with node.context(), stream.activate():
-                        arrays = rt.bind(task, w)
-                        seg.bytes_in[t] = task.bytes_in
-                        times[t, 0] = now_ns()  # launched; the stream stamps the real start
-                        stream.launch(run.on_stream, t, arrays)
-                except BaseException:
-                    node.release(task.handles)
-                    raise
+                if t >= seg.n_tasks:  # a planned copy into or out of this device
+                    times[t, 0] = now_ns()
+                    seg.runs[t].enqueue()
+                elif not seg.dynamic:  # bound to the plan's replicas
+                    times[t, 0] = now_ns()
+                    with node.context():
+                        stream.launch(run.on_stream, t, None)
+                else:
+                    _launch_dynamic(rt, seg, run, t, w)
             except BaseException as exc:  # noqa: BLE001 - binding failed: the flush's error
                 times[t, 1] = now_ns()
                 set_abort(abort, done, seg.notify_tasks)
@@ -276,6 +331,63 @@ def _run_stream_share(seg, share, epoch):
     finally:
         stream.synchronize()
     return run.failure
+
+
+def _launch_dynamic(rt, seg, run, t, w):
+    """Launch task ``t`` on ``w``'s stream, its operands acquired on the device now (the
+    copies in go on the stream first); the node holds them until the task's callback."""
+    node, stream, task = w.node, w.stream, seg.bound[t].task
+    node.hold(task.handles)
+    try:
+        with node.context(), stream.activate():
+            arrays = rt.bind(task, w)
+            seg.bytes_in[t] = task.bytes_in
+            seg.times[t, 0] = now_ns()  # launched; the stream stamps the real start
+            stream.launch(run.on_stream, t, arrays)
+    except BaseException:
+        node.release(task.handles)
+        raise
+
+
+def _plan_copies(seg, rt, units, unit_preds, orders):
+    """``(data plan, units, unit preds, orders, worker of each unit)`` with the plan's
+    transfers as units of their own (task ``n + k`` for transfer ``k``), each placed just
+    before its first reader's unit in the merged order and given to the worker that runs
+    it (module docstring of :mod:`~hetero_nn.scheduler.data_plan`); None when the segment
+    cannot be planned (its tasks then acquire their operands at every run)."""
+    workers, unit_of, n = rt.workers, seg.unit_of_task, seg.n_tasks
+    merged = check_orders(orders, unit_preds)
+    node_of = [workers[seg.worker_of[unit_of[t]]].node for t in range(n)]
+    data = plan_data(rt.nodes, seg.tasks, node_of, [t for u in merged for t in units[u]])
+    if data is None:
+        return None
+    first_unit = len(units)
+    units = units + [[n + k] for k in range(len(data.transfers))]
+    preds = [list(ps) for ps in unit_preds]
+    worker_of = list(seg.worker_of)
+    position = {u: i for i, u in enumerate(merged)}
+    before: dict = {}
+    for k, x in enumerate(data.transfers):
+        u = unit_of[x.first]
+        ps = {unit_of[w] for w in x.writers} | {first_unit + j for j in x.after}
+        if u in ps:  # written inside the reader's own bundle: no place between them
+            return None
+        preds.append(sorted(ps))
+        before.setdefault(u, []).append(first_unit + k)
+        if x.src.kind == "cuda" and x.dst.kind != "cuda":  # out of a device: its stream
+            on_src = [unit_of[w] for w in x.writers]
+            worker_of.append(worker_of[max(on_src, key=position.get)] if on_src else
+                             next(i for i, w in enumerate(workers) if w.node is x.src))
+        else:  # host to host, or into a device: its first reader's worker
+            worker_of.append(worker_of[u])
+    for t, through in data.waits.items():
+        preds[unit_of[t]] = sorted(set(preds[unit_of[t]]) | {first_unit + k for k in through})
+    placed = [v for u in merged for v in (*before.get(u, ()), u)]
+    orders = [[] for _ in workers]
+    for u in placed:
+        orders[worker_of[u]].append(u)
+    check_orders(orders, preds)  # one topological order by construction
+    return data, units, preds, orders, worker_of
 
 
 def _units(segment):
