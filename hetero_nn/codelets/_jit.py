@@ -8,6 +8,7 @@ that multiplies matrices is still one call without the interpreter lock.
 """
 
 import numba
+import numba.extending
 import scipy.linalg.cython_blas  # noqa: F401  (the BLAS of Numba's np.dot, loaded before any
 #                                   runtime holds BLAS to one thread per worker: threadpoolctl
 #                                   limits only the libraries already loaded)
@@ -25,3 +26,19 @@ is kept for what runs per row or per element. A helper that works on a whole pla
 called from the kernel: one call per plane costs nothing beside the plane's work,
 and it is compiled once per signature. Give such a call ``_rows.START`` rather than a
 literal ``0``, or Numba compiles it once more for that literal."""
+
+
+def as_dtype_of(a, value):
+    """``a.dtype.type(value)``: ``value`` rounded to ``a``'s dtype, in Python and in kernels
+    (as a wrapper's ``dtype(lr)`` is, so a kernel that reads ``lr`` from an operand
+    rounds it the same way)."""
+    return a.dtype.type(value)
+
+
+@numba.extending.overload(as_dtype_of, jit_options={"nogil": True})
+def _as_dtype_of(a, value):
+    dtype = a.dtype
+
+    def impl(a, value):
+        return dtype(value)
+    return impl
