@@ -113,6 +113,9 @@ class Optimizer:
     ``param_groups`` holds the groups, each a dict of its options and its ``"params"``.
     """
 
+    #: The state buffers each parameter may have (a checkpoint may hold these).
+    state_buffers: tuple[str, ...] = ()
+    #: The state buffers each parameter has now.
     buffers: tuple[str, ...] = ()
     #: Options of a group written into the hyper handle each step (the others are fixed).
     per_step: tuple[str, ...] = ()
@@ -185,8 +188,8 @@ class Optimizer:
                 self._group_of[name] = gi
         for name, p in self.params:
             st = self.state.get(name)
-            if st is None or any(st[b].shape != p.data.shape or st[b].dtype != p.data.dtype
-                                 for b in self.buffers):
+            if st is None or any(b not in st or st[b].shape != p.data.shape
+                                 or st[b].dtype != p.data.dtype for b in self.buffers):
                 self.state[name] = {b: np.zeros_like(p.data) for b in self.buffers}
         self._rt = rt  # None: the parameters named, nothing registered yet
         self._handles = {} if rt is None else {
@@ -209,7 +212,9 @@ class Optimizer:
             if rt is None:
                 raise ConfigError(f"{type(self).__name__}.step: no runtime; the parameters are "
                                   "bound to none (train with a Trainer, or give rt)")
-        if rt is not self._rt:
+        if rt is not self._rt or any(len(hs) != len(self.buffers)
+                                     for hs in self._handles.values()):
+            self._sync()
             self.bind(self.params or None, rt)
         self.steps += 1
         self.step_input = hyper = rt.register(self.hyper_values(), name="optimizer.hyper")
@@ -217,17 +222,21 @@ class Optimizer:
         for name, p in self.params:
             gi = self._group_of[name]
             self._submit(rt, p, self._handles[name], rows[gi], self.param_groups[gi], gi)
+        self._stepped()
 
     def _submit(self, rt, p, buffers, hyper, group, index):
         raise NotImplementedError
 
-    def _hyper_row(self, group) -> np.ndarray:
+    def _hyper_row(self, group, index) -> np.ndarray:
         raise NotImplementedError
+
+    def _stepped(self) -> None:
+        """A step was submitted or replayed, after its hyper values were taken."""
 
     def hyper_values(self) -> np.ndarray:
         """The data of the current step's hyper handle (after ``steps`` counted it): one
         row, or one per group where there are several."""
-        rows = [self._hyper_row(g) for g in self.param_groups]
+        rows = [self._hyper_row(g, i) for i, g in enumerate(self.param_groups)]
         return rows[0] if len(rows) == 1 else np.stack(rows)
 
     def replay_key(self):
@@ -244,7 +253,9 @@ class Optimizer:
         """Count a step run by replaying a captured graph (``step`` was not called) and
         return the values of its hyper handle, to write into the captured one."""
         self.steps += 1
-        return self.hyper_values()
+        values = self.hyper_values()
+        self._stepped()
+        return values
 
     def _options(self, group) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
@@ -277,7 +288,7 @@ class Optimizer:
         self.steps = int(sd["steps"])
         for name, st in sd["state"].items():
             for b, a in st.items():
-                if b not in self.buffers:
+                if b not in self.state_buffers:
                     raise CheckpointError(f"{type(self).__name__}: unknown state buffer {b!r} of {name!r}")
                 cur = self.state.get(name, {}).get(b)
                 if cur is not None and cur.shape == np.shape(a):
@@ -316,25 +327,40 @@ def _hashable(value):
 
 class SGD(Optimizer):
     """``torch.optim.SGD(params=None, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
-    nesterov=False)``; a group with a momentum keeps a ``momentum_buffer`` per parameter
-    (every parameter has one when any group does: checkpoints stay one shape)."""
+    nesterov=False)``.
 
+    As torch's, a group's momentum buffers start on its first step with a momentum
+    (a copy of the gradient), whenever that is: a momentum given at construction, set
+    later (``opt.momentum = 0.9``, ``param_groups[i]["momentum"]``, a schedule) or in a
+    group added later. From then on the group's update tasks keep the buffers, and a
+    momentum of 0 leaves them as they are. Every parameter has a buffer once any group
+    has started (checkpoints stay one shape); ``momentum_started`` says which groups have.
+    """
+
+    state_buffers = ("momentum_buffer",)
     per_step = ("lr", "momentum")
 
     def __init__(self, params=None, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False):
+        #: per group: whether its buffers hold a momentum (torch: ``"momentum_buffer" in
+        #: state``); the first step with a momentum starts them from the gradient
+        self.momentum_started: list[bool] = []
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
                                   "weight_decay": weight_decay, "nesterov": nesterov})
-        # whether a group's tasks keep a buffer is fixed at construction: a momentum that a
-        # schedule sets to 0 later leaves the buffer alone
-        self._buffered = [bool(g["momentum"]) for g in self.param_groups]
-        self.buffers = ("momentum_buffer",) if any(self._buffered) else ()
+        self.momentum_started = [False] * len(self.param_groups)  # the trainer's group too
 
     def add_param_group(self, group):
         super().add_param_group(group)
-        if hasattr(self, "_buffered"):
-            self._buffered.append(bool(self.param_groups[-1]["momentum"]))
-            self.buffers = ("momentum_buffer",) if any(self._buffered) else ()
+        self.momentum_started.append(False)
+
+    def _buffered(self, index) -> bool:
+        """Whether the tasks of group ``index`` keep momentum buffers this step."""
+        return self.momentum_started[index] or self.param_groups[index]["momentum"] != 0
+
+    @property
+    def buffers(self):
+        return ("momentum_buffer",) if any(map(self._buffered, range(len(self.param_groups)))) \
+            else ()
 
     def _check_options(self, options, owner):
         out = dict(options)
@@ -349,19 +375,40 @@ class SGD(Optimizer):
         return out
 
     def _submit(self, rt, p, buffers, hyper, group, index):
-        if self._buffered[index]:
+        if self._buffered(index):
             rt.submit(sgd_step, p.handle, p.grad, buffers[0], hyper, dampening=group["dampening"],
                       weight_decay=group["weight_decay"], nesterov=group["nesterov"])
         else:
             rt.submit(sgd_step_plain, p.handle, p.grad, hyper, weight_decay=group["weight_decay"])
 
-    def _hyper_row(self, group):
-        return sgd_hyper(group["lr"], group["momentum"], self.steps == 1)
+    def _hyper_row(self, group, index):
+        return sgd_hyper(group["lr"], group["momentum"], not self.momentum_started[index])
+
+    def _stepped(self):
+        for index, group in enumerate(self.param_groups):
+            if group["momentum"] != 0:
+                self.momentum_started[index] = True
 
     def _fixed(self, group, index):
-        """Dampening, weight decay, Nesterov and whether the group keeps a momentum buffer
+        """Dampening, weight decay, Nesterov and whether the group keeps momentum buffers
         (lr, momentum and the first step are in the hyper handle)."""
-        return super()._fixed(group, index) + (self._buffered[index],)
+        return super()._fixed(group, index) + (self._buffered(index),)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "momentum_started": list(self.momentum_started)}
+
+    def load_state_dict(self, sd):
+        started = sd.get("momentum_started")
+        if started is None:  # an older checkpoint: a group with a momentum started at step 1
+            groups = sd.get("hyper", {}).get("param_groups") or self.param_groups
+            started = [int(sd["steps"]) > 0 and float(g.get("momentum", 0)) != 0
+                       for g in groups]
+        if len(started) != len(self.param_groups):
+            raise CheckpointError(f"SGD: the state says whether {len(started)} parameter "
+                                  f"groups started their momentum, the optimizer has "
+                                  f"{len(self.param_groups)}")
+        self.momentum_started = [bool(s) for s in started]
+        super().load_state_dict(sd)
 
     momentum = _group_option("momentum")
     dampening = _group_option("dampening")
@@ -371,7 +418,7 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """``torch.optim.Adam(params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``."""
 
-    buffers = ("exp_avg", "exp_avg_sq")
+    state_buffers = buffers = ("exp_avg", "exp_avg_sq")
     per_step = ("lr", "betas")
     codelet = adam_step
 
@@ -397,7 +444,7 @@ class Adam(Optimizer):
         rt.submit(self.codelet, p.handle, p.grad, buffers[0], buffers[1], hyper, eps=group["eps"],
                   weight_decay=group["weight_decay"])
 
-    def _hyper_row(self, group):
+    def _hyper_row(self, group, index):
         return adam_hyper(group["lr"], group["betas"][0], group["betas"][1], self.steps)
 
     betas = _group_option("betas")

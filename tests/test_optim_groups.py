@@ -123,6 +123,84 @@ def test_parameter_groups_train_as_torch_and_replay_gives_the_same_bits(name, sc
     assert all(np.array_equal(runs[0][1][k], runs[1][1][k]) for k in expected)
 
 
+#: Momentum of each group before each step: none at first; then both start (the buffer a
+#: copy of the gradient, as torch's first step with a momentum); group 1 pauses (its buffer
+#: kept as it is) and comes back with another momentum.
+MOMENTA = [(0.0, 0.0), (0.0, 0.0), (0.9, 0.9), (0.9, 0.0), (0.9, 0.5), (0.9, 0.5)]
+
+
+def set_momenta(opt, step):
+    first, second = MOMENTA[step]
+    if step == 2 and isinstance(opt, hn.optim.SGD):
+        opt.momentum = first  # every group's (one value at this step), as a schedule sets it
+        return
+    opt.param_groups[0]["momentum"] = first
+    opt.param_groups[1]["momentum"] = second
+
+
+def test_a_momentum_set_after_construction_starts_the_buffers_as_torch(tmp_path):
+    """SGD built without momentum, given one later (the attribute, a group's dict), paused and
+    resumed, with dampening (the first momentum step copies the gradient, later ones damp it):
+    torch's weights within 1e-9, replayed and submitted alike, and through a checkpoint."""
+    model = make_model()
+    twin = torch_twin(model, "float64")
+    opt = torch.optim.SGD([{"params": g} for g in split_groups(list(twin.named_parameters()))],
+                          lr=0.05, dampening=0.3)
+    for step, (x, y) in enumerate(batches()):
+        set_momenta(opt, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    expected = {k: v.numpy() for k, v in twin.state_dict().items()}
+
+    def trainer(rt, replay):
+        model = make_model()
+        opt = hn.optim.SGD([{"params": g} for g in split_groups(model.named_parameters())],
+                           lr=0.05, dampening=0.3)
+        return hn.Trainer(model, optimizer=opt, runtime=rt, batch_size=BATCH, replay=replay,
+                          granularity=2)
+
+    states = []
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        for replay in (True, False):
+            run = trainer(rt, replay)
+            for step, (x, y) in enumerate(batches()):
+                set_momenta(run.optimizer, step)
+                run.train_step(x, y)
+                if step == 3:  # group 1 paused: started, its momentum 0
+                    assert run.optimizer.momentum_started == [True, True]
+                    path = run.save_checkpoint(tmp_path / f"replay-{replay}.npz")
+            states.append(run.model.state_dict())
+        resumed = trainer(rt, True)  # built without momentum: the checkpoint says which started
+        resumed.load_checkpoint(path)
+        assert resumed.optimizer.momentum_started == [True, True]
+        for step, (x, y) in enumerate(batches()[4:], start=4):
+            set_momenta(resumed.optimizer, step)
+            resumed.train_step(x, y)
+        states.append(resumed.model.state_dict())
+    for key, value in expected.items():
+        assert rel_err(states[0][key], value) <= 1e-9, key
+    for state in states[1:]:
+        assert all(np.array_equal(state[k], states[0][k]) for k in expected)
+
+
+def test_an_sgd_state_without_momentum_started_keeps_its_old_meaning():
+    """A state written before ``momentum_started`` was recorded: a group with a momentum
+    started at step 1, one without never did."""
+    model = make_model()
+    decay, rest = split_groups(model.named_parameters())
+    opt = hn.optim.SGD([{"params": decay}, {"params": rest, "momentum": 0.0}], lr=0.1,
+                       momentum=0.9)
+    opt.bind(model.named_parameters(), None)
+    sd = opt.state_dict()
+    assert sd["momentum_started"] == [False, False]
+    del sd["momentum_started"]
+    opt.load_state_dict({**sd, "steps": 3})
+    assert opt.momentum_started == [True, False]
+    with pytest.raises(hn.CheckpointError, match="whether 1 parameter groups started"):
+        opt.load_state_dict({**sd, "momentum_started": [True]})
+
+
 class _Stop(Exception):
     pass
 

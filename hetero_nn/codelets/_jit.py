@@ -17,7 +17,15 @@ jit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
 
 jit_inline = numba.njit(inline="always", nogil=True, fastmath=False, error_model="numpy")
 """The same flags for small helpers inlined at the Numba IR level into the kernels
-that call them (no call overhead in inner loops; not cached on their own)."""
+that call them (no call overhead in inner loops; not cached on their own).
+
+Inlining is paid in compilation time at every call site, in every kernel and dtype
+(the helper's IR is copied and typed again, its own inlined helpers with it), so it
+is kept for what runs per row or per element. A helper that works on a whole plane
+(padding one, folding one, splitting one into stride phases) is a ``jit`` kernel
+called from the kernel: one call per plane costs nothing beside the plane's work,
+and it is compiled once per signature. Give such a call ``_rows.START`` rather than a
+literal ``0``, or Numba compiles it once more for that literal."""
 
 
 def as_dtype_of(a, value):

@@ -9,9 +9,15 @@ stride between the elements of the strided side of a row.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import uintp
 
 from ._jit import jit_inline
+
+START = np.intp(0)
+"""The offset 0 for a kernel called, not inlined, from another: Numba compiles a called
+kernel once more for each literal argument (a ``0`` typed ``Literal[int](0)``), not for
+a global of a NumPy integer type."""
 
 
 @jit_inline
@@ -52,27 +58,27 @@ def copy_blocks(dst, d0, src, s0, count):
     LLVM's vectorised loop starts at 32 floats (8 lanes, unrolled 4 times), so
     a plain loop copies the short rows of a convolution one scalar at a time.
     The last block overlaps the one before it: ``dst`` and ``src`` must not.
+    One ``copy8`` in the loop (the last block taken by clamping its start):
+    each inlined copy costs compilation time in every kernel that copies rows.
     """
-    d, s, n = uintp(d0), uintp(s0), uintp(count)
-    eight = uintp(8)
+    d, s, last = uintp(d0), uintp(s0), uintp(count - 8)
     j = uintp(0)
-    while j + eight < n:
+    while True:
         copy8(dst, d + j, src, s + j)
-        j += eight
-    copy8(dst, d + n - eight, src, s + n - eight)
+        if j == last:
+            break
+        j = min(j + uintp(8), last)
 
 
 @jit_inline
 def gather_row(dst, d0, src, s0, step, count):
-    """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``; ``dst`` and ``src`` do not overlap."""
-    d, s = uintp(d0), uintp(s0)
+    """``dst[d0 + j] = src[s0 + step*j]`` for ``j < count``; ``dst`` and ``src`` do not overlap.
+    Rows of 8 or more with a unit step go by blocks; shorter ones stay scalar whatever
+    the loop, so one loop serves them and strided rows."""
+    d, s, st = uintp(d0), uintp(s0), uintp(step)
     if step == 1 and count >= 8:
         copy_blocks(dst, d, src, s, count)
-    elif step == 1:
-        for j in range(uintp(count)):
-            dst[d + j] = src[s + j]
     else:
-        st = uintp(step)
         for j in range(uintp(count)):
             dst[d + j] = src[s + st * j]
 

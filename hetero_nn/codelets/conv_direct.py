@@ -19,7 +19,8 @@ group's planes, so a depthwise convolution (one input plane per group) works on
 one plane and one output row buffer that stay in the L1 cache. Three taps of a
 kernel row are added per pass (``axpy3_row``, ``mul3_row``: the same sums, bit for
 bit, with a third of the stores). Padding modes come from ``padding.pad_plane`` and
-the input gradient's fold from ``padding.fold_plane``.
+the input gradient's fold from ``padding.fold_plane``; like ``_load_planes`` and the
+phase helpers, they are kernels called once per plane, not inlined (``_jit.jit_inline``).
 
 ``geo`` is a :class:`~hetero_nn.codelets.conv.Conv2dGeometry`; weights are
 ``[O, C/groups, KH, KW]``. The forward and input-gradient kernels overwrite
@@ -31,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit, jit_inline
-from ._rows import (add_scatter_row, axpy3_row, axpy_gather_row, axpy_scatter_row, fill_row,
-                    gather_row, mul3_row, mul_gather_row, row_sum, set3_row)
+from ._rows import (START, add_scatter_row, axpy3_row, axpy_gather_row, axpy_scatter_row,
+                    fill_row, gather_row, mul3_row, mul_gather_row, row_sum, set3_row)
 from .padding import fold_plane, pad_plane
 
 LANES_BYTES = 1 << 14
@@ -54,7 +55,7 @@ def _tap(p, q, geo, hq, wq):
     return phase * hq * wq + (dp // geo.sh) * wq + dq // geo.sw
 
 
-@jit_inline
+@jit
 def _split_phases(src, hp, wp, sh, sw, dst, d0, hq, wq):
     """``dst[d0 + ((a*SW + b)*HQ + r)*WQ + s] = src[(r*SH + a)*WP + s*SW + b]``; zero past
     the plane."""
@@ -71,7 +72,7 @@ def _split_phases(src, hp, wp, sh, sw, dst, d0, hq, wq):
                     fill_row(dst, k0 + r * wq, wq, 0.0)
 
 
-@jit_inline
+@jit
 def _merge_phases(src, s0, hq, wq, sh, sw, dst, hp, wp):
     """The inverse of ``_split_phases``: the ``hp x wp`` plane ``dst`` from ``src[s0:]``."""
     for a in range(sh):
@@ -85,7 +86,7 @@ def _merge_phases(src, s0, hq, wq, sh, sw, dst, hp, wp):
                         dst[row * wp + s * sw + b] = src[k0 + r * wq + s]
 
 
-@jit_inline
+@jit
 def _load_planes(xf, x0, n_planes, height, width, pad, dst, d0, geo, hq, wq):
     """Pad ``n_planes`` consecutive input planes (``xf[x0:]``) and lay each out as its stride
     phases at ``dst[d0 + c*SH*SW*HQ*WQ]`` (``pad`` is a scratch plane; with unit strides the
@@ -96,12 +97,12 @@ def _load_planes(xf, x0, n_planes, height, width, pad, dst, d0, geo, hq, wq):
             pad_plane(xf, x0 + c * area, height, width, dst, d0 + c * per, geo.pt, geo.pl,
                       geo.hp, geo.wp, geo.mode)
         else:
-            pad_plane(xf, x0 + c * area, height, width, pad, 0, geo.pt, geo.pl, geo.hp, geo.wp,
+            pad_plane(xf, x0 + c * area, height, width, pad, START, geo.pt, geo.pl, geo.hp, geo.wp,
                       geo.mode)
             _split_phases(pad, geo.hp, geo.wp, geo.sh, geo.sw, dst, d0 + c * per, hq, wq)
 
 
-@jit_inline
+@jit
 def widen_planes(gf, g0, n_planes, out_h, out_w, wide, w0, row, stride):
     """Copy ``n_planes`` output planes (``gf[g0:]``) into wide rows ``wide[w0 + k*stride +
     i*row]``; the entries past ``OW`` are left as they are (the caller keeps them zero)."""
@@ -151,7 +152,7 @@ def conv2d_fwd_cpu(x, w, b, has_bias, y, geo):
     for n in range(n_batch):
         for g in range(geo.groups):
             _load_planes(xf, (n * n_in + g * group_in) * height * width, group_in, height, width,
-                         pad, xph, 0, geo, hq, wq)
+                         pad, xph, START, geo, hq, wq)
             for o in range(g * group_out, (g + 1) * group_out):
                 start = b[o] if has_bias else zero
                 for c in range(group_in):
@@ -221,8 +222,8 @@ def conv2d_bwd_input_cpu(dy, w, dx, geo):
                             axpy_scatter_row(phased, _tap(p, q, geo, hq, wq), 1,
                                              wf[w0 + p * kw_size + q], gwide, k * stride, span)
                 if not unit:
-                    _merge_phases(phased, 0, hq, wq, geo.sh, geo.sw, plane, hp, wp)
-                fold_plane(plane, 0, hp, wp, dxf, (n * n_in + g * group_in + c) * height * width,
+                    _merge_phases(phased, START, hq, wq, geo.sh, geo.sw, plane, hp, wp)
+                fold_plane(plane, START, hp, wp, dxf, (n * n_in + g * group_in + c) * height * width,
                            height, width, geo.pt, geo.pl, geo.mode)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from numba import uintp
 
 from ._jit import jit
-from ._rows import add_scatter_row, copy8, fill_row, gather_row, row_sum
+from ._rows import START, add_scatter_row, copy8, fill_row, gather_row, row_sum
 from .padding import fold_plane, pad_planes
 
 IM2COL_CHUNK_BYTES = 1 << 19
@@ -174,7 +174,7 @@ def im2col_cpu(x, n0, n1, xpad, cols, geo):
     for n in range(n0, n1):
         x0 = n * n_in * height * width
         if padded:
-            pad_planes(xf, x0, n_in, height, width, xpad, 0, geo)
+            pad_planes(xf, x0, n_in, height, width, xpad, START, geo)
             src, s0 = xpad, 0
         else:
             src, s0 = xf, x0
@@ -210,7 +210,7 @@ def _col2im_cpu(cols, n0, n1, plane, dx, geo):
                         add_scatter_row(plane, (i * geo.sh + p * geo.dh) * wp + q * geo.dw,
                                         geo.sw, colf, r0 + i * out_w, out_w)
                     r0 += area
-            fold_plane(plane, 0, hp, wp, dxf, (n * n_in + c) * height * width, height, width,
+            fold_plane(plane, START, hp, wp, dxf, (n * n_in + c) * height * width, height, width,
                        geo.pt, geo.pl, geo.mode)
 
 
@@ -251,7 +251,7 @@ def _col2im_wide_cpu(cols, n0, n1, plane, dx, geo):
                 for q in range(geo.kw):
                     add_scatter_row(plane, p * geo.dh * wp + q * geo.dw, 1, colf, r0, run)
                     r0 += span
-            fold_plane(plane, 0, hp, wp, dxf, (n * n_in + c) * height * width, height, width,
+            fold_plane(plane, START, hp, wp, dxf, (n * n_in + c) * height * width, height, width,
                        geo.pt, geo.pl, geo.mode)
 
 

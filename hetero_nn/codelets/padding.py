@@ -27,6 +27,9 @@ it is the interior alone.
 before and the rest after (the extra one at the bottom/right for even kernels),
 and is refused with a stride above 1; ``'valid'`` is no padding. Both are
 PyTorch's rules (``torch.nn.Conv2d`` and ``F.conv2d``).
+
+The Numba functions pad or fold a whole plane: kernels call them (``jit``, one call
+per plane) rather than inline them (see ``_jit.jit_inline``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numbers
 
 from numba import uintp
 
-from ._jit import jit_inline
+from ._jit import jit, jit_inline
 from ._rows import gather_row
 
 __all__ = ["MODES", "mode_code", "resolve_padding", "check_mode_fits", "pad_xp", "fold_xp"]
@@ -160,7 +163,7 @@ def fold_xp(xp, g, height, width, pads, mode):
 
 # --------------------------------------------------------------------------- Numba
 
-@jit_inline
+@jit
 def pad_plane(src, s0, height, width, dst, d0, pt, pl, hp, wp, mode):
     """Copy the ``height x width`` plane ``src[s0:]`` into the ``hp x wp`` plane ``dst[d0:]``
     padded in ``mode`` (a code). With ``ZEROS`` only the interior is written: the caller
@@ -180,7 +183,7 @@ def pad_plane(src, s0, height, width, dst, d0, pt, pl, hp, wp, mode):
             dst[row + uintp(s)] = src[s_row + uintp(_source(s - pl, width, mode))]
 
 
-@jit_inline
+@jit
 def pad_planes(src, s0, n_planes, height, width, dst, d0, geo):
     """:func:`pad_plane` for ``n_planes`` consecutive planes of ``src[s0:]`` into ``dst[d0:]``;
     ``geo`` has the fields ``pt, pl, hp, wp, mode`` (a convolution's geometry)."""
@@ -190,7 +193,7 @@ def pad_planes(src, s0, n_planes, height, width, dst, d0, geo):
                   geo.pt, geo.pl, geo.hp, geo.wp, geo.mode)
 
 
-@jit_inline
+@jit
 def fold_plane(src, s0, hp, wp, dst, d0, height, width, pt, pl, mode):
     """Write into ``dst[d0:]`` (``height x width``) the fold of the padded gradient plane
     ``src[s0:]`` (``hp x wp``): its interior, plus in a mode other than ``ZEROS`` each

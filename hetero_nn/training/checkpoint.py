@@ -13,6 +13,9 @@ key                                    value
 ``optimizer/steps``                    optimizer steps taken (int64)
 ``optimizer/hyper``                    its hyper-parameters (JSON string)
 ``optimizer/state/<name>/<buffer>``    momentum / moment buffers per weight
+``optimizer/momentum_started``         SGD: per parameter group, whether its momentum
+                                       buffers have started (bool; optional: absent,
+                                       a group with a momentum started at step 1)
 ``progress/epoch``                     epochs completed
 ``progress/step``                      steps done in the epoch in progress (0 at an
                                        epoch boundary)
@@ -179,6 +182,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
         for name, buffers in optimizer.get("state", {}).items():
             for buffer, value in buffers.items():
                 arrays[f"optimizer/state/{name}/{buffer}"] = np.asarray(value)
+        if "momentum_started" in optimizer:
+            arrays["optimizer/momentum_started"] = np.array(optimizer["momentum_started"], bool)
     progress = dict(progress or {})
     for key, value in (("epoch", epoch), ("step", step), ("global_step", global_step)):
         progress[key] = value
@@ -268,6 +273,13 @@ def read_checkpoint(path) -> Checkpoint:
         optimizer = {"type": str(scalar("optimizer/type", "U")),
                      "steps": int(scalar("optimizer/steps", "iu")),
                      "hyper": document("optimizer/hyper"), "state": state}
+        if "optimizer/momentum_started" in arrays:
+            started = take("optimizer/momentum_started")
+            if started.ndim != 1 or started.dtype != bool:
+                raise CheckpointError(f"{path}: 'optimizer/momentum_started' should be a bool "
+                                      f"vector, got {started.dtype} array of shape "
+                                      f"{started.shape}")
+            optimizer["momentum_started"] = started.tolist()
     progress = {k: int(scalar(f"progress/{k}", "iu")) for k in _PROGRESS_INT}
     progress.update({k: float(scalar(f"progress/{k}", "f")) for k in _PROGRESS_FLOAT})
     progress.update({k: kind(scalar(f"progress/{k}", "iuf")) for k, kind in _PROGRESS_OPTIONAL.items()
@@ -334,7 +346,7 @@ def check_optimizer_state(ckpt: Checkpoint, optimizer, model) -> dict | None:
         raise CheckpointError(f"{ckpt.path}: optimizer state is for {sd['type']}, the trainer "
                               f"uses {kind}")
     params = dict(model.named_parameters())
-    buffers = tuple(optimizer.buffers)
+    buffers = tuple(optimizer.state_buffers)
     state = {}
     for name, bufs in sd["state"].items():
         if name not in params:
@@ -350,13 +362,17 @@ def check_optimizer_state(ckpt: Checkpoint, optimizer, model) -> dict | None:
                 raise CheckpointError(f"{ckpt.path}: 'optimizer/state/{name}/{b}' has shape "
                                       f"{value.shape}, the model expects {p.data.shape}")
             state[name][b] = np.asarray(value, dtype=p.data.dtype)
-    if sd["steps"] > 0:
+    if sd["steps"] > 0:  # every weight has the buffers the optimizer keeps or any weight has
+        kept = set(optimizer.buffers).union(*(bufs for bufs in state.values()))
         for name in params:
-            missing = [b for b in buffers if b not in state.get(name, {})]
+            missing = [b for b in buffers if b in kept and b not in state.get(name, {})]
             if missing:
                 raise CheckpointError(f"{ckpt.path}: no 'optimizer/state/{name}/{missing[0]}' "
                                       f"after {sd['steps']} {kind} steps")
-    return {"steps": sd["steps"], "hyper": sd["hyper"], "state": state}
+    fitted = {"steps": sd["steps"], "hyper": sd["hyper"], "state": state}
+    if "momentum_started" in sd:
+        fitted["momentum_started"] = sd["momentum_started"]
+    return fitted
 
 
 def model_architecture(model) -> dict:
