@@ -5,7 +5,8 @@ A *side* is one configuration under test, described by a spec (a plain dict, so 
 can cross a process boundary):
 
 - ``{"kind": "hetero_nn", "model", "shape", "batch", "g", "fuse", "workers", "cache"}``
-  (and optionally ``"policy"``, default ``"dmda"``):
+  (and optionally ``"policy"``, default ``"dmda"``, and ``"devices"``, default
+  ``"cpu:W"``):
   ``hn.build_model(model, shape, 10, seed=0)`` (``model.fuse = fuse``) trained by a
   :class:`~hetero_nn.Trainer` (SGD, lr 0.01, momentum 0.9; capture and replay, the
   Trainer's default) on ``Runtime(devices="cpu:W", policy=policy, perfmodel=cache)``,
@@ -116,7 +117,8 @@ class HeteroSide:
             "" if policy == "dmda" else f" {policy}")
         self.model = hn.build_model(spec["model"], tuple(spec["shape"]), CLASSES, seed=0)
         self.model.fuse = fuse
-        self.rt = hn.Runtime(devices=f"cpu:{spec['workers']}", policy=policy,
+        devices = spec.get("devices", f"cpu:{spec['workers']}")
+        self.rt = hn.Runtime(devices=devices, policy=policy,
                              perfmodel=spec.get("cache"))
         try:
             self.trainer = hn.Trainer(self.model, runtime=self.rt, batch_size=spec["batch"],
