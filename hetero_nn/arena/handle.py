@@ -75,7 +75,7 @@ class Handle:
     __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "index", "box",
                  "plans", "_replicas", "root", "_grid", "_lock", "temporary", "generation",
                  "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
-                 "_redux", "__weakref__")
+                 "_redux", "placed", "__weakref__")
 
     def __init__(self, shape, dtype, name=None, *, owner=None, parent=None, index=None,
                  box=None, temporary=False, generation=0):
@@ -111,6 +111,7 @@ class Handle:
         self._readers: list = []
         self._live_below = 0          # handles below this one with dependency state
         self._redux: list = []
+        self.placed = None            # what allocates a root's replicas when not its node
 
     # ---------------------------------------------------------------- partitioning
     def split(self, axis: int = 0, n: int = 2) -> tuple["Handle", ...]:
@@ -172,6 +173,8 @@ class Handle:
         if arr is None:
             if self.parent is not None:
                 arr = self.parent.replica(node)[self.index]
+            elif self.placed is not None:  # the runtime laid it out (scheduler/lifetimes.py)
+                arr = self.placed.array(node, self)
             elif self.temporary:
                 arr = node.arena.empty(self.shape, self.dtype)
             else:

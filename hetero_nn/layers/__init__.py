@@ -9,10 +9,11 @@ from .dropout import Dropout
 from .loss import SoftmaxCrossEntropy
 from .normalization import BatchNorm2D
 from .pool import MaxPool2D
+from .recompute import Checkpoint
 from .residual import Residual
 from .sequential import Sequential
 
-__all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
+__all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Checkpoint", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
            "GlobalAvgPool2D", "Layer", "LeakyReLU", "LogSoftmax", "MaxPool2D", "Parameter", "ReLU",
            "Residual", "Sequential", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "evaluating",
            "manual_seed"]

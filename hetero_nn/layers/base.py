@@ -130,6 +130,11 @@ class Layer:
 
     training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
+    recomputing = False
+    """True while a :class:`~hetero_nn.layers.Checkpoint` runs this layer's forward again
+    for its backward: a layer with per-step state (a dropout step, running statistics)
+    then repeats its first forward of the step without advancing that state."""
+
     step_input = None
     """The handle of per-step data (a mask key, a momentum) the last ``forward``
     registered and its tasks read, or None; see :meth:`replayed`."""

@@ -86,6 +86,7 @@ Before its second replay a graph fuses its chains of small tasks into bundles
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -93,11 +94,13 @@ import weakref
 
 import numpy as np
 
+from ..arena.arena import Arena
 from ..arena.handle import Handle, acquire
 from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..codelets.pinned import PINNED_VARIANTS
 from ..errors import ConfigError, DeviceError, SubmitError
 from .devices import make_workers
+from .lifetimes import ArenaLayout, Lifetimes, PlainAllocation
 from .trace import TaskRecord, TransferRecord, Trace
 
 _perf = time.perf_counter
@@ -154,6 +157,12 @@ class Runtime:
         inputs are ready while the program is still submitting. False: they run
         only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
         executors, captures and runtimes with CUDA workers always work that way).
+    arenas : bool
+        True (the default): the temporaries of a flush that runs as one DAG share one
+        region per memory node, laid out from their lifetimes (see :meth:`release` and
+        :mod:`~hetero_nn.scheduler.lifetimes`). False: every temporary is a plain
+        allocation of its own, made when a task first uses it (the memory study's
+        baseline).
 
     Examples
     --------
@@ -172,7 +181,8 @@ class Runtime:
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
-                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
+                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
+                 arenas: bool = True):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -218,6 +228,10 @@ class Runtime:
         self._records: list = []
         self._capturing = None
         self._closed = False
+        self.arenas = bool(arenas)
+        self._plain = None if self.arenas else PlainAllocation()
+        self._released: set = set()  # roots released in this flush
+        self._collectors: list = []  # lists collecting the temporaries made (collect_temporaries)
         self._streaming = False
         self.executor = self._make_executor(executor, make_policy)
         self.overlap = (bool(overlap) and self.executor_name == "local"
@@ -269,8 +283,44 @@ class Runtime:
 
     def _temporary(self, shape, dtype, name):
         if self._capturing is not None:  # the captured graph's own: outlives arena resets
-            return Handle(shape, dtype, name, owner=self)
-        return Handle(shape, dtype, name, owner=self, temporary=True, generation=self._generation)
+            h = Handle(shape, dtype, name, owner=self)
+            self._capturing._made.add(h)
+        else:
+            h = Handle(shape, dtype, name, owner=self, temporary=True,
+                       generation=self._generation)
+        if self._plain is not None:
+            h.placed = self._plain
+        for made in self._collectors:
+            made.append(h)
+        return h
+
+    def release(self, *handles):
+        """Declare that nothing reads these temporaries after the current flush (StarPU's
+        ``starpu_data_invalidate_submit``): in a flush laid out whole, each one's bytes
+        serve later temporaries once the last task of this flush that accesses it has
+        run (:mod:`~hetero_nn.scheduler.lifetimes`). Tasks may still be submitted on it
+        until the flush ends; it must not be fetched after. A flush that streams keeps
+        every temporary to its end."""
+        capture = self._capturing
+        for h in handles:
+            if type(h) is not Handle or h.owner is not self:
+                raise SubmitError(f"release: {h!r} is not a handle of this Runtime")
+            root = h.root
+            if not ((root.temporary and root.generation == self._generation)
+                    or (capture is not None and root in capture._made)):
+                raise SubmitError(f"release: handle {h.name!r} is not a temporary of the "
+                                  "current flush")
+            self._released.add(root)
+
+    @contextlib.contextmanager
+    def collect_temporaries(self):
+        """Collect in a list the temporaries made inside the ``with`` block."""
+        made: list = []
+        self._collectors.append(made)
+        try:
+            yield made
+        finally:
+            self._collectors.remove(made)
 
     # ------------------------------------------------------------------ submission
     def submit(self, codelet: Codelet, *handles, **params):
@@ -452,6 +502,7 @@ class Runtime:
 
     def _combine(self, h):
         parts = [p for p, _ in h._redux]
+        self._released.update(parts)  # read by this tree alone
         rc = self._redux_codelet(h._redux[0][1])
         h._redux = []
         step = 1
@@ -539,6 +590,8 @@ class Runtime:
         ``FEED_EVERY`` runs (and at the end of a flush) they go to the model in one
         locked update, so workers rarely contend on it and exploration still
         adapts within a flush."""
+        if task.frees is not None:  # arenas=False: drop what this task was the last to use
+            self._plain.finished(task)
         if self.perfmodel is not None and task.error is None:
             measured = self._measured
             measured.append((task, kind))
@@ -630,15 +683,48 @@ class Runtime:
             finally:
                 self._end_flush(tasks)
             return
+        lifetimes = self._lay_out(tasks)
         if self._capturing is not None:
             self._capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
-        self._run(tasks, False)
+            self._capturing._lifetimes.append(lifetimes)
+        self._run(tasks, False, lifetimes)
 
-    def _run(self, tasks, planned):
+    def _lay_out(self, tasks):
+        """The :class:`Lifetimes` of a flush run as one DAG by the local executor, its
+        temporaries placed (arena layout, reuse ordered) or tracked (``arenas=False``);
+        None where nothing is planned."""
+        if self.executor_name != "local":
+            return None
+        made = None if self._capturing is None else self._capturing._made
+        generation = self._generation
+
+        def plannable(root):
+            if root._replicas:  # allocated by an earlier flush of this capture
+                return False
+            return (root.temporary and root.generation == generation) or (
+                made is not None and root in made)
+
+        lifetimes = Lifetimes(tasks, plannable, self._released)
+        if not lifetimes.roots:
+            return None
+        if self._plain is not None:
+            self._plain.track(lifetimes)
+            return lifetimes
+        graph = self._capturing
+        take = ((lambda node, n: node.arena.empty((max(n, 1),), np.uint8)) if graph is None
+                else graph._region)
+        lifetimes.layout = layout = ArenaLayout(lifetimes, take)
+        for root in lifetimes.roots:
+            root.placed = layout
+        return lifetimes
+
+    def _run(self, tasks, planned, lifetimes=None):
         """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
         its plan), then end the flush."""
         for node in self.nodes:
             node.arena.reset()
+        if lifetimes is not None and self._plain is not None:
+            self._plain.begin(lifetimes)
         try:
             if planned:
                 self.executor.run(tasks, planned=True)
@@ -651,6 +737,9 @@ class Runtime:
         """After ``tasks`` ran: dependency state dropped, the arenas' generation ended,
         measurements and records kept."""
         self._drop_dependency_state()
+        self._released.clear()
+        if self._plain is not None:
+            self._plain.forget_flush(self._generation)
         self._generation += 1
         if self._measured:
             self._feed_perfmodel()
@@ -679,7 +768,7 @@ class Runtime:
         ids = self._ids
         now = _perf()
         planned, graph._planned = graph._planned, True
-        for segment in graph._segments:
+        for segment, lifetimes in zip(graph._segments, graph._lifetimes):
             tasks = []
             for t, preds, succ in segment:
                 t.rearm(next(ids), now)  # fresh ids in the same (topological) order
@@ -689,7 +778,7 @@ class Runtime:
                 t.succ = succ
                 t.npred = len(preds)
                 tasks.append(t)
-            self._run(tasks, planned)
+            self._run(tasks, planned, lifetimes)
 
     def fetch(self, handle: Handle, copy: bool = False):
         """Wait, then return ``handle``'s data as a coherent host NumPy array.
@@ -880,6 +969,9 @@ class Graph:
         self._planned = True  # False after fusion: a static policy plans the new tasks
         self.replays = 0
         self.bundles = None  # the BundleReport of fuse_chains, once decided
+        self._made: set = set()  # temporaries made while capturing: the graph's own
+        self._lifetimes: list = []  # per segment, its Lifetimes (or None)
+        self._arenas: dict = {}  # node index -> the Arena holding this graph's regions
 
     def __enter__(self):
         self.runtime._capturing = self
@@ -894,6 +986,20 @@ class Graph:
         finally:
             rt._capturing = None
         return False
+
+    def _region(self, node, nbytes):
+        """``nbytes`` of this graph's own arena on ``node``: a segment's layout region."""
+        arena = self._arenas.get(node.index)
+        if arena is None:
+            arena = self._arenas.setdefault(
+                node.index, Arena(f"{node.name}.graph", xp=node.arena.xp,
+                                  block_bytes=1 << 16))  # a region over 64 KiB: its own block
+        return arena.empty((max(nbytes, 1),), np.uint8)
+
+    def arena_stats(self) -> dict:
+        """Per memory node the graph's temporaries are on, its arena's statistics."""
+        nodes = {n.index: n.name for n in self.runtime.nodes}
+        return {nodes[i]: a.stats for i, a in sorted(self._arenas.items())}
 
     @property
     def num_tasks(self) -> int:

@@ -13,7 +13,7 @@ class Task:
 
     __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "done",
                  "eligible", "variant", "worker", "t_submit", "t_ready", "t_start", "t_end",
-                 "bytes_in", "predicted", "priority", "assigned", "error", "_fp")
+                 "bytes_in", "predicted", "priority", "assigned", "error", "_fp", "frees")
 
     def __init__(self, task_id, codelet, handles, modes, params, t_submit):
         self.id = task_id
@@ -38,6 +38,7 @@ class Task:
         self.assigned = None        # heft's static worker
         self.error = None
         self._fp = None             # cached (footprint, size) for the perfmodel
+        self.frees = None           # released roots to report when done (Runtime(arenas=False))
 
     def rearm(self, task_id, now):
         """Reset the per-run state for a replay: a fresh id, not done, no variant, worker,

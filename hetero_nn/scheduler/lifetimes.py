@@ -1,0 +1,250 @@
+"""Lifetimes of a flush's temporaries: where each one lives in its memory node's arena,
+and from when its bytes may serve another one.
+
+Policy
+------
+When the runtime hands a closed DAG to the local executor (a capture, a replay, a
+flush that does not stream), it knows every task that will touch each temporary
+(``rt.temporary``, REDUX partials, the temporaries a capture makes). A temporary's
+*interval* is the span of submission indices of the tasks that access it (through
+any handle of its root). A temporary *released* with :meth:`Runtime.release
+<hetero_nn.scheduler.runtime.Runtime.release>` (nothing reads it after this flush)
+ends at its last access; any other one at the end of the flush, since it may be
+fetched. Offsets are assigned greedily by size, largest first, each at the lowest
+64-byte-aligned offset where no temporary of an intersecting interval lies (the
+"greedy by size" assignment of TensorFlow Lite's arena planner). The flush then needs
+one region of ``peak`` bytes per memory node, taken from the node's arena (from the
+graph's own arenas for a capture, so a replay finds it again) when a temporary is
+first used there; every replica of a temporary is a view of its node's region at the
+temporary's offset. Placement depends on the task list alone: a replay uses the
+same bytes, and :attr:`ArenaLayout.peak` is the arena's high-water for the flush.
+
+Two temporaries that share bytes run in order: a dependency is added from each
+*last* accessor of the earlier one (an accessor with no successor among its
+accessors) to each *first* accessor of the later one (no predecessor among its
+accessors). Every accessor of a root follows a first one and precedes a last one,
+so no task of the later temporary starts before every task of the earlier one has
+finished, and the edges go forward in submission order (no cycle). Transfers and
+prefetches run for a task whose predecessors have finished, so they obey the order too.
+
+With ``Runtime(arenas=False)`` (the memory study's baseline: plain per-task
+allocation) nothing is placed and no edge is added: each replica is an allocation of
+its own (``node.empty``) made when a task first uses it, dropped when the last task
+of a released temporary has run, or when the next run of the flush starts (a
+replay) for the others.
+
+State
+-----
+``Lifetimes.roots``: planned roots in order of first access; ``first``/``last``: root
+-> submission index; ``accessors``: root -> tasks in submission order; ``released``:
+the released roots. ``ArenaLayout.offset``: root -> bytes; ``peak``; ``regions``: node
+index -> the region. ``PlainAllocation.remaining``: released root -> accessors not yet
+finished in this run; ``live``/``high_water``/``allocations`` per node name.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..codelets.codelet import SCRATCH
+
+ALIGNMENT = 64
+_END = float("inf")
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+class Lifetimes:
+    """The planned roots of one flush (``tasks`` in submission order) and their intervals.
+
+    ``plannable(root)`` says which roots the runtime places (temporaries not yet
+    allocated); ``released`` is the set of roots released in this flush.
+    """
+
+    def __init__(self, tasks, plannable, released):
+        first, last, accessors = {}, {}, {}
+        for i, task in enumerate(tasks):
+            for h, m in zip(task.handles, task.modes):
+                if m is SCRATCH:
+                    continue
+                root = h.root
+                if root in last:
+                    if last[root] != i:  # not the same root twice in one task
+                        last[root] = i
+                        accessors[root].append(task)
+                elif plannable(root):
+                    first[root] = last[root] = i
+                    accessors[root] = [task]
+        self.tasks = tasks
+        self.roots = list(first)
+        self.first, self.last, self.accessors = first, last, accessors
+        self.released = {r for r in self.roots if r in released}
+
+    def end(self, root) -> float:
+        """The submission index after which ``root``'s bytes are free (inf: the flush's end)."""
+        return self.last[root] if root in self.released else _END
+
+    def first_accessors(self, root) -> list:
+        mine = set(self.accessors[root])
+        return [t for t in self.accessors[root] if not any(p in mine for p in t.preds)]
+
+    def last_accessors(self, root) -> list:
+        mine = set(self.accessors[root])
+        return [t for t in self.accessors[root] if not any(s in mine for s in t.succ)]
+
+
+class ArenaLayout:
+    """Offsets of a flush's planned temporaries in one region per memory node.
+
+    ``take(node, nbytes)`` gives the region's bytes on a node (an arena's ``empty``);
+    it is called once per node, the first time a planned temporary is used there.
+    """
+
+    def __init__(self, lifetimes, take):
+        self.lifetimes = lifetimes
+        self._take = take
+        self.offset: dict = {}
+        placed = []  # (offset, end offset, first, end) of the roots placed so far
+        for root in sorted(lifetimes.roots, key=lambda r: (-r.nbytes, lifetimes.first[r])):
+            lo, hi = lifetimes.first[root], lifetimes.end(root)
+            size = _round_up(max(root.nbytes, 1))
+            busy = sorted((a, b) for a, b, f, e in placed if f <= hi and lo <= e)
+            offset = 0
+            for a, b in busy:
+                if offset + size <= a:
+                    break
+                offset = max(offset, b)
+            self.offset[root] = offset
+            placed.append((offset, offset + size, lo, hi))
+        self.peak = max((b for _, b, _, _ in placed), default=0)
+        self.regions: dict = {}
+        self._lock = threading.Lock()
+        self.edges = self._order_reuse(placed)
+
+    def _order_reuse(self, placed) -> int:
+        """Add the dependencies that keep temporaries sharing bytes in order (module
+        docstring); returns how many were added."""
+        lt = self.lifetimes
+        by_start = sorted(lt.roots, key=lambda r: lt.first[r])
+        added = 0
+        spans = {r: (self.offset[r], self.offset[r] + _round_up(max(r.nbytes, 1)))
+                 for r in lt.roots}
+        for j, later in enumerate(by_start):
+            a1, b1 = spans[later]
+            heads = None
+            for earlier in by_start[:j]:
+                if lt.end(earlier) >= lt.first[later]:
+                    continue
+                a0, b0 = spans[earlier]
+                if not (a0 < b1 and a1 < b0):
+                    continue
+                if heads is None:
+                    heads = lt.first_accessors(later)
+                for t in lt.last_accessors(earlier):
+                    for h in heads:
+                        if h not in t.succ:
+                            t.succ.append(h)
+                            h.preds.append(t)
+                            h.npred += 1
+                            added += 1
+        return added
+
+    def array(self, node, root):
+        """``root``'s replica on ``node``: a view of the node's region at its offset."""
+        region = self.regions.get(node.index)
+        if region is None:
+            with self._lock:
+                region = self.regions.get(node.index)
+                if region is None:
+                    region = self.regions[node.index] = self._take(node, self.peak)
+        start = self.offset[root]
+        return region[start:start + root.nbytes].view(root.dtype).reshape(root.shape)
+
+
+class PlainAllocation:
+    """Per-task allocation (``Runtime(arenas=False)``): a replica is ``node.empty`` when a
+    task first uses it; a released root's replicas are dropped after its last accessor.
+
+    Counts, per node name, the arrays allocated (``allocations``), the bytes they hold
+    (``live``) and the most held at once (``high_water``).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.remaining: dict = {}
+        self.allocations: dict = {}
+        self.live: dict = {}
+        self.high_water: dict = {}
+        self.holding: dict = {}  # root -> node names holding a replica
+
+    def array(self, node, root):
+        arr = node.empty(root.shape, root.dtype)
+        with self._lock:
+            name = node.name
+            self.allocations[name] = self.allocations.get(name, 0) + 1
+            live = self.live[name] = self.live.get(name, 0) + root.nbytes
+            if live > self.high_water.get(name, 0):
+                self.high_water[name] = live
+            self.holding.setdefault(root, []).append(name)
+        return arr
+
+    def track(self, lifetimes) -> None:
+        """Mark the accessors of the released roots of a flush to report when they
+        finish (``Task.frees``: the released roots each one accesses)."""
+        for root in lifetimes.released:
+            for t in lifetimes.accessors[root]:
+                t.frees = (*(t.frees or ()), root)
+
+    def begin(self, lifetimes) -> None:
+        """A run of the flush starts: drop the replicas the last run left, count the
+        accessors of the released roots."""
+        for root in lifetimes.roots:
+            self.drop(root)
+        with self._lock:
+            for root in lifetimes.released:
+                self.remaining[root] = len(lifetimes.accessors[root])
+
+    def forget_flush(self, generation) -> None:
+        """The flush of ``generation`` ended: stop counting its temporaries (their arrays
+        go when the program drops the handles; an arena would reset here)."""
+        with self._lock:
+            gone = [r for r in self.holding if r.temporary and r.generation == generation]
+            for root in gone:
+                for name in self.holding.pop(root):
+                    self.live[name] -= root.nbytes
+                self.remaining.pop(root, None)
+
+    def finished(self, task) -> None:
+        """``task`` ran: drop the released roots it was the last accessor of."""
+        done = []
+        with self._lock:
+            for root in task.frees:
+                left = self.remaining.get(root, 0) - 1
+                self.remaining[root] = left
+                if left == 0:
+                    done.append(root)
+        for root in done:
+            self.drop(root)
+
+    def drop(self, root) -> None:
+        """Forget ``root``'s replicas (and its views' ones): the arrays are freed."""
+        with self._lock:
+            names = self.holding.pop(root, ())
+            for name in names:
+                self.live[name] -= root.nbytes
+        if not names:
+            return
+        with root._lock:
+            stack = [root]
+            while stack:
+                h = stack.pop()
+                h._replicas.clear()
+                for plan in h.plans.values():
+                    stack.extend(plan.children)
+            if type(root._grid) is int:
+                root._grid = 0
+            else:
+                root._grid.mask[...] = 0
+
