@@ -40,6 +40,9 @@ State
 the released roots. ``ArenaLayout.offset``: root -> bytes; ``peak``; ``regions``: node
 index -> the region. ``PlainAllocation.remaining``: released root -> accessors not yet
 finished in this run; ``live``/``high_water``/``allocations`` per node name.
+``Temporaries`` (one per runtime): ``released`` in the current flush, ``collectors``
+(:meth:`Runtime.collect_temporaries <hetero_nn.scheduler.runtime.Runtime.collect_temporaries>`),
+``plain`` (the per-task allocator, or None).
 """
 
 from __future__ import annotations
@@ -248,3 +251,82 @@ class PlainAllocation:
             else:
                 root._grid.mask[...] = 0
 
+
+
+class Temporaries:
+    """One runtime's side of this module: the roots released in the current flush, the
+    lists collecting the temporaries made (``collect_temporaries``), and the per-task
+    allocator when the runtime has no arenas."""
+
+    __slots__ = ("rt", "plain", "released", "collectors")
+
+    def __init__(self, runtime, arenas: bool):
+        self.rt = runtime
+        self.plain = None if arenas else PlainAllocation()
+        self.released: set = set()
+        self.collectors: list = []
+
+    def made(self, h, capture) -> None:
+        """A temporary was just made (inside ``capture``, a Graph, or not)."""
+        if capture is not None:
+            capture._made.add(h)
+        if self.plain is not None:
+            h.placed = self.plain
+        for made in self.collectors:
+            made.append(h)
+
+    def release(self, handles, generation, capture) -> None:
+        from ..arena.handle import Handle
+        from ..errors import SubmitError
+
+        for h in handles:
+            if type(h) is not Handle or h.owner is not self.rt:
+                raise SubmitError(f"release: {h!r} is not a handle of this Runtime")
+            root = h.root
+            if not ((root.temporary and root.generation == generation)
+                    or (capture is not None and root in capture._made)):
+                raise SubmitError(f"release: handle {h.name!r} is not a temporary of the "
+                                  "current flush")
+            self.released.add(root)
+
+    def lay_out(self, tasks, generation, capture):
+        """The :class:`Lifetimes` of a flush the local executor runs as one DAG, its
+        temporaries placed (an :class:`ArenaLayout`, reuse ordered) or tracked
+        (per-task allocation); None where nothing is planned."""
+        if self.rt.executor_name != "local":
+            return None
+        made = None if capture is None else capture._made
+
+        def plannable(root):
+            if root._replicas:  # allocated by an earlier flush of this capture
+                return False
+            return (root.temporary and root.generation == generation) or (
+                made is not None and root in made)
+
+        lifetimes = Lifetimes(tasks, plannable, self.released)
+        if not lifetimes.roots:
+            return None
+        if self.plain is not None:
+            self.plain.track(lifetimes)
+            return lifetimes
+        take = _from_node_arena if capture is None else capture._region
+        lifetimes.layout = layout = ArenaLayout(lifetimes, take)
+        for root in lifetimes.roots:
+            root.placed = layout
+        return lifetimes
+
+    def begin(self, lifetimes) -> None:
+        """A run of a laid-out flush starts."""
+        if lifetimes is not None and self.plain is not None:
+            self.plain.begin(lifetimes)
+
+    def end(self, generation) -> None:
+        """The flush of ``generation`` ended."""
+        self.released.clear()
+        if self.plain is not None:
+            self.plain.forget_flush(generation)
+
+
+def _from_node_arena(node, nbytes):
+    """A flush's region on ``node`` from the node's arena (reset when the next flush runs)."""
+    return node.arena.empty((max(nbytes, 1),), "uint8")
