@@ -49,7 +49,11 @@ def write_powercap(tmp_path: Path, layout=LAYOUT, mmio=MMIO) -> Path:
 
 
 def set_energy(root: Path, zone: str, value: int) -> None:
-    (root / zone / "energy_uj").write_text(f"{value}\n")
+    """A new counter value, written whole (sysfs reads never see half a write)."""
+    target = root / zone / "energy_uj"
+    staged = target.with_name("energy_uj.new")
+    staged.write_text(f"{value}\n")
+    os.replace(staged, target)
 
 
 def test_finds_packages_and_dram_only(tmp_path):
