@@ -25,8 +25,6 @@ Examples::
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -36,6 +34,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from step_timing import Parser, make_side, synthetic_batches  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
 
 from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
 
@@ -100,18 +101,12 @@ def parse(argv):
 def main(argv=None) -> int:
     import tempfile
 
-    from hetero_nn.cli import environment
     from hetero_nn.energy import EnergyMeter
-    from hetero_nn.fileio import atomic_write_text
 
     args = parse(argv)
-    if not args.no_torch:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            print("energy.py: error: PyTorch is not installed (give --no-torch to meter "
-                  "hetero_nn alone)", file=sys.stderr)
-            return 2
+    if not args.no_torch and _results.torch_missing("energy.py",
+                                                    "give --no-torch to meter hetero_nn alone"):
+        return 2
     started = datetime.now(timezone.utc)
     meter = EnergyMeter(poll_seconds=args.poll_seconds)
     idle = None
@@ -129,17 +124,10 @@ def main(argv=None) -> int:
             finally:
                 side.close()
     options = {k: v for k, v in vars(args).items() if k != "cache"}
-    document = {"experiment": "energy", "started_utc": started.isoformat(timespec="seconds"),
-                "command": [sys.executable, *(sys.argv if argv is None else [__file__, *argv])],
-                **environment(), "options": options, "load_average": os.getloadavg(),
+    document = {**_results.head("energy", started, argv, options),
                 "counters": [{"name": c.name, "source": c.source} for c in meter.counters],
                 "unavailable": list(meter.unavailable), "idle": idle, "rows": rows}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"energy-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    text = json.dumps(document, indent=1) + "\n"
-    atomic_write_text(path, text)
-    atomic_write_text(results / "energy-latest.json", text)
+    path = _results.write(document, args.results, "energy", started)
     for row in rows:
         e = row["energy"]
         what = (f"{e['joules']:.1f} J, {1e3 * e['joules_per_image']:.2f} mJ/image"

@@ -108,3 +108,24 @@ def test_checkpoint_rejects_a_non_layer_and_release_a_non_temporary():
         h = rt.register(np.zeros(3))
         with pytest.raises(SubmitError, match="not a temporary"):
             rt.release(h)
+
+
+def test_trace_has_live_bytes_per_node_and_they_round_trip(tmp_path):
+    model = resnet(dtype="float32", check=True)
+    x = np.random.default_rng(0).standard_normal((8, 3, 12, 12)).astype(np.float32)
+    y = np.arange(8) % 10
+    with (hn.Runtime(devices="cpu:1,cuda-emu:1", perfmodel=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=8, granularity=2) as trainer):
+        trainer.train_step(x, y)
+        rt.trace(clear=True)
+        trainer.train_step(x, y)  # a replay
+        trace = rt.trace()
+        (graph,) = trainer.graphs.values()
+        peaks = {node: s.high_water for node, s in graph.arena_stats().items()}
+    live = trace.live_bytes()
+    assert set(live) <= set(peaks) and live
+    for node, series in live.items():
+        assert series[-1][1] == 0 and 0 < max(b for _, b in series) <= peaks[node]
+    again = hn.Trace.from_json(trace.to_json(tmp_path / "t.json"))
+    assert again.live_bytes() == live
+    assert any(e.get("ph") == "C" for e in trace.chrome_events())

@@ -118,3 +118,26 @@ class Checkpoint(Layer):
         _release_made(rt, made, dxs)
         self._xs = None
         return dxs
+
+
+def checkpoint_blocks(model, kinds=None):
+    """Wrap every layer of the Sequential ``model`` that is one of ``kinds`` (default:
+    ``Residual``) in a :class:`Checkpoint`, in place; returns ``model`` and the number
+    of layers wrapped. The ``state_dict`` keys do not change.
+
+    >>> import hetero_nn as hn
+    >>> model = hn.build_model("resnet-small", (3, 16, 16), 10)
+    >>> keys = list(model.state_dict())
+    >>> _, wrapped = checkpoint_blocks(model)
+    >>> wrapped, list(model.state_dict()) == keys
+    (3, True)
+    """
+    if kinds is None:
+        from .residual import Residual
+        kinds = (Residual,)
+    wrapped = 0
+    for i, layer in enumerate(model.layers):
+        if isinstance(layer, tuple(kinds)) and not isinstance(layer, Checkpoint):
+            model.layers[i] = Checkpoint(layer)
+            wrapped += 1
+    return model, wrapped

@@ -57,6 +57,7 @@ class Graph:
         self._made: set = set()  # temporaries made while capturing: the graph's own
         self._lifetimes: list = []  # per segment, its Lifetimes (or None)
         self._arenas: dict = {}  # node index -> the Arena holding this graph's regions
+        runtime._temporaries.graphs.add(self)
 
     def __enter__(self):
         self.runtime._flushes.capturing = self

@@ -35,7 +35,8 @@ topological order), whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: trace records of executed tasks.
+recorded, or None. ``records``: trace records of executed tasks; ``memory``: the
+lifetimes of the temporaries of flushes run as one DAG (trace memory records).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Flushes:
         self.generation = 0
         self.capturing = None
         self.records: list = []
+        self.memory: list = []
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -113,9 +115,9 @@ class Flushes:
             else:
                 rt.executor.run(tasks)
         finally:
-            self.end(tasks)
+            self.end(tasks, lifetimes)
 
-    def end(self, tasks):
+    def end(self, tasks, lifetimes=None):
         """After ``tasks`` ran: dependency state dropped, the arenas' generation ended,
         measurements and records kept."""
         rt = self.rt
@@ -126,6 +128,8 @@ class Flushes:
             rt._variants.feed()
         if rt.tracing:
             self.records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+            if lifetimes is not None:
+                self.memory.extend(lifetimes.memory_records())
         for t in tasks:
             t.done = True
             t.preds = ()

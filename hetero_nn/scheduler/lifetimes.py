@@ -48,6 +48,7 @@ finished in this run; ``live``/``high_water``/``allocations`` per node name.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from ..codelets.codelet import SCRATCH
 
@@ -88,6 +89,32 @@ class Lifetimes:
     def end(self, root) -> float:
         """The submission index after which ``root``'s bytes are free (inf: the flush's end)."""
         return self.last[root] if root in self.released else _END
+
+    def memory_records(self) -> list:
+        """After a run: one :class:`~hetero_nn.scheduler.trace.MemoryRecord` per planned
+        root and memory node its tasks ran on, live from the first of them starting to
+        the last of all ending (released) or to the end of the flush (the others)."""
+        from .trace import MemoryRecord
+
+        ran = [t for t in self.tasks if t.t_start and t.worker is not None
+               and not isinstance(t.worker, str)]
+        if not ran:
+            return []
+        flush_end = max(t.t_end for t in ran)
+        out = []
+        for root in self.roots:
+            starts: dict = {}
+            last = 0.0
+            for t in self.accessors[root]:
+                if not t.t_start or t.worker is None or isinstance(t.worker, str):
+                    continue
+                node = t.worker.node.name
+                starts[node] = min(starts.get(node, t.t_start), t.t_start)
+                last = max(last, t.t_end)
+            end = last if root in self.released else flush_end
+            out.extend(MemoryRecord(root.name, node, root.nbytes, start, end)
+                       for node, start in starts.items())
+        return out
 
     def first_accessors(self, root) -> list:
         mine = set(self.accessors[root])
@@ -258,13 +285,32 @@ class Temporaries:
     lists collecting the temporaries made (``collect_temporaries``), and the per-task
     allocator when the runtime has no arenas."""
 
-    __slots__ = ("rt", "plain", "released", "collectors")
+    __slots__ = ("rt", "plain", "released", "collectors", "graphs")
 
     def __init__(self, runtime, arenas: bool):
         self.rt = runtime
         self.plain = None if arenas else PlainAllocation()
         self.released: set = set()
         self.collectors: list = []
+        self.graphs = weakref.WeakSet()  # captured graphs alive (their arenas)
+
+    def stats(self) -> dict:
+        """Per memory node name: ``high_water`` (most bytes held for temporaries: the node
+        arena's high-water plus the live graphs' arenas', or the most that per-task
+        arrays held at once) and ``allocations`` (real allocations so far: arena
+        blocks, or per-task arrays)."""
+        out = {}
+        for node in self.rt.nodes:
+            if self.plain is not None:
+                out[node.name] = {"high_water": self.plain.high_water.get(node.name, 0),
+                                  "allocations": self.plain.allocations.get(node.name, 0)}
+                continue
+            arenas = [node.arena] + [g._arenas[node.index] for g in list(self.graphs)
+                                     if node.index in g._arenas]
+            stats = [a.stats for a in arenas]
+            out[node.name] = {"high_water": sum(s.high_water for s in stats),
+                              "allocations": sum(s.block_allocations for s in stats)}
+        return out
 
     def made(self, h, capture) -> None:
         """A temporary was just made (inside ``capture``, a Graph, or not)."""

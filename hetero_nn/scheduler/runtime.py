@@ -387,11 +387,21 @@ class Runtime:
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
         records, transfers = self._flushes.records, self._binder.transfers
-        t = Trace(list(records), [w.name for w in self.workers], transfers=list(transfers))
+        memory = self._flushes.memory
+        t = Trace(list(records), [w.name for w in self.workers], transfers=list(transfers),
+                  memory=list(memory))
         if clear:
             records.clear()
             transfers.clear()
+            memory.clear()
         return t
+
+    def memory_stats(self) -> dict:
+        """Per memory node, the temporaries' ``high_water`` (bytes) and ``allocations``
+        (real allocations made so far): from the arenas (the node's and those of the
+        captured graphs alive), or, with ``arenas=False``, from the per-task arrays
+        (:mod:`~hetero_nn.scheduler.lifetimes`)."""
+        return self._temporaries.stats()
 
     @property
     def generation(self) -> int:
