@@ -16,7 +16,7 @@ from pathlib import Path
 
 def head(name, started, argv, options) -> dict:
     """The fields every result file starts with."""
-    from hetero_nn.cli import environment
+    from hetero_nn.cli.run_folder import environment
 
     script = Path(sys.modules["__main__"].__file__ if argv is None else name + ".py")
     return {"experiment": name, "started_utc": started.isoformat(timespec="seconds"),

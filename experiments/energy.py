@@ -38,7 +38,7 @@ from step_timing import Parser, make_side, synthetic_batches  # noqa: E402
 sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
 
-from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
+from hetero_nn.cli.options import positive_int  # noqa: E402
 
 
 def metered_run(side, spec, args, meter) -> dict:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
 from step_timing import Parser, Remote, interleave, synthetic_batches  # noqa: E402
 
-from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
+from hetero_nn.cli.options import positive_int  # noqa: E402
 
 #: Model -> the input it is studied on.
 SHAPES = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32),
