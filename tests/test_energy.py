@@ -153,3 +153,44 @@ def test_nvml_without_a_driver_says_why():
     counters, reasons = nvml_counters()
     if not counters:
         assert reasons and reasons[0].startswith("nvml:")
+
+
+def test_fit_records_energy_per_epoch_or_why_not():
+    import numpy as np
+
+    import hetero_nn as hn
+    from hetero_nn.training.progress import energy_total
+
+    counters, reasons = find_counters()
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal((24, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 24))
+    model = hn.build_model("dahl-basic", (1, 8, 8), 10, seed=0)
+    with (hn.Runtime(devices="cpu:1", perfmodel=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=8) as trainer):
+        history = trainer.fit(data, epochs=2, verbose=0)
+    for record in history:
+        assert {"energy_joules", "joules_per_image", "energy_reason"} <= set(record)
+        if counters:
+            assert record["energy_joules"] >= 0 and record["energy_reason"] is None
+        else:
+            assert record["energy_joules"] is None and record["joules_per_image"] is None
+            assert record["energy_reason"] == "; ".join(reasons)
+    total = energy_total(history)
+    assert (total["joules"] is None) == (not counters) and (total["reason"] is None) == bool(counters)
+    assert energy_total([])["reason"] == "no epoch finished"
+
+
+def test_metrics_json_carries_the_energy_fields(tmp_path):
+    from test_cli import DATA, TINY
+
+    from hetero_nn.cli import main
+    if not (DATA / "mnist").is_dir():
+        pytest.skip("the MNIST files are not in the shared datasets")
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--epochs", "1", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["energy"]) == {"joules", "joules_per_image", "reason"}
+    epoch = metrics["epochs"][0]
+    assert "energy_joules" in epoch and "joules_per_image" in epoch
+    if metrics["energy"]["joules"] is None:
+        assert metrics["energy"]["reason"] == epoch["energy_reason"] and epoch["energy_reason"]

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..training.progress import energy_total
 
 #: The files of a run in its --out folder besides its checkpoints (another run's refuse
 #: a new run there).
@@ -171,7 +172,7 @@ class RunFiles:
                 "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
                 "train_seconds": sum(r["seconds"] for r in history),
                 "wall_seconds": time.perf_counter() - self.t0,
-                "global_step": t.global_step, **self.env}
+                "global_step": t.global_step, "energy": energy_total(history), **self.env}
 
     def write_metrics(self, status, error=None):
         from ..fileio import atomic_write_text

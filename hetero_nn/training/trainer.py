@@ -52,6 +52,7 @@ from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..layers.base import evaluating
 from ..layers.loss import SoftmaxCrossEntropy
 from ..optim import SGD, LRScheduler, submit_clip_grad_norm
+from ..energy import EnergyMeter
 from ..scheduler.runtime import Runtime
 from . import checkpoint
 from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
@@ -62,7 +63,8 @@ from .step_cache import StepCache
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                "seconds", "images_per_second", "warmup_seconds")
+                "seconds", "images_per_second", "warmup_seconds", "energy_joules",
+                "joules_per_image")
 
 def _trainer_dtype(model, dtype) -> np.dtype:
     """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
@@ -181,6 +183,8 @@ class Trainer:
             self._warmed_up = False  # the first step of this process is timed apart (compilation)
             #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
             self.config: dict = {}
+            #: The EnergyMeter ``fit`` reads per epoch (made at the first ``fit``).
+            self.energy = None
             self.cluster = None
             if cluster is not None:
                 from .cluster import connect_trainer
@@ -456,6 +460,8 @@ class Trainer:
             ckdir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
         bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
+        if self.energy is None:
+            self.energy = EnergyMeter()
         while self.epoch < epochs:
             e = self.epoch
             order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
@@ -464,6 +470,7 @@ class Trainer:
             progress = self.progress
             bar = progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
                                not bar_wanted)
+            self.energy.start()
             try:
                 t_last = time.perf_counter()
                 if self.cluster is not None:  # the data is on the workers: batches are indices
@@ -496,11 +503,12 @@ class Trainer:
                     t_last = time.perf_counter()
             finally:
                 batches.close()  # joins the loader thread, also when a step raised
+                energy = self.energy.stop()
                 if bar is not None:
                     bar.close()
             if self.scheduler is not None and self.scheduler_interval == "epoch":
                 self.scheduler.step()
-            record = self._end_epoch(val)
+            record = self._end_epoch(val, energy)
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
             if verbose >= 1:
@@ -511,9 +519,9 @@ class Trainer:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
         return [dict(r) for r in self.history]
 
-    def _end_epoch(self, validation) -> dict:
+    def _end_epoch(self, validation, energy=None) -> dict:
         record = epoch_record(self.progress, self.epoch + 1, self.step_in_epoch,
-                              self.granularity)
+                              self.granularity, energy)
         if validation is not None:
             t0 = time.perf_counter()
             record["test_loss"], record["test_accuracy"] = self.evaluate(validation)
