@@ -177,6 +177,8 @@ class Runtime:
         self._eligible: dict = {}
         self._closed = False
         self._handles = HandleFactory(self)
+        self._placing = None  # (workers, tasks submitted) of the innermost placing() block
+        self._narrowed: dict = {}
         self.arenas = bool(arenas)
         self._temporaries = Temporaries(self, self.arenas)
         self._dependencies = Dependencies()
@@ -251,6 +253,53 @@ class Runtime:
         finally:
             collectors.remove(made)
 
+    @contextlib.contextmanager
+    def placing(self, workers):
+        """Place every task submitted inside the block on one of ``workers`` (Worker objects
+        or names), and collect those tasks in the list it yields (a pipeline stage's).
+
+        The constraint narrows each task's eligible workers, which the ``dmda``,
+        ``random`` and ``heft`` policies honour on every runtime and ``eager`` and ``ws``
+        where the workers are of several kinds."""
+        chosen = tuple(w for w in self.workers if w in workers or w.name in workers)
+        if not chosen:
+            raise SubmitError(f"placing: none of {list(workers)!r} is a worker of this "
+                              f"runtime ({[w.name for w in self.workers]})")
+        outer = self._placing
+        self._placing = (chosen, [])
+        try:
+            yield self._placing[1]
+        finally:
+            if outer is not None:
+                outer[1].extend(self._placing[1])
+            self._placing = outer
+
+    def _placed(self, codelet, eligible):
+        key = (eligible, self._placing[0])
+        narrowed = self._narrowed.get(key)
+        if narrowed is None:
+            narrowed = tuple(w for w in eligible if w in self._placing[0])
+            if not narrowed:
+                raise SubmitError(f"codelet {codelet.name!r} has variants for "
+                                  f"{sorted(codelet.kinds)}, none of which the workers it is "
+                                  f"placed on ({[w.name for w in self._placing[0]]}) run")
+            self._narrowed[key] = narrowed
+        return narrowed
+
+    def add_dependency(self, before, after):
+        """Make the submitted task ``after`` wait for ``before`` as well (an order the
+        data does not imply: a pipeline schedule). Both must belong to the current flush,
+        which must not stream (a capture, ``overlap=False``, CUDA workers, ``heft``)."""
+        flushes = self._flushes
+        if flushes.streaming:
+            raise SubmitError("add_dependency: this flush streams its tasks to the executor "
+                              "as they are submitted; order tasks inside a capture")
+        if after in before.succ:
+            return
+        before.succ.append(after)
+        after.preds = [*after.preds, before]
+        after.npred += 1
+
     # ------------------------------------------------------------------ submission
     def submit(self, codelet: Codelet, *handles, **params):
         """Submit ``codelet`` on ``handles`` (one per mode); ``params`` reach the variant."""
@@ -266,6 +315,9 @@ class Runtime:
             eligible = self._compute_eligible(codelet)
         task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
+        if self._placing is not None:
+            task.eligible = self._placed(codelet, eligible)
+            self._placing[1].append(task)
         preds: dict = {}
         redux = False
         generation = self._flushes.generation
