@@ -56,6 +56,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..layers.base import keeping_state
 from ..layers.normalization import BatchNorm2D
 
 SCHEDULES = ("1f1b", "gpipe", "pipedream")
@@ -330,7 +331,8 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
             return out
 
         holder = []
-        capture(rt, lambda: holder.extend(submitted()), steps=1)
+        with keeping_state(trainer.model):  # its forward counts batches and dropout steps
+            capture(rt, lambda: holder.extend(submitted()), steps=1)
         costs = [predict(kind) for kind in kinds]
         if any(c is None for c in costs):
             saved, trainer.pipeline = trainer.pipeline, None  # the same tasks, unplaced
