@@ -338,7 +338,12 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
             saved, trainer.pipeline = trainer.pipeline, None  # the same tasks, unplaced
             try:
                 with _state_kept(trainer):
-                    for _ in range(CALIBRATION_STEPS):  # the first: compilation, not kept
+                    models, rt.perfmodel = rt.perfmodel, None
+                    try:  # capture, compilation (tasks wait on it): no measurement kept
+                        trainer.train_step(x, y)
+                    finally:
+                        rt.perfmodel = models
+                    for _ in range(CALIBRATION_STEPS):
                         trainer.train_step(x, y)
                         if all(predict(kind) is not None for kind in kinds):
                             break
