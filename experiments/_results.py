@@ -14,6 +14,11 @@ import sys
 from pathlib import Path
 
 
+#: Built-in model -> the input the memory and pipeline studies train it on.
+SHAPES = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32),
+          "resnet-small": (3, 32, 32)}
+
+
 def head(name, started, argv, options) -> dict:
     """The fields every result file starts with."""
     from hetero_nn.cli.run_folder import environment

@@ -46,13 +46,11 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
+from _results import SHAPES  # noqa: E402
 from step_timing import Parser, Remote, interleave, synthetic_batches  # noqa: E402
 
 from hetero_nn.cli.options import positive_int  # noqa: E402
 
-#: Model -> the input it is studied on.
-SHAPES = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32),
-          "resnet-small": (3, 32, 32)}
 MIB = 2 ** 20
 
 

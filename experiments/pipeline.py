@@ -34,12 +34,10 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
+from _results import SHAPES  # noqa: E402
 from step_timing import LR, MOMENTUM, Parser, synthetic_batches  # noqa: E402
 
 from hetero_nn.cli.options import positive_int  # noqa: E402
-
-SHAPES = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32),
-          "resnet-small": (3, 32, 32)}
 
 
 def run_side(name, stages, g, schedule, args) -> dict:
