@@ -29,9 +29,10 @@ prefetches run for a task whose predecessors have finished, so they obey the ord
 
 With ``Runtime(arenas=False)`` (the memory study's baseline: plain per-task
 allocation) nothing is placed and no edge is added: each replica is an allocation of
-its own (``node.empty``) made when a task first uses it, dropped when the last task
-of a released temporary has run, or when the next run of the flush starts (a
-replay) for the others.
+its own (the node's array module's ``empty``, outside the node's memory-limit
+bookkeeping, as a program without arenas would call it) made when a task first uses
+it, dropped when the last task of a released temporary has run, or when the next run
+of the flush starts (a replay) for the others.
 
 State
 -----
@@ -194,7 +195,7 @@ class ArenaLayout:
 
 
 class PlainAllocation:
-    """Per-task allocation (``Runtime(arenas=False)``): a replica is ``node.empty`` when a
+    """Per-task allocation (``Runtime(arenas=False)``): a replica is ``xp.empty`` when a
     task first uses it; a released root's replicas are dropped after its last accessor.
 
     Counts, per node name, the arrays allocated (``allocations``), the bytes they hold
@@ -210,7 +211,8 @@ class PlainAllocation:
         self.holding: dict = {}  # root -> node names holding a replica
 
     def array(self, node, root):
-        arr = node.empty(root.shape, root.dtype)
+        with node.context():  # the array module's own allocator, as a program without
+            arr = node.xp.empty(root.shape, dtype=root.dtype)  # arenas would call it
         with self._lock:
             name = node.name
             self.allocations[name] = self.allocations.get(name, 0) + 1
