@@ -173,13 +173,18 @@ class Handle:
         if arr is None:
             if self.parent is not None:
                 arr = self.parent.replica(node)[self.index]
-            elif self.placed is not None:  # the runtime laid it out (scheduler/lifetimes.py)
-                arr = self.placed.array(node, self)
-            elif self.temporary:
-                arr = node.arena.empty(self.shape, self.dtype)
-            else:
-                arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
-            self._replicas[node.index] = arr
+                self._replicas[node.index] = arr
+                return arr
+            with self._lock:  # tasks on two partitions may touch a new root at once: one array
+                arr = self._replicas.get(node.index)
+                if arr is None:
+                    if self.placed is not None:  # laid out by the runtime (scheduler/lifetimes.py)
+                        arr = self.placed.array(node, self)
+                    elif self.temporary:
+                        arr = node.arena.empty(self.shape, self.dtype)
+                    else:
+                        arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit
+                    self._replicas[node.index] = arr
         return arr
 
     @property
