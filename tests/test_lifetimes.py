@@ -154,3 +154,31 @@ def test_released_bytes_are_shared_and_the_peak_is_the_live_most():
         assert layout.offset[c.root] == layout.offset[a.root]  # c took a's bytes
         assert layout.peak == 2 * 8000 and graph.arena_stats()["host0"].high_water == 16000
         assert rt.fetch(c)[0] == 2.0 + 1000.0 * 1000.0
+
+
+def test_two_partitions_touching_a_new_root_at_once_share_one_array():
+    """Two workers binding the two halves of a root never allocated: one replica, both
+    halves views of it (an allocator slow enough for the threads to meet in it)."""
+    import threading
+    import time
+
+    from hetero_nn.scheduler.lifetimes import PlainAllocation
+
+    class Slow(PlainAllocation):
+        def array(self, node, root):
+            time.sleep(0.05)
+            return super().array(node, root)
+
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        root = rt.temporary((10,), "float64")
+        root.placed = slow = Slow()
+        halves = root.split(0, 2)
+        node = rt.nodes[0]
+        threads = [threading.Thread(target=h.replica, args=(node,)) for h in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert slow.allocations == {"host0": 1}
+        whole = root.replica(node)
+        assert all(np.shares_memory(h.replica(node), whole) for h in halves)

@@ -129,3 +129,23 @@ def test_trace_has_live_bytes_per_node_and_they_round_trip(tmp_path):
     again = hn.Trace.from_json(trace.to_json(tmp_path / "t.json"))
     assert again.live_bytes() == live
     assert any(e.get("ph") == "C" for e in trace.chrome_events())
+
+
+def test_sequential_releases_activations_after_their_backward():
+    model = hn.Sequential(hn.Conv2D(1, 4, 3), hn.ReLU(), hn.Dropout(0.2), hn.Flatten(),
+                          hn.Dense(4 * 6 * 6, 10), hn.Flatten(), fuse=False)
+    model.build((1, 8, 8), "float64")
+    x = np.random.default_rng(0).standard_normal((8, 1, 8, 8))
+    y = np.arange(8) % 10
+    with (hn.Runtime(devices="cpu:2", perfmodel=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=8, granularity=2) as trainer):
+        trainer.train_step(x, y)
+        (graph,) = trainer.graphs.values()
+        lifetimes = graph._lifetimes[0]
+        outputs = model._outputs  # each block's output root, in the captured step
+        # the conv's, ReLU's and Dropout's outputs die in the backward; the logits (the
+        # Dense's output, passed through by the last Flatten) live to the end of the step
+        assert all(r in lifetimes.released for r in outputs[:3])
+        assert outputs[4] is outputs[5] and outputs[5] not in lifetimes.released
+        everything = sum(r.nbytes for r in lifetimes.roots)
+        assert graph.arena_stats()["host0"].high_water < everything

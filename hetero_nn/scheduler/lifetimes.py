@@ -323,6 +323,11 @@ class Temporaries:
         for made in self.collectors:
             made.append(h)
 
+    def releasable(self, h, generation, capture) -> bool:
+        root = h.root
+        return (root.temporary and root.generation == generation) or (
+            capture is not None and root in capture._made)
+
     def release(self, handles, generation, capture) -> None:
         from ..arena.handle import Handle
         from ..errors import SubmitError
@@ -330,12 +335,10 @@ class Temporaries:
         for h in handles:
             if type(h) is not Handle or h.owner is not self.rt:
                 raise SubmitError(f"release: {h!r} is not a handle of this Runtime")
-            root = h.root
-            if not ((root.temporary and root.generation == generation)
-                    or (capture is not None and root in capture._made)):
+            if not self.releasable(h, generation, capture):
                 raise SubmitError(f"release: handle {h.name!r} is not a temporary of the "
                                   "current flush")
-            self.released.add(root)
+            self.released.add(h.root)
 
     def lay_out(self, tasks, generation, capture):
         """The :class:`Lifetimes` of a flush the local executor runs as one DAG, its

@@ -242,6 +242,12 @@ class Runtime:
         flushes = self._flushes
         self._temporaries.release(handles, flushes.generation, flushes.capturing)
 
+    def is_temporary(self, handle) -> bool:
+        """Whether ``handle`` belongs to a temporary of the current flush (or of the
+        graph being captured): what :meth:`release` accepts."""
+        return self._temporaries.releasable(handle, self._flushes.generation,
+                                            self._flushes.capturing)
+
     @contextlib.contextmanager
     def collect_temporaries(self):
         """Collect in a list the temporaries made inside the ``with`` block."""
