@@ -18,10 +18,12 @@ stage before has finished it, since the dependencies are per partition.
 ``fuse``: a fused run is one block). ``pipeline=[[layers], ...]`` gives them;
 ``pipeline=P`` balances P stages from the performance models: the predicted seconds of
 every task a block submits in one step (captured, not run), summed per block on the
-kind of the stage's workers, cut so that the slowest stage is as fast as possible
+kind of the stage's workers (another kind's where the models know only that one), cut
+so that the slowest stage is as fast as possible
 (a contiguous partition by dynamic programming); ``imbalance`` is the slowest stage's
-time over the mean. Models with no measurement for some task get one calibration step
-first (weights and state put back).
+time over the mean. Where the models cannot predict some task, real steps calibrate
+them first (the first kept out: compilation; at most ``CALIBRATION_STEPS``; weights and
+state put back).
 
 *Schedules* order each stage's micro-batch operations (``F k``: the stage's forward
 tasks of partition ``k``, the loss's on the last stage; ``B k``: its backward tasks)
@@ -323,7 +325,10 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
             for tasks in holder:
                 total = 0.0
                 for t in tasks:
-                    seconds = rt.predict(t, kind)[1] if kind in t.codelet.kinds else None
+                    seconds = None  # this kind's time, else another's (the policy may
+                    for k in (kind, *kinds):  # have run a codelet on one kind only)
+                        if seconds is None and k in t.codelet.kinds:
+                            seconds = rt.predict(t, k)[1]
                     if seconds is None:
                         return None
                     total += seconds
