@@ -209,3 +209,43 @@ def test_cli_records_the_stages_and_the_measured_bubble(tmp_path):
     assert [s["workers"] for s in pipeline["stages"]] == [["cpu0"], ["cpu1"]]
     assert pipeline["schedule_run"] == "gpipe" and pipeline["ideal_bubble"] == 0.2
     assert 0 <= pipeline["bubble"] < 1 and pipeline["steps_measured"] == 7
+
+
+def test_a_checkpointed_block_in_an_ordered_pipeline_keeps_its_temporaries():
+    """Releases would lay bytes out by submission order, which 1F1B contradicts: the
+    dependencies they add could close a cycle with the schedule's. A step of a model
+    whose blocks release (Checkpoint, Sequential) finishes, bit-identical (in a daemon
+    thread, so a deadlock fails the test instead of hanging the suite)."""
+    import threading
+
+    from hetero_nn.layers import Checkpoint
+
+    def model():
+        net = hn.Sequential(hn.Flatten(), Checkpoint(hn.Sequential(hn.Dense(48, 32), hn.ReLU(),
+                                                                   hn.Dense(32, 32))),
+                            hn.ReLU(), hn.Dense(32, 10))
+        net.build((3, 4, 4), "float64")
+        net.reset_parameters(np.random.default_rng(0))
+        return net
+
+    results = {}
+
+    def run(name, **options):
+        net = model()
+        rng = np.random.default_rng(1)
+        x, y = rng.standard_normal((16, 3, 4, 4)), rng.integers(0, 10, 16)
+        with (hn.Runtime(devices="cpu:2", policy="dmda", perfmodel=False) as rt,
+              hn.Trainer(net, runtime=rt, batch_size=16, granularity=4, **options) as t):
+            results[name] = ([t.train_step(x, y) for _ in range(2)], net.state_dict())
+
+    def both():
+        run("plain")
+        run("piped", pipeline=2, pipeline_schedule="1f1b")
+
+    thread = threading.Thread(target=both, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the pipelined step did not finish (a dependency cycle?)"
+    assert results["plain"][0] == results["piped"][0]
+    for key, value in results["plain"][1].items():
+        np.testing.assert_array_equal(results["piped"][1][key], value)

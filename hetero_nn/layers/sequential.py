@@ -193,7 +193,7 @@ class Sequential(Layer):
             incoming = dys
             dys = block.backward(rt, regroup(dys, parts),
                                  need_input_grad=(i > 0 or need_input_grad))
-            _release_dead(rt, [output, incoming[0].root], kept, dys)
+            release_dead(rt, [output, incoming[0].root], kept, dys)
             kept.add(output)
         return None if dys is None else regroup(dys, given)
 
@@ -208,7 +208,7 @@ class Sequential(Layer):
         return layer_repr(self)
 
 
-def _release_dead(rt, roots, kept, outgoing):
+def release_dead(rt, roots, kept, outgoing):
     """After a block's backward, its output and the gradient it was given are read by no
     later task of the step, unless they are in ``kept`` (the model's output, the caller's
     gradient, the outputs of later blocks: pass-through layers such as Flatten hand

@@ -287,7 +287,7 @@ class Temporaries:
     lists collecting the temporaries made (``collect_temporaries``), and the per-task
     allocator when the runtime has no arenas."""
 
-    __slots__ = ("rt", "plain", "released", "collectors", "graphs")
+    __slots__ = ("rt", "plain", "released", "collectors", "graphs", "keeping")
 
     def __init__(self, runtime, arenas: bool):
         self.rt = runtime
@@ -295,6 +295,7 @@ class Temporaries:
         self.released: set = set()
         self.collectors: list = []
         self.graphs = weakref.WeakSet()  # captured graphs alive (their arenas)
+        self.keeping = 0  # depth of keeping_temporaries() blocks: releases ignored
 
     def stats(self) -> dict:
         """Per memory node name: ``high_water`` (most bytes held for temporaries: the node
@@ -338,7 +339,8 @@ class Temporaries:
             if not self.releasable(h, generation, capture):
                 raise SubmitError(f"release: handle {h.name!r} is not a temporary of the "
                                   "current flush")
-            self.released.add(h.root)
+            if not self.keeping:
+                self.released.add(h.root)
 
     def lay_out(self, tasks, generation, capture):
         """The :class:`Lifetimes` of a flush the local executor runs as one DAG, its

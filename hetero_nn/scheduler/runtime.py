@@ -242,6 +242,17 @@ class Runtime:
         flushes = self._flushes
         self._temporaries.release(handles, flushes.generation, flushes.capturing)
 
+    @contextlib.contextmanager
+    def keeping_temporaries(self):
+        """Inside the block :meth:`release` is ignored: the temporaries made or used there
+        live to the end of the flush (an order added against the submission order, as a
+        pipeline schedule's, must not meet the dependencies that sharing bytes adds)."""
+        self._temporaries.keeping += 1
+        try:
+            yield
+        finally:
+            self._temporaries.keeping -= 1
+
     def is_temporary(self, handle) -> bool:
         """Whether ``handle`` belongs to a temporary of the current flush (or of the
         graph being captured): what :meth:`release` accepts."""
@@ -292,12 +303,20 @@ class Runtime:
             self._narrowed[key] = narrowed
         return narrowed
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the current flush (or, with nothing submitted yet, the next one) hands its
+        tasks to the executor as they are submitted (then no dependency can be added)."""
+        flushes = self._flushes
+        if flushes.pending:
+            return flushes.streaming
+        return self.overlap and flushes.capturing is None
+
     def add_dependency(self, before, after):
         """Make the submitted task ``after`` wait for ``before`` as well (an order the
         data does not imply: a pipeline schedule). Both must belong to the current flush,
         which must not stream (a capture, ``overlap=False``, CUDA workers, ``heft``)."""
-        flushes = self._flushes
-        if flushes.streaming:
+        if self.streaming:
             raise SubmitError("add_dependency: this flush streams its tasks to the executor "
                               "as they are submitted; order tasks inside a capture")
         if after in before.succ:

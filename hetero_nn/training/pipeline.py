@@ -39,6 +39,10 @@ A stage with layers that couple the micro-batches (a training-mode ``BatchNorm2D
 its statistics span the batch) cannot run one micro-batch's operation before
 another's is complete: there the order is left to the data (``schedule_run`` says
 ``"dataflow"`` and why). ``"pipedream"`` (asynchronous, weight stashing) is not built.
+A step whose order is added keeps its temporaries to its end
+(:meth:`Runtime.keeping_temporaries`): their bytes are laid out by submission order,
+which the schedule contradicts (a backward before a later forward), and sharing them
+would add dependencies that close a cycle with the schedule's.
 
 *Bubble*: from a traced step, per stage the busy seconds of its tasks over its
 workers' share of the pipeline's span (the first stage task's start to the last's
@@ -55,11 +59,13 @@ each operation of the last step submitted (for the bubble); ``schedule_run``.
 from __future__ import annotations
 
 import math
+import contextlib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..layers.base import keeping_state
 from ..layers.normalization import BatchNorm2D
+from ..layers.sequential import release_dead
 
 SCHEDULES = ("1f1b", "gpipe", "pipedream")
 CALIBRATION_STEPS = 8  # most real steps run for the models to predict every block
@@ -209,29 +215,44 @@ class Pipeline:
 
         rt, model = trainer.runtime, trainer.model
         model.zero_grad(rt)
-        forward = []
-        for s, stage in enumerate(self.stages):
-            with rt.placing(stage.workers) as tasks:
-                for block in self.blocks[stage.first:stage.end]:
-                    xs = block.forward(rt, xs)
-                if s == len(self.stages) - 1:
-                    loss, correct, dys = trainer.loss(rt, xs, ys)
-            forward.append(tasks)
-        backward = [None] * len(self.stages)
-        for s in reversed(range(len(self.stages))):
-            stage = self.stages[s]
-            with rt.placing(stage.workers) as tasks:
-                for i in reversed(range(stage.first, stage.end)):
-                    dys = self.blocks[i].backward(rt, dys, need_input_grad=i > 0)
-            backward[s] = tasks
+        ordered = not rt.streaming and not self.schedule_run.startswith("dataflow")
+        with rt.keeping_temporaries() if ordered else contextlib.nullcontext():
+            loss, correct, forward, backward = self._submit_stages(trainer, xs, ys)
         self.ops = [_operations(f, b, len(xs)) for f, b in zip(forward, backward)]
-        if not rt._flushes.streaming and not self.schedule_run.startswith("dataflow"):
+        if ordered:
             for s, (fops, bops) in enumerate(self.ops):
                 _chain(rt, schedule_order(self.schedule, s, len(self.stages), fops, bops))
         norm_sq = (submit_clip_grad_norm(trainer.optimizer, trainer.clip_grad_norm)
                    if trainer.clip_grad_norm is not None else None)
         trainer.optimizer.step(rt)
         return loss, correct, norm_sq
+
+    def _submit_stages(self, trainer, xs, ys):
+        """Every block's forward, the loss, every block's backward, each on its stage's
+        workers, activations released as ``Sequential.backward`` releases them; returns
+        the loss's handles and per stage its forward and backward tasks."""
+        rt = trainer.runtime
+        forward, outputs = [], []
+        for s, stage in enumerate(self.stages):
+            with rt.placing(stage.workers) as tasks:
+                for block in self.blocks[stage.first:stage.end]:
+                    xs = block.forward(rt, xs)
+                    outputs.append(xs[0].root)
+                if s == len(self.stages) - 1:
+                    loss, correct, dys = trainer.loss(rt, xs, ys)
+            forward.append(tasks)
+        backward = [None] * len(self.stages)
+        kept = {outputs[-1], dys[0].root}  # as Sequential.backward releases activations
+        for s in reversed(range(len(self.stages))):
+            stage = self.stages[s]
+            with rt.placing(stage.workers) as tasks:
+                for i in reversed(range(stage.first, stage.end)):
+                    incoming = dys
+                    dys = self.blocks[i].backward(rt, dys, need_input_grad=i > 0)
+                    release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
+                    kept.add(outputs[i])
+            backward[s] = tasks
+        return loss, correct, forward, backward
 
     # ------------------------------------------------------------ the bubble
     def bubble(self, trace) -> dict | None:
