@@ -19,8 +19,11 @@ State
 -----
 ``Graph._segments``: per flush recorded, ``[(task, preds, succ), ...]`` in
 submission order; ``_lifetimes``: per segment its temporaries' ``Lifetimes`` (or None);
-``_made``: the temporaries made while capturing; ``_arenas``: node index -> Arena; ``_planned``: whether a static policy may keep its plan (False
-once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision).
+``_made``: the temporaries made while capturing; ``_arenas``: node index -> Arena;
+``_planned``: whether a static policy may keep its plan (False once fusion made new
+tasks); ``replays``; ``bundles`` (the fusion decision); ``nbytes``: the bytes of the
+temporaries it owns (one replica each, an upper bound of its arenas' regions), what a
+cache of graphs bounds.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class Graph:
         self._lifetimes: list = []  # per segment, its Lifetimes (or None)
         self._arenas: dict = {}  # node index -> the Arena holding this graph's regions
         runtime._temporaries.graphs.add(self)
+        self.nbytes = 0  # its own temporaries' bytes (activations, REDUX partials)
 
     def __enter__(self):
         self.runtime._flushes.capturing = self

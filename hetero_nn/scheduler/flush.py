@@ -35,11 +35,15 @@ topological order), whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: trace records of executed tasks; ``memory``: the
-lifetimes of the temporaries of flushes run as one DAG (trace memory records).
+recorded, or None. Trace records go to the runtime's bounded
+:class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer` (``rt._trace``), one unit per flush;
+``memory``: per flush run as one DAG, its temporaries' lifetimes (trace memory records),
+as many flushes as the trace buffer keeps.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from .bundle import traced
 from .trace import TaskRecord
@@ -54,8 +58,7 @@ class Flushes:
         self.streaming = False
         self.generation = 0
         self.capturing = None
-        self.records: list = []
-        self.memory: list = []
+        self.memory: deque = deque(maxlen=runtime._trace.flushes)
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -126,10 +129,12 @@ class Flushes:
         self.generation += 1
         if rt._variants._measured:
             rt._variants.feed()
+        if rt.perfmodel is not None:
+            rt.perfmodel.save_if_due()  # a killed run keeps its calibration (perfmodel.py)
         if rt.tracing:
-            self.records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+            rt._trace.add_flush([_record(t) for t in traced(tasks) if t.t_start])  # not cancelled
             if lifetimes is not None:
-                self.memory.extend(lifetimes.memory_records())
+                self.memory.append(lifetimes.memory_records())
         for t in tasks:
             t.done = True
             t.preds = ()

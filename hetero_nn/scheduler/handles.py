@@ -52,6 +52,7 @@ class HandleFactory:
         flushes = self.rt._flushes
         if flushes.capturing is not None:  # the captured graph's own: outlives arena resets
             h = Handle(shape, dtype, name, owner=self.rt)
+            flushes.capturing.nbytes += h.nbytes
         else:
             h = Handle(shape, dtype, name, owner=self.rt, temporary=True,
                        generation=flushes.generation)
