@@ -132,7 +132,7 @@ def live_bytes_of_one_step(name, batch, args) -> dict:
             continue
         x, y = next(synthetic_batches(SHAPES[name], batch, 1, 7))
         with (hn.Runtime(devices=f"cpu:{args.workers}", policy=args.policy,
-                         perfmodel=args.cache) as rt,
+                         perfmodel=args.cache, replay_engine="executor") as rt,
               hn.Trainer(model, runtime=rt, batch_size=batch, granularity=args.g) as trainer):
             trainer.train_step(x, y)  # the capture
             rt.trace(clear=True)

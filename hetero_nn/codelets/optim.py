@@ -55,8 +55,9 @@ import numpy as np
 
 import functools
 
-from ._jit import jit
+from ._jit import as_dtype_of, jit
 from .codelet import REDUX, RW, R, Codelet
+from .prepared import prepares
 from .reduce import add_redux, flat_view, zero_init
 from .xp import array_module
 
@@ -134,6 +135,27 @@ def _sgd_step_cpu(param, grad, buf, lr_neg, momentum, one_minus_dampening, weigh
         param[i] = param[i] + lr_neg * g
 
 
+@jit
+def _sgd_step_hyper_cpu(param, grad, buf, hyper, dampening, weight_decay, nesterov):
+    """``_sgd_step_cpu`` with ``lr``, ``momentum`` and ``first`` read from ``hyper`` here
+    and rounded to the parameters' dtype as the wrapper does: what a prepared task runs."""
+    lr, momentum, first = hyper[0], hyper[1], hyper[2]
+    _sgd_step_cpu(param, grad, buf, as_dtype_of(param, -lr), as_dtype_of(param, momentum),
+                  as_dtype_of(param, 1 - dampening), as_dtype_of(param, weight_decay),
+                  nesterov, first != 0, momentum != 0, weight_decay != 0)
+
+
+def _prepare_sgd_step(buffers, param, grad, momentum_buffer, hyper, *, dampening=0.0,
+                      weight_decay=0.0, nesterov=False):
+    _check_same_shape("sgd_step", param, grad, momentum_buffer)
+    if not all(flat_view(a) is not None for a in (param, grad, momentum_buffer, hyper)):
+        return None
+    return [(_sgd_step_hyper_cpu, (param.reshape(-1), grad.reshape(-1),
+                                   momentum_buffer.reshape(-1), hyper.reshape(-1),
+                                   float(dampening), float(weight_decay), bool(nesterov)))]
+
+
+@prepares(_prepare_sgd_step)
 def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, hyper, *, dampening=0.0,
                           weight_decay=0.0, nesterov=False):
     lr, momentum, first = hyper.ravel().tolist()
@@ -184,6 +206,25 @@ def _sgd_step_plain_decay_cpu(param, grad, lr_neg, weight_decay):
         param[i] = param[i] + lr_neg * (grad[i] + weight_decay * param[i])
 
 
+@jit
+def _sgd_step_plain_hyper_cpu(param, grad, hyper, weight_decay):
+    """``sgd_step_plain``'s kernels with ``lr`` read from ``hyper`` (a prepared task)."""
+    if weight_decay != 0:
+        _sgd_step_plain_decay_cpu(param, grad, as_dtype_of(param, -hyper[0]),
+                                  as_dtype_of(param, weight_decay))
+    else:
+        _sgd_step_plain_cpu(param, grad, as_dtype_of(param, -hyper[0]))
+
+
+def _prepare_sgd_step_plain(buffers, param, grad, hyper, *, weight_decay=0.0):
+    _check_same_shape("sgd_step_plain", param, grad)
+    if not all(flat_view(a) is not None for a in (param, grad, hyper)):
+        return None
+    return [(_sgd_step_plain_hyper_cpu, (param.reshape(-1), grad.reshape(-1), hyper.reshape(-1),
+                                         float(weight_decay)))]
+
+
+@prepares(_prepare_sgd_step_plain)
 def _sgd_step_plain_cpu_wrapper(param, grad, hyper, *, weight_decay=0.0):
     lr = hyper.ravel().tolist()[0]
     _check_same_shape("sgd_step_plain", param, grad)

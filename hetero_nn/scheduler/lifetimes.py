@@ -27,6 +27,10 @@ so no task of the later temporary starts before every task of the earlier one ha
 finished, and the edges go forward in submission order (no cycle). Transfers and
 prefetches run for a task whose predecessors have finished, so they obey the order too.
 
+A graph the compiled replay engine (:mod:`~hetero_nn.scheduler.replay`) will replay on
+CUDA workers shares no bytes: its replays on a stream lost the order that sharing needs
+(NaN losses on ``cuda-emu:1``), so there every temporary keeps bytes of its own.
+
 With ``Runtime(arenas=False)`` (the memory study's baseline: plain per-task
 allocation) nothing is placed and no edge is added: each replica is an allocation of
 its own (the node's array module's ``empty``, outside the node's memory-limit
@@ -356,7 +360,12 @@ class Temporaries:
             return (root.temporary and root.generation == generation) or (
                 made is not None and root in made)
 
-        lifetimes = Lifetimes(tasks, plannable, self.released)
+        released = self.released
+        if capture is not None and any(w.stream is not None for w in self.rt.workers):
+            from .replay import unavailable
+            if unavailable(self.rt) is None:  # the compiled engine will replay it on a stream
+                released = ()  # it does not keep the order shared bytes need (seen: NaNs)
+        lifetimes = Lifetimes(tasks, plannable, released)
         if not lifetimes.roots:
             return None
         if self.plain is not None:

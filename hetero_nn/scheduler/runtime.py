@@ -24,7 +24,8 @@ points. One module per concern, this one only wiring them together:
   per-task allocation (``arenas=False``);
 - :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
   DAG, generations, trace records);
-- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`);
+- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`), and
+  :mod:`~hetero_nn.scheduler.replay`, the engine replays run on;
 - executors (:mod:`~hetero_nn.scheduler.local`,
   :mod:`~hetero_nn.scheduler.dask_executor`) and policies
   (:mod:`~hetero_nn.scheduler.policies`).
@@ -41,6 +42,7 @@ The components above (``_handles``, ``_dependencies``, ``_reductions``,
 ``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
 codelet -> the workers with a variant for it; ``_ids``: task ids in submission
 order; ``_lock``: the executor's lock (policies, queues, releases);
+``_engine``: the replay engine's threads (:mod:`~hetero_nn.scheduler.replay`);
 ``_closed``.
 """
 
@@ -132,6 +134,11 @@ class Runtime:
         :mod:`~hetero_nn.scheduler.lifetimes`). False: every temporary is a plain
         allocation of its own, made when a task first uses it (the memory study's
         baseline).
+    replay_engine : str
+        ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
+        schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
+        where the runtime allows it (local executor, CPU workers, one memory node);
+        ``"executor"``: replays go through the executor and policy as flushes do.
 
     Examples
     --------
@@ -152,10 +159,15 @@ class Runtime:
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
-                 arenas: bool = True):
+                 arenas: bool = True, replay_engine: str = "compiled"):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
+        if replay_engine not in ("compiled", "executor"):
+            raise ConfigError(f"Runtime: replay_engine={replay_engine!r}; expected 'compiled' "
+                              "or 'executor'")
+        self.replay_engine = replay_engine
+        self._engine = None  # the replay engine's threads, made at the first compiled replay
         if deterministic is None:
             deterministic = not calibrate
         elif deterministic and calibrate:
@@ -515,6 +527,8 @@ class Runtime:
             return
         self._closed = True
         try:
+            if self._engine is not None:
+                self._engine.close()
             self.executor.close()
             for node in self.nodes:
                 node.close()

@@ -44,6 +44,10 @@ A step whose order is added keeps its temporaries to its end
 which the schedule contradicts (a backward before a later forward), and sharing them
 would add dependencies that close a cycle with the schedule's.
 
+A pipelined trainer's runtime replays through the executor (``replay_engine=
+"executor"``): the compiled replay engine runs each worker's share in submission
+order, which a schedule's added order contradicts (its replays hung).
+
 *Bubble*: from a traced step, per stage the busy seconds of its tasks over its
 workers' share of the pipeline's span (the first stage task's start to the last's
 end): ``bubble = 1 - sum(busy) / (sum(workers) * span)``, against the ideal
@@ -127,6 +131,9 @@ class Pipeline:
                               "stage's tasks on its workers when they are all of one kind; "
                               "use policy 'dmda', 'heft' or 'random'")
         self.runtime = rt
+        # replays through the executor: it keeps each stage's workers and the schedule's
+        # order, which the compiled engine's fixed shares (in submission order) do not
+        rt.replay_engine = "executor"
         self.blocks = [block for _, block in self.model._plan()]
         firsts = [i for i, _ in self.model._plan()]
         groups = self._worker_groups(rt)
