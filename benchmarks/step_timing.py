@@ -5,7 +5,9 @@ A *side* is one configuration under test, described by a spec (a plain dict, so 
 can cross a process boundary):
 
 - ``{"kind": "hetero_nn", "model", "shape", "batch", "g", "fuse", "workers", "cache"}``
-  (and optionally ``"policy"``, default ``"dmda"``):
+  (and optionally ``"policy"``, default ``"dmda"``; ``"devices"``, default
+  ``"cpu:W"``; ``"arenas"``, default true, false for per-task allocation; and
+  ``"checkpoint"``, default false: the model's residual blocks recomputed):
   ``hn.build_model(model, shape, 10, seed=0)`` (``model.fuse = fuse``) trained by a
   :class:`~hetero_nn.Trainer` (SGD, lr 0.01, momentum 0.9; capture and replay, the
   Trainer's default) on ``Runtime(devices="cpu:W", policy=policy, perfmodel=cache)``,
@@ -116,8 +118,12 @@ class HeteroSide:
             "" if policy == "dmda" else f" {policy}")
         self.model = hn.build_model(spec["model"], tuple(spec["shape"]), CLASSES, seed=0)
         self.model.fuse = fuse
-        self.rt = hn.Runtime(devices=f"cpu:{spec['workers']}", policy=policy,
-                             perfmodel=spec.get("cache"))
+        if spec.get("checkpoint"):
+            from hetero_nn.layers.recompute import checkpoint_blocks
+            checkpoint_blocks(self.model)
+        devices = spec.get("devices", f"cpu:{spec['workers']}")
+        self.rt = hn.Runtime(devices=devices, policy=policy, perfmodel=spec.get("cache"),
+                             arenas=spec.get("arenas", True))
         try:
             self.trainer = hn.Trainer(self.model, runtime=self.rt, batch_size=spec["batch"],
                                       optimizer=hn.optim.SGD(lr=LR, momentum=MOMENTUM),
@@ -128,10 +134,13 @@ class HeteroSide:
         self.rounds, self.steps, self.overheads, self.tasks = [], [], [], []
         self.busy_shares: dict[str, list[float]] = {}
         self.kernels: dict[tuple[str, str], float] = {}  # seconds over the timed steps
+        self.memory_before = None  # Runtime.memory_stats() when the first timed step began
 
     def run(self, data, timed=True):
         """One step per batch of ``data``; ``timed`` steps are measured as one round."""
         start = len(self.steps)
+        if timed and self.memory_before is None:
+            self.memory_before = self.rt.memory_stats()
         for x, y in data:
             self.rt.trace(clear=True)
             t0 = time.perf_counter()
@@ -161,7 +170,18 @@ class HeteroSide:
                 "utilisation": {w: statistics.median(v) for w, v in self.busy_shares.items()},
                 # kernel ms per step by codelet and variant: which variants ran
                 "kernels_ms": {f"{k[0]}/{k[1]}": 1e3 * t / len(self.steps)
-                               for k, t in sorted(self.kernels.items())}}
+                               for k, t in sorted(self.kernels.items())},
+                "memory": self.memory()}
+
+    def memory(self) -> dict:
+        """The temporaries' bytes and allocations: ``high_water`` (bytes, all nodes) and
+        ``allocations_per_step`` over the timed steps (0 once the arenas have grown)."""
+        after = self.rt.memory_stats()
+        before = self.memory_before or {n: {"allocations": 0} for n in after}
+        made = sum(after[n]["allocations"] - before[n]["allocations"] for n in after)
+        return {"high_water": sum(s["high_water"] for s in after.values()),
+                "allocations_per_step": made / max(len(self.steps), 1),
+                "by_node": after}
 
     def close(self):
         self.trainer.close()

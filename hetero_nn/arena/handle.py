@@ -82,7 +82,7 @@ class Handle:
     __slots__ = ("id", "shape", "dtype", "name", "owner", "parent", "plan", "box",
                  "plans", "_replicas", "root", "_grid", "_lock", "temporary", "generation",
                  "footprint", "nbytes", "_cells", "_last_writer", "_readers", "_live_below",
-                 "__weakref__")
+                 "placed", "__weakref__")
 
     def __init__(self, shape, dtype, name=None, *, owner=None, temporary=False, generation=0):
         self.id = next(_ids)
@@ -111,6 +111,7 @@ class Handle:
         self._last_writer = None
         self._readers = _NO_READERS   # a list once read in the flush
         self._live_below = 0          # handles below this one with dependency state
+        self.placed = None            # what allocates a root's replicas when not its node
 
     @classmethod
     def wrap(cls, array, name=None, owner=None) -> "Handle":
@@ -133,6 +134,7 @@ class Handle:
         h.nbytes = array.nbytes
         h.footprint = _footprint(shape, dtype)
         h._readers = _NO_READERS
+        h.placed = None
         return h
 
     @property
@@ -217,6 +219,7 @@ class Handle:
         h.footprint = footprint
         h._readers = _NO_READERS
         h._live_below = 0
+        h.placed = None
         return h
 
     def overlaps(self, other: "Handle") -> bool:
@@ -245,7 +248,9 @@ class Handle:
             with self._lock:
                 arr = self._replicas.get(node.index)
                 if arr is None:  # stored before the lock is let go: one buffer
-                    if self.temporary:
+                    if self.placed is not None:  # laid out by the runtime (scheduler/lifetimes.py)
+                        arr = self.placed.array(node, self)
+                    elif self.temporary:
                         arr = node.arena.empty(self.shape, self.dtype)
                     else:
                         arr = node.empty(self.shape, self.dtype, self)  # evictable under a limit

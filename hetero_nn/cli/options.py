@@ -120,6 +120,20 @@ def add_runtime_options(parser, policies):
                             f"within this time (default: {DEFAULT_CONNECT_TIMEOUT:g})")
 
 
+def add_pipeline_options(parser):
+    """``--pipeline``, ``--stage-devices``, ``--pipeline-schedule`` (train)."""
+    group = parser.add_argument_group("pipeline (stages on their own workers; see "
+                                      "docs/pipeline.md)")
+    group.add_argument("--pipeline", type=positive_int, metavar="P",
+                       help="cut the model into P stages balanced from the performance models")
+    group.add_argument("--stage-devices", metavar="LIST",
+                       type=lambda text: [part.strip() for part in text.split(",")],
+                       help="each stage's devices, e.g. 'cpu:1,cuda-emu:1' (default: the "
+                            "workers in equal groups)")
+    group.add_argument("--pipeline-schedule", choices=("1f1b", "gpipe"), default="1f1b",
+                       help="order of each stage's micro-batches (default: 1f1b)")
+
+
 def add_cluster_options(parser):
     """``--cluster``, ``--cluster-threads``, ``--cluster-devices`` (train)."""
     group = parser.add_argument_group("cluster (data-parallel over Dask; see docs/cluster.md)")

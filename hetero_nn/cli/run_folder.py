@@ -40,6 +40,7 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..training.progress import energy_total
 
 #: The files of a run in its --out folder besides its checkpoints (another run's refuse
 #: a new run there).
@@ -163,6 +165,7 @@ class RunFiles:
         self.t0 = time.perf_counter()
         #: {codelet: {variant: tasks}}: what actually ran, from the runtime's task records.
         self.variants_run: dict[str, dict[str, int]] = {}
+        self.bubbles: list[dict] = []  # per pipelined step, Pipeline.bubble of its records
         if self.dir is not None:
             from ..training.checkpoint import remove_stale_temporaries
 
@@ -194,7 +197,29 @@ class RunFiles:
                 "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
                 "train_seconds": sum(r["seconds"] for r in history),
                 "wall_seconds": time.perf_counter() - self.t0,
-                "global_step": t.global_step, **self.env}
+                "global_step": t.global_step, "energy": energy_total(history),
+                "pipeline": self.pipeline_facts(), **self.env}
+
+    def count_bubble(self, records) -> None:
+        """Keep the bubble fraction of a pipelined step from its task records."""
+        pipeline = self.trainer.pipeline
+        if pipeline is not None and pipeline.ops:
+            from ..scheduler.trace import Trace
+            bubble = pipeline.bubble(Trace(records))
+            if bubble is not None:
+                self.bubbles.append(bubble)
+
+    def pipeline_facts(self) -> dict | None:
+        """The stages, the schedule and the measured bubble (median over the steps after
+        the first: capture and compilation), or None without a pipeline."""
+        pipeline = self.trainer.pipeline
+        if pipeline is None:
+            return None
+        measured = [b["bubble"] for b in self.bubbles[1:] or self.bubbles]
+        return {**pipeline.describe(),
+                "bubble": statistics.median(measured) if measured else None,
+                "ideal_bubble": self.bubbles[-1]["ideal"] if self.bubbles else None,
+                "steps_measured": len(measured)}
 
     def write_metrics_after(self, exc) -> None:
         """The metrics of a run that ``exc`` ended (diverged, interrupted, failed); a

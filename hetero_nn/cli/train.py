@@ -90,6 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        help="default: float32")
     options.add_runtime_options(train, POLICIES)
     options.add_cluster_options(train)
+    options.add_pipeline_options(train)
     run = train.add_argument_group("reproducibility")
     run.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=UNSET,
                      help="run one fixed variant per codelet so results are bit-reproducible "
@@ -417,7 +418,9 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
                       granularity=granularity, seed=run["seed"],  # dtype: the model's
                       scheduler=scheduler, scheduler_interval=run.get("schedule_interval"),
                       clip_grad_norm=run.get("clip_grad_norm"),
-                      augment=transforms.get("augment"), cluster=cluster)
+                      augment=transforms.get("augment"), cluster=cluster,
+                      pipeline=args.pipeline, stage_devices=args.stage_devices,
+                      pipeline_schedule=args.pipeline_schedule)
     trainer.config = {"run": run, **transforms.get("config", {})}
     if ckpt is not None:
         trainer.load_checkpoint(ckpt.path)
@@ -440,6 +443,7 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
                 print(trainer.granularity_decision.format(), file=sys.stderr, flush=True)
         trace = rt.trace(clear=True)
         files.count_variants(trace.records)
+        files.count_bubble(trace.records)
         if traces is not None:
             traces.add(trainer.global_step, trace)
         interrupts.check(lambda: _stop_here(args, trainer, write=True))

@@ -9,6 +9,7 @@ from .dropout import Dropout
 from .loss import SoftmaxCrossEntropy
 from .normalization import BatchNorm2D
 from .pool import MaxPool2d, MaxPool2D
+from .recompute import Checkpoint
 from .residual import Residual
 from .sequential import Sequential
 
@@ -21,7 +22,7 @@ from .layernorm import LayerNorm
 from .normalization import BatchNorm1d, BatchNorm2d
 from .registry import register
 
-__all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
+__all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Checkpoint", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
            "GlobalAvgPool2D", "Layer", "LeakyReLU", "LogSoftmax", "MaxPool2D", "Parameter", "ReLU",
            "Residual", "Sequential", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "evaluating",
            "manual_seed", "AdaptiveAvgPool2d", "AvgPool2d", "Conv2d", "MaxPool2d"]

@@ -193,6 +193,11 @@ class Layer:
 
     training = True  # train() / eval() set it per instance, as torch.nn.Module.training
 
+    recomputing = False
+    """True while a :class:`~hetero_nn.layers.Checkpoint` runs this layer's forward again
+    for its backward: a layer with per-step state (a dropout step, running statistics)
+    then repeats its first forward of the step without advancing that state."""
+
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
         self._init_args = (args, kwargs)  # the outermost constructor call's, not super()'s

@@ -83,7 +83,10 @@ class Dropout(Layer):
         if not self.training or self.p == 0:
             self._mask = None
             return xs
-        key = self.step_input = rt.register(self.replayed(), name="dropout.key")
+        if self.recomputing and self._mask is not None:  # the step's mask again
+            key = self._mask[0]
+        else:
+            key = self.step_input = rt.register(self.replayed(), name="dropout.key")
         layout = xs[0].shape[1:]  # the input's own (after a Flatten: unflattened)
         ys = self.outputs(rt, xs, shape=layout)
         starts = []

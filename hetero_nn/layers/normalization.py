@@ -145,7 +145,7 @@ class _BatchNorm(Layer):
                 rt.submit(bn_sqdev, x, mean, sqdev)
             var = self._temporary(rt, "var")
             rt.submit(bn_var, sqdev, var, count=count)
-            if self.training and self.track_running_stats:
+            if self.training and self.track_running_stats and not self.recomputing:
                 momentum = self.step_input = rt.register(self.replayed(), name="bn.momentum")
                 rt.submit(bn_running, mean, sqdev, self._buffers["running_mean"].handle,
                           self._buffers["running_var"].handle, momentum, count=count)

@@ -8,6 +8,12 @@ the plans' accesses by index overlap), and its output keeps that plan. The
 backward pass re-splits each block's output gradient to the plan its forward ran
 at. The model's output and input gradient come back in the partitions the caller
 gave, so the loss and the trainer see one granularity.
+
+Liveness: after a block's backward its output and the gradient it was given are read
+by no later task of the step; they are released (``Runtime.release``), so in a step
+laid out whole their bytes serve later temporaries (``scheduler/lifetimes.py``), as
+PyTorch frees saved activations after their backward. Kept: the model's output, the
+caller's gradient, and what a later block or the block itself passes through (Flatten).
 """
 
 from __future__ import annotations
@@ -176,18 +182,26 @@ class Sequential(Layer):
         self._blocks = self._plan()
         given, per_block = len(xs), self._granularities
         self._parts = []
+        self._outputs = []  # per block: the root of its output
         for i, block in self._blocks:
             if per_block is not None:
                 xs = regroup(xs, per_block[i])
             self._parts.append(len(xs))
             xs = block.forward(rt, xs)
+            self._outputs.append(xs[0].root)
         return regroup(xs, given)
 
     def backward(self, rt, dys, need_input_grad=False):
         given = len(dys)
-        for (i, block), parts in zip(reversed(self._blocks), reversed(self._parts)):
+        # the model's output, the caller's gradient and, as blocks are done, their outputs
+        kept = {self._outputs[-1], dys[0].root}
+        for (i, block), parts, output in zip(
+                reversed(self._blocks), reversed(self._parts), reversed(self._outputs)):
+            incoming = dys
             dys = block.backward(rt, regroup(dys, parts),
                                  need_input_grad=(i > 0 or need_input_grad))
+            release_dead(rt, [output, incoming[0].root], kept, dys)
+            kept.add(output)
         return None if dys is None else regroup(dys, given)
 
     def summary(self, input_shape=None, dtype=None) -> str:
@@ -199,6 +213,18 @@ class Sequential(Layer):
 
     def __repr__(self):
         return layer_repr(self)
+
+
+def release_dead(rt, roots, kept, outgoing):
+    """After a block's backward, its output and the gradient it was given are read by no
+    later task of the step, unless they are in ``kept`` (the model's output, the caller's
+    gradient, the outputs of later blocks: pass-through layers such as Flatten hand
+    their input on) or passed on as the input gradient (``outgoing``): release the
+    others (:meth:`Runtime.release`), so their bytes serve later temporaries."""
+    passed = {h.root for h in outgoing or ()}
+    dead = [r for r in roots if r not in kept and r not in passed and rt.is_temporary(r)]
+    if dead:
+        rt.release(*dead)
 
 
 def regroup(xs, g):

@@ -6,8 +6,10 @@ Policy
 block, with their dependencies and REDUX trees as submitted; ``graph.replay()``
 runs them again: no dependency inference, no task built, no tree rebuilt.
 Temporaries made while capturing (``temporary()``, REDUX partials) are the
-graph's own: ordinary handles, allocated once, that no arena reset reuses, so
-the graph stays valid while other flushes run between replays. New inputs are
+graph's own: each segment's are laid out once in a region of the graph's own arena
+per node (:mod:`~hetero_nn.scheduler.lifetimes`; :meth:`Graph.arena_stats` gives
+its bytes), that no arena reset reuses, so the graph stays valid while other
+flushes run between replays. New inputs are
 bound by writing into the captured handles' buffers, or parts of them (see
 :meth:`Graph.write`), before ``replay()``; numbers that change between replays
 are *step parameters* (:meth:`Graph.param`, ``replay(name=value)``).
@@ -26,6 +28,8 @@ member on one worker.
 State
 -----
 ``Graph._segments``: per flush recorded, ``[(task, preds, succ), ...]`` in
+submission order; ``_lifetimes``: per segment its temporaries' ``Lifetimes`` (or None);
+``_made``: the temporaries made while capturing; ``_arenas``: node index -> Arena;
 submission order; ``_planned``: whether a static policy may keep its plan (False
 once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
 ``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
@@ -40,6 +44,7 @@ import time
 
 import numpy as np
 
+from ..arena.arena import Arena
 from ..arena.handle import Handle
 from ..errors import SubmitError
 from .bundle import Bundle, BundleReport, fuse_chains
@@ -67,6 +72,10 @@ class Graph:
         self._planned = True  # False after fusion: a static policy plans the new tasks
         self.replays = 0
         self.bundles = None  # the BundleReport of fuse_chains, once decided
+        self._made: set = set()  # temporaries made while capturing: the graph's own
+        self._lifetimes: list = []  # per segment, its Lifetimes (or None)
+        self._arenas: dict = {}  # node index -> the Arena holding this graph's regions
+        runtime._temporaries.graphs.add(self)
         self.nbytes = 0  # its own temporaries' bytes (activations, REDUX partials)
 
     def __enter__(self):
@@ -82,6 +91,19 @@ class Graph:
         finally:
             rt._flushes.capturing = None
         return False
+
+    def _region(self, node, nbytes):
+        """``nbytes`` of this graph's own arena on ``node``: a segment's layout region."""
+        arena = self._arenas.get(node.index)
+        if arena is None:
+            arena = self._arenas.setdefault(  # a region over 64 KiB gets a block of its own
+                node.index, Arena(f"{node.name}.graph", xp=node.arena.xp, block_bytes=1 << 16))
+        return arena.empty((max(nbytes, 1),), np.uint8)
+
+    def arena_stats(self) -> dict:
+        """Per memory node the graph's temporaries are on, its own arena's statistics."""
+        names = {n.index: n.name for n in self.runtime.nodes}
+        return {names[i]: a.stats for i, a in sorted(self._arenas.items())}
 
     @property
     def num_tasks(self) -> int:
@@ -157,7 +179,7 @@ class Graph:
         ids = rt._ids
         now = _perf()
         planned, self._planned = self._planned, True
-        for segment in self._segments:
+        for segment, lifetimes in zip(self._segments, self._lifetimes):
             tasks = []
             for t, preds, succ in segment:
                 t.rearm(next(ids), now)  # fresh ids in the same (topological) order
@@ -167,7 +189,7 @@ class Graph:
                 t.succ = succ
                 t.npred = len(preds)
                 tasks.append(t)
-            rt._flushes.run(tasks, planned)
+            rt._flushes.run(tasks, planned, lifetimes)
 
     def fuse_chains(self, overhead=None):
         """Fuse the chains of tasks predicted below the per-task overhead into bundles

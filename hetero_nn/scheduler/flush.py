@@ -22,7 +22,8 @@ overlap launches with execution.
 
 A flush begins at its first submission: it decides then whether it streams,
 and, streaming, resets the node arenas (nothing of the previous flush runs any
-more); a closed DAG resets them when it is handed over. It ends when its tasks
+more); a closed DAG resets them when it is handed over, after its temporaries are laid out in one
+region per node from their lifetimes (:mod:`~hetero_nn.scheduler.lifetimes`). It ends when its tasks
 have run (or failed): the dependency state is dropped, the generation advances
 (temporaries of the flush expire), measurements go to the performance model and
 executed tasks become trace records.
@@ -37,11 +38,13 @@ generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
 recorded, or None. ``records``: the trace records of the flush's tasks, as tuples
 (the local and sync executors append each as its task ends); at the flush's end they
 go to the runtime's bounded :class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer`
-(``rt._trace``) as one unit.
+(``rt._trace``) as one unit. ``memory``: per flush run as one DAG, its temporaries'
+lifetimes (trace memory records), as many flushes as the trace buffer keeps.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from operator import attrgetter
 
 from ..errors import TaskError
@@ -60,6 +63,7 @@ class Flushes:
         self.generation = 0
         self.capturing = None
         self.records: list = []  # this flush's trace records (tuples), one list for its life
+        self.memory: deque = deque(maxlen=runtime._trace.flushes)
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -106,37 +110,42 @@ class Flushes:
                 raise
             self.end(tasks)
             return
+        lifetimes = self.rt._temporaries.lay_out(tasks, self.generation, self.capturing)
         if self.capturing is not None:
             self.capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
-        self.run(tasks, False)
+            self.capturing._lifetimes.append(lifetimes)
+        self.run(tasks, False, lifetimes)
 
-    def run(self, tasks, planned):
+    def run(self, tasks, planned, lifetimes=None):
         """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
-        its plan), then end the flush."""
+        its plan; ``lifetimes``: its temporaries' layout), then end the flush."""
         rt = self.rt
         self.open = True
         for node in rt.nodes:
             node.arena.reset()
+        rt._temporaries.begin(lifetimes)
         try:
             if planned:
                 rt.executor.run(tasks, planned=True)
             else:
                 rt.executor.run(tasks)
         except BaseException:
-            self.end(tasks, failed=True)
+            self.end(tasks, lifetimes, failed=True)
             raise
-        self.end(tasks)
+        self.end(tasks, lifetimes)
 
-    def end(self, tasks, failed=False):
+    def end(self, tasks, lifetimes=None, failed=False):
         """After ``tasks`` ran (streamed ones are not listed: the executor finished
-        them): dependency state dropped, the arenas' generation ended, measurements
-        and records kept (the local executor records each task as it finishes).
+        them): dependency state dropped, the temporaries' and arenas' generation ended,
+        measurements and records kept (the local executor records each task as it
+        finishes).
 
         A failing update of the performance model raises a ``TaskError`` naming it,
         once the flush has ended, unless the flush already ``failed`` (its error wins)."""
         rt = self.rt
         self.open = False
         rt._dependencies.drop()
+        rt._temporaries.end(self.generation)
         self.generation += 1
         fault = None
         if rt._variants.has_measurements():
@@ -155,6 +164,8 @@ class Flushes:
                     elif t.t_start:  # not cancelled
                         records.append(record_of(t))
             rt._trace.add_flush(list(records))
+            if lifetimes is not None:
+                self.memory.append(lifetimes.memory_records())
         records.clear()  # the same list: executors append to it
         for t in tasks:
             t.ended = True

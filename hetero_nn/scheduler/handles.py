@@ -8,7 +8,8 @@ it is first used. ``temporary`` makes one whose replicas come from the node aren
 valid for one flush: the arenas are reset when the next flush starts, so a task
 submitted on it later is refused. Inside a capture a temporary is the captured
 graph's own (an ordinary handle, allocated once), so the graph stays valid while
-other flushes run between replays. Children come from
+other flushes run between replays. Where a flush runs as one DAG its temporaries are
+laid out from their lifetimes (:mod:`~hetero_nn.scheduler.lifetimes`). Children come from
 :meth:`Handle.split <hetero_nn.arena.handle.Handle.split>`.
 
 ``unregister`` (StarPU's ``starpu_data_unregister``) waits for the work submitted,
@@ -56,9 +57,11 @@ class HandleFactory:
         if flushes.capturing is not None:  # the captured graph's own: outlives arena resets
             h = Handle(shape, dtype, name, owner=self.rt)
             flushes.capturing.nbytes += h.nbytes
-            return h
-        return Handle(shape, dtype, name, owner=self.rt, temporary=True,
-                      generation=flushes.generation)
+        else:
+            h = Handle(shape, dtype, name, owner=self.rt, temporary=True,
+                       generation=flushes.generation)
+        self.rt._temporaries.made(h, flushes.capturing)
+        return h
 
     def unregister(self, root):
         """Make ``root`` coherent on the host, drop its replicas elsewhere and disown it

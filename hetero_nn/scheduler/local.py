@@ -517,6 +517,8 @@ class LocalExecutor:
             w.node.release(task.handles)
             task.t_start = max(task.t_start, w.last_end)
             task.t_end = w.last_end = now
+            if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
+                self.rt._temporaries.plain.finished(task)
             if task.error is None:
                 w.busy += task.t_end - task.t_start
                 if self.rt.perfmodel is not None:
@@ -565,6 +567,8 @@ class LocalExecutor:
             task.error = exc
         else:
             w.busy += end - start
+            if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
+                rt._temporaries.plain.finished(task)
             if rt.tracing:
                 self._records.append(record_of(task))
             if rt.perfmodel is not None:

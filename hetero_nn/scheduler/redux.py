@@ -77,6 +77,7 @@ class Reductions:
 
     def _combine(self, h, contributions):
         parts = [p for p, _ in contributions]
+        self.rt._temporaries.released.update(parts)  # this tree reads them, nothing after
         rc = self._redux_codelet(contributions[0][1])
         submit = self.rt.submit
         step = 1

@@ -96,6 +96,8 @@ def unavailable(rt) -> str | None:
         return f"replay_engine={rt.replay_engine!r}"
     if rt.executor_name != "local":
         return f"the {rt.executor_name!r} executor runs graphs as Dask graphs"
+    if not getattr(rt, "arenas", True):  # scheduler/lifetimes.py
+        return "arenas=False: per-task allocation makes each step's arrays, bound once here"
     if type(rt.executor) is not LocalExecutor:
         return f"the executor was replaced ({type(rt.executor).__name__})"
     if len({w.kind for w in rt.workers}) > 1 and rt.policy_name != "heft":

@@ -19,6 +19,9 @@ points. One module per concern, this one only wiring them together:
 - :mod:`~hetero_nn.scheduler.variants`: which variant runs a task (pinned, or the
   performance model's choice) and the model's feed;
 - :mod:`~hetero_nn.scheduler.binding`: operands made coherent on a worker's node;
+- :mod:`~hetero_nn.scheduler.lifetimes`: where a flush's temporaries live (one
+  region per node laid out from their lifetimes, :meth:`Runtime.release`) or plain
+  per-task allocation (``arenas=False``);
 - :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
   DAG, generations, trace records);
 - :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`), and
@@ -45,6 +48,7 @@ order; ``_lock``: the executor's lock (policies, queues, releases);
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -60,8 +64,9 @@ from .dependencies import Dependencies, check_overlap
 from .devices import Worker, make_workers
 from .flush import Flushes
 from .handles import HandleFactory
+from .lifetimes import Temporaries
 from .redux import Reductions
-from .task import Task
+from .task import Task, link
 from .trace import Trace
 from .trace_buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants
@@ -125,6 +130,12 @@ class Runtime:
         inputs are ready while the program is still submitting. False: they run
         only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
         executors, captures and runtimes with CUDA workers always work that way).
+    arenas : bool
+        True (the default): the temporaries of a flush that runs as one DAG share one
+        region per memory node, laid out from their lifetimes (:meth:`release`,
+        :mod:`~hetero_nn.scheduler.lifetimes`). False: every temporary is a plain
+        allocation of its own, made when a task first uses it (the memory study's
+        baseline).
     replay_engine : str
         ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
         schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
@@ -150,7 +161,7 @@ class Runtime:
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
-                 replay_engine: str = "compiled"):
+                 arenas: bool = True, replay_engine: str = "compiled"):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -193,6 +204,9 @@ class Runtime:
         self._closed = False
         self._constrained = False  # a task was given worker=
         self._handles = HandleFactory(self)
+        self._placing = None  # (workers, tasks submitted) of the innermost placing() block
+        self.arenas = bool(arenas)
+        self._temporaries = Temporaries(self, self.arenas)
         self._dependencies = Dependencies()
         self._reductions = Reductions(self)
         self._variants = Variants(self, self.preferred, self.deterministic, self.calibrate,
@@ -261,6 +275,84 @@ class Runtime:
         self.wait()
         return self._handles.unregister(handle)
 
+    def release(self, *handles):
+        """Declare that nothing reads these temporaries after the current flush (StarPU's
+        ``starpu_data_invalidate_submit``): in a flush laid out whole (a capture, a
+        replay, a flush that does not stream) each one's bytes serve later temporaries
+        once the last task of the flush that accesses it has run
+        (:mod:`~hetero_nn.scheduler.lifetimes`). Tasks may still be submitted on it until
+        the flush ends; it must not be fetched after. A flush that streams keeps every
+        temporary to its end."""
+        self._check_open()
+        flushes = self._flushes
+        self._temporaries.release(handles, flushes.generation, flushes.capturing)
+
+    @contextlib.contextmanager
+    def keeping_temporaries(self):
+        """Inside the block :meth:`release` is ignored: the temporaries made or used there
+        live to the end of the flush (an order added against the submission order, as a
+        pipeline schedule's, must not meet the dependencies that sharing bytes adds)."""
+        self._temporaries.keeping += 1
+        try:
+            yield
+        finally:
+            self._temporaries.keeping -= 1
+
+    def is_temporary(self, handle) -> bool:
+        """Whether ``handle`` belongs to a temporary of the current flush (or of the
+        graph being captured): what :meth:`release` accepts."""
+        return self._temporaries.releasable(handle, self._flushes.generation,
+                                            self._flushes.capturing)
+
+    @contextlib.contextmanager
+    def collect_temporaries(self):
+        """Collect in a list the temporaries made inside the ``with`` block."""
+        made: list = []
+        collectors = self._temporaries.collectors
+        collectors.append(made)
+        try:
+            yield made
+        finally:
+            collectors.remove(made)
+
+    @contextlib.contextmanager
+    def placing(self, workers):
+        """Place every task submitted inside the block on one of ``workers`` (Worker objects
+        or names), and collect those tasks in the list it yields (a pipeline stage's).
+
+        Each task is submitted as with ``worker=workers`` (unless it names its own): a
+        placement constraint every policy honours."""
+        chosen = tuple(w for w in self.workers if w in workers or w.name in workers)
+        if not chosen:
+            raise SubmitError(f"placing: none of {list(workers)!r} is a worker of this "
+                              f"runtime ({[w.name for w in self.workers]})")
+        outer = self._placing
+        self._placing = (chosen, [])
+        try:
+            yield self._placing[1]
+        finally:
+            if outer is not None:
+                outer[1].extend(self._placing[1])
+            self._placing = outer
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the current flush (or, with nothing submitted yet, the next one) hands its
+        tasks to the executor as they are submitted (then no dependency can be added)."""
+        flushes = self._flushes
+        if flushes.pending:
+            return flushes.streaming
+        return self.overlap and flushes.capturing is None
+
+    def add_dependency(self, before, after):
+        """Make the submitted task ``after`` wait for ``before`` as well (an order the
+        data does not imply: a pipeline schedule). Both must belong to the current flush,
+        which must not stream (a capture, ``overlap=False``, CUDA workers, ``heft``)."""
+        if self.streaming:
+            raise SubmitError("add_dependency: this flush streams its tasks to the executor "
+                              "as they are submitted; order tasks inside a capture")
+        link(before, after)
+
     # ------------------------------------------------------------------ submission
     def submit(self, codelet: Codelet, *handles, priority=0, after=(), callback=None,
                worker=None, modes=None, **params) -> Task:
@@ -304,6 +396,10 @@ class Runtime:
         task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
         task.runtime = self
+        if self._placing is not None:
+            if worker is None:
+                worker = self._placing[0]
+            self._placing[1].append(task)
         if priority or after or callback is not None or worker is not None:
             self._task_options(task, priority, after, callback, worker)
         preds: dict = {}
@@ -436,7 +532,10 @@ class Runtime:
 
     def record(self, task, kind):
         """Keep a finished task's run time for the performance model (from the
-        runtime's own thread; workers record through their own slot)."""
+        runtime's own thread; workers record through their own slot) and, allocating per
+        task, drop the temporaries it was the last to use."""
+        if task.frees is not None:
+            self._temporaries.plain.finished(task)
         if self.perfmodel is not None and task.error is None:
             self._variants.record(task, kind)
 
@@ -498,11 +597,20 @@ class Runtime:
 
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
+        memory = self._flushes.memory
         t = Trace(self._trace.records(), [w.name for w in self.workers],
-                  transfers=self._trace.transfers())
+                  transfers=self._trace.transfers(), memory=[m for f in memory for m in f])
         if clear:
             self._trace.clear()
+            memory.clear()
         return t
+
+    def memory_stats(self) -> dict:
+        """Per memory node, the temporaries' ``high_water`` (bytes) and ``allocations``
+        (real allocations made so far): from the arenas (the node's and those of the
+        captured graphs alive), or, with ``arenas=False``, from the per-task arrays
+        (:mod:`~hetero_nn.scheduler.lifetimes`)."""
+        return self._temporaries.stats()
 
     @property
     def generation(self) -> int:

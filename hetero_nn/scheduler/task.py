@@ -20,7 +20,7 @@ class Task:
     __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "ended",
                  "eligible", "variant", "worker", "t_submit", "t_ready", "t_start", "t_end",
                  "bytes_in", "predicted", "priority", "rank", "assigned", "error", "failure",
-                 "runtime", "after", "callback", "watched", "source", "_fp")
+                 "runtime", "after", "callback", "watched", "source", "_fp", "frees")
 
     def __init__(self, task_id, codelet, handles, modes, params, t_submit):
         self.id = task_id
@@ -52,6 +52,7 @@ class Task:
         self.watched = False        # a thread waits in wait(): notify when it ends
         self.source = None          # the last writer of its first read operand (locality)
         self._fp = None             # cached (footprint, size) for the perfmodel
+        self.frees = None           # released roots to report when done (Runtime(arenas=False))
 
     def rearm(self, task_id, now):
         """Reset the per-run state for a replay: a fresh id, not ended, no variant, worker,
@@ -100,3 +101,20 @@ class Task:
 
     def __repr__(self):
         return f"Task({self.codelet.name}#{self.id})"
+
+
+def link(before, after) -> bool:
+    """Make ``after`` wait for ``before`` as well (both of one flush not yet run; their
+    lists are ``()`` until linked). False where it already did."""
+    if after in before.succ:
+        return False
+    if before.succ:
+        before.succ.append(after)
+    else:
+        before.succ = [after]
+    if after.preds:
+        after.preds.append(before)
+    else:
+        after.preds = [before]
+    after.npred += 1
+    return True

@@ -19,7 +19,10 @@ exports them:
 - :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
   memory node), from a :class:`TransferRecord` per copy, prefetches and copies
   back to the host included; the Chrome trace shows each copy as an event of
-  its own (a process ``transfers``, a thread per link).
+  its own (a process ``transfers``, a thread per link);
+- :meth:`Trace.live_bytes`: bytes of temporaries live per memory node over time, from a
+  :class:`MemoryRecord` per temporary and node (flushes run as one DAG, see
+  :mod:`~hetero_nn.scheduler.lifetimes`); the Chrome trace shows them as counters.
 
 Times of a task: ``submit`` (the runtime knew the task), ``ready`` (its last
 dependency finished), ``start`` and ``end`` (it ran on its worker). So
@@ -43,7 +46,7 @@ from ..errors import ConfigError
 from ..fileio import atomic_write
 from ..tables import format_table
 
-__all__ = ["TaskRecord", "TransferRecord", "Trace"]
+__all__ = ["MemoryRecord", "TaskRecord", "TransferRecord", "Trace"]
 
 _JSON_FORMAT = "hetero_nn.trace"
 _JSON_VERSION = 1
@@ -113,6 +116,19 @@ class TransferRecord:
     end: float
 
 
+@dataclass(slots=True)
+class MemoryRecord:
+    """One temporary's bytes on one memory node: ``name``, ``node``, ``nbytes``, live from
+    ``start`` to ``end`` (``time.perf_counter()`` seconds; see
+    :mod:`~hetero_nn.scheduler.lifetimes`)."""
+
+    name: str
+    node: str
+    nbytes: int
+    start: float
+    end: float
+
+
 def _natural_key(name: str):
     """Sort ``cpu2`` before ``cpu10``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -145,9 +161,10 @@ class Trace:
     """
 
     def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None,
-                 transfers: Iterable[TransferRecord] = ()):
+                 transfers: Iterable[TransferRecord] = (), memory: Iterable[MemoryRecord] = ()):
         self.records: list[TaskRecord] = list(records)
         self.transfers: list[TransferRecord] = list(transfers)
+        self.memory: list[MemoryRecord] = list(memory)
         seen = sorted({r.worker for r in self.records}, key=_natural_key)
         given = list(dict.fromkeys(workers or ()))
         self.workers: list[str] = given + [w for w in seen if w not in given]
@@ -180,6 +197,25 @@ class Trace:
         return devices
 
     # -- summaries ----------------------------------------------------------------------------
+
+    def live_bytes(self) -> dict[str, list[tuple[float, int]]]:
+        """Per memory node, the bytes of temporaries live over time: ``[(time, bytes), ...]``
+        at every change, from the :class:`MemoryRecord` s (flushes run as one DAG)."""
+        changes: dict = {}
+        for m in self.memory:
+            changes.setdefault(m.node, []).extend([(m.start, m.nbytes), (m.end, -m.nbytes)])
+        out = {}
+        for node, events in sorted(changes.items(), key=lambda kv: _natural_key(kv[0])):
+            events.sort(key=lambda e: (e[0], e[1]))  # a free before an allocation at one time
+            live, series = 0, []
+            for t, delta in events:
+                live += delta
+                if series and series[-1][0] == t:
+                    series[-1] = (t, live)
+                else:
+                    series.append((t, live))
+            out[node] = series
+        return out
 
     def stats(self) -> list[dict]:
         """Run time per (codelet, variant), the largest total first.
@@ -338,6 +374,14 @@ class Trace:
                                "ts": us(t.start), "dur": (t.end - t.start) * 1e6,
                                "pid": link_pid, "tid": tid,
                                "args": {"src": t.src, "dst": t.dst, "bytes": t.nbytes}})
+        live = self.live_bytes()
+        if live:
+            events.append({"ph": "M", "name": "process_name", "pid": idle_pid + 2, "tid": 0,
+                           "args": {"name": "temporaries"}})
+        for node, series in live.items():  # a counter track per memory node
+            for t, live in series:
+                events.append({"ph": "C", "name": f"live bytes {node}", "pid": idle_pid + 2,
+                               "ts": us(t), "args": {"bytes": live}})
         # Flow arrows (flow events v1): out of each dependency, into the task.
         flow_id = 0
         for r in self.records:
@@ -414,7 +458,8 @@ class Trace:
         """Write the raw records (and worker list) as JSON; read back with :meth:`from_json`."""
         document = {"format": _JSON_FORMAT, "version": _JSON_VERSION, "workers": self.workers,
                     "records": [dataclasses.asdict(r) for r in self.records],
-                    "transfers": [dataclasses.asdict(t) for t in self.transfers]}
+                    "transfers": [dataclasses.asdict(t) for t in self.transfers],
+                    "memory": [dataclasses.asdict(m) for m in self.memory]}
         data = json.dumps(document, indent=1).encode()
         return atomic_write(path, lambda f: f.write(data))
 
@@ -458,7 +503,8 @@ class Trace:
             fields["deps"] = tuple(fields.get("deps", ()))
             records.append(TaskRecord(**fields))
         transfers = [TransferRecord(**fields) for fields in document.get("transfers", ())]
-        return cls(records, workers=document.get("workers"), transfers=transfers)
+        memory = [MemoryRecord(**fields) for fields in document.get("memory", ())]
+        return cls(records, workers=document.get("workers"), transfers=transfers, memory=memory)
 
     @classmethod
     def _from_chrome(cls, document, path) -> "Trace":

@@ -88,3 +88,22 @@ def prefetched_batches(data, order, batch_size, start, stop, dtype, pair, transf
                 pair.swap()  # the arena of batch b - 1, whose step has returned
                 pending = loader.submit(load, b + 1)
             yield x, y
+
+
+def trainer_dtype(model, dtype) -> np.dtype:
+    """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
+    built = getattr(model, "dtype", None) if getattr(model, "input_shape", None) else None
+    if dtype is None:
+        return np.dtype(built) if built is not None else np.dtype(np.float32)
+    try:
+        chosen = np.dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen not in (np.float32, np.float64):
+        raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+    if built is not None and chosen != built:
+        raise ConfigError(f"Trainer(dtype={chosen.name!r}) contradicts the model, which is "
+                          f"built in {np.dtype(built).name}; leave dtype out to train in "
+                          f"{np.dtype(built).name}, or build the model with dtype="
+                          f"{chosen.name!r}")
+    return chosen

@@ -6,14 +6,16 @@ keeps for the epoch in progress (and a checkpoint stores, see
 ``correct``, ``samples``, ``seconds`` (training time), and ``warmup_samples``,
 ``warmup_seconds``: the first step of the process (kernel compilation), timed apart
 so that ``images_per_second`` measures the steady state. It also owns the epoch's
-record in the history, the tqdm bar and the one line printed per epoch.
+record in the history (with the joules its steps used, where counters exist: see
+:mod:`hetero_nn.energy`), the tqdm bar and the one line printed per epoch.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["new_progress", "add_step", "epoch_record", "format_epoch", "position"]
+__all__ = ["new_progress", "add_step", "epoch_record", "energy_total", "format_epoch",
+           "position"]
 
 
 def new_progress() -> dict:
@@ -34,9 +36,13 @@ def add_step(progress, loss, correct, samples, seconds, warmup=False) -> None:
         progress["warmup_samples"] += samples
 
 
-def epoch_record(progress, epoch, steps, granularity) -> dict:
+def epoch_record(progress, epoch, steps, granularity, energy=None) -> dict:
     """The history record of the finished epoch ``epoch`` (1-based) from its progress;
-    ``test_loss`` and ``test_accuracy`` None, ``eval_seconds`` 0 until validated."""
+    ``test_loss`` and ``test_accuracy`` None, ``eval_seconds`` 0 until validated.
+
+    ``energy`` (an :class:`~hetero_nn.energy.EnergyReading` of the epoch's training
+    steps run in this process) gives ``energy_joules`` and ``joules_per_image``, both
+    None with ``energy_reason`` saying why where no counter was read."""
     p = progress
     seconds = p["seconds"]
     timed_seconds = seconds - p["warmup_seconds"]
@@ -51,7 +57,24 @@ def epoch_record(progress, epoch, steps, granularity) -> dict:
             "images_per_second": timed_samples / timed_seconds if timed_seconds > 0 else None,
             "warmup_seconds": p["warmup_seconds"],
             "eval_seconds": 0.0, "samples": p["samples"], "steps": steps,
-            "granularity": granularity}
+            "granularity": granularity,
+            "energy_joules": None if energy is None else energy.joules,
+            "joules_per_image": None if energy is None else energy.per_image(p["samples"]),
+            "energy_reason": "not metered" if energy is None else energy.reason}
+
+
+def energy_total(history) -> dict:
+    """The energy of the epochs of ``history``: ``joules`` (their sum), ``joules_per_image``
+    and ``reason``; the figures are None, with the first epoch's reason, where any epoch
+    has no reading (a partial sum would understate the run), and with no epoch."""
+    missing = [r for r in history if r.get("energy_joules") is None]
+    if missing or not history:
+        reason = missing[0].get("energy_reason") if missing else "no epoch finished"
+        return {"joules": None, "joules_per_image": None, "reason": reason or "not metered"}
+    joules = sum(r["energy_joules"] for r in history)
+    images = sum(r["samples"] for r in history)
+    return {"joules": joules, "joules_per_image": joules / images if images else None,
+            "reason": None}
 
 
 def running(progress) -> str:

@@ -52,36 +52,20 @@ from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..layers.base import evaluating
 from ..layers.loss import SoftmaxCrossEntropy
 from ..optim import SGD, LRScheduler, submit_clip_grad_norm
+from ..energy import EnergyMeter
 from ..scheduler.runtime import Runtime
 from . import checkpoint
 from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
-from .loader import as_data, prefetched_batches
+from .loader import as_data, prefetched_batches, trainer_dtype
 from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
                        progress_bar, running)
+from .pipeline import make_pipeline
 from .step_cache import StepCache
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                "seconds", "images_per_second", "warmup_seconds")
-
-def _trainer_dtype(model, dtype) -> np.dtype:
-    """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
-    built = getattr(model, "dtype", None) if getattr(model, "input_shape", None) else None
-    if dtype is None:
-        return np.dtype(built) if built is not None else np.dtype(np.float32)
-    try:
-        chosen = np.dtype(dtype)
-    except TypeError:
-        chosen = None
-    if chosen not in (np.float32, np.float64):
-        raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
-    if built is not None and chosen != built:
-        raise ConfigError(f"Trainer(dtype={chosen.name!r}) contradicts the model, which is "
-                          f"built in {np.dtype(built).name}; leave dtype out to train in "
-                          f"{np.dtype(built).name}, or build the model with dtype="
-                          f"{chosen.name!r}")
-    return chosen
-
+                "seconds", "images_per_second", "warmup_seconds", "energy_joules",
+                "joules_per_image")
 
 class Trainer:
     """Trains ``model`` with ``loss`` and ``optimizer`` on ``runtime``.
@@ -129,6 +113,11 @@ class Trainer:
         a client or a :class:`hetero_nn.training.cluster.Cluster`); the optimizer step runs here.
         See :mod:`hetero_nn.training.cluster`; a cluster made from a string or client is closed
         by :meth:`close`.
+    pipeline : int or list of lists of layers, optional
+        Cut the model into stages, each on its own workers (``stage_devices``, e.g.
+        ``["cpu:1", "cuda-emu:1"]``; default: the runtime's workers in equal groups), the
+        partitions as micro-batches, ordered by ``pipeline_schedule`` (``"1f1b"`` or
+        ``"gpipe"``): bit-identical weights. See :mod:`hetero_nn.training.pipeline`.
 
     Examples
     --------
@@ -145,10 +134,10 @@ class Trainer:
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
                  granularity=1, dtype=None, seed=0, *, scheduler=None,
                  scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None,
-                 replay=True):
+                 replay=True, pipeline=None, stage_devices=None, pipeline_schedule="1f1b"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.dtype = _trainer_dtype(model, dtype)  # before a runtime exists to leak
+        self.dtype = trainer_dtype(model, dtype)  # before a runtime exists to leak
         self.model = model
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.02, momentum=0.9)
@@ -181,6 +170,11 @@ class Trainer:
             self._warmed_up = False  # the first step of this process is timed apart (compilation)
             #: Extra JSON-serialisable facts stored in every checkpoint's config (the CLI's options).
             self.config: dict = {}
+            #: The EnergyMeter ``fit`` reads per epoch (made at the first ``fit``).
+            self.energy = None
+            #: The stages of ``pipeline=`` (a :class:`~hetero_nn.training.pipeline.Pipeline`).
+            self.pipeline = make_pipeline(model, pipeline, stage_devices, pipeline_schedule,
+                                          cluster)
             self.cluster = None
             if cluster is not None:
                 from .cluster import connect_trainer
@@ -272,6 +266,8 @@ class Trainer:
         """One optimizer step on one batch; returns the batch's mean loss."""
         if self.cluster is not None:
             return self.cluster.train_step(self, x, y)
+        if self.pipeline is not None and self.pipeline.runtime is not self.runtime:
+            self.pipeline.bind(self, x, y)  # its stages and workers, at the first step
         key = self.step_cache.key(x, y, self.optimizer.replay_key())
         if key is None:
             return self._read_step(*self.submit_step(x, y))
@@ -284,6 +280,8 @@ class Trainer:
         return self._submit_step(*self.register_batch(x, y))
 
     def _submit_step(self, xs, ys):
+        if self.pipeline is not None:
+            return self.pipeline.submit_step(self, xs, ys)
         rt = self.runtime
         self.model.zero_grad(rt)
         logits = self.model.forward(rt, xs)
@@ -456,6 +454,8 @@ class Trainer:
             ckdir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
         bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
+        if self.energy is None:
+            self.energy = EnergyMeter()
         while self.epoch < epochs:
             e = self.epoch
             order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
@@ -464,6 +464,7 @@ class Trainer:
             progress = self.progress
             bar = progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
                                not bar_wanted)
+            self.energy.start()
             try:
                 t_last = time.perf_counter()
                 if self.cluster is not None:  # the data is on the workers: batches are indices
@@ -496,11 +497,12 @@ class Trainer:
                     t_last = time.perf_counter()
             finally:
                 batches.close()  # joins the loader thread, also when a step raised
+                energy = self.energy.stop()
                 if bar is not None:
                     bar.close()
             if self.scheduler is not None and self.scheduler_interval == "epoch":
                 self.scheduler.step()
-            record = self._end_epoch(val)
+            record = self._end_epoch(val, energy)
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
             if self.runtime.perfmodel is not None:  # a killed run keeps its calibration
@@ -513,9 +515,9 @@ class Trainer:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
         return [dict(r) for r in self.history]
 
-    def _end_epoch(self, validation) -> dict:
+    def _end_epoch(self, validation, energy=None) -> dict:
         record = epoch_record(self.progress, self.epoch + 1, self.step_in_epoch,
-                              self.granularity)
+                              self.granularity, energy)
         if validation is not None:
             t0 = time.perf_counter()
             record["test_loss"], record["test_accuracy"] = self.evaluate(validation)

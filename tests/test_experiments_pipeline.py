@@ -1,0 +1,19 @@
+"""experiments/pipeline.py end to end, tiny: a data-parallel row and a row per schedule,
+with the bubble measured from the trace beside the ideal."""
+
+import json
+
+from helpers import load_script
+
+
+def test_tiny_run_writes_rows(tmp_path):
+    study = load_script("experiments/pipeline.py")
+    argv = ["--stages", "2", "--granularities", "4", "--batch", "8", "--steps", "1",
+            "--warmup", "1", "--results", str(tmp_path)]
+    assert study.main(argv) == 0
+    doc = json.loads((tmp_path / "pipeline-latest.json").read_text())
+    assert [r["side"] for r in doc["rows"]] == ["data-parallel", "pipeline 1f1b", "pipeline gpipe"]
+    for r in doc["rows"]:
+        assert r["images_per_s"] > 0 and r["stages"] == 2 and r["g"] == 4
+    for r in doc["rows"][1:]:
+        assert 0 <= r["bubble"] < 1 and r["ideal_bubble"] == 0.2 and r["imbalance"] >= 1
