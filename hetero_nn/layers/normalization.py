@@ -41,6 +41,8 @@ class BatchNorm2D(Layer):
     BatchNorm2D(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
     """
 
+    grads_per_partition = False  # dweight, dbias: once per step, from the batch's sums
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True):
         super().__init__()
@@ -124,7 +126,8 @@ class BatchNorm2D(Layer):
 
     def forward(self, rt, xs):
         batch_stats = self.training or not self.track_running_stats
-        count = sum(x.shape[0] for x in xs) * math.prod(self.input_shape[1:])
+        samples = self.batch_span[1] if self.batch_span else sum(x.shape[0] for x in xs)
+        count = samples * math.prod(self.input_shape[1:])  # over the whole batch
         if batch_stats:
             if count <= 1:
                 raise ShapeError(f"BatchNorm2D: expected more than 1 value per channel when "

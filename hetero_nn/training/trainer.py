@@ -125,10 +125,12 @@ class Trainer:
     replay : bool
         Capture a step's task graph once per step key and replay it (module docstring).
     cluster : distributed.Client, str or Cluster, optional
-        Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
-        a client or a :class:`hetero_nn.training.cluster.Cluster`); the optimizer step runs here.
-        See :mod:`hetero_nn.training.cluster`; a cluster made from a string or client is closed
-        by :meth:`close`.
+        Train on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``, a client or a
+        :class:`hetero_nn.training.cluster.Cluster`): its workers hold the run between
+        steps, and the model here is brought up to date before a checkpoint, an
+        evaluation, a prediction, at the end of ``fit`` and at :meth:`close` (or by
+        :meth:`sync`). See :mod:`hetero_nn.training.cluster`; a cluster made from a
+        string or client is closed by :meth:`close`.
 
     Examples
     --------
@@ -317,8 +319,15 @@ class Trainer:
     def graphs_captured(self, value):
         self.step_cache.captured = value
 
+    def sync(self) -> None:
+        """Bring the run's state back from the cluster's workers, which hold it between
+        steps (a no-op without a cluster, or when it is already here)."""
+        if self.cluster is not None:
+            self.cluster.pull(self)
+
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
+        self.sync()
         rt = self.runtime
         with evaluating(self.model):
             key = self.step_cache.key(x, y, "eval")
@@ -337,6 +346,7 @@ class Trainer:
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
+        self.sync()
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self.register_batch(x[start:start + self.batch_size], None)
@@ -459,7 +469,7 @@ class Trainer:
         while self.epoch < epochs:
             e = self.epoch
             order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
-            if self.granularity is None:
+            if self.granularity is None and self.cluster is None:  # a cluster tunes at its step
                 self.tune_granularity(*data.batch(order[:bs], dtype=self.dtype))
             progress = self.progress
             bar = progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
@@ -509,6 +519,7 @@ class Trainer:
                 on_epoch_end(self, record)
         if ckdir is not None:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
+        self.sync()
         return [dict(r) for r in self.history]
 
     def _end_epoch(self, validation) -> dict:
@@ -553,6 +564,7 @@ class Trainer:
         optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
         disk stays the last good one.
         """
+        self.sync()
         return checkpoint.save_trainer(self, path, require_finite)
 
     def load_checkpoint(self, path):
@@ -574,17 +586,25 @@ class Trainer:
             A corrupt file, or one that does not fit the model or the optimizer
             (the message names the file and the key or shape at fault).
         """
-        return checkpoint.load_trainer(self, path)
+        loaded = checkpoint.load_trainer(self, path)
+        if self.cluster is not None:  # the workers train from the loaded state next
+            self.cluster.invalidate()
+        return loaded
 
     # ------------------------------------------------------------ lifetime
-    def close(self):
-        if self.cluster is not None and self._own_cluster:
-            self.cluster.close()
-        if self._own_runtime:
-            self.runtime.close()
+    def close(self, sync: bool = True):
+        """Close what the trainer made; with a cluster, first bring its state here (``sync``)."""
+        try:
+            if sync:
+                self.sync()
+        finally:
+            if self.cluster is not None and self._own_cluster:
+                self.cluster.close()
+            if self._own_runtime:
+                self.runtime.close()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        self.close(sync=exc_type is None)

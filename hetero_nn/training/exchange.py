@@ -1,0 +1,402 @@
+"""Reductions between the ranks of a cluster run, in partition order, bit for bit.
+
+This module owns how the workers (*ranks*) of :mod:`hetero_nn.training.cluster` sum
+what their partitions of a batch contribute -- parameter gradients, the loss, the
+correct count, batch-norm statistics -- without the client, and so that every rank
+ends with the bytes one process would have.
+
+The arithmetic to reproduce
+---------------------------
+In one process a handle that the ``g`` partitions of a batch contribute to ends as
+``head + T(q)``: ``q`` the REDUX partials in partition order, ``T`` the runtime's
+balanced tree (``q[i] += q[i + s]`` for ``s = 1, 2, 4, ...``,
+:mod:`hetero_nn.scheduler.redux`), ``head`` what the handle held before. Two
+*modes*: **overwrite** -- the first partition wrote the handle in place (a fresh
+gradient's ``overwriting`` twin, ``SoftmaxCrossEntropy``'s loss), so ``head`` is
+partition 0's value and ``q`` holds partitions ``1..g-1``; **zero** -- the handle
+was zeroed (``fill_zero``) and ``q`` holds all ``g``. The twin runs its base's
+variant after ``init``, so a partition's value is the same bits whichever of the
+two computed it.
+
+Rank ``j`` runs partitions ``P_j .. P_{j+1}-1`` (contiguous), so its values are the
+leaves of ``q`` in one contiguous range. It adds, in the tree's order, the pairs
+whose whole subtree lies in its range (*local* operations), and sends what is left;
+whoever reduces a range of the flattened values runs the other operations in the
+same order, then ``head + q[0]``. Elementwise IEEE additions in the same order: the
+same bits as one process, whatever the number of ranks.
+
+Policy
+------
+- **Buckets.** After the backward pass is submitted, the rank takes each gradient's
+  partials out of its runtime's tree (:meth:`Runtime.take_partials`) and submits a
+  ``cluster_send`` task per bucket of parameters (in backward order, about
+  ``bucket_bytes`` each), which reads them and hands the message to the endpoint:
+  it starts as soon as its layers' backward tasks are done, so the transfers and the
+  reductions overlap the rest of the backward pass (PyTorch DDP's buckets). One
+  ``cluster_recv`` task then writes every reduced gradient, the loss and the count;
+  the optimizer's tasks follow it, so weights change only once the whole step's
+  reductions are in (a rank that fails before has not touched them).
+- **Batch statistics.** During forward and backward the rank's runtime hands every
+  REDUX tree due to :meth:`Exchange.combine` (:meth:`Runtime.combining_with`): one
+  ``cluster_reduce`` task that sends, waits and writes (BatchNorm2D's sums).
+- **Who reduces.** A reduction of at most :data:`SCATTER_MIN_BYTES` bytes, or with
+  two ranks, goes to every rank, which each reduce the whole (one hop: an
+  all-gather of the contributions); a larger one is cut into one range per rank,
+  each reduced by its rank and sent to the others (reduce-scatter, then
+  all-gather: two hops, each rank sending about twice the values once).
+  Reductions run on the endpoint's loop thread as the last piece arrives.
+
+State
+-----
+``step``: the step number the rank is running (message keys are ``(step, tag,
+range)``; tags number the reductions of a step in submission order, the same on
+every rank); ``_pieces``: key -> {rank: piece} awaiting the missing ranks;
+``_results``: key -> reduced values; ``broken``: why the group can no longer
+complete a step (a peer lost, an abort), which every wait raises as
+:class:`GroupBroken`; ``waited``: seconds spent blocked in waits this step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..codelets.codelet import RW, R, W, Codelet
+
+__all__ = ["tree_ops", "Exchange", "GroupBroken", "SCATTER_MIN_BYTES", "BUCKET_BYTES"]
+
+#: Reductions larger than this are reduce-scattered (with more than two ranks).
+SCATTER_MIN_BYTES = 64 * 1024
+#: Gradient bytes per bucket (a bucket closes at the first parameter past it).
+BUCKET_BYTES = 256 * 1024
+#: Seconds a rank waits for a reduction before giving the group up.
+WAIT_LIMIT = 600.0
+_perf = time.perf_counter
+
+
+class GroupBroken(RuntimeError):
+    """A reduction cannot complete: a rank of the group is gone, or the step was aborted."""
+
+
+def tree_ops(m):
+    """``(i, j, s)`` for every ``q[i] += q[j]`` of the runtime's tree over ``m`` partials,
+    in its order (``j = i + s``)."""
+    s = 1
+    while s < m:
+        for i in range(0, m - s, 2 * s):
+            yield i, i + s, s
+        s *= 2
+
+
+def _codelet(kind, modes, fn, cache={}):
+    key = (kind, modes)
+    c = cache.get(key)
+    if c is None:
+        c = cache[key] = Codelet(kind, modes=modes, variants={"ref": fn})
+    return c
+
+
+class _Shape:
+    """A reduction's static facts, the same on every rank: mode, leaf ranges, flat layout."""
+
+    def __init__(self, starts, mode, shapes, dtype):
+        self.mode = mode
+        self.sizes = [int(np.prod(s)) for s in shapes]
+        self.size = sum(self.sizes)
+        self.dtype = np.dtype(dtype)
+        shift = 1 if mode == "overwrite" else 0
+        self.m = starts[-1] - shift
+        self.leaves = [(max(a - shift, 0), b - shift) for a, b in zip(starts, starts[1:])]
+        ranks = len(starts) - 1
+        if ranks > 2 and self.size * self.dtype.itemsize > SCATTER_MIN_BYTES:
+            bounds = [self.size * r // ranks for r in range(ranks + 1)]
+            self.ranges = [((bounds[r], bounds[r + 1]), (r,)) for r in range(ranks)]
+        else:
+            self.ranges = [((0, self.size), tuple(range(ranks)))]
+
+    def owner_of_leaf(self, i):
+        for r, (a, b) in enumerate(self.leaves):
+            if a <= i < b:
+                return r
+        raise IndexError(i)
+
+    def local(self, i, s, rank):
+        a, b = self.leaves[rank]
+        return a <= i and min(i + 2 * s, self.m) <= b
+
+
+class Exchange:
+    """The reductions of one rank in one group (see the module docstring).
+
+    Parameters
+    ----------
+    endpoint : Endpoint
+        The rank's endpoint, with a link to each peer named by its address.
+    generation : int
+        The group's number; messages of other generations are dropped.
+    rank : int
+    peers : list of str
+        The endpoint addresses of the group's ranks, in rank order.
+    """
+
+    def __init__(self, endpoint, generation, rank, peers, bucket_bytes=BUCKET_BYTES):
+        self.endpoint = endpoint
+        self.generation = generation
+        self.rank = rank
+        self.peers = list(peers)
+        self.ranks = len(self.peers)
+        self.starts = None
+        self.local_partitions = 0
+        self.bucket_bytes = int(bucket_bytes)
+        self.step = 0
+        self.broken = None
+        self.waited = 0.0
+        self._tags = 0
+        self._pieces: dict = {}
+        self._results: dict = {}
+        self._cond = threading.Condition()
+
+    # ------------------------------------------------------------ the group's state
+    def fail(self, why):
+        """Mark the group broken: every wait, now or later, raises :class:`GroupBroken`."""
+        with self._cond:
+            if self.broken is None:
+                self.broken = why
+            self._cond.notify_all()
+
+    def begin(self, step):
+        """Start step ``step``: drop what an aborted earlier step left behind."""
+        with self._cond:
+            self.step = step
+            self.waited = 0.0
+            for store in (self._pieces, self._results):
+                for key in [k for k in store if k[0] < step]:
+                    del store[key]
+
+    # ------------------------------------------------------------ submission (the rank's thread)
+    def start_submission(self, starts):
+        """Before a step is submitted: its layout (``P_0 = 0, ..., P_W = g``: rank ``j``
+        runs partitions ``P_j..P_{j+1}-1``), and its reductions numbered from 0."""
+        self.starts = list(starts)
+        self.local_partitions = starts[self.rank + 1] - starts[self.rank]
+        self._tags = 0
+
+    def _tag(self, mode, shapes, dtype):
+        """A new reduction of this step: ``(tag, its _Shape)``."""
+        tag = self._tags
+        self._tags += 1
+        return tag, _Shape(self.starts, mode, shapes, dtype)
+
+    def _mode(self, count, name):
+        k = self.local_partitions
+        if count == k:
+            return "zero"
+        if count == k - 1:
+            return "overwrite"
+        raise GroupBroken(f"cluster: {count} partial sums of {name!r} from {k} partitions: "
+                          f"not a sum over the batch's partitions")
+
+    def combine(self, h, partials):
+        """The runtime's hook for a REDUX tree due during forward or backward (batch
+        statistics): one task that sends this rank's values, waits, writes ``h``."""
+        tag, shape = self._tag(self._mode(len(partials), h.name), [h.shape], h.dtype)
+        codelet = _codelet("cluster_reduce", (RW,) + (R,) * len(partials), _reduce_variant)
+        h.owner.submit(codelet, h, *partials, exchange=self, tag=tag, shape=shape)
+
+    def submit_step(self, rt, params, fresh, scalars):
+        """Submit the step's gradient buckets and scalar reductions, then the task that
+        writes their results (see the module docstring).
+
+        ``params``: ``[(name, Parameter, per_partition)]`` in ``named_parameters``
+        order; ``fresh``: whether each gradient was fresh after ``zero_grad`` (its first
+        contribution overwrote it); ``scalars``: the loss and correct-count handles.
+        Gradients not computed per partition (BatchNorm2D's) stay in the local tree.
+        """
+        outputs, reductions = [], []
+        bucket, nbytes = [], 0
+
+        def close(mode):
+            nonlocal bucket, nbytes
+            if bucket:
+                reductions.append(self._send(rt, bucket, mode))
+                outputs.extend(h for h, _ in bucket)
+            bucket, nbytes = [], 0
+
+        mode = None
+        for (name, p, per_partition), was_fresh in reversed(list(zip(params, fresh))):
+            if not per_partition:
+                continue
+            partials = rt.take_partials(p.grad)
+            want = self.local_partitions - (1 if was_fresh else 0)
+            if len(partials) != want:
+                raise GroupBroken(f"cluster: parameter {name!r} got {len(partials)} partial "
+                                  f"gradients from {self.local_partitions} partitions")
+            m = "overwrite" if was_fresh else "zero"
+            if m != mode or nbytes >= self.bucket_bytes:
+                close(mode)
+                mode = m
+            bucket.append((p.grad, partials))
+            nbytes += p.grad.nbytes
+        close(mode)
+        for h in scalars:
+            partials = rt.take_partials(h)
+            bucket = [(h, partials)]
+            close(self._mode(len(partials), h.name))
+        recv = _codelet("cluster_recv", (W,) * len(outputs), _recv_variant)
+        rt.submit(recv, *outputs, exchange=self, reductions=tuple(reductions))
+
+    def _send(self, rt, bucket, mode):
+        handles = [h for h, _ in bucket]
+        tag, shape = self._tag(mode, [h.shape for h in handles], handles[0].dtype)
+        operands = []
+        for h, partials in bucket:  # h first: the recv that overwrites it comes after
+            operands += [h, *partials]
+        send = _codelet("cluster_send", (R,) * len(operands), _send_variant)
+        rt.submit(send, *operands, exchange=self, tag=tag, shape=shape,
+                  counts=tuple(len(p) for _, p in bucket))
+        return tag, shape
+
+    # ------------------------------------------------------------ execution (task threads)
+    def contribute(self, tag, shape, values, head):
+        """Send this rank's ``values`` (flat arrays, one per local leaf, in order) of
+        reduction ``tag``, with ``head`` (rank 0's, else None), after the local
+        operations of the tree."""
+        a, b = shape.leaves[self.rank]
+        q = dict(zip(range(a, b), values))
+        for i, j, s in tree_ops(shape.m):
+            if shape.local(i, s, self.rank):
+                q[i] = q[i] + q.pop(j)
+        step = self.step
+        from distributed.protocol import to_serialize
+
+        for r, ((lo, hi), owners) in enumerate(shape.ranges):
+            piece = {i: v[lo:hi] for i, v in q.items()}
+            part_head = None if head is None else head[lo:hi]
+            for owner in owners:
+                if owner == self.rank:
+                    self._add_piece((step, tag, r), self.rank, piece, part_head, shape)
+                else:
+                    self.endpoint.post(self.peers[owner], {
+                        "op": "piece", "gen": self.generation, "step": step, "tag": tag,
+                        "range": r, "src": self.rank,
+                        "leaves": list(piece), "values": [to_serialize(np.ascontiguousarray(v))
+                                                          for v in piece.values()],
+                        "head": None if part_head is None else to_serialize(
+                            np.ascontiguousarray(part_head))})
+
+    def wait(self, tag, shape) -> np.ndarray:
+        """The reduced flat values of reduction ``tag`` of this step (blocks)."""
+        keys = [(self.step, tag, r) for r in range(len(shape.ranges))]
+        t0 = _perf()
+        with self._cond:
+            while not all(k in self._results for k in keys):
+                if self.broken is not None:
+                    raise GroupBroken(self.broken)
+                if _perf() - t0 > WAIT_LIMIT:
+                    raise GroupBroken(f"cluster: no reduction of step {self.step} for "
+                                      f"{WAIT_LIMIT:.0f} s")
+                self._cond.wait(0.5)
+            parts = [self._results.pop(k) for k in keys]
+        self.waited += _perf() - t0
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    # ------------------------------------------------------------ messages (loop thread)
+    def on_message(self, message):
+        """A piece to reduce, or a reduced range from its owner."""
+        if message.get("gen") != self.generation:
+            return
+        key = (message["step"], message["tag"], message["range"])
+        if message["op"] == "piece":
+            piece = dict(zip(message["leaves"], message["values"]))
+            self._add_piece(key, message["src"], piece, message["head"])
+        elif message["op"] == "reduced":
+            with self._cond:
+                self._results[key] = message["values"]
+                self._cond.notify_all()
+
+    def _add_piece(self, key, src, piece, head, shape=None):
+        """Keep a piece; the last of the ``ranks`` pieces of ``key`` (this rank's own
+        brings the reduction's shape) reduces them."""
+        with self._cond:
+            pieces = self._pieces.setdefault(key, {})
+            pieces[src] = (piece, head)
+            if shape is not None:
+                pieces["shape"] = shape
+            if len(pieces) <= self.ranks:
+                return
+            del self._pieces[key]
+        self._reduce(key, pieces.pop("shape"), pieces)
+
+    def _reduce(self, key, shape, pieces):
+        step, tag, r = key
+        q, head = {}, None
+        for piece, part_head in pieces.values():
+            q.update(piece)
+            if part_head is not None:
+                head = part_head
+        for i, j, s in tree_ops(shape.m):
+            if not shape.local(i, s, shape.owner_of_leaf(i)):
+                q[i] = q[i] + q.pop(j)
+        result = head + q[0] if shape.m else np.array(head, copy=True)
+        _, owners = shape.ranges[r]
+        if len(owners) == 1:  # a scattered range: its owner tells the others
+            from distributed.protocol import to_serialize
+
+            for other in range(self.ranks):
+                if other != self.rank:
+                    self.endpoint.post(self.peers[other], {
+                        "op": "reduced", "gen": self.generation, "step": step, "tag": tag,
+                        "range": r, "values": to_serialize(result)})
+        with self._cond:
+            self._results[key] = result
+            self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------
+# The variants of the exchange's codelets (Python: they wait on other processes)
+# ---------------------------------------------------------------------------------------
+
+def _values(arrays, counts, mode, rank):
+    """Flat per-leaf values (and rank 0's head) from a bucket's operands:
+    per handle, the handle then its partials."""
+    per_handle, at = [], 0
+    for c in counts:
+        per_handle.append(arrays[at:at + 1 + c])
+        at += 1 + c
+    if mode == "overwrite":
+        rows = [list(ops) for ops in per_handle]
+        heads = None
+        if rank == 0:
+            heads, rows = [r[0] for r in rows], [r[1:] for r in rows]
+    else:
+        rows = [list(ops[1:]) for ops in per_handle]
+        heads = [ops[0] for ops in per_handle] if rank == 0 else None
+    values = [np.concatenate([row[v].reshape(-1) for row in rows])
+              for v in range(len(rows[0]))] if rows and rows[0] else []
+    head = None if heads is None else np.concatenate([h.reshape(-1) for h in heads])
+    return values, head
+
+
+def _send_variant(*arrays, exchange, tag, shape, counts):
+    values, head = _values(arrays, counts, shape.mode, exchange.rank)
+    exchange.contribute(tag, shape, values, head)
+
+
+def _recv_variant(*outputs, exchange, reductions):
+    at = 0
+    for tag, shape in reductions:
+        flat = exchange.wait(tag, shape)
+        offset = 0
+        for size in shape.sizes:
+            out = outputs[at]
+            out[...] = flat[offset:offset + size].reshape(out.shape)
+            offset += size
+            at += 1
+
+
+def _reduce_variant(h, *partials, exchange, tag, shape):
+    values, head = _values((h, *partials), (len(partials),), shape.mode, exchange.rank)
+    exchange.contribute(tag, shape, values, head)
+    h[...] = exchange.wait(tag, shape).reshape(h.shape)
