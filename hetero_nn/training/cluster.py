@@ -127,6 +127,7 @@ class Cluster:
         self._stale = False
         self._dirty = True
         self._spec_key = None
+        self._trainer = None           # the trainer whose run the ranks hold
         self._data = None              # (dataset, future)
         self._seen = sorted(client.nthreads())
         self._stop = threading.Event()
@@ -214,6 +215,7 @@ class Cluster:
                                   f"{x.shape[0]} samples")
             n, sample = x.shape[0], tuple(x.shape[1:])
         trainer.prepare(np.empty((0, *sample), trainer.dtype))
+        self._adopt(trainer)
         if trainer.granularity is None:
             self.tune(trainer, x, y)
         g = min(trainer.granularity, n)
@@ -359,7 +361,7 @@ class Cluster:
         while _perf() - t0 < FORM_TIMEOUT:
             try:
                 wait(list(new.values()), timeout=WORKER_REFRESH)
-            except TimeoutError:
+            except Exception:  # not yet (TimeoutError), or cancelled with a dead worker
                 pass
             seen = set(self.workers)
             if all(f.done() or w not in seen for w, f in new.items()):
@@ -399,11 +401,17 @@ class Cluster:
         raise ClusterError(f"cluster {self.spec}: the training set could not be sent to a "
                            f"worker")
 
+    def _adopt(self, trainer):
+        """Make ``trainer``'s run the one the ranks hold (pushed at the next formation)."""
+        if trainer is not self._trainer:
+            self._trainer, self._stale, self._dirty = trainer, False, True
+
     def _spec(self, trainer):
-        key = (id(trainer.model), trainer.model.input_shape, trainer.dtype.name,
-               id(trainer.loss), type(trainer.optimizer), id(trainer.augment),
-               trainer.clip_grad_norm)
-        if self._spec_key is None or self._spec_key[0] != key:
+        key = (trainer.model, trainer.model.input_shape, trainer.dtype.name, trainer.loss,
+               type(trainer.optimizer), trainer.augment, trainer.clip_grad_norm,
+               trainer.seed, trainer.replay)
+        if self._spec_key is None or any(a is not b and a != b for a, b in
+                                         zip(self._spec_key[0], key)):
             if self._spec_key is not None:  # another model or recipe: new ranks
                 for worker in list(self._ranks):
                     self._close_rank(worker)
@@ -467,7 +475,7 @@ class Cluster:
     def pull(self, trainer):
         """Bring the run's state (weights, buffers, optimizer, dropout counters) from the
         group's first rank into ``trainer``, if the ranks are ahead of it."""
-        if not self._stale or self.client is None:
+        if not self._stale or self.client is None or trainer is not self._trainer:
             return
         for worker in list(self._group):
             ref = self._ranks.get(worker)
@@ -504,6 +512,7 @@ class Cluster:
         granularity is their sum (dealt evenly from then on)."""
         data = x.data if isinstance(x, DatasetBatch) else None
         n = len(x)
+        self._adopt(trainer)
         self._ensure_group(trainer, data, max(1, min(len(self._seen), n)))
         group = self._group
         shares = partition_starts(n, len(group))
