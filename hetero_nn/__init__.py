@@ -14,6 +14,7 @@ from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_
 from .layers import (GELU, AvgPool2D, BatchNorm2D, Dropout, GlobalAvgPool2D, LeakyReLU, Residual,
                      Sigmoid, Tanh)
 from .layers import LogSoftmax
+from .layers import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
 from .training import Trainer, checkpoint, load_model
 from . import datasets, models, transforms
 from .models import MODELS, build_model

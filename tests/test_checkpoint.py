@@ -21,13 +21,6 @@ from hetero_nn.training.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, 
                                   read_checkpoint, remove_stale_temporaries, write_checkpoint)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(monkeypatch, tmp_path_factory):
-    """Performance models go to a temporary cache (conftest sets one; this is the fallback)."""
-    if not os.environ.get("HETERO_NN_CACHE"):
-        monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
 def _data(n=96, size=12, seed=0):
     return hn.datasets.load("synthetic", image_size=size, num_samples=n, seed=seed)
 

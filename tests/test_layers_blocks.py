@@ -292,7 +292,7 @@ def test_cli_models_summary(capsys):
 
     assert main(["models", "--summary", "resnet-small", "--input-shape", "1x28x28"]) == 0
     out = capsys.readouterr().out
-    assert "5.shortcut.0 (Conv2D)" in out and "[-1, 64, 7, 7]" in out
+    assert "5.shortcut.0 (Conv2d)" in out and "[-1, 64, 7, 7]" in out
     assert main(["models", "--summary", "resnet-small", "--input-shape", "28x28"]) == 2
     assert "--input-shape" in capsys.readouterr().err
 
@@ -303,8 +303,8 @@ def test_cli_models_summary(capsys):
     (lambda: hn.BatchNorm2D(3, momentum=2), "BatchNorm2D: momentum"),
     (lambda: hn.Dropout(1.5), "Dropout: p"),
     (lambda: hn.Dropout(0.5, seed=1.5), "Dropout: seed"),
-    (lambda: hn.AvgPool2D(2, padding=2), "AvgPool2D: padding"),
-    (lambda: hn.AvgPool2D(0), "AvgPool2D: kernel_size"),
+    (lambda: hn.AvgPool2D(2, padding=2), "AvgPool2d: padding"),
+    (lambda: hn.AvgPool2D(0), "AvgPool2d: kernel_size"),
     (lambda: hn.LeakyReLU("x"), "LeakyReLU: negative_slope"),
 ])
 def test_constructor_errors_name_the_layer_and_argument(make, match):
@@ -319,8 +319,8 @@ def test_constructor_errors_name_the_layer_and_argument(make, match):
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(3, 4, 1)], [hn.Conv2D(3, 4, 1, stride=2)])),
      (3, 5, 5), r"but the shortcut gives \(4, 3, 3\)"),
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(2, 4, 1)])), (3, 5, 5),
-     r"body: layer 0 \(Conv2D"),
-    (lambda: hn.Sequential(hn.AvgPool2D(4)), (3, 2, 2), "AvgPool2D.*larger than"),
+     r"body: layer 0 \(Conv2d"),
+    (lambda: hn.Sequential(hn.AvgPool2D(4)), (3, 2, 2), "AvgPool2d.*larger than"),
 ])
 def test_shape_errors_name_the_layer(model, shape, match):
     with pytest.raises(hn.ShapeError, match=match):

@@ -20,11 +20,20 @@ zeroed by a ``fill_zero`` task and accumulated into, as before.
 Parameters are NumPy arrays owned by the layer (as ``torch.nn.Parameter`` owns
 its tensor); ``bind(rt)`` registers them with a runtime without copying, and
 creates a gradient handle for each.
+
+Settings: a captured step graph bakes each task's parameters in, so the trainer's
+step key holds every layer's :meth:`Layer.settings` (and the loss's, through
+:func:`settings_signature`): the current values of the attributes named like the
+constructor's arguments — PyTorch's convention, ``Dropout(p)`` keeps ``self.p`` —
+so ``dropout.p = 0.3`` after a step captures a new graph, and a new layer takes
+part without writing key code. A layer whose graph depends on something else
+extends ``settings()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 
 import numpy as np
@@ -32,6 +41,47 @@ import numpy as np
 from ..codelets.reduce import fill_zero, overwriting
 
 _rng = np.random.default_rng(0)
+_CONSTRUCTOR_NAMES: dict = {}  # class -> names of its __init__'s named arguments
+_MISSING = object()
+
+
+def constructor_names(cls) -> tuple:
+    """The named arguments of ``cls.__init__`` (not ``self``, ``*args``, ``**kwargs``), cached."""
+    names = _CONSTRUCTOR_NAMES.get(cls)
+    if names is None:
+        try:
+            parameters = inspect.signature(cls.__init__).parameters.values()
+        except (TypeError, ValueError):  # a builtin __init__: nothing to read
+            parameters = ()
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names = _CONSTRUCTOR_NAMES[cls] = tuple(
+            p.name for p in parameters if p.kind in kinds and p.name != "self")
+    return names
+
+
+def _hashable(value):
+    if isinstance(value, np.ndarray):  # data, not a setting: only its form counts
+        return ("ndarray", value.shape, value.dtype.str)
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def settings_signature(obj) -> tuple:
+    """``(type, ((name, value), ...))``: ``obj``'s current values of the attributes named
+    like its constructor's arguments (those it keeps), in a hashable form."""
+    values = []
+    for name in constructor_names(type(obj)):
+        value = getattr(obj, name, _MISSING)
+        if value is not _MISSING:
+            values.append((name, _hashable(value)))
+    return type(obj), tuple(values)
 
 
 def manual_seed(seed: int) -> None:
@@ -157,6 +207,12 @@ class Layer:
         """Advance the per-step state as ``forward`` would, for a step run by a replay, and
         return the data to write into the captured ``step_input``."""
         raise NotImplementedError(f"{type(self).__name__} has no per-step data")
+
+    def settings(self) -> tuple:
+        """What this layer's captured tasks depend on besides data (hashable, part of the
+        trainer's step key): :func:`settings_signature`. Extend it where a graph depends on
+        an attribute not named like a constructor argument."""
+        return settings_signature(self)
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}
