@@ -53,44 +53,25 @@ state is newer than the ranks'); ``_seen``: the workers the monitor thread last 
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
-import threading
 import time
-import uuid
 
 import numpy as np
 
-from ..errors import ClusterError, ConfigError, TaskError
-from .cluster_io import (ClientLinks, DatasetBatch, RankLost, blocks, partition_starts,
-                         rank_spec, step_terms)
+from ..errors import ClusterError, ConfigError
+from .cluster_io import (DatasetBatch, RankLost, blocks, load_run_state, partition_starts,
+                         step_terms)
+from .group import ATTEMPTS, WORKER_GRACE, WORKER_REFRESH, Group
 
-__all__ = ["Cluster", "connect", "connect_trainer", "DatasetBatch", "partition_starts", "blocks"]
+__all__ = ["Cluster", "connect", "connect_trainer", "DatasetBatch", "partition_starts", "blocks",
+           "WORKER_GRACE", "WORKER_REFRESH"]
 
 _perf = time.perf_counter
-#: Seconds without a single worker before a step gives up.
-WORKER_GRACE = 20.0
-#: Seconds between two looks at the scheduler's list of workers.
-WORKER_REFRESH = 0.5
 #: Seconds a connection to a scheduler may take.
 CONNECT_TIMEOUT = 10.0
-#: Seconds a rank may take to start (its actor placed, its runtime built).
-FORM_TIMEOUT = 120.0
-#: Tries of a step (each after a group re-formed) before the run gives up.
-_ATTEMPTS = 6
 
 
-class _RankRef:
-    """The client's handle on one rank: its actor future and its endpoint address."""
-
-    __slots__ = ("worker", "future", "address")
-
-    def __init__(self, worker, future, address):
-        self.worker, self.future, self.address = worker, future, address
-
-
-class Cluster:
+class Cluster(Group):
     """A Dask client and the data-parallel step over it (see the module docstring).
 
     Parameters
@@ -112,36 +93,13 @@ class Cluster:
 
     def __init__(self, client, *, threads=1, devices=None, cluster=None, own_client=False,
                  worker_grace=WORKER_GRACE, spec=None, bucket_bytes=256 * 1024):
-        self.client = client
-        self.worker_devices = devices or f"cpu:{int(threads)}"
+        super().__init__(client, devices or f"cpu:{int(threads)}", worker_grace, bucket_bytes)
         self.spec = spec or client.scheduler.address
-        self.worker_grace = float(worker_grace)
-        self.bucket_bytes = int(bucket_bytes)
         self._cluster = cluster
         self._own_client = own_client
-        self.run_id = uuid.uuid4().hex[:12]
-        self.links = None              # ClientLinks, made at the first formation
-        self._ranks: dict = {}
-        self._group: list = []
-        self._generation = 0
-        self._stale = False
-        self._dirty = True
-        self._spec_key = None
-        self._trainer = None           # the trainer whose run the ranks hold
-        self._data = None              # (dataset, future)
-        self._seen = sorted(client.nthreads())
-        self._stop = threading.Event()
-        self._monitor = threading.Thread(target=self._watch_workers, daemon=True,
-                                         name=f"hetero_nn-cluster-{self.run_id}")
-        self._monitor.start()
         self.last_timings: dict = {}
 
     # ------------------------------------------------------------ facts
-    @property
-    def workers(self) -> list[str]:
-        """Addresses of the workers now connected (asks the scheduler)."""
-        return sorted(self.client.nthreads())
-
     @property
     def dashboard(self) -> str | None:
         """The Dask dashboard's address, or None when the scheduler serves none.
@@ -170,19 +128,6 @@ class Cluster:
         return {"spec": self.spec, "scheduler": self.client.scheduler.address,
                 "workers": self.workers, "worker_devices": self.worker_devices,
                 "dashboard": self.dashboard}
-
-    @property
-    def group(self) -> list[str]:
-        """Worker addresses of the ranks of the current group, in rank order."""
-        return list(self._group)
-
-    def _watch_workers(self):
-        """The monitor thread: the scheduler's workers every ``WORKER_REFRESH`` s."""
-        while not self._stop.wait(WORKER_REFRESH):
-            try:
-                self._seen = sorted(self.client.nthreads())
-            except Exception:  # the scheduler is gone: a step will say so
-                self._seen = []
 
     # ------------------------------------------------------------ batches
     def batches(self, data, order, batch_size, start, stop):
@@ -220,7 +165,7 @@ class Cluster:
             self.tune(trainer, x, y)
         g = min(trainer.granularity, n)
         step = trainer.global_step + 1
-        for attempt in range(1, _ATTEMPTS + 1):
+        for attempt in range(1, ATTEMPTS + 1):
             size = min(g, max(1, len(self._seen)))
             self._ensure_group(trainer, data, size)
             try:
@@ -231,8 +176,8 @@ class Cluster:
                 if result is not None:
                     timings = {}
                     break
-                if attempt == _ATTEMPTS:
-                    raise ClusterError(f"cluster {self.spec}: step {step} failed {_ATTEMPTS} "
+                if attempt == ATTEMPTS:
+                    raise ClusterError(f"cluster {self.spec}: step {step} failed {ATTEMPTS} "
                                        f"times ({lost}); {trainer.describe_last_checkpoint()}") \
                         from None
         self._stale = True
@@ -263,181 +208,6 @@ class Cluster:
         self._raise_errors(replies, trainer)
         first = replies[self._ranks[group[0]].address]
         return first["result"], step_terms(t_send, t_all, replies.values())
-
-    def _raise_errors(self, replies, trainer):
-        """A rank's own error (not a lost peer) ends the step with one line."""
-        for address, reply in replies.items():
-            if reply.get("op") != "error":
-                continue
-            if reply.get("broken"):
-                raise RankLost(f"rank {address}: {reply['error']}")
-            self._abort(list(replies))
-            raise TaskError(f"cluster rank {address} failed step {trainer.global_step + 1}: "
-                            f"{reply['error']}")
-
-    def _alive(self) -> list[str]:
-        """Ranks (endpoint addresses) whose workers the scheduler still lists."""
-        seen = set(self._seen)
-        return [self._ranks[w].address for w in self._group if w in seen and w in self._ranks]
-
-    # ------------------------------------------------------------ the group
-    def _ensure_group(self, trainer, data, size):
-        """Form the group if there is none, it lost or can gain a worker, or the client's
-        state is newer than the ranks'."""
-        wanted = self._seen[:size]
-        if self._group and not self._dirty and self._group == wanted:
-            return
-        if self._group and not self._dirty and set(self._group) <= set(self._seen) \
-                and len(self._group) == size:
-            return
-        self._form(trainer, data, size)
-
-    def _form(self, trainer, data, size):
-        self._open_links()
-        self.pull(trainer)  # the client holds the run's state before pushing it
-        spec = self._spec(trainer)
-        deadline = _perf() + self.worker_grace
-        for _ in range(_ATTEMPTS):
-            workers = self._wait_for_workers(trainer, deadline)[:size]
-            data_future = self._data_future(data)
-            self._start_ranks(workers, spec, data_future)
-            group = [w for w in workers if w in self._ranks]
-            if not group:
-                continue
-            self._generation += 1
-            state = self.links.serialized(_client_state(trainer, trainer.global_step))
-            peers = [self._ranks[w].address for w in group]
-            messages = {a: {"op": "configure", "gen": self._generation, "rank": j,
-                            "peers": peers, "state": state, "bucket_bytes": self.bucket_bytes}
-                        for j, a in enumerate(peers)}
-            try:
-                self._raise_errors(self.links.ask(messages, lambda: peers), trainer)
-            except RankLost as lost:
-                self._forget(lost.addresses)
-                continue
-            self._group, self._dirty = group, False
-            for worker in list(self._ranks):  # ranks left out of the group: closed
-                if worker not in group:
-                    self._close_rank(worker)
-            return
-        raise ClusterError(f"cluster {self.spec}: no group of workers could be formed; step "
-                           f"{trainer.global_step + 1} was not applied; "
-                           f"{trainer.describe_last_checkpoint()}")
-
-    def _wait_for_workers(self, trainer, deadline):
-        while True:
-            try:
-                workers = self.workers
-            except Exception as exc:
-                raise ClusterError(f"cluster {self.spec}: the scheduler is gone "
-                                   f"({type(exc).__name__}); "
-                                   f"{trainer.describe_last_checkpoint()}") from None
-            if workers:
-                self._seen = workers
-                return workers
-            if _perf() > deadline:
-                raise ClusterError(f"cluster {self.spec}: no worker left for "
-                                   f"{self.worker_grace:.0f} s; step {trainer.global_step + 1} "
-                                   f"was not applied; {trainer.describe_last_checkpoint()}")
-            time.sleep(WORKER_REFRESH)
-
-    def _start_ranks(self, workers, spec, data_future):
-        """A rank on each of ``workers`` that has none (its actor placed there); workers
-        that die meanwhile are left out."""
-        from distributed import wait
-
-        from .rank import Rank
-
-        new = {}
-        for w in workers:
-            if w not in self._ranks:
-                new[w] = self.client.submit(
-                    Rank, self.run_id, spec, data_future, actor=True, workers=[w],
-                    allow_other_workers=False, pure=False,
-                    key=f"hetero_nn-rank-{self.run_id}-{next(_keys)}")
-        if not new:
-            return
-        t0 = _perf()
-        while _perf() - t0 < FORM_TIMEOUT:
-            try:
-                wait(list(new.values()), timeout=WORKER_REFRESH)
-            except Exception:  # not yet (TimeoutError), or cancelled with a dead worker
-                pass
-            seen = set(self.workers)
-            if all(f.done() or w not in seen for w, f in new.items()):
-                break
-        for w, future in new.items():
-            try:
-                if future.status != "finished":
-                    raise RankLost(f"worker {w} left")
-                address = future.result(timeout=10).address
-                self.links.connect(address)
-            except Exception:  # the worker died, or its rank could not start
-                future.release()
-                continue
-            self._ranks[w] = _RankRef(w, future, address)
-
-    def _data_future(self, data):
-        """The training set on the cluster (scattered once), or None."""
-        if data is None:
-            return None
-        if self._data is not None and self._data[0] is data and \
-                self._data[1].status == "finished":
-            return self._data[1]
-        if self._data is not None:  # another dataset: the ranks hold the old one
-            for worker in list(self._ranks):
-                self._close_rank(worker)
-        client = self.client
-        for _ in range(_ATTEMPTS):
-            try:
-                [future] = client.sync(asyncio.wait_for,
-                                       client._scatter([data], broadcast=False, hash=False,
-                                                       timeout=self.worker_grace),
-                                       2 * self.worker_grace)
-                self._data = (data, future)
-                return future
-            except (TimeoutError, asyncio.TimeoutError, OSError):  # a worker died receiving it
-                continue
-        raise ClusterError(f"cluster {self.spec}: the training set could not be sent to a "
-                           f"worker")
-
-    def _adopt(self, trainer):
-        """Make ``trainer``'s run the one the ranks hold (pushed at the next formation)."""
-        if trainer is not self._trainer:
-            self._trainer, self._stale, self._dirty = trainer, False, True
-
-    def _spec(self, trainer):
-        key = (trainer.model, trainer.model.input_shape, trainer.dtype.name, trainer.loss,
-               type(trainer.optimizer), trainer.augment, trainer.clip_grad_norm,
-               trainer.seed, trainer.replay)
-        if self._spec_key is None or any(a is not b and a != b for a, b in
-                                         zip(self._spec_key[0], key)):
-            if self._spec_key is not None:  # another model or recipe: new ranks
-                for worker in list(self._ranks):
-                    self._close_rank(worker)
-            self._spec_key = (key, rank_spec(trainer, self.worker_devices))
-        return self._spec_key[1]
-
-    def _open_links(self):
-        if self.links is None:
-            self.links = ClientLinks(self.run_id)
-
-    def _forget(self, addresses):
-        for worker, ref in list(self._ranks.items()):
-            if ref.address in addresses:
-                self._close_rank(worker)
-        self._group = [w for w in self._group if w in self._ranks]
-
-    def _close_rank(self, worker):
-        ref = self._ranks.pop(worker, None)
-        if ref is None:
-            return
-        if self.links is not None:
-            self.links.close_rank(ref.address)
-        try:
-            ref.future.release()
-        except Exception:
-            pass
 
     # ------------------------------------------------------------ faults
     def _abort(self, addresses):
@@ -493,12 +263,8 @@ class Cluster:
         reply = self.links.ask({address: {"op": "state"}}, lambda: [address])[address]
         if reply.get("op") != "state":
             raise RankLost(f"rank {address}: {reply.get('error')}")
-        state = reply["state"]
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        from ..layers.dropout import load_dropout_state
-        load_dropout_state(trainer.model, state["dropout"])
-        trainer.unbind()
+        load_run_state(trainer.model, trainer.optimizer, reply["state"])
+        trainer.step_cache.clear()  # its graphs hold the handles the load replaced
         self._stale = False
 
     def invalidate(self):
@@ -535,9 +301,17 @@ class Cluster:
     # ------------------------------------------------------------ lifetime
     def close(self):
         """Drop the run on the workers; close what this object started."""
-        client, self.client = self.client, None
-        if client is None:
+        if self.client is None:
             return
+        if self._trainer is not None and self._stale:  # the run's last steps: here first
+            try:
+                self.pull(self._trainer)
+            except Exception as exc:
+                logging.getLogger("hetero_nn.cluster").warning(
+                    "cluster %s: the state of the last steps could not be brought back "
+                    "(%s); the model holds the state after step %s", self.spec, exc,
+                    self._trainer.global_step)
+        client, self.client = self.client, None
         self._stop.set()
         if self.links is not None:
             for address in self.links.peers():
@@ -563,17 +337,6 @@ class Cluster:
 
     def __repr__(self):
         return f"Cluster({self.spec!r}, worker_devices={self.worker_devices!r})"
-
-
-_keys = itertools.count()
-
-
-def _client_state(trainer, completed) -> dict:
-    from ..layers.dropout import dropout_state
-
-    return {"model": {k: np.array(v, copy=True) for k, v in trainer.model.state_dict().items()},
-            "optimizer": trainer.optimizer.state_dict(), "dropout": dropout_state(trainer.model),
-            "completed": completed}
 
 
 def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,

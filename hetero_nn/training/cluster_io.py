@@ -11,6 +11,9 @@ This module owns the pieces :mod:`hetero_nn.training.cluster` sends and reads:
   and its requests: :meth:`ClientLinks.ask` sends one message per rank and waits for
   every answer, raising :class:`RankLost` as soon as a rank's link closes or its
   worker leaves the scheduler;
+- :func:`run_state` / :func:`load_run_state`: the run's state as it travels between
+  the client and the ranks (weights and buffers, optimizer state, dropout counters);
+- :func:`scatter`: the training set onto one worker, bounded in time;
 - :func:`step_terms`: a step's time split into what the client, the links and the
   ranks spent, from the ranks' timestamps (``time.monotonic``: one clock for the
   processes of one machine).
@@ -28,8 +31,8 @@ import numpy as np
 from ..arena.handle import Handle
 from ..layers.base import Parameter
 
-__all__ = ["partition_starts", "blocks", "DatasetBatch", "rank_spec", "ClientLinks", "RankLost",
-           "step_terms"]
+__all__ = ["partition_starts", "blocks", "DatasetBatch", "rank_spec", "run_state",
+           "load_run_state", "scatter", "ClientLinks", "RankLost", "step_terms"]
 
 #: Seconds an answer may take before its rank counts as lost (a step of a large model
 #: on a slow worker stays well below).
@@ -111,6 +114,44 @@ def rank_spec(trainer, worker_devices) -> bytes:
                         "seed": trainer.seed, "clip": trainer.clip_grad_norm,
                         "replay": trainer.replay})
     return buf.getvalue()
+
+
+def run_state(model, optimizer, completed) -> dict:
+    """The run's state (copies): weights and buffers, optimizer state, dropout counters,
+    and ``completed``, the last step it includes."""
+    from ..layers.dropout import dropout_state
+
+    return {"model": {k: np.array(v, copy=True) for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(), "dropout": dropout_state(model),
+            "completed": completed}
+
+
+def load_run_state(model, optimizer, state) -> None:
+    """Load a :func:`run_state` into ``model`` and ``optimizer`` (rebinding their arrays)."""
+    from ..layers.dropout import load_dropout_state
+
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    load_dropout_state(model, state["dropout"])
+
+
+def scatter(client, value, grace):
+    """``value`` on one worker now: its future, or None when no worker took it within
+    ``grace`` seconds or one died receiving it.
+
+    Not a broadcast (the ranks fetch it where they need it): replicating to every
+    listed worker kept a worker SIGKILLed mid-transfer listed, and the scheduler
+    retried its address 30 s per try. The whole scatter is bounded, not only its
+    wait for workers."""
+    import asyncio
+
+    try:
+        [future] = client.sync(asyncio.wait_for,
+                               client._scatter([value], broadcast=False, hash=False,
+                                               timeout=grace), 2 * grace)
+    except (TimeoutError, asyncio.TimeoutError, OSError):
+        return None
+    return future
 
 
 # ---------------------------------------------------------------------------------------

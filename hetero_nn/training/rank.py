@@ -52,8 +52,8 @@ import time
 import numpy as np
 
 from ..errors import HeteroNNError
-from ..layers.dropout import dropout_state, load_dropout_state
 from ..optim import submit_clip_grad_norm
+from .cluster_io import load_run_state, run_state
 from .exchange import Exchange, GroupBroken
 
 __all__ = ["Rank", "live_ranks", "drop_run"]
@@ -221,26 +221,17 @@ class Rank:
         self.exchange = Exchange(self.endpoint, m["gen"], m["rank"], peers,
                                  bucket_bytes=m["bucket_bytes"])
         if m.get("state") is not None:
-            self._load(m["state"])
+            load_run_state(self.trainer.model, self.trainer.optimizer, m["state"])
             self.completed = m["state"]["completed"]
         self.trainer.unbind()
         return {"op": "ready"}
 
-    def _load(self, state):
-        model, optimizer = self.trainer.model, self.trainer.optimizer
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        load_dropout_state(model, state["dropout"])
-
     def _state(self, m):
-        return {"op": "state", "state": self.state()}
+        from distributed.protocol import to_serialize
 
-    def state(self) -> dict:
-        """The run's state as this rank holds it (copies)."""
         t = self.trainer
-        return {"model": {k: np.array(v, copy=True) for k, v in t.model.state_dict().items()},
-                "optimizer": t.optimizer.state_dict(), "dropout": dropout_state(t.model),
-                "completed": self.completed}
+        return {"op": "state", "state": to_serialize(run_state(t.model, t.optimizer,
+                                                               self.completed))}
 
     def _abort(self, m):
         return {"op": "aborted", "result": self.last_result}

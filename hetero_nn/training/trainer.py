@@ -39,7 +39,6 @@ resumed ``"auto"`` run adopts it.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import time
@@ -55,7 +54,7 @@ from ..optim import SGD, LRScheduler, submit_clip_grad_norm
 from ..scheduler.runtime import Runtime
 from . import checkpoint
 from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
-from .loader import as_data, prefetched_batches
+from .loader import as_data, epoch_batches
 from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
                        progress_bar, running)
 from .step_cache import StepCache
@@ -126,11 +125,9 @@ class Trainer:
         Capture a step's task graph once per step key and replay it (module docstring).
     cluster : distributed.Client, str or Cluster, optional
         Train on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``, a client or a
-        :class:`hetero_nn.training.cluster.Cluster`): its workers hold the run between
-        steps, and the model here is brought up to date before a checkpoint, an
-        evaluation, a prediction, at the end of ``fit`` and at :meth:`close` (or by
-        :meth:`sync`). See :mod:`hetero_nn.training.cluster`; a cluster made from a
-        string or client is closed by :meth:`close`.
+        :class:`hetero_nn.training.cluster.Cluster`), whose workers hold the run between steps
+        (:meth:`sync`). See :mod:`hetero_nn.training.cluster`; a cluster made from a string
+        or client is closed by :meth:`close`.
 
     Examples
     --------
@@ -241,6 +238,8 @@ class Trainer:
         arrays afresh (after its state was replaced behind the runtime's back)."""
         self._bound = None
         self.step_cache.clear()
+        if self.cluster is not None:  # the workers train from the state here next
+            self.cluster.invalidate()
 
     def split(self, h) -> list:
         """The partitions of the batch handle ``h`` at the trainer's granularity."""
@@ -320,8 +319,8 @@ class Trainer:
         self.step_cache.captured = value
 
     def sync(self) -> None:
-        """Bring the run's state back from the cluster's workers, which hold it between
-        steps (a no-op without a cluster, or when it is already here)."""
+        """Bring the run's state here from the cluster's workers (done before evaluations,
+        predictions, checkpoints, at the end of ``fit`` and when the cluster closes)."""
         if self.cluster is not None:
             self.cluster.pull(self)
 
@@ -476,14 +475,7 @@ class Trainer:
                                not bar_wanted)
             try:
                 t_last = time.perf_counter()
-                if self.cluster is not None:  # the data is on the workers: batches are indices
-                    batches = self.cluster.batches(data, order, bs, self.step_in_epoch, num_batches)
-                else:
-                    augment = None if self.augment is None else functools.partial(
-                        self.augment, seed=self.seed, epoch=e)
-                    batches = prefetched_batches(data, order, bs, self.step_in_epoch,
-                                                 num_batches, self.dtype, self._batch_arenas,
-                                                 augment)
+                batches = epoch_batches(self, data, order, e, num_batches)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -588,25 +580,17 @@ class Trainer:
             A corrupt file, or one that does not fit the model or the optimizer
             (the message names the file and the key or shape at fault).
         """
-        loaded = checkpoint.load_trainer(self, path)
-        if self.cluster is not None:  # the workers train from the loaded state next
-            self.cluster.invalidate()
-        return loaded
+        return checkpoint.load_trainer(self, path)
 
     # ------------------------------------------------------------ lifetime
-    def close(self, sync: bool = True):
-        """Close what the trainer made; with a cluster, first bring its state here (``sync``)."""
-        try:
-            if sync:
-                self.sync()
-        finally:
-            if self.cluster is not None and self._own_cluster:
-                self.cluster.close()
-            if self._own_runtime:
-                self.runtime.close()
+    def close(self):
+        if self.cluster is not None and self._own_cluster:
+            self.cluster.close()
+        if self._own_runtime:
+            self.runtime.close()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, *exc):
-        self.close(sync=exc_type is None)
+    def __exit__(self, *exc):
+        self.close()
