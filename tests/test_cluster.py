@@ -279,3 +279,75 @@ def test_a_worker_sigkilled_at_random_points_ten_times_changes_nothing(cluster):
             break
     stack.__exit__(None, None, None)
     assert landed == 10, f"only {landed} of 30 kills landed inside a run"
+
+
+def _boom(x):
+    raise ValueError("boom on a worker")
+
+
+class _Exploding(hn.layers.base.Layer):
+    """An identity whose forward task raises (on the cluster's workers)."""
+
+    def forward(self, rt, xs):
+        codelet = hn.Codelet("test_boom", modes=(hn.R,), variants={"ref": _boom})
+        for x in xs:
+            rt.submit(codelet, x)
+        return xs
+
+    def backward(self, rt, dys, need_input_grad=True):
+        return dys
+
+
+def test_a_task_failing_on_a_worker_is_one_error_and_the_cluster_stays_usable(cluster):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+    try:
+        hn.manual_seed(0)
+        model = hn.Sequential(_Exploding(), hn.Flatten(), hn.Dense(144, 10))
+        data = hn.datasets.load("synthetic", "train", image_size=12, num_samples=64)
+        with (hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt,
+              hn.Trainer(model, runtime=rt, batch_size=32, granularity=2,
+                         cluster=cluster) as trainer):
+            with pytest.raises(hn.errors.TaskError, match="boom on a worker") as info:
+                trainer.fit(data, epochs=1, verbose=0)
+            assert "\n" not in str(info.value)
+            assert trainer.global_step == 0
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    _same_bytes(_small_run(cluster), _small_run(None))
+
+
+def test_array_batches_step_as_one_process(cluster):
+    """``train_step(x, y)`` with arrays (the client sends each worker its samples)."""
+    data = hn.datasets.load("synthetic", "train", image_size=12, num_samples=96)
+    states = []
+    for c in (None, cluster):
+        model = hn.build_model("dahl-basic", data.input_shape, data.num_classes, seed=3)
+        with (hn.Runtime(devices="cpu:1" if c else "cpu:2", perfmodel=False, trace=False) as rt,
+              hn.Trainer(model, runtime=rt, batch_size=48, granularity=3, cluster=c) as t):
+            losses = [t.train_step(*data.batch(np.arange(i, i + 48))) for i in (0, 48, 0)]
+            t.sync()
+            states.append((model.state_dict(), losses))
+    _same_bytes(states[1][0], states[0][0])
+    assert states[1][1] == states[0][1]
+
+
+def test_granularity_auto_chosen_per_worker(cluster):
+    """Each worker chooses for its share; the run's granularity is their sum, and the
+    weights are those of one process at that granularity and fusion."""
+    data = hn.datasets.load("synthetic", "train", image_size=12, num_samples=128)
+    model = hn.build_model("dahl-basic", data.input_shape, data.num_classes, seed=0)
+    with (hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=64, granularity="auto",
+                     cluster=cluster) as trainer):
+        trainer.fit(data, epochs=1, verbose=0)
+        decision = trainer.granularity_decision
+        g, fuse = trainer.granularity, model.fuse
+    assert g >= 2 and "2 workers chose" in decision.platform and decision.granularity == g
+    reference = hn.build_model("dahl-basic", data.input_shape, data.num_classes, seed=0)
+    reference.fuse = fuse
+    with (hn.Runtime(devices="cpu:2", perfmodel=False, trace=False) as rt,
+          hn.Trainer(reference, runtime=rt, batch_size=64, granularity=g) as trainer):
+        trainer.fit(data, epochs=1, verbose=0)
+    _same_bytes(model.state_dict(), reference.state_dict())

@@ -274,8 +274,11 @@ class Cluster(Group):
 
     def tune(self, trainer, x, y=None):
         """``granularity="auto"`` on the cluster: each rank of a group of all the workers
-        chooses a granularity for its share of the batch on its own devices; the run's
-        granularity is their sum (dealt evenly from then on)."""
+        chooses a granularity for its share of the batch on its own devices (without
+        per-layer granularities); the run's granularity is their sum, dealt evenly from
+        then on, with the first rank's choice of fusion everywhere."""
+        import dataclasses
+
         data = x.data if isinstance(x, DatasetBatch) else None
         n = len(x)
         self._adopt(trainer)
@@ -286,16 +289,21 @@ class Cluster(Group):
         for j, worker in enumerate(group):
             lo, hi = shares[j], shares[j + 1]
             part = ({"indices": self.links.array(x.indices[lo:hi]), "epoch": trainer.epoch}
-                    if isinstance(x, DatasetBatch) else
-                    {"x": self.links.array(np.asarray(x)[lo:hi]),
-                     "y": self.links.array(np.asarray(y)[lo:hi])})
+                    if data is not None else {"x": self.links.array(np.asarray(x)[lo:hi]),
+                                              "y": self.links.array(np.asarray(y)[lo:hi])})
             messages[self._ranks[worker].address] = {"op": "tune", **part}
         replies = self.links.ask(messages, self._alive)
         self._raise_errors(replies, trainer)
-        chosen = [replies[self._ranks[w].address]["granularity"] for w in group]
+        answers = [replies[self._ranks[w].address] for w in group]
+        chosen = [a["granularity"] for a in answers]
+        first = answers[0]["decision"]
         trainer.granularity = min(sum(chosen), trainer.batch_size)
-        trainer.granularity_decision = {"granularity": trainer.granularity, "per_worker": chosen,
-                                        "workers": list(group)}
+        trainer.granularity_decision = dataclasses.replace(
+            first, granularity=trainer.granularity,
+            platform=f"{first.platform}; {len(group)} workers chose {chosen}")
+        if first.fuse is not None and hasattr(trainer.model, "fuse"):
+            trainer.model.fuse = first.fuse
+        trainer.unbind()  # the ranks take the fusion at the next formation
         return trainer.granularity
 
     # ------------------------------------------------------------ lifetime

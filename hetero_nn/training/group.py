@@ -138,7 +138,8 @@ class Group:
                                                     trainer.global_step))
             peers = [self._ranks[w].address for w in group]
             messages = {a: {"op": "configure", "gen": self._generation, "rank": j,
-                            "peers": peers, "state": state, "bucket_bytes": self.bucket_bytes}
+                            "peers": peers, "state": state, "bucket_bytes": self.bucket_bytes,
+                            "fuse": getattr(trainer.model, "fuse", None)}
                         for j, a in enumerate(peers)}
             try:
                 self._raise_errors(self.links.ask(messages, lambda: peers), trainer)

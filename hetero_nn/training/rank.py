@@ -220,6 +220,8 @@ class Rank:
             self.exchange.fail("a new group formed")
         self.exchange = Exchange(self.endpoint, m["gen"], m["rank"], peers,
                                  bucket_bytes=m["bucket_bytes"])
+        if m.get("fuse") is not None and hasattr(self.trainer.model, "fuse"):
+            self.trainer.model.fuse = m["fuse"]
         if m.get("state") is not None:
             load_run_state(self.trainer.model, self.trainer.optimizer, m["state"])
             self.completed = m["state"]["completed"]
@@ -237,18 +239,17 @@ class Rank:
         return {"op": "aborted", "result": self.last_result}
 
     def _tune(self, m):
+        from distributed.protocol import to_serialize
+
         x, y = self._batch(m)
         t = self.trainer
         t.granularity = None
         try:
             t.tune_granularity(x, y, per_layer=False)
-            decision = t.granularity_decision
         finally:
             t.unbind()
         return {"op": "tuned", "granularity": int(t.granularity),
-                "decision": getattr(decision, "__dict__", None) and {
-                    k: v for k, v in vars(decision).items()
-                    if isinstance(v, (int, float, str, bool, type(None)))}}
+                "decision": to_serialize(t.granularity_decision)}
 
     def _batch(self, m):
         dtype = self.trainer.dtype
