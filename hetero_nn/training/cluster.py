@@ -61,6 +61,7 @@ import numpy as np
 from ..errors import ClusterError, ConfigError
 from .cluster_io import (DatasetBatch, RankLost, blocks, load_run_state, partition_starts,
                          step_terms)
+from .exchange import BUCKET_BYTES
 from .group import ATTEMPTS, WORKER_GRACE, WORKER_REFRESH, Group
 
 __all__ = ["Cluster", "connect", "connect_trainer", "DatasetBatch", "partition_starts", "blocks",
@@ -92,7 +93,7 @@ class Cluster(Group):
     """
 
     def __init__(self, client, *, threads=1, devices=None, cluster=None, own_client=False,
-                 worker_grace=WORKER_GRACE, spec=None, bucket_bytes=256 * 1024):
+                 worker_grace=WORKER_GRACE, spec=None, bucket_bytes=BUCKET_BYTES):
         super().__init__(client, devices or f"cpu:{int(threads)}", worker_grace, bucket_bytes)
         self.spec = spec or client.scheduler.address
         self._cluster = cluster

@@ -29,8 +29,9 @@ Policy
 ------
 - **Buckets.** After the backward pass is submitted, the rank takes each gradient's
   partials out of its runtime's tree (:meth:`Runtime.take_partials`) and submits a
-  ``cluster_send`` task per bucket of parameters (in backward order, about
-  ``bucket_bytes`` each), which reads them and hands the message to the endpoint:
+  ``cluster_send`` task per bucket -- the loss and correct count, then the
+  parameters in backward order, at most ``bucket_bytes`` each unless one parameter
+  is larger, one mode and one dtype per bucket -- which reads them and hands the message to the endpoint:
   it starts as soon as its layers' backward tasks are done, so the transfers and the
   reductions overlap the rest of the backward pass (PyTorch DDP's buckets). One
   ``cluster_recv`` task then writes every reduced gradient, the loss and the count;
@@ -69,8 +70,8 @@ __all__ = ["tree_ops", "Exchange", "GroupBroken", "SCATTER_MIN_BYTES", "BUCKET_B
 
 #: Reductions larger than this are reduce-scattered (with more than two ranks).
 SCATTER_MIN_BYTES = 64 * 1024
-#: Gradient bytes per bucket (a bucket closes at the first parameter past it).
-BUCKET_BYTES = 256 * 1024
+#: Bytes per gradient bucket (a bucket closes before the parameter that would pass it).
+BUCKET_BYTES = 128 * 1024
 #: Seconds a rank waits for a reduction before giving the group up.
 WAIT_LIMIT = 600.0
 _perf = time.perf_counter
@@ -115,6 +116,16 @@ class _Shape:
             self.ranges = [((bounds[r], bounds[r + 1]), (r,)) for r in range(ranks)]
         else:
             self.ranges = [((0, self.size), tuple(range(ranks)))]
+
+    def values_sent(self, rank) -> int:
+        """How many flat values ``rank`` sends per range: its leaves left after the local
+        operations of the tree, and rank 0's head."""
+        a, b = self.leaves[rank]
+        left = set(range(a, b))
+        for i, j, s in tree_ops(self.m):
+            if self.local(i, s, rank):
+                left.discard(j)
+        return len(left) + (1 if rank == 0 else 0)
 
     def owner_of_leaf(self, i):
         for r, (a, b) in enumerate(self.leaves):
@@ -214,17 +225,10 @@ class Exchange:
         contribution overwrote it); ``scalars``: the loss and correct-count handles.
         Gradients not computed per partition (BatchNorm2D's) stay in the local tree.
         """
-        outputs, reductions = [], []
-        bucket, nbytes = [], 0
-
-        def close(mode):
-            nonlocal bucket, nbytes
-            if bucket:
-                reductions.append(self._send(rt, bucket, mode))
-                outputs.extend(h for h, _ in bucket)
-            bucket, nbytes = [], 0
-
-        mode = None
+        items = []  # (handle, partials, mode): the count, then the loss with the last layers
+        for h in reversed(scalars):
+            partials = rt.take_partials(h)
+            items.append((h, partials, self._mode(len(partials), h.name)))
         for (name, p, per_partition), was_fresh in reversed(list(zip(params, fresh))):
             if not per_partition:
                 continue
@@ -233,17 +237,16 @@ class Exchange:
             if len(partials) != want:
                 raise GroupBroken(f"cluster: parameter {name!r} got {len(partials)} partial "
                                   f"gradients from {self.local_partitions} partitions")
-            m = "overwrite" if was_fresh else "zero"
-            if m != mode or nbytes >= self.bucket_bytes:
-                close(mode)
-                mode = m
-            bucket.append((p.grad, partials))
-            nbytes += p.grad.nbytes
-        close(mode)
-        for h in scalars:
-            partials = rt.take_partials(h)
-            bucket = [(h, partials)]
-            close(self._mode(len(partials), h.name))
+            items.append((p.grad, partials, "overwrite" if was_fresh else "zero"))
+        outputs, reductions, bucket = [], [], []
+        for h, partials, mode in items + [(None, None, None)]:
+            if bucket and (h is None or mode != bucket[0][2] or h.dtype != bucket[0][0].dtype
+                           or sum(x.nbytes for x, _, _ in bucket) + h.nbytes > self.bucket_bytes):
+                reductions.append(self._send(rt, [(x, ps) for x, ps, _ in bucket], bucket[0][2]))
+                outputs.extend(x for x, _, _ in bucket)
+                bucket = []
+            if h is not None:
+                bucket.append((h, partials, mode))
         recv = _codelet("cluster_recv", (W,) * len(outputs), _recv_variant)
         rt.submit(recv, *outputs, exchange=self, reductions=tuple(reductions))
 

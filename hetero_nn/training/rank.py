@@ -56,7 +56,7 @@ from ..optim import submit_clip_grad_norm
 from .cluster_io import load_run_state, run_state
 from .exchange import Exchange, GroupBroken
 
-__all__ = ["Rank", "live_ranks", "drop_run"]
+__all__ = ["Rank", "live_ranks", "drop_run", "place_share", "submit_share"]
 
 _RANKS: dict = {}
 _RANKS_LOCK = threading.Lock()
@@ -271,15 +271,11 @@ class Rank:
         t_data = _clock()
         t = self.trainer
         starts, n = list(m["starts"]), int(m["n"])
-        first = starts[ex.rank]
-        t.granularity = max(1, starts[ex.rank + 1] - first)
-        offset = m["sample_starts"][first]
-        for layer in t.model.modules():
-            layer.batch_span = (offset, n)
+        offset = place_share(t, ex.rank, starts, m["sample_starts"], n)
         _set_hyper(t.optimizer, m["hyper"])
         ex.begin(m["step"])
         saved = self._snapshot()
-        submit = functools.partial(self._submit, starts, n)
+        submit = functools.partial(submit_share, t, ex, starts, n)
         try:
             opt_key = t.optimizer.replay_key()
             key = t.step_cache.key(x, y, None if opt_key is None else
@@ -299,29 +295,6 @@ class Rank:
         return {"op": "done", "result": self.last_result,
                 "times": {"got": t_got, "data": t_data - t_got, "end": t_end,
                           "step": t_end - t_data, "waited": ex.waited}}
-
-    def _submit(self, starts, n, xs, ys):
-        """The rank's step as tasks (a step cache captures it; module docstring)."""
-        t, ex = self.trainer, self.exchange
-        rt, model = self.runtime, t.model
-        ex.start_submission(starts)
-        model.zero_grad(rt)
-        params = []
-        for layer in model.modules():
-            for name, p in getattr(layer, "_params", {}).items():
-                params.append((p, layer.grads_per_partition))
-        named = {id(p): name for name, p in model.named_parameters()}
-        fresh = [p.fresh for p, _ in params]
-        with rt.combining_with(ex.combine):
-            logits = model.forward(rt, xs)
-            loss, correct, dlogits = t.loss(rt, logits, ys, batch=n)
-            model.backward(rt, dlogits)
-        ex.submit_step(rt, [(named.get(id(p), "?"), p, per) for p, per in params], fresh,
-                       (loss, correct))
-        norm_sq = (submit_clip_grad_norm(t.optimizer, t.clip_grad_norm)
-                   if t.clip_grad_norm is not None else None)
-        t.optimizer.step(rt)
-        return loss, correct, norm_sq
 
     def _snapshot(self):
         """What a step changes before its reductions are in: buffers, step counters."""
@@ -356,3 +329,38 @@ def _set_hyper(optimizer, hyper):
             value = tuple(value)
         if getattr(optimizer, key, None) != value:
             setattr(optimizer, key, value)
+
+
+def place_share(trainer, rank, starts, sample_starts, n) -> int:
+    """Make ``trainer`` run rank ``rank``'s share of a batch of ``n`` samples: its
+    partitions ``starts[rank]..starts[rank + 1] - 1`` of those whose sample offsets are
+    ``sample_starts``; returns the offset of its first sample in the batch."""
+    first = starts[rank]
+    trainer.granularity = max(1, starts[rank + 1] - first)
+    offset = sample_starts[first]
+    for layer in trainer.model.modules():
+        layer.batch_span = (offset, n)
+    return offset
+
+
+def submit_share(trainer, exchange, starts, n, xs, ys):
+    """Submit a rank's step on its partitions ``xs``, ``ys`` of a batch of ``n`` samples
+    (what its step cache captures; the module docstring says what it does)."""
+    t, ex = trainer, exchange
+    rt, model = t.runtime, t.model
+    ex.start_submission(starts)
+    model.zero_grad(rt)
+    params = [(p, layer.grads_per_partition) for layer in model.modules()
+              for p in getattr(layer, "_params", {}).values()]
+    named = {id(p): name for name, p in model.named_parameters()}
+    fresh = [p.fresh for p, _ in params]
+    with rt.combining_with(ex.combine):
+        logits = model.forward(rt, xs)
+        loss, correct, dlogits = t.loss(rt, logits, ys, batch=n)
+        model.backward(rt, dlogits)
+    ex.submit_step(rt, [(named.get(id(p), "?"), p, per) for p, per in params], fresh,
+                   (loss, correct))
+    norm_sq = (submit_clip_grad_norm(t.optimizer, t.clip_grad_norm)
+               if t.clip_grad_norm is not None else None)
+    t.optimizer.step(rt)
+    return loss, correct, norm_sq
