@@ -228,12 +228,13 @@ def cluster_command(args, shape) -> int:
         platform = local_platform(max(workers), args.cluster_threads or 1)
     weak = args.scaling == "weak"
     dispatch = 0.0
-    if args.calibrate:  # one worker's share: its batch and partitions, on its cores
-        share = args.batch_size if weak else max(1, args.batch_size // max(workers))
-        costs = calibrate(args.model, shape, share, args.granularity,
-                          f"cpu:{args.cluster_threads or 1}", args.policy, args.dtype,
-                          steps=args.steps)
-        dispatch = getattr(costs, "dispatch", costs)
+    if args.calibrate:  # each worker count's share: its samples and partitions, its cores
+        shares = sorted({args.batch_size if weak else max(1, args.batch_size // w)
+                         for w in workers})
+        found = [calibrate(args.model, shape, share, args.granularity,
+                           f"cpu:{args.cluster_threads or 1}", args.policy, args.dtype,
+                           steps=args.steps) for share in shares]
+        dispatch = statistics.median(getattr(c, "dispatch", c) for c in found)
     rows = scaling(args.model, shape, platform, workers, args.batch_size, args.granularity,
                    weak=weak, policy=args.policy, dtype=args.dtype, dispatch=dispatch,
                    cpu_workers=args.cluster_threads)
