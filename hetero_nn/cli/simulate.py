@@ -227,17 +227,18 @@ def cluster_command(args, shape) -> int:
     else:
         platform = local_platform(max(workers), args.cluster_threads or 1)
     weak = args.scaling == "weak"
-    dispatch = 0.0
+    dispatch = host = 0.0
     if args.calibrate:  # each worker count's share: its samples and partitions, its cores
         shares = sorted({args.batch_size if weak else max(1, args.batch_size // w)
                          for w in workers})
-        found = [calibrate(args.model, shape, share, args.granularity,
-                           f"cpu:{args.cluster_threads or 1}", args.policy, args.dtype,
-                           steps=args.steps) for share in shares]
+        found = [calibrate(args.model, shape, share, args.granularity, "cpu:1", args.policy,
+                           args.dtype, steps=args.steps) for share in shares]  # per core
         dispatch = statistics.median(getattr(c, "dispatch", c) for c in found)
+        hosts = [c.host for c in found if getattr(c, "host", None) is not None]
+        host = statistics.median(hosts) if hosts else 0.0
     rows = scaling(args.model, shape, platform, workers, args.batch_size, args.granularity,
                    weak=weak, policy=args.policy, dtype=args.dtype, dispatch=dispatch,
-                   cpu_workers=args.cluster_threads)
+                   cpu_workers=args.cluster_threads, host_seconds=host)
     measured = {}
     if args.measure:
         for r in rows:

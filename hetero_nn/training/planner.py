@@ -28,6 +28,9 @@ codelets by the network:
 - ``cluster_recv``: waits until the last bucket's reduction is in (a second replay
   charges it the wait the first one found), then unpacks.
 
+A rank replays its captured step: the host's time per step is what the caller gives
+(a calibration's measure of the replay path), not the capture's submission time.
+
 A step on the cluster: the client's command to the ``W`` ranks (``W`` messages
 from its port), the rank's simulated step, the answer back. Not modelled: the
 slowest rank (every rank is taken to be rank 0, on identical machines), the
@@ -87,12 +90,14 @@ class ClusterPrediction:
 
 
 def capture_share(model, shape, batch, granularity, ranks, rank=0, dtype="float32",
-                  perfmodel=None, seed=0, steps=6):
+                  perfmodel=None, seed=0, steps=6, host_seconds=0.0):
     """Capture rank ``rank``'s share of a step of ``model`` (a built-in name) on a batch
     of ``batch`` samples in ``granularity`` partitions dealt to ``ranks`` ranks.
 
     Returns ``(step graphs, runtime)``: the last two captured steps (the first binds
-    the model) and the runtime whose models predict them; the caller closes it.
+    the model) and the runtime whose models predict them; the caller closes it. The
+    host's time of each step is ``host_seconds``: a rank replays its step, so the
+    capture's submission time, which a replay does not spend, is not counted.
     """
     from ..models import build_model
     from ..scheduler.runtime import Runtime
@@ -116,7 +121,8 @@ def capture_share(model, shape, batch, granularity, ranks, rank=0, dtype="float3
             rt.wait()  # the flush the recorder keeps
 
         graphs = capture(rt, submit, steps=steps)[1:]
-        graphs[-1].submit_seconds = statistics.median(s.submit_seconds for s in graphs)
+        for g in graphs:
+            g.submit_seconds = host_seconds
         return graphs[-2:], rt
     except BaseException:
         rt.close()
@@ -140,15 +146,18 @@ def _collective(shape, ranks, rank, network, itemsize) -> float:
 
 def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlatform, ranks,
                          policy="dmda", dtype="float32", dispatch=0.0, cpu_workers=None,
-                         perfmodel=None) -> ClusterPrediction:
+                         perfmodel=None, host_seconds=0.0) -> ClusterPrediction:
     """One step of the cluster path on ``ranks`` machines of ``platform`` (module
-    docstring): ``batch`` samples in ``granularity`` partitions (at least ``ranks``)."""
+    docstring): ``batch`` samples in ``granularity`` partitions (at least ``ranks``);
+    ``dispatch`` s per task and ``host_seconds`` per step of the rank's runtime (measured
+    by a calibration)."""
     ranks = max(1, min(ranks, granularity))
     machine = platform.machine(0)
     sim_platform = machine.platform(platform.dispatch, cpu_workers)
     network = platform.network
     itemsize = np.dtype(dtype).itemsize
-    steps, rt = capture_share(model, shape, batch, granularity, ranks, 0, dtype, perfmodel)
+    steps, rt = capture_share(model, shape, batch, granularity, ranks, 0, dtype, perfmodel,
+                              host_seconds=host_seconds)
     try:
         waits: dict = {}
 
