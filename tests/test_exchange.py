@@ -71,10 +71,11 @@ def endpoints():
 _generation = iter(range(1, 10 ** 6))
 
 
-def _group(endpoints, ranks):
+def _group(endpoints, ranks, tree=False):
     eps = endpoints[:ranks]
     gen = next(_generation)
-    exchanges = [Exchange(ep, gen, j, [e.address for e in eps]) for j, ep in enumerate(eps)]
+    exchanges = [Exchange(ep, gen, j, [e.address for e in eps], tree_from=2 if tree else 10 ** 6)
+                 for j, ep in enumerate(eps)]
     for ep, ex in zip(eps, exchanges):
         ep.on_message = lambda peer, m, ex=ex: ex.on_message(m)
     return exchanges
@@ -118,7 +119,7 @@ def test_tree_ops_is_the_runtimes_tree():
     assert list(tree_ops(1)) == [] and list(tree_ops(0)) == []
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(st.data())
 def test_ranks_end_with_the_bytes_of_one_process(endpoints, data):
     ranks = data.draw(st.integers(1, 4), label="ranks")
@@ -129,9 +130,10 @@ def test_ranks_end_with_the_bytes_of_one_process(endpoints, data):
         mode = "zero"  # a rank of one partition in place has no tree for the hook to take
     big = data.draw(st.booleans(), label="big")  # past SCATTER_MIN_BYTES: reduce-scatter
     size = (ex_mod.SCATTER_MIN_BYTES // 4 + 37) if big else data.draw(st.integers(1, 40))
+    tree = data.draw(st.booleans(), label="along the tree")
     values = _values(np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))), g, size)
     want = _one_process(values, mode)
-    for got in _across(_group(endpoints, ranks), values, mode, starts):
+    for got in _across(_group(endpoints, ranks, tree), values, mode, starts):
         assert got.tobytes() == want.tobytes()
 
 
@@ -161,4 +163,18 @@ def test_reduce_scatter_and_all_gather_give_the_same_bytes(endpoints, ranks, g, 
     values = _values(np.random.default_rng(g), g, size)
     want = _one_process(values, mode)
     for got in _across(_group(endpoints, ranks), values, mode, partition_starts(g, ranks)):
+        assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("ranks,g,mode", [(2, 3, "zero"), (3, 7, "overwrite"), (4, 4, "zero"),
+                                          (4, 11, "overwrite"), (3, 3, "zero")])
+def test_along_the_tree_gives_the_same_bytes(endpoints, ranks, g, mode):
+    """Batch statistics from TREE_FROM ranks on: sent up the tree between the ranks and
+    back down, the same additions in the same order."""
+    starts = partition_starts(g, ranks)
+    if mode == "overwrite" and min(b - a for a, b in zip(starts, starts[1:])) < 2:
+        mode = "zero"
+    values = _values(np.random.default_rng(ranks * g), g, 300)
+    want = _one_process(values, mode)
+    for got in _across(_group(endpoints, ranks, tree=True), values, mode, starts):
         assert got.tobytes() == want.tobytes()

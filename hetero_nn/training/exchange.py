@@ -39,7 +39,10 @@ Policy
   reductions are in (a rank that fails before has not touched them).
 - **Batch statistics.** During forward and backward the rank's runtime hands every
   REDUX tree due to :meth:`Exchange.combine` (:meth:`Runtime.combining_with`): one
-  ``cluster_reduce`` task that sends, waits and writes (BatchNorm2D's sums).
+  ``cluster_reduce`` task that sends, waits and writes (BatchNorm2D's sums). From
+  :data:`TREE_FROM` ranks on they go along the tree itself (:meth:`Exchange.along_tree`:
+  each rank sends up what its left neighbour adds, about ``2 log2 W`` messages in a
+  row), fewer messages than every rank's values to every other.
 - **Who reduces.** A reduction of at most :data:`SCATTER_MIN_BYTES` bytes, or with
   two ranks, goes to every rank, which each reduce the whole (one hop: an
   all-gather of the contributions); a larger one is cut into one range per rank,
@@ -72,6 +75,9 @@ __all__ = ["tree_ops", "Exchange", "GroupBroken", "SCATTER_MIN_BYTES", "BUCKET_B
 SCATTER_MIN_BYTES = 64 * 1024
 #: Bytes per gradient bucket (a bucket closes before the parameter that would pass it).
 BUCKET_BYTES = 128 * 1024
+#: Batch statistics go along the tree (2 log2 W hops, one message each) from this many
+#: ranks on, instead of from every rank to every other (W - 1 messages from each).
+TREE_FROM = 9
 #: Seconds a rank waits for a reduction before giving the group up.
 WAIT_LIMIT = 600.0
 _perf = time.perf_counter
@@ -102,8 +108,9 @@ def _codelet(kind, modes, fn, cache={}):
 class _Shape:
     """A reduction's static facts, the same on every rank: mode, leaf ranges, flat layout."""
 
-    def __init__(self, starts, mode, shapes, dtype):
+    def __init__(self, starts, mode, shapes, dtype, tree=False):
         self.mode = mode
+        self.tree = tree  # reduced along the tree between the ranks, not at owners
         self.sizes = [int(np.prod(s)) for s in shapes]
         self.size = sum(self.sizes)
         self.dtype = np.dtype(dtype)
@@ -126,6 +133,20 @@ class _Shape:
             if self.local(i, s, rank):
                 left.discard(j)
         return len(left) + (1 if rank == 0 else 0)
+
+    def tree_steps(self, rank):
+        """What ``rank`` does along the tree, in order: ``("add", i, j, from_rank)`` (from_rank
+        None: its own ``q[j]``) or ``("send", j, to_rank)``; then the head's addition."""
+        steps = []
+        for i, j, s in tree_ops(self.m):
+            oi, oj = self.owner_of_leaf(i), self.owner_of_leaf(j)
+            if self.local(i, s, oi):
+                continue  # the owner added it before sending anything
+            if oi == rank:
+                steps.append(("add", i, j, None if oj == rank else oj))
+            elif oj == rank:
+                steps.append(("send", j, oi))
+        return steps
 
     def owner_of_leaf(self, i):
         for r, (a, b) in enumerate(self.leaves):
@@ -152,7 +173,8 @@ class Exchange:
         The endpoint addresses of the group's ranks, in rank order.
     """
 
-    def __init__(self, endpoint, generation, rank, peers, bucket_bytes=BUCKET_BYTES):
+    def __init__(self, endpoint, generation, rank, peers, bucket_bytes=BUCKET_BYTES,
+                 tree_from=TREE_FROM):
         self.endpoint = endpoint
         self.generation = generation
         self.rank = rank
@@ -161,6 +183,7 @@ class Exchange:
         self.starts = None
         self.local_partitions = 0
         self.bucket_bytes = int(bucket_bytes)
+        self.tree_from = int(tree_from)
         self.step = 0
         self.broken = None
         self.waited = 0.0
@@ -194,11 +217,11 @@ class Exchange:
         self.local_partitions = starts[self.rank + 1] - starts[self.rank]
         self._tags = 0
 
-    def _tag(self, mode, shapes, dtype):
+    def _tag(self, mode, shapes, dtype, tree=False):
         """A new reduction of this step: ``(tag, its _Shape)``."""
         tag = self._tags
         self._tags += 1
-        return tag, _Shape(self.starts, mode, shapes, dtype)
+        return tag, _Shape(self.starts, mode, shapes, dtype, tree)
 
     def _mode(self, count, name):
         k = self.local_partitions
@@ -212,7 +235,8 @@ class Exchange:
     def combine(self, h, partials):
         """The runtime's hook for a REDUX tree due during forward or backward (batch
         statistics): one task that sends this rank's values, waits, writes ``h``."""
-        tag, shape = self._tag(self._mode(len(partials), h.name), [h.shape], h.dtype)
+        tag, shape = self._tag(self._mode(len(partials), h.name), [h.shape], h.dtype,
+                               tree=self.ranks >= self.tree_from)
         codelet = _codelet("cluster_reduce", (RW,) + (R,) * len(partials), _reduce_variant)
         h.owner.submit(codelet, h, *partials, exchange=self, tag=tag, shape=shape)
 
@@ -291,7 +315,11 @@ class Exchange:
 
     def wait(self, tag, shape) -> np.ndarray:
         """The reduced flat values of reduction ``tag`` of this step (blocks)."""
-        keys = [(self.step, tag, r) for r in range(len(shape.ranges))]
+        parts = self._take([(self.step, tag, r) for r in range(len(shape.ranges))])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _take(self, keys) -> list:
+        """The results under ``keys``, removed (blocks until all are in, or the group breaks)."""
         t0 = _perf()
         with self._cond:
             while not all(k in self._results for k in keys):
@@ -303,7 +331,51 @@ class Exchange:
                 self._cond.wait(0.5)
             parts = [self._results.pop(k) for k in keys]
         self.waited += _perf() - t0
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return parts
+
+    def _post(self, rank, tag, key, values):
+        from distributed.protocol import to_serialize
+
+        self.endpoint.post(self.peers[rank], {
+            "op": "reduced", "gen": self.generation, "step": self.step, "tag": tag,
+            "range": key, "values": to_serialize(np.ascontiguousarray(values))})
+
+    def along_tree(self, tag, shape, values, head) -> np.ndarray:
+        """Reduce along the tree between the ranks (blocks): each rank adds what it owns
+        and sends up its left neighbours' subtrees, rank 0 adds the head, and the result
+        comes back down a binomial tree. The same additions in the same order as
+        :meth:`contribute`'s owners; ``log2 W`` sequential messages each way."""
+        a, b = shape.leaves[self.rank]
+        q = dict(zip(range(a, b), values))
+        for i, j, s in tree_ops(shape.m):
+            if shape.local(i, s, self.rank):
+                q[i] = q[i] + q.pop(j)
+        step = self.step
+        for action in shape.tree_steps(self.rank):
+            if action[0] == "send":
+                self._post(action[2], tag, f"q{action[1]}", q.pop(action[1]))
+            else:
+                _, i, j, src = action
+                other = q.pop(j) if src is None else self._take([(step, tag, f"q{j}")])[0]
+                q[i] = q[i] + other
+        result = None
+        first = shape.owner_of_leaf(0) if shape.m else 0
+        if shape.m and first == self.rank and self.rank != 0:
+            self._post(0, tag, "q0", q.pop(0))
+        if self.rank == 0:
+            if shape.m:
+                q0 = q.pop(0) if first == 0 else self._take([(step, tag, "q0")])[0]
+                result = head + q0
+            else:
+                result = np.array(head, copy=True)
+        else:
+            result = self._take([(step, tag, "down")])[0]
+        d = 1
+        while d < self.ranks:
+            if self.rank < d and self.rank + d < self.ranks:
+                self._post(self.rank + d, tag, "down", result)
+            d *= 2
+        return result
 
     # ------------------------------------------------------------ messages (loop thread)
     def on_message(self, message):
@@ -401,5 +473,8 @@ def _recv_variant(*outputs, exchange, reductions):
 
 def _reduce_variant(h, *partials, exchange, tag, shape):
     values, head = _values((h, *partials), (len(partials),), shape.mode, exchange.rank)
+    if shape.tree:
+        h[...] = exchange.along_tree(tag, shape, values, head).reshape(h.shape)
+        return
     exchange.contribute(tag, shape, values, head)
     h[...] = exchange.wait(tag, shape).reshape(h.shape)

@@ -18,9 +18,9 @@ measured models or, where the device has none, by its roofline, and the exchange
 codelets by the network:
 
 - ``cluster_reduce`` (a batch statistic; on the critical path, as it is in a
-  rank): its messages -- each rank's values to every other rank, or a
-  reduce-scatter and an all-gather past :data:`~hetero_nn.training.exchange.SCATTER_MIN_BYTES`
-  with more than two ranks, as the exchange does -- at ``latency +
+  rank): its messages as the exchange sends them -- each rank's values to every
+  other rank, or, from :data:`~hetero_nn.training.exchange.TREE_FROM` ranks on, one
+  message per hop up the tree and down a binomial tree -- at ``latency +
   message_overhead`` per message and the machine's port ``bandwidth``;
 - ``cluster_send``: packing its bucket (memory traffic); the bucket's messages
   then leave when it ends, one bucket after another on the machine's port
@@ -40,6 +40,7 @@ non-blocking switch is assumed), the client's own bookkeeping.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ import numpy as np
 from ..scheduler.platforms import ClusterPlatform, Device, Machine, Network
 from ..scheduler.simulate import capture, simulate
 from .cluster_io import partition_starts
-from .exchange import Exchange
+from .exchange import Exchange, tree_ops
 from .rank import place_share, submit_share
 
 __all__ = ["ClusterPrediction", "capture_share", "predict_cluster_step", "scaling",
@@ -133,6 +134,10 @@ def _collective(shape, ranks, rank, network, itemsize) -> float:
     """Seconds of one reduction's messages for ``rank`` (module docstring)."""
     if ranks < 2:
         return 0.0
+    if shape.tree:  # up the tree, to rank 0, down a binomial tree: one message per hop
+        up = {s for i, j, s in tree_ops(shape.m) if not shape.local(i, s, shape.owner_of_leaf(i))}
+        hops = len(up) + (shape.m > 0 and shape.owner_of_leaf(0) != 0) + math.ceil(math.log2(ranks))
+        return hops * network.message(shape.size * itemsize)
     values = shape.values_sent(rank)
     size = shape.size * itemsize
     if len(shape.ranges) == 1:  # to every rank, each reduces the whole
