@@ -40,14 +40,13 @@ machine whose devices are this host's measured models.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..codelets.codelet import RW, REDUX, SCRATCH
 from ..errors import ConfigError
-from .simulate import DEFAULT_LINKS, KINDS, Platform
+from .simulate import DEFAULT_LINKS, KINDS, Platform, read_platform_file
 
 __all__ = ["Device", "Machine", "Network", "ClusterPlatform", "load_platform", "roofline_costs"]
 
@@ -222,15 +221,7 @@ def _host_device(kind) -> Device:
 def load_platform(path) -> ClusterPlatform:
     """A platform file (either format; module docstring) as a :class:`ClusterPlatform`.
     Errors name the file and the entry at fault."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as exc:
-        raise ConfigError(f"--platform {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--platform {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"--platform {path}: expected a JSON object")
+    doc = read_platform_file(path)
     if "machines" not in doc:  # the one-machine format
         p = Platform.load(path)
         cpus, gpus = p.workers.get("cpu", 0), p.workers.get("cuda", 0)

@@ -84,15 +84,10 @@ class Platform:
     @classmethod
     def load(cls, path) -> "Platform":
         """Read a platform from a JSON file (see ``docs/simulate.md``)."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except OSError as exc:
-            raise ConfigError(f"--platform {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--platform {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"--platform {path}: expected a JSON object")
+        doc = read_platform_file(path)
+        if "machines" in doc:
+            raise ConfigError(f"--platform {path}: a platform of machines; read it with "
+                              "hetero_nn.scheduler.platforms.load_platform")
         try:
             workers = {str(k): int(v) for k, v in doc.get("workers", {"cpu": 1}).items()}
             links = {str(k): (float(v["latency"]), float(v["bandwidth"]))
@@ -114,6 +109,20 @@ class Platform:
             raise ConfigError(f"--platform {path}: no worker at all")
         return cls(name=str(doc.get("name", path)), workers=workers, links=links, scale=scale,
                    dispatch=dispatch)
+
+
+def read_platform_file(path) -> dict:
+    """The JSON object of a platform file; ConfigError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"--platform {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--platform {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--platform {path}: expected a JSON object")
+    return doc
 
 
 class _Node:

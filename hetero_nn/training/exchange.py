@@ -124,15 +124,21 @@ class _Shape:
         else:
             self.ranges = [((0, self.size), tuple(range(ranks)))]
 
+    def local_part(self, rank, values) -> dict:
+        """``{leaf: value}`` of ``rank``'s leaves (``values`` in order) after the
+        operations of the tree whose whole subtree is its own, done in order."""
+        a, b = self.leaves[rank]
+        q = dict(zip(range(a, b), values))
+        for i, j, s in tree_ops(self.m):
+            if self.local(i, s, rank):
+                q[i] = q[i] + q.pop(j)
+        return q
+
     def values_sent(self, rank) -> int:
         """How many flat values ``rank`` sends per range: its leaves left after the local
         operations of the tree, and rank 0's head."""
         a, b = self.leaves[rank]
-        left = set(range(a, b))
-        for i, j, s in tree_ops(self.m):
-            if self.local(i, s, rank):
-                left.discard(j)
-        return len(left) + (1 if rank == 0 else 0)
+        return len(self.local_part(rank, [0] * (b - a))) + (1 if rank == 0 else 0)
 
     def tree_steps(self, rank):
         """What ``rank`` does along the tree, in order: ``("add", i, j, from_rank)`` (from_rank
@@ -290,11 +296,7 @@ class Exchange:
         """Send this rank's ``values`` (flat arrays, one per local leaf, in order) of
         reduction ``tag``, with ``head`` (rank 0's, else None), after the local
         operations of the tree."""
-        a, b = shape.leaves[self.rank]
-        q = dict(zip(range(a, b), values))
-        for i, j, s in tree_ops(shape.m):
-            if shape.local(i, s, self.rank):
-                q[i] = q[i] + q.pop(j)
+        q = shape.local_part(self.rank, values)
         step = self.step
         from distributed.protocol import to_serialize
 
@@ -345,11 +347,7 @@ class Exchange:
         and sends up its left neighbours' subtrees, rank 0 adds the head, and the result
         comes back down a binomial tree. The same additions in the same order as
         :meth:`contribute`'s owners; ``log2 W`` sequential messages each way."""
-        a, b = shape.leaves[self.rank]
-        q = dict(zip(range(a, b), values))
-        for i, j, s in tree_ops(shape.m):
-            if shape.local(i, s, self.rank):
-                q[i] = q[i] + q.pop(j)
+        q = shape.local_part(self.rank, values)
         step = self.step
         for action in shape.tree_steps(self.rank):
             if action[0] == "send":
