@@ -156,11 +156,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "workers, one per machine of --platform)")
     cluster.add_argument("--cluster-workers", type=_counts, metavar="N[,N...]",
                          help="predict a step on each of these numbers of workers (e.g. "
-                              "1,2,4,8); --granularity is then per worker. Without "
-                              "--platform: this machine's 'local:N' workers, whose steps "
-                              "--measure runs")
+                              "1,2,4,8). Without --platform: this machine's 'local:N' "
+                              "workers, whose steps --measure runs")
     cluster.add_argument("--scaling", choices=("strong", "weak"), default="strong",
-                         help="strong: --batch-size is the batch; weak: per worker")
+                         help="strong: --batch-size and --granularity are the batch's (the "
+                              "same run on more workers); weak: per worker")
     cluster.add_argument("--cluster-threads", type=options.positive_int, metavar="N",
                          help="cores of a worker's runtime (default: all of its machine's; "
                               "1 without --platform)")
@@ -214,7 +214,7 @@ def cluster_command(args, shape) -> int:
     """``--cluster-workers``: the cluster path's step on each worker count, by
     :mod:`hetero_nn.training.planner`; with ``--measure``, real steps on ``local:N`` beside."""
     from ..training.planner import (format_scaling, local_platform, measure_cluster_step,
-                                    scaling)
+                                    scaling, shares)
 
     workers = args.cluster_workers
     if args.platform:
@@ -228,11 +228,10 @@ def cluster_command(args, shape) -> int:
         platform = local_platform(max(workers), args.cluster_threads or 1)
     weak = args.scaling == "weak"
     dispatch = host = 0.0
-    if args.calibrate:  # each worker count's share: its samples and partitions, its cores
-        shares = sorted({args.batch_size if weak else max(1, args.batch_size // w)
-                         for w in workers})
-        found = [calibrate(args.model, shape, share, args.granularity, "cpu:1", args.policy,
-                           args.dtype, steps=args.steps) for share in shares]  # per core
+    if args.calibrate:  # each worker count's share: its samples and partitions, per core
+        found = [calibrate(args.model, shape, n, g, "cpu:1", args.policy, args.dtype,
+                           steps=args.steps)
+                 for n, g in shares(workers, args.batch_size, args.granularity, weak)]
         dispatch = statistics.median(getattr(c, "dispatch", c) for c in found)
         hosts = [c.host for c in found if getattr(c, "host", None) is not None]
         host = statistics.median(hosts) if hosts else 0.0
@@ -251,8 +250,9 @@ def cluster_command(args, shape) -> int:
                                      measured.get(r.ranks)} for r in rows]}, indent=1))
         return 0
     net = platform.network
+    per = "per worker" if weak else "per batch"
     print(f"cluster path on {platform.name} ({args.scaling} scaling, {args.model}, "
-          f"{args.granularity} partitions per worker); network {1e6 * net.latency:.0f} us + "
+          f"{args.granularity} partitions {per}); network {1e6 * net.latency:.0f} us + "
           f"{1e6 * net.message_overhead:.0f} us per message, {net.bandwidth / 1e9:.2f} GB/s")
     print(format_scaling(rows, weak))
     for r in rows:

@@ -52,7 +52,7 @@ from .cluster_io import partition_starts
 from .exchange import Exchange, tree_ops
 from .rank import place_share, submit_share
 
-__all__ = ["ClusterPrediction", "capture_share", "predict_cluster_step", "scaling",
+__all__ = ["ClusterPrediction", "capture_share", "predict_cluster_step", "scaling", "shares",
            "format_scaling", "local_platform", "measure_network", "measure_cluster_step"]
 
 #: Bytes per second a rank packs and unpacks gradient buckets at (host memory copies).
@@ -205,13 +205,29 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
 
 
 def scaling(model, shape, platform, workers, batch, granularity, weak=False, **kw) -> list:
-    """Predicted steps for each worker count of ``workers``: ``batch`` samples per step
-    (per worker with ``weak``), ``granularity`` partitions per worker."""
+    """Predicted steps for each worker count of ``workers``. Weak scaling: ``batch``
+    samples and ``granularity`` partitions per worker. Strong: the batch of ``batch``
+    samples in ``granularity`` partitions (at least one per worker) dealt to them, as
+    the same run on more workers deals it."""
     rows = []
     for w in workers:
-        n = batch * w if weak else batch
-        rows.append(predict_cluster_step(model, shape, n, granularity * w, platform, w, **kw))
+        n, g = (batch * w, granularity * w) if weak else (batch, max(granularity, w))
+        rows.append(predict_cluster_step(model, shape, n, g, platform, w, **kw))
     return rows
+
+
+def shares(workers, batch, granularity, weak=False) -> list:
+    """The distinct ``(samples, partitions)`` of rank 0's share over ``workers`` (what a
+    calibration must measure for :func:`scaling`)."""
+    out = set()
+    for w in workers:
+        if weak:
+            out.add((batch, granularity))
+            continue
+        g = max(granularity, w)
+        mine = partition_starts(g, w)[1]  # rank 0's partitions, and their samples
+        out.add((partition_starts(batch, g)[mine], mine))
+    return sorted(out)
 
 
 def format_scaling(rows, weak=False) -> str:
