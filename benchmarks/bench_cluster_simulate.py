@@ -51,16 +51,15 @@ def main(argv=None):
                 share = batch // w
                 costs = calibrate(model, shape, share, args.granularity, "cpu:1", "dmda",
                                   steps=8)
-                dispatch = getattr(costs, "dispatch", costs)
                 platform = local_platform(w, 1, network)
                 p = predict_cluster_step(model, shape, batch, args.granularity * w, platform, w,
-                                         dispatch=dispatch)
+                                         costs=costs)
                 measured = measure_cluster_step(model, shape, batch, args.granularity * w, w,
                                                 steps=args.steps)
                 row = {"model": model, "batch": batch, "workers": w,
                        "measured_ms": 1e3 * measured, "predicted_ms": 1e3 * p.step_seconds,
                        "error": (p.step_seconds - measured) / measured,
-                       "dispatch_us": 1e6 * dispatch}
+                       "path": costs.to_json()}
                 rows.append(row)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items()}), file=sys.stderr, flush=True)

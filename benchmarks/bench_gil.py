@@ -14,9 +14,16 @@ outside the runtime, on the arrays the runtime binds for them, in three settings
   operands: the slowdown two workers see (no runtime involved).
 
 Two processes running the same kernels show no slowdown on this machine (the
-cores scale), so what ``two threads`` shows is the lock. Example::
+cores scale), so what ``two threads`` shows is the lock.
 
-    python benchmarks/bench_gil.py --model lenet5 --batch 64 --granularity 2
+Then ``inside the runtime``: ``--steps`` replayed training steps of the same model on
+a ``Runtime`` of ``--workers`` CPU workers (the compiled replay engine, traces on,
+after three warm-up steps), per step the kernel time summed over every task's
+record and each worker's busy share of the step's makespan (``Trace.utilisation``);
+medians over the steps. Printed beside the kernels' time alone: the goal is a sum
+within 10% of it, every worker at least 90% busy. Example::
+
+    python benchmarks/bench_gil.py --model lenet5 --batch 64 --granularity 2 --steps 20
 """
 
 from __future__ import annotations
@@ -119,6 +126,31 @@ def measure(tasks, rt, repeat, interval):
     return rows
 
 
+def inside_runtime(model, shape, batch, granularity, workers, steps):
+    """``(median summed task seconds per step, {worker: median busy share})`` of replayed
+    steps on ``workers`` CPU workers (see the module docstring)."""
+    import hetero_nn as hn
+    net = hn.build_model(model, shape, 10, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    sums, shares = [], defaultdict(list)
+    with hn.Runtime(devices=f"cpu:{workers}", perfmodel=False) as rt:
+        trainer = hn.Trainer(net, optimizer=hn.optim.SGD(lr=0.01, momentum=0.9), runtime=rt,
+                             batch_size=batch, granularity=granularity)
+        for _ in range(3):
+            trainer.train_step(x, y)
+        for _ in range(steps):
+            rt.trace(clear=True)
+            trainer.train_step(x, y)
+            trace = rt.trace()
+            sums.append(sum(r.end - r.start for r in trace.records))
+            for w, share in trace.utilisation().items():
+                shares[w].append(share)
+        trainer.close()
+    return statistics.median(sums), {w: statistics.median(v) for w, v in shares.items()}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="lenet5", choices=["dahl-basic", "lenet5", "cifar-small"])
@@ -127,6 +159,8 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=40)
     p.add_argument("--interval", type=float, default=1e-3,
                    help="switch interval (s) while beside the Python thread")
+    p.add_argument("--workers", type=int, default=2, help="workers inside the runtime")
+    p.add_argument("--steps", type=int, default=20, help="replayed steps inside the runtime")
     args = p.parse_args(argv)
     shape = (3, 32, 32) if args.model == "cifar-small" else (1, 28, 28)
     trainer, rt, tasks = step_tasks(args.model, shape, args.batch, args.granularity)
@@ -149,6 +183,12 @@ def main(argv=None):
               f"{r['two'] * 1e6:11.1f} {r['two'] / r['alone']:8.2f}")
     print(f"{'step':38s} {'':11s} {len(tasks):5d} {total_alone * 1e6:9.1f} {'':11s} "
           f"{total_two * 1e6:11.1f} {total_two / total_alone:8.2f}")
+    inside, shares = inside_runtime(args.model, shape, args.batch, args.granularity,
+                                    args.workers, args.steps)
+    busy = ", ".join(f"{w} {100 * v:.0f}%" for w, v in sorted(shares.items()))
+    print(f"inside the runtime ({args.workers} workers, replayed, median of {args.steps} "
+          f"steps): tasks summed {inside * 1e6:.1f} us = {inside / total_alone:.2f}x alone; "
+          f"busy {busy}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Per-task overhead of the runtime: microseconds per task for an empty codelet.
 
-Two graphs of ``--tasks`` tasks (default 10,000), timed from the first submit to
-``wait()`` returning (submission, dependency inference and scheduling included):
+The codelet's ``cpu`` variant is a Numba ``nogil`` no-op (what the runtime runs; its
+``ref`` twin, a Python no-op, serves the Dask rows). Two graphs of ``--tasks``
+tasks (default 10,000), timed from the first submit to ``wait()`` returning
+(submission, dependency inference and scheduling included):
 
 - ``chain``: every task ``RW`` on one handle, so each waits for the one before;
 - ``wide``: every task ``RW`` on its own child of one partitioned handle (independent).
@@ -13,6 +15,9 @@ Run through:
   overhead floor), and under ``eager``/``dmda`` with both on (the defaults); tasks
   start as they are submitted, or at ``wait()`` with ``--no-overlap``
   (``Runtime(overlap=False)``);
+- the same graphs captured once (``Runtime.capture``) and replayed (``graph.replay()``,
+  timed alone): by the compiled replay engine with traces and performance models off
+  and on, and through the executor (``replay_engine="executor"``) for comparison;
 - ``executor="dask"``: the same program as a Dask graph through ``dask.threaded.get``;
 - ``dask.threaded.get`` alone on that prebuilt graph (``build_graph``), and on a
   hand-built dict of no-op tasks of the same shape, for reference;
@@ -51,6 +56,7 @@ import sys
 import tempfile
 import time
 
+import numba
 import numpy as np
 
 import hetero_nn as hn
@@ -65,8 +71,13 @@ def _noop_value(*args):
     return None
 
 
-EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop})
-READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop})
+@numba.njit(nogil=True)
+def _noop_cpu(x):
+    pass
+
+
+EMPTY = hn.Codelet("empty", modes=(hn.RW,), variants={"ref": _noop, "cpu": _noop_cpu})
+READ = hn.Codelet("read", modes=(hn.R,), variants={"ref": _noop, "cpu": _noop_cpu})
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
 
 
@@ -101,6 +112,23 @@ def time_runtime(make_runtime, program, n, repeat):
         for _ in range(repeat):
             t0 = PROGRAMS[program](rt, n)
             rt.wait()
+            best = min(best, time.perf_counter() - t0)
+            rt.trace(clear=True)
+    return best / n
+
+
+def time_replayed(make_runtime, program, n, repeat):
+    """Best seconds per task of ``graph.replay()`` over ``repeat`` replays of the program
+    captured once (after two warm-up replays: binding, compiling, the second plan)."""
+    best = float("inf")
+    with make_runtime() as rt:
+        with rt.capture() as graph:
+            PROGRAMS[program](rt, n)
+        for _ in range(2):
+            graph.replay()
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            graph.replay()
             best = min(best, time.perf_counter() - t0)
             rt.trace(clear=True)
     return best / n
@@ -296,6 +324,13 @@ def main(argv=None):
     for policy in ("eager", "dmda"):
         measure(f"local {policy} (trace, perfmodel on)", n, lambda p, policy=policy: time_runtime(
             lambda: hn.Runtime(devices=devices, policy=policy, overlap=overlap), p, n, repeat))
+    measure("replayed, compiled (trace, perfmodel off)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices, perfmodel=False, trace=False), p, n, repeat))
+    measure("replayed, compiled (trace, perfmodel on)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices), p, n, repeat))
+    measure("replayed, executor (trace, perfmodel off)", n, lambda p: time_replayed(
+        lambda: hn.Runtime(devices=devices, perfmodel=False, trace=False,
+                           replay_engine="executor"), p, n, repeat))
     measure('executor="dask" (graph build + get)', n, lambda p: time_runtime(
         lambda: hn.Runtime(devices=devices, executor="dask", perfmodel=False, trace=False),
         p, n, slow))

@@ -3,6 +3,10 @@ run as one bundle task (``Graph.fuse_chains``, ``Runtime(fuse_chains=...)``).
 
 The decisions here come from real ``PerfModel`` measurements: runs of the tasks
 themselves, or runs given through the model's ``record_many`` with chosen times.
+
+Fusion is decided for replays through the executor (``replay_engine="executor"``):
+the compiled replay engine leaves nothing for it to save and runs bundles made
+explicitly member by member (``tests/test_replay_engine.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ POLICIES = ("eager", "random", "ws", "dmda", "heft")
 INPUT_SHAPE = (1, 28, 28)
 BATCH = 12
 STEPS = 6
+ENGINE = "executor"  # the replays whose dispatch fusion saves
 
 
 def _affine(y, a, b):
@@ -76,7 +81,8 @@ def test_a_fused_handle_program_equals_the_unfused_one_bit_for_bit(policy, tmp_p
     inputs = [rng.standard_normal((9, 5)).astype(np.float32) for _ in range(4)]
     results = {}
     for fuse in (False, True):
-        with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=PerfModel(tmp_path / str(fuse)),
+        with hn.Runtime(devices="cpu:2", replay_engine=ENGINE,
+                        policy=policy, perfmodel=PerfModel(tmp_path / str(fuse)),
                         fuse_chains=False) as rt:
             graph, x, acc = _captured(rt, inputs[0])
             _measured(graph)
@@ -103,11 +109,12 @@ def test_a_fused_handle_program_equals_the_unfused_one_bit_for_bit(policy, tmp_p
 
 
 def test_without_predictions_nothing_is_fused(tmp_path):
-    with hn.Runtime(devices="cpu:1", perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:1", replay_engine=ENGINE,
+                    perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)), parts=1)  # one run each: a warm-up
         report = graph.fuse_chains(overhead=1.0)
         assert report.chains == [] and report.tasks_after == report.tasks_before
-    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+    with hn.Runtime(devices="cpu:1", replay_engine=ENGINE, perfmodel=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         assert "no performance model" in str(graph.fuse_chains())
 
@@ -128,7 +135,7 @@ def _chains(report):
 
 def test_a_link_of_two_tasks_above_the_overhead_cuts_the_chain(tmp_path):
     pm = PerfModel(tmp_path)
-    with hn.Runtime(devices="cpu:1", perfmodel=pm, fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:1", replay_engine=ENGINE, perfmodel=pm, fuse_chains=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         _measured(graph)
         _predict_slow(rt, pm, graph, (AFFINE, CHECK))
@@ -144,7 +151,7 @@ def test_a_link_of_two_tasks_above_the_overhead_cuts_the_chain(tmp_path):
 
 def test_a_chain_predicted_above_the_overhead_is_not_fused(tmp_path):
     pm = PerfModel(tmp_path)
-    with hn.Runtime(devices="cpu:1", perfmodel=pm, fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:1", replay_engine=ENGINE, perfmodel=pm, fuse_chains=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         _measured(graph)
         _predict_slow(rt, pm, graph, (COPY, AFFINE, CHECK, SQUARE_ROWS), seconds=2e-3)
@@ -156,7 +163,7 @@ def test_a_chain_predicted_above_the_overhead_is_not_fused(tmp_path):
 
 
 def test_the_overhead_is_measured_and_fusion_happens_before_the_second_replay(tmp_path):
-    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path)) as rt:
+    with hn.Runtime(devices="cpu:2", replay_engine=ENGINE, perfmodel=PerfModel(tmp_path)) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         graph.replay()
         assert graph.bundles is None  # decided with the measurements of one replay
@@ -166,7 +173,8 @@ def test_the_overhead_is_measured_and_fusion_happens_before_the_second_replay(tm
         assert "(measured)" in str(report)
         assert all(min(p for _, p in chain) < report.overhead for chain in report.chains)
         assert graph.num_tasks == report.tasks_after
-    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:2", replay_engine=ENGINE,
+                    perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         _measured(graph)
         assert graph.bundles is None and not any(isinstance(t, Bundle) for t in _tasks(graph))
@@ -174,7 +182,7 @@ def test_the_overhead_is_measured_and_fusion_happens_before_the_second_replay(tm
 
 def test_members_keep_their_trace_records_and_feed_the_model(tmp_path):
     pm = PerfModel(tmp_path)
-    with hn.Runtime(devices="cpu:2", perfmodel=pm, fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:2", replay_engine=ENGINE, perfmodel=pm, fuse_chains=False) as rt:
         graph, _, _ = _captured(rt, np.ones((6, 2)))
         _measured(graph)
         copy = next(t for t in _tasks(graph) if t.codelet is COPY)
@@ -198,7 +206,8 @@ def test_members_keep_their_trace_records_and_feed_the_model(tmp_path):
 
 
 def test_an_error_in_a_member_names_that_member(tmp_path):
-    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
+    with hn.Runtime(devices="cpu:2", replay_engine=ENGINE,
+                    perfmodel=PerfModel(tmp_path), fuse_chains=False) as rt:
         graph, x, acc = _captured(rt, np.ones((6, 2)))
         _measured(graph)
         graph.fuse_chains(overhead=1.0)
@@ -235,7 +244,8 @@ def small_model(tmp_path_factory):
     pm = PerfModel(tmp_path_factory.mktemp("perfmodel"))
     runs = []
     for g in (1, 3):
-        with hn.Runtime(devices="cpu:2", perfmodel=pm, fuse_chains=False) as rt:
+        with hn.Runtime(devices="cpu:2", replay_engine=ENGINE,
+                        perfmodel=pm, fuse_chains=False) as rt:
             trainer = hn.Trainer(_model(), runtime=rt, batch_size=BATCH, granularity=g,
                                  dtype="float64")
             for x, y in _batches()[:2]:
@@ -250,7 +260,8 @@ def small_model(tmp_path_factory):
 
 def _train(policy, g, fuse, perfmodel):
     model = _model()
-    with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=perfmodel, fuse_chains=fuse) as rt:
+    with hn.Runtime(devices="cpu:2", replay_engine=ENGINE,
+                    policy=policy, perfmodel=perfmodel, fuse_chains=fuse) as rt:
         trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), runtime=rt,
                              batch_size=BATCH, granularity=g, dtype="float64")
         losses = [trainer.train_step(x, y) for x, y in _batches()]

@@ -332,7 +332,7 @@ def test_plan_fuses_the_chains_only():
     blocks = plan(lenet5().layers)
     assert [(i, type(b).__name__) for i, b in blocks] == [
         (0, "ConvReLUPool"), (3, "ConvReLUPool"), (6, "Flatten"), (7, "DenseReLU"),
-        (9, "DenseReLU"), (11, "Dense")]
+        (9, "DenseReLU"), (11, "Linear")]
     unfusable = [hn.Conv2D(1, 2, 3, bias=False), hn.ReLU(), hn.MaxPool2D(2),
                  hn.Conv2D(2, 2, 3), hn.ReLU(), hn.Conv2D(2, 2, 1), hn.MaxPool2D(2),
                  hn.Flatten(), hn.ReLU(), hn.Dense(2, 2, bias=False), hn.ReLU()]

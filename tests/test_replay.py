@@ -198,7 +198,8 @@ def _digest(a) -> str:
 @functools.lru_cache(maxsize=None)
 def _train(case, policy, g, replay, sizes=(BATCH,) * STEPS):
     """Digests of what a run leaves (losses, weights, buffers, optimizer state, host
-    counters and schedule) and the number of graphs it captured."""
+    counters and schedule), the number of graphs it captured and how many of their
+    tasks the replay engine ran compiled (Numba through the dispatch loop)."""
     net, recipe = CASES[case]
     model = net()
     optimizer, scheduler, clip = recipe()
@@ -218,25 +219,29 @@ def _train(case, policy, g, replay, sizes=(BATCH,) * STEPS):
         host = {"steps": opt_state["steps"], "hyper": opt_state["hyper"],
                 "scheduler": scheduler.state_dict() if scheduler else None,
                 "dropout": dropout_state(model), "grad_norm": trainer.last_grad_norm}
+        compiled = sum(b.calls is not None for graph in trainer.graphs.values()
+                       if graph._compiled is not None for seg in graph._compiled.segments
+                       for b in seg.bound)
     digests = {k: _digest(a) for k, a in arrays.items()}
     digests["host"] = json.dumps(host, sort_keys=True)
-    return digests, trainer.graphs_captured
+    return digests, trainer.graphs_captured, compiled
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("g", (1, 3))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_replayed_steps_equal_submitted_steps_bit_for_bit(case, g, policy):
-    replayed, captured = _train(case, policy, g, True)
-    submitted, none = _train(case, policy, g, False)
+    replayed, captured, compiled = _train(case, policy, g, True)
+    submitted, none, _ = _train(case, policy, g, False)
     assert replayed == submitted
     assert (captured, none) == (1, 0)  # one step key: captured once, replayed four times
+    assert compiled > 0  # the replays ran on the engine, Numba tasks in its compiled loop
 
 
 def test_a_shape_change_captures_another_graph():
     sizes = (BATCH, BATCH, BATCH, 5, BATCH, 5, BATCH)
-    replayed, captured = _train("odd-strided", "eager", 3, True, sizes)
-    submitted, _ = _train("odd-strided", "eager", 3, False, sizes)
+    replayed, captured, _ = _train("odd-strided", "eager", 3, True, sizes)
+    submitted, _, _ = _train("odd-strided", "eager", 3, False, sizes)
     assert replayed == submitted
     assert captured == 2  # batches of 12, batches of 5
 

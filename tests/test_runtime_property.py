@@ -264,18 +264,23 @@ def run_reference(roots, splits, ops):
     return arrays, fetched
 
 
+def handle_named(root_handles, splits, name):
+    """The runtime's handle for a program's handle name (splitting as the program says)."""
+    r, path = name
+    h = root_handles[r]
+    for depth, (plan, i) in enumerate(path):
+        axis, n = splits[(r, path[:depth])][plan]
+        h = h.split(axis=axis, n=n)[i]
+    return h
+
+
 def run_runtime(rt, roots, splits, ops):
     """Run the program on ``rt``; returns (fetched roots, fetched arrays)."""
     rt.wait()  # nothing should be pending, but never let a failed example leak into this one
     root_handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
 
     def handle(name):
-        r, path = name
-        h = root_handles[r]
-        for depth, (plan, i) in enumerate(path):
-            axis, n = splits[(r, path[:depth])][plan]
-            h = h.split(axis=axis, n=n)[i]
-        return h
+        return handle_named(root_handles, splits, name)
 
     fetched = []
     for op in ops:

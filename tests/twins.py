@@ -19,18 +19,9 @@ def _torch():
 
 
 def torch_residual_class():
-    torch = _torch()
-
-    class TorchResidual(torch.nn.Module):
-        def __init__(self, body, shortcut=None):
-            super().__init__()
-            self.body = body
-            self.shortcut = shortcut
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
-    return TorchResidual
+    """The torch module of a Residual: ``body(x) + shortcut(x)`` (``hn.to_torch``'s)."""
+    from hetero_nn.torch_interop import residual_module_class
+    return residual_module_class()
 
 
 def torch_module(layer):

@@ -24,8 +24,9 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from ..scheduler.paths import PathCosts, engine_serves, step_path
 from ..scheduler.platforms import load_platform
-from ..scheduler.simulate import Platform, capture, format_result, measured_dispatch, simulate
+from ..scheduler.simulate import Platform, capture, format_result, simulate
 from . import options
 
 __all__ = ["SAMPLE_SHAPES", "sample_shape", "simulate_step", "measure_step", "calibrate",
@@ -65,36 +66,39 @@ def _trainer(model, shape, batch_size, granularity, dtype, runtime, seed=0):
 def measure_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2,
                  devices="cpu:1", policy="dmda", dtype="float32", steps=12, warmup=4,
                  calibrate=False, perfmodel=None):
-    """Run real training steps; returns ``(median step seconds, dispatch seconds, runtime
-    stats)``. With ``calibrate`` the runtime explores every variant (StarPU's calibration)."""
+    """Run real training steps; returns ``(median step seconds, PathCosts)``: the costs of
+    the path the steps ran on (:mod:`hetero_nn.scheduler.paths`). With ``calibrate`` the
+    runtime explores every variant (StarPU's calibration)."""
     from ..scheduler.runtime import Runtime
 
     with Runtime(devices=devices, policy=policy, calibrate=calibrate, calibrate_samples=3,
                  perfmodel=perfmodel) as rt:
         trainer, x, y = _trainer(model, shape, batch_size, granularity, dtype, rt)
-        times = []
+        timed = []
         for i in range(warmup + steps):
-            if i == warmup:
-                rt.trace(clear=True)
+            rt.trace(clear=True)
             t0 = _perf()
             trainer.train_step(x, y)
             if i >= warmup:
-                times.append(_perf() - t0)
-        dispatch = measured_dispatch(rt.trace())
-    return statistics.median(times), dispatch
+                timed.append((_perf() - t0, rt.trace().records))
+        costs = PathCosts.measure(step_path(trainer), [timed])
+    return statistics.median(wall for wall, _ in timed), costs
 
 
 def calibrate(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2,
               devices="cpu:1", policy="dmda", dtype="float32", steps=8, perfmodel=None):
     """Fill the models a step needs: real steps on each device kind of ``devices`` alone
     (every task of the step then runs, and is measured, on that kind), exploring every
-    variant. Returns the median dispatch cost measured."""
-    dispatch = []
-    for spec in kind_specs(devices):
-        dispatch.append(measure_step(model, shape, batch_size, granularity, spec, policy, dtype,
-                                     steps=max(steps, 4), warmup=2, calibrate=True,
-                                     perfmodel=perfmodel)[1])
-    return statistics.median(dispatch)
+    variant. Returns the costs measured (:class:`~hetero_nn.scheduler.paths.PathCosts`:
+    the path of the first kind's steps, the medians over kinds)."""
+    measured = [measure_step(model, shape, batch_size, granularity, spec, policy, dtype,
+                             steps=max(steps, 4), warmup=3, calibrate=True,
+                             perfmodel=perfmodel)[1]
+                for spec in kind_specs(devices)]
+    hosts = [c.host for c in measured if c.host is not None]
+    return PathCosts(measured[0].path, statistics.median(c.dispatch for c in measured),
+                     statistics.median(c.handoff for c in measured),
+                     statistics.median(hosts) if hosts else None)
 
 
 def kind_specs(devices) -> list[str]:
@@ -107,19 +111,33 @@ def kind_specs(devices) -> list[str]:
 
 def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2,
                   platform: Platform | None = None, devices="cpu:1", policy="dmda",
-                  dtype="float32", dispatch=0.0, perfmodel=None):
+                  dtype="float32", costs: PathCosts | None = None, perfmodel=None):
     """Capture a training step's graphs and replay them on ``platform`` (default: the
-    workers of ``devices``); returns a :class:`~hetero_nn.scheduler.simulate.SimulationResult`."""
+    workers of ``devices``); returns a :class:`~hetero_nn.scheduler.simulate.SimulationResult`.
+
+    ``costs``: the measured costs of the path the steps run on (dispatch per task; on
+    the compiled path, the handoff between workers and the replay's host time); none:
+    no per-task cost, the path the platform's steps would take (the compiled engine's
+    on CPU workers alone)."""
     from ..scheduler.runtime import Runtime
 
     platform = platform or Platform.from_devices(devices)
     # deterministic=False: each kind's candidates are all its variants (the fastest modelled)
     with Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel, deterministic=False) as rt:
         trainer, x, y = _trainer(model, shape, batch_size, granularity, dtype, rt)
+        replayed = step_path(trainer) != "submitted"
         steps = capture(rt, lambda: trainer.train_step(x, y), steps=6)[1:]  # after binding
-        # the host's submission time, one sample per step: the median, against preemptions
-        steps[-1].submit_seconds = statistics.median(s.submit_seconds for s in steps)
-        return simulate(steps[-2:], platform, policy, rt, dispatch=dispatch)
+        # the host's submission time, one sample per step: the median, against preemptions;
+        # a replayed step's, measured on the path (the capture's recorder is no replay)
+        host = statistics.median(s.submit_seconds for s in steps)
+        if replayed and costs is not None and costs.host is not None:
+            host = costs.host
+        steps[-1].submit_seconds = host
+        engine = replayed and engine_serves(platform) and (costs is None or
+                                                           costs.path == "compiled")
+        return simulate(steps[-2:], platform, policy, rt,
+                        dispatch=costs.dispatch if costs else 0.0,
+                        handoff=costs.handoff if costs else 0.0, engine=engine)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -187,17 +205,19 @@ def command(args) -> int:
         Platform.from_devices(args.devices)
     common = dict(model=args.model, shape=shape, batch_size=args.batch_size,
                   granularity=args.granularity, dtype=args.dtype)
-    dispatch = 0.0
+    costs = None
     if args.calibrate:
-        dispatch = calibrate(**common, devices=args.devices, policy=args.policy,
-                             steps=args.steps)
+        costs = calibrate(**common, devices=args.devices, policy=args.policy,
+                          steps=args.steps)
     measured = None
     if args.measure:
-        measured, dispatch = measure_step(**common, devices=args.devices,
-                                          policy=args.policy, steps=args.steps)
-    result = simulate_step(**common, platform=platform, policy=args.policy, dispatch=dispatch)
+        measured, costs = measure_step(**common, devices=args.devices,
+                                       policy=args.policy, steps=args.steps)
+    result = simulate_step(**common, platform=platform, policy=args.policy, costs=costs)
     if args.json:
         doc = result.to_json()
+        if costs is not None:
+            doc["path"] = costs.to_json()
         if measured is not None:
             doc["measured_step_seconds"] = measured
         print(json.dumps(doc, indent=1))
@@ -227,17 +247,18 @@ def cluster_command(args, shape) -> int:
     else:
         platform = local_platform(max(workers), args.cluster_threads or 1)
     weak = args.scaling == "weak"
-    dispatch = host = 0.0
+    costs = None
     if args.calibrate:  # each worker count's share: its samples and partitions, per core
         found = [calibrate(args.model, shape, n, g, "cpu:1", args.policy, args.dtype,
                            steps=args.steps)
                  for n, g in shares(workers, args.batch_size, args.granularity, weak)]
-        dispatch = statistics.median(getattr(c, "dispatch", c) for c in found)
-        hosts = [c.host for c in found if getattr(c, "host", None) is not None]
-        host = statistics.median(hosts) if hosts else 0.0
+        hosts = [c.host for c in found if c.host is not None]
+        costs = PathCosts(found[0].path, statistics.median(c.dispatch for c in found),
+                          statistics.median(c.handoff for c in found),
+                          statistics.median(hosts) if hosts else None)
     rows = scaling(args.model, shape, platform, workers, args.batch_size, args.granularity,
-                   weak=weak, policy=args.policy, dtype=args.dtype, dispatch=dispatch,
-                   cpu_workers=args.cluster_threads, host_seconds=host)
+                   weak=weak, policy=args.policy, dtype=args.dtype, costs=costs,
+                   cpu_workers=args.cluster_threads)
     measured = {}
     if args.measure:
         for r in rows:

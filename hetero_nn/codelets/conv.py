@@ -61,6 +61,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from . import conv_direct, conv_im2col
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
+from .prepared import prepares
 from .padding import MODES, check_mode_fits, fold_xp, mode_code, pad_xp, resolve_padding
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -302,29 +303,51 @@ def conv2d_bwd_weight_cpu_direct(x, dy, dw, **params):
 
 # --------------------------------------------------------------------------- cpu:im2col
 
-def _conv2d_fwd_im2col(x, w, b, y, params):
-    """im2col then one GEMM per sample and group straight into ``y``, in one Numba call.
+def _fwd_im2col_calls(buffers, x, w, b, y, params):
+    """im2col then one GEMM per sample and group straight into ``y``, in one Numba call
+    (and one packing ``[w | b]``): the calls (:mod:`~hetero_nn.codelets.prepared`).
 
     Without groups, ``[w | b]`` multiplies the columns plus a row of ones.
     """
     require_contiguous("conv2d_fwd", y=y)
     geo = conv2d_geometry(x.shape, w.shape, **params)
-    x, w3, bias, cols, xpad, step = conv_im2col.fwd_operands(x, w, b, y.dtype, geo)
+    (x, w3, bias, cols, xpad, step), pack = conv_im2col.fwd_operands(x, w, b, y.dtype, geo,
+                                                                     buffers)
     n_batch, n_out = y.shape[0], y.shape[1]
-    conv_im2col.gemm_columns_cpu(x, 0, n_batch, w3, bias, y.reshape(n_batch, n_out, -1), cols,
-                                 xpad, geo, step)
+    return [pack] * (pack is not None) + [(conv_im2col.gemm_columns_cpu, (
+        x, 0, n_batch, w3, bias, y.reshape(n_batch, n_out, -1), cols, xpad, geo, step))]
 
 
+def _prepare_fwd(buffers, x, w, b, y, **params):
+    return _fwd_im2col_calls(buffers, x, w, b, y, params) \
+        if conv_im2col.views(y.dtype, x, w, b, y) else None
+
+
+def _prepare_fwd_nobias(buffers, x, w, y, **params):
+    return _prepare_fwd(buffers, x, w, None, y, **params)
+
+
+@prepares(_prepare_fwd)
 def conv2d_fwd_cpu_im2col(x, w, b, y, **params):
     """``conv2d_fwd`` as im2col + GEMM, the bias inside the GEMM (without groups)."""
-    _conv2d_fwd_im2col(x, w, b, y, params)
+    conv_im2col.run_calls(_fwd_im2col_calls(conv_im2col.worker_buffer, x, w, b, y, params))
 
 
+@prepares(_prepare_fwd_nobias)
 def conv2d_fwd_nobias_cpu_im2col(x, w, y, **params):
     """``conv2d_fwd_nobias`` as im2col + GEMM."""
-    _conv2d_fwd_im2col(x, w, None, y, params)
+    conv_im2col.run_calls(_fwd_im2col_calls(conv_im2col.worker_buffer, x, w, None, y, params))
 
 
+def _prepare_bwd_input(buffers, dy, w, dx, **params):
+    if not conv_im2col.views(dx.dtype, dy, w, dx):
+        return None
+    geo = conv2d_geometry(dx.shape, w.shape, **params)
+    return [(conv_im2col.bwd_input_im2col_cpu,
+             (dy, *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
+
+
+@prepares(_prepare_bwd_input)
 def conv2d_bwd_input_cpu_im2col(dy, w, dx, **params):
     """``conv2d_bwd_input`` as one GEMM per sample and group (``w^T dy``) then col2im, in one
     Numba call.
@@ -338,9 +361,9 @@ def conv2d_bwd_input_cpu_im2col(dy, w, dx, **params):
     conv_im2col.bwd_input_im2col_cpu(_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo))
 
 
-def _conv2d_bwd_params_im2col(x, dy, dw, db, params):
+def _bwd_params_im2col_calls(buffers, x, dy, dw, db, params):
     """im2col then one GEMM per sample and group, ``cols_n dy_n^T``, summed into ``dw`` (and
-    ``db``), in one Numba call.
+    ``db``), in one Numba call: the call.
 
     Without groups the row of ones under the columns makes the GEMM's last row
     the bias gradient. ``cols_n dy_n^T`` ([C*KH*KW, O]) rather than ``dy_n
@@ -350,19 +373,32 @@ def _conv2d_bwd_params_im2col(x, dy, dw, db, params):
     geo = conv2d_geometry(x.shape, dw.shape, **params)
     x = _c(x)
     dw_flat, db, bias = conv_im2col.params_operands(dw, db)
-    conv_im2col.bwd_params_im2col_cpu(
+    return [(conv_im2col.bwd_params_im2col_cpu, (
         x, _c(dy), dw_flat, db, bias,
-        *conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo))
+        *conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo, buffers)))]
 
 
+def _prepare_bwd_params(buffers, x, dy, dw, db, **params):
+    return _bwd_params_im2col_calls(buffers, x, dy, dw, db, params) \
+        if conv_im2col.views(dw.dtype, x, dy, dw, db) else None
+
+
+def _prepare_bwd_weight(buffers, x, dy, dw, **params):
+    return _prepare_bwd_params(buffers, x, dy, dw, None, **params)
+
+
+@prepares(_prepare_bwd_weight)
 def conv2d_bwd_weight_cpu_im2col(x, dy, dw, **params):
     """``conv2d_bwd_weight`` as im2col then one GEMM per sample, summed into ``dw``."""
-    _conv2d_bwd_params_im2col(x, dy, dw, None, params)
+    conv_im2col.run_calls(_bwd_params_im2col_calls(conv_im2col.worker_buffer, x, dy, dw, None,
+                                                   params))
 
 
+@prepares(_prepare_bwd_params)
 def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, **params):
     """``conv2d_bwd_params`` as im2col + GEMM, ``db`` from the GEMM's row of ones."""
-    _conv2d_bwd_params_im2col(x, dy, dw, db, params)
+    conv_im2col.run_calls(_bwd_params_im2col_calls(conv_im2col.worker_buffer, x, dy, dw, db,
+                                                   params))
 
 
 # --------------------------------------------------------------------------- cuda (array module)

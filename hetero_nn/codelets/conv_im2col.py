@@ -15,6 +15,12 @@ Row ``(c*KH + p)*KW + q``, column ``i*OW + j`` of a sample's columns is
 ``xpad[c, i*SH + p*DH, j*SW + q*DW]``, ``xpad`` the padded sample (padding
 modes by ``padding.pad_planes``): every row is a plain strided copy. ``geo`` is a
 :class:`~hetero_nn.codelets.conv.Conv2dGeometry`.
+
+The ``*_operands`` helpers take ``buffers``, where their scratch arrays come from:
+the calling thread's (``worker_buffer``, the default) or a prepared task's worker's
+(:mod:`~hetero_nn.codelets.prepared`). ``[w | b]`` is packed by a kernel
+(``pack_weights_cpu``) into one of them: a prepared task runs that call at every
+run, so the weights it multiplies are the current ones.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def _chunk(n_batch, rows, n_out, area, itemsize):
     return max(1, min(n_batch, IM2COL_CHUNK_BYTES // per_sample))
 
 
-def _pad_buffer(x_shape, geo, dtype):
+def _pad_buffer(x_shape, geo, dtype, buffers=worker_buffer):
     """The padded sample ``im2col_cpu`` copies into (empty without padding).
 
     Made zero once: in ``'zeros'`` mode only the interior is written, which the
@@ -80,17 +86,18 @@ def _pad_buffer(x_shape, geo, dtype):
     _, n_in, height, width = x_shape
     if geo.hp == height and geo.wp == width:
         return np.empty(0, dtype=dtype)
-    padded = worker_buffer(("im2col:xpad", geo.pt, geo.pl, geo.mode), (n_in, geo.hp, geo.wp),
-                           dtype, zero=True)
+    padded = buffers(("im2col:xpad", geo.pt, geo.pl, geo.mode), (n_in, geo.hp, geo.wp),
+                     dtype, zero=True)
     return padded.reshape(-1)
 
 
-def _columns(x, geo, n_rows, n_out):
+def _columns(x, geo, n_rows, n_out, buffers=worker_buffer):
     """Column buffer ``[chunk, n_rows, OH*OW]`` and chunk size for ``x``; rows past
-    ``C*KH*KW`` (the bias row) are set to one."""
+    ``C*KH*KW`` (the bias row) are set to one. The key names ``C*KH*KW``, so those rows
+    stay ones for every user of the buffer (im2col writes the rows above)."""
     rows, area = x.shape[1] * geo.kh * geo.kw, geo.out_h * geo.out_w
     step = _chunk(x.shape[0], n_rows, n_out, area, x.itemsize)
-    cols = worker_buffer("im2col:cols", (step, n_rows, area), x.dtype)
+    cols = buffers(("im2col:cols", rows), (step, n_rows, area), x.dtype)
     cols[:, rows:] = 1
     return cols, step
 
@@ -270,24 +277,40 @@ def gemm_columns_cpu(x, n0, n1, w3, bias, out, cols, xpad, geo, step):
                 row += bias[o]
 
 
-def fwd_operands(x, w, b, dtype, geo):
-    """``(x, w3, bias, cols, xpad, step)`` for ``gemm_columns_cpu`` to compute
-    ``conv2d(x, w) + b``: the contiguous input, the weights as ``[G, O/G, rows]`` (``[w |
-    b]`` without groups), the bias to add apart (with groups), the worker's column and
-    padding buffers and the chunk size."""
+@jit
+def pack_weights_cpu(w_rows, bias, w2d):
+    """``w2d = [w_rows | bias]`` in ``w2d``'s dtype (``bias`` empty: no bias column)."""
+    rows = w_rows.shape[1]
+    for o in range(w2d.shape[0]):
+        for r in range(rows):
+            w2d[o, r] = w_rows[o, r]
+        if bias.shape[0]:
+            w2d[o, rows] = bias[o]
+
+
+def fwd_operands(x, w, b, dtype, geo, buffers=worker_buffer):
+    """``((x, w3, bias, cols, xpad, step), pack)``: the arguments of ``gemm_columns_cpu``
+    after ``n0, n1`` for ``conv2d(x, w) + b`` (the contiguous input, the weights as ``[G,
+    O/G, rows]``: ``[w | b]`` without groups, the bias to add apart with groups, the
+    column and padding buffers, the chunk size), and the call ``(pack_weights_cpu,
+    args)`` that packs ``[w | b]`` into ``w3`` first (None when ``w3`` is a view of
+    ``w``)."""
     x = _c(x)
     n_out, groups = w.shape[0], geo.groups
     bias = np.empty(0, dtype=dtype)
+    pack = None
     if groups == 1:
-        w3 = w.reshape(1, n_out, -1)
-        if b is not None:
-            w3 = np.concatenate([w3, np.reshape(b, (1, n_out, 1))], axis=2)
+        w_rows = _c(w).reshape(n_out, -1)
+        w3 = w_rows.reshape(1, n_out, -1)
+        if b is not None or w3.dtype != dtype:
+            w3 = buffers("im2col:w3", (1, n_out, w_rows.shape[1] + (b is not None)), dtype)
+            pack = (pack_weights_cpu, (w_rows, w_rows[0, :0] if b is None else b, w3[0]))
     else:
-        w3 = w.reshape(groups, n_out // groups, -1)
+        w3 = _c(w.reshape(groups, n_out // groups, -1), dtype=dtype)
         if b is not None:
             bias = _c(b, dtype=dtype)
-    cols, step = _columns(x, geo, groups * w3.shape[2], n_out)
-    return x, _c(w3, dtype=dtype), bias, cols, _pad_buffer(x.shape, geo, x.dtype), step
+    cols, step = _columns(x, geo, groups * w3.shape[2], n_out, buffers)
+    return (x, w3, bias, cols, _pad_buffer(x.shape, geo, x.dtype, buffers), step), pack
 
 
 def _wide_rows(geo, n_out, itemsize):
@@ -328,7 +351,7 @@ def bwd_input_im2col_cpu(dy, w3, dx, cols, plane, dy_wide, geo, wide, step):
             _col2im_cpu(cols, start, stop, plane, dx, geo)
 
 
-def bwd_input_operands(w, dx, geo):
+def bwd_input_operands(w, dx, geo, buffers=worker_buffer):
     """``(w3, dx, cols, plane, dy_wide, geo, wide, step)``: what ``bwd_input_im2col_cpu``
     takes after ``dy``."""
     n_batch, _, height, width = dx.shape
@@ -337,9 +360,9 @@ def bwd_input_operands(w, dx, geo):
     wide = _wide_rows(geo, n_out, dx.itemsize)
     span = geo.out_h * geo.wp if wide else geo.out_h * geo.out_w
     step = _chunk(n_batch, rows, n_out, span, dx.itemsize)
-    cols = worker_buffer("col2im:cols", (step, rows, span), dx.dtype)
-    plane = worker_buffer("col2im:plane", (geo.hp * geo.wp,), dx.dtype)
-    dy_wide = worker_buffer("col2im:dy", (step, n_out, span) if wide else (1, 1, 1), dx.dtype)
+    cols = buffers("col2im:cols", (step, rows, span), dx.dtype)
+    plane = buffers("col2im:plane", (geo.hp * geo.wp,), dx.dtype)
+    dy_wide = buffers("col2im:dy", (step, n_out, span) if wide else (1, 1, 1), dx.dtype)
     w3 = _c(w).reshape(geo.groups, n_out // geo.groups, -1)
     return w3, dx, cols, plane, dy_wide, geo, wide, step
 
@@ -387,19 +410,31 @@ def bwd_params_im2col_cpu(x, dy, dw, db, bias, total, cols, products, xpad, geo,
             db[o] = row_sum(lanes, 0, area, db[o])
 
 
-def bwd_params_operands(x, dw_shape, with_bias, dtype, geo):
+def bwd_params_operands(x, dw_shape, with_bias, dtype, geo, buffers=worker_buffer):
     """``(total, cols, products, xpad, geo, step)``: the worker's buffers, the geometry
     and the chunk size for ``bwd_params_im2col_cpu``."""
     n_out, groups = dw_shape[0], geo.groups
     group_rows = math.prod(dw_shape[1:]) + (1 if with_bias and groups == 1 else 0)
-    cols, step = _columns(x, geo, groups * group_rows, n_out)
-    products = worker_buffer("im2col:products", (step, groups, group_rows, n_out // groups),
-                             dtype)
-    total = worker_buffer("im2col:total", (groups, group_rows, n_out // groups), dtype)
-    return total, cols, products, _pad_buffer(x.shape, geo, x.dtype), geo, step
+    cols, step = _columns(x, geo, groups * group_rows, n_out, buffers)
+    products = buffers("im2col:products", (step, groups, group_rows, n_out // groups), dtype)
+    total = buffers("im2col:total", (groups, group_rows, n_out // groups), dtype)
+    return total, cols, products, _pad_buffer(x.shape, geo, x.dtype, buffers), geo, step
 
 
 def params_operands(dw, db):
     """``(dw flat, db, bias)`` for ``bwd_params_im2col_cpu`` (``db`` may be None)."""
     flat = dw.reshape(-1)
     return flat, (flat[:0] if db is None else db), db is not None
+
+
+def run_calls(calls):
+    """Run prepared calls now (a variant called from Python)."""
+    for kernel, args in calls:
+        kernel(*args)
+
+
+def views(dtype, *arrays) -> bool:
+    """Whether every array (None: absent) is C-contiguous and of ``dtype``: a prepared
+    call must hold views of the operands, never copies (a copy, or a conversion, would
+    freeze one step's data)."""
+    return all(a is None or (a.flags.c_contiguous and a.dtype == dtype) for a in arrays)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ._jit import jit
 from .codelet import REDUX, R, W, Codelet
+from .prepared import calls_of
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -130,6 +131,15 @@ def _rowwise(variants, index, output=False):
             arrays = list(arrays)
             arrays[index] = _rows(arrays[index], fn.__name__, output)
             return fn(*arrays, **params)
+
+        def prepare(buffers, *arrays, **params):
+            arrays = list(arrays)
+            a = arrays[index]
+            if output and a.ndim != 2 and not a.flags.c_contiguous:
+                return None  # the variant raises: let it, from Python
+            arrays[index] = _rows(a, fn.__name__, output)
+            return calls_of(fn, buffers, arrays, params)
+        variant.prepare = prepare
         return variant
     return {name: wrap(fn) for name, fn in variants.items()}
 

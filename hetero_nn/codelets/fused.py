@@ -72,6 +72,7 @@ from ._jit import jit
 from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
 from .conv_im2col import gemm_columns_cpu
 from .codelet import REDUX, R, W, Codelet
+from .prepared import prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -242,22 +243,37 @@ def _conv_relu_pool_fwd_im2col_cpu(x, w3, bias, z, y, argmax, cols, xpad, geo, c
                                       y[start:stop], argmax[start:stop], pool_geo)
 
 
-def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, **params):
-    """The forward chain by the im2col kernels, one Numba call (one round trip through
-    the interpreter lock); ``z`` is computed a chunk of samples at a time, so ReLU and
-    pooling read it from cache."""
+def _fwd_im2col_calls(buffers, scratch, x, w, b, y, argmax, params):
+    """The forward chain's calls: pack ``[w | b]``, then the chain in one kernel.
+    ``buffers``: the convolution's scratch arrays, ``scratch``: the chain's ``z``."""
     conv_kw, pool_kw = _split(params)
     geo = conv.conv2d_geometry(x.shape, w.shape, **conv_kw)
     n_batch, n_out = x.shape[0], w.shape[0]
     pool_geo = _pool_geometry("conv2d_relu_pool_fwd", (n_batch, n_out, geo.out_h, geo.out_w),
                               y.shape, pool_kw)
     require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
-    x, w3, bias, cols, xpad, conv_step = conv_im2col.fwd_operands(x, w, b, y.dtype, geo)
+    (x, w3, bias, cols, xpad, conv_step), pack = conv_im2col.fwd_operands(x, w, b, y.dtype,
+                                                                          geo, buffers)
     area = geo.out_h * geo.out_w
     step = max(1, min(n_batch, CHUNK_BYTES // (n_out * area * y.itemsize)))
-    z = _scratch("z", (step, n_out, area), y.dtype)
-    _conv_relu_pool_fwd_im2col_cpu(x, w3, bias, z, y, argmax, cols, xpad, geo, conv_step,
-                                   pool_geo)
+    z = scratch("z", (step, n_out, area), y.dtype)
+    return [pack] * (pack is not None) + [(_conv_relu_pool_fwd_im2col_cpu, (
+        x, w3, bias, z, y, argmax, cols, xpad, geo, conv_step, pool_geo))]
+
+
+def _prepare_fwd_im2col(buffers, x, w, b, y, argmax, **params):
+    if not (conv_im2col.views(y.dtype, x, w, b, y) and argmax.flags.c_contiguous):
+        return None
+    return _fwd_im2col_calls(buffers, buffers, x, w, b, y, argmax, params)
+
+
+@prepares(_prepare_fwd_im2col)
+def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, **params):
+    """The forward chain by the im2col kernels, one Numba call (one round trip through
+    the interpreter lock; and one more packing ``[w | b]``); ``z`` is computed a chunk
+    of samples at a time, so ReLU and pooling read it from cache."""
+    conv_im2col.run_calls(_fwd_im2col_calls(conv_im2col.worker_buffer, _scratch, x, w, b, y,
+                                            argmax, params))
 
 
 @jit
@@ -280,33 +296,57 @@ def _conv_relu_pool_bwd_im2col_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, p
     conv_im2col.bwd_input_im2col_cpu(dz, w3, dx, cols, plane, dy_wide, geo, wide, step)
 
 
-def _bwd_chain_operands(x, y, argmax, dy, dw, db, geo):
+def _bwd_chain_operands(x, y, argmax, dy, dw, db, geo, buffers, scratch):
     """The arguments of ``_masked_dz_params_cpu`` (contiguous inputs, the worker's
     buffers for ``masked`` and ``dz``, the parameter kernel's buffers)."""
     require_contiguous("conv2d_relu_pool_bwd", dw=dw)
     x = np.ascontiguousarray(x)
     dy = np.ascontiguousarray(dy)
-    masked = _scratch("masked", dy.shape, dy.dtype)
-    dz = _scratch("dz", (x.shape[0], dw.shape[0], geo.out_h, geo.out_w), dy.dtype)
+    masked = scratch("masked", dy.shape, dy.dtype)
+    dz = scratch("dz", (x.shape[0], dw.shape[0], geo.out_h, geo.out_w), dy.dtype)
     dw_flat, db, bias = conv_im2col.params_operands(dw, db)
-    params = conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo)
+    params = conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo, buffers)
     return (x, np.ascontiguousarray(y), np.ascontiguousarray(argmax), dy, masked, dz, dw_flat,
             db, bias, params)
 
 
+def _bwd_im2col_calls(buffers, scratch, x, w, y, argmax, dy, dx, dw, db, params):
+    """The backward chain's call (the parameter gradients only when ``w`` is None)."""
+    geo = conv.conv2d_geometry(x.shape, (w if w is not None else dw).shape,
+                               **_split(params)[0])
+    chain = _bwd_chain_operands(x, y, argmax, dy, dw, db, geo, buffers, scratch)
+    if w is None:
+        return [(_masked_dz_params_cpu, chain)]
+    require_contiguous("conv2d_relu_pool_bwd", dx=dx)
+    w3, dx, cols, plane, dy_wide, geo, wide, step = conv_im2col.bwd_input_operands(
+        w, dx, geo, buffers)
+    return [(_conv_relu_pool_bwd_im2col_cpu, (*chain, w3, dx, (cols, plane, dy_wide), geo,
+                                              wide, step))]
+
+
+def _prepare_bwd_im2col(buffers, x, w, y, argmax, dy, dx, dw, db, **params):
+    if not (conv_im2col.views(dy.dtype, x, w, y, dy, dx, dw, db)
+            and argmax.flags.c_contiguous):
+        return None
+    return _bwd_im2col_calls(buffers, buffers, x, w, y, argmax, dy, dx, dw, db, params)
+
+
+def _prepare_bwd_params_im2col(buffers, x, y, argmax, dy, dw, db, **params):
+    return _prepare_bwd_im2col(buffers, x, None, y, argmax, dy, None, dw, db, **params)
+
+
+@prepares(_prepare_bwd_im2col)
 def conv2d_relu_pool_bwd_cpu_im2col(x, w, y, argmax, dy, dx, dw, db, **params):
     """The backward chain by the im2col kernels, one Numba call."""
-    require_contiguous("conv2d_relu_pool_bwd", dx=dx)
-    geo = conv.conv2d_geometry(x.shape, w.shape, **_split(params)[0])
-    w3, dx, cols, plane, dy_wide, geo, wide, step = conv_im2col.bwd_input_operands(w, dx, geo)
-    _conv_relu_pool_bwd_im2col_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, geo),
-                                   w3, dx, (cols, plane, dy_wide), geo, wide, step)
+    conv_im2col.run_calls(_bwd_im2col_calls(conv_im2col.worker_buffer, _scratch, x, w, y,
+                                            argmax, dy, dx, dw, db, params))
 
 
+@prepares(_prepare_bwd_params_im2col)
 def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, **params):
     """The parameter gradients of the chain by the im2col kernels, one Numba call."""
-    geo = conv.conv2d_geometry(x.shape, dw.shape, **_split(params)[0])
-    _masked_dz_params_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, geo))
+    conv_im2col.run_calls(_bwd_im2col_calls(conv_im2col.worker_buffer, _scratch, x, None, y,
+                                            argmax, dy, None, dw, db, params))
 
 
 def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, **params):
@@ -412,6 +452,12 @@ def _dense_relu_fwd_blas_cpu(x, w, b, y):
     _relu_fwd_cpu(flat, flat)
 
 
+def _prepare_dense_relu_fwd_blas(buffers, x, w, b, y):
+    return [(_dense_relu_fwd_blas_cpu, (x, w, b, y))] \
+        if conv_im2col.views(y.dtype, x, w, b, y) else None
+
+
+@prepares(_prepare_dense_relu_fwd_blas)
 def _dense_relu_fwd_cpu_blas(x, w, b, y):
     require_contiguous("dense_relu_fwd", y=y)
     _dense_relu_fwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w), b, y)
@@ -475,19 +521,38 @@ def _dense_relu_bwd_blas_cpu(x, w, y, dy, dz, dx, dw, db, with_input):
         np.dot(dz, w, dx)
 
 
-def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
-    require_contiguous("dense_relu_bwd", dx=dx)
-    dz = np.empty(dy.shape, dy.dtype)
-    _dense_relu_bwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w),
-                             np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dx, dw, db,
-                             True)
-
-
-def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
-    dz = np.empty(dy.shape, dy.dtype)
+def _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db):
+    """The arguments of ``_dense_relu_bwd_blas_cpu`` (``w``, ``dx`` None: parameters only)."""
     x = np.ascontiguousarray(x)
-    _dense_relu_bwd_blas_cpu(x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy),
-                             dz, dz[:0, :0], dw, db, False)
+    if w is None:
+        return (x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dz[:0, :0],
+                dw, db, False)
+    require_contiguous("dense_relu_bwd", dx=dx)
+    return (x, np.ascontiguousarray(w), np.ascontiguousarray(y), np.ascontiguousarray(dy), dz,
+            dx, dw, db, True)
+
+
+def _prepare_dense_relu_bwd_blas(buffers, x, w, y, dy, dx, dw, db):
+    if not conv_im2col.views(dy.dtype, x, w, y, dy, dx, dw, db):
+        return None
+    dz = buffers("dense_relu:dz", dy.shape, dy.dtype)
+    return [(_dense_relu_bwd_blas_cpu, _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db))]
+
+
+def _prepare_dense_relu_bwd_params_blas(buffers, x, y, dy, dw, db):
+    return _prepare_dense_relu_bwd_blas(buffers, x, None, y, dy, None, dw, db)
+
+
+@prepares(_prepare_dense_relu_bwd_blas)
+def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
+    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, w, y,
+                                                        dy, dx, dw, db))
+
+
+@prepares(_prepare_dense_relu_bwd_params_blas)
+def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
+    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, None,
+                                                        y, dy, None, dw, db))
 
 
 def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):

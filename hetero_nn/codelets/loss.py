@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import jit, jit_inline
+from ._jit import as_dtype_of, jit, jit_inline
 from ._checks import require_contiguous
 from .codelet import REDUX, R, W, Codelet
+from .prepared import prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -205,6 +206,45 @@ def _softmax_xent_cpu_run(logits, labels, dlogits, loss, correct, batch, label_s
     correct[...] += n_correct
 
 
+@jit
+def _softmax_xent_task_cpu(logits, labels, dlogits, loss, correct, batch, label_smoothing):
+    """The whole ``cpu`` variant as one kernel (a prepared task): the label check (the
+    wrapper, run again from Python, names the row), the rows, then ``loss`` and
+    ``correct`` (flat, one element) added to as the wrapper adds to them."""
+    n_classes = logits.shape[1]
+    if _first_bad_label_cpu(labels, n_classes) >= 0:
+        raise ValueError("softmax_xent: a label is out of range")
+    smoothing = label_smoothing != 0
+    total, smooth, n_correct = _softmax_xent_cpu(
+        logits, labels, dlogits, as_dtype_of(logits, 1.0 / batch), dlogits.size > 0, smoothing,
+        as_dtype_of(logits, (1 - label_smoothing) / batch),
+        as_dtype_of(logits, label_smoothing / n_classes / batch))
+    if smoothing:
+        total = (1 - label_smoothing) * total + smooth * (label_smoothing / n_classes)
+    loss[0] += as_dtype_of(loss, total / batch)
+    correct[0] += n_correct
+
+
+def _prepare_softmax_xent(buffers, logits, labels, dlogits, loss, correct, *, batch,
+                          label_smoothing=0.0):
+    _check_logits("softmax_xent", logits, labels)
+    if dlogits.shape != logits.shape:
+        raise ValueError(f"softmax_xent: dlogits {dlogits.shape} != logits {logits.shape}")
+    if logits.shape[1] == 0 or logits.shape[0] == 0 or not all(
+            a.flags.c_contiguous for a in (logits, labels, dlogits, loss, correct)):
+        return None
+    return [(_softmax_xent_task_cpu, (logits, labels, dlogits, loss.reshape(-1),
+                                      correct.reshape(-1), int(batch), float(label_smoothing)))]
+
+
+def _prepare_softmax_xent_eval(buffers, logits, labels, loss, correct, *, batch,
+                               label_smoothing=0.0):
+    none = buffers("softmax_xent:no dlogits", (0, 0), logits.dtype)
+    return _prepare_softmax_xent(buffers, logits, labels, none, loss, correct, batch=batch,
+                                 label_smoothing=label_smoothing) if logits.ndim == 2 else None
+
+
+@prepares(_prepare_softmax_xent)
 def _softmax_xent_cpu_wrapper(logits, labels, dlogits, loss, correct, *, batch,
                               label_smoothing=0.0):
     _check_logits("softmax_xent", logits, labels)
@@ -217,6 +257,7 @@ def _softmax_xent_cpu_wrapper(logits, labels, dlogits, loss, correct, *, batch,
     _softmax_xent_cpu_run(logits, labels, dlogits, loss, correct, batch, label_smoothing)
 
 
+@prepares(_prepare_softmax_xent_eval)
 def _softmax_xent_eval_cpu_wrapper(logits, labels, loss, correct, *, batch, label_smoothing=0.0):
     _check_logits("softmax_xent_eval", logits, labels)
     _check_labels_cpu("softmax_xent_eval", logits, labels)

@@ -15,6 +15,11 @@ This module owns
   (or only) contribution of a step is submitted as, so that one partition needs
   no partial, no ``add`` and no ``fill_zero`` task.
 
+``zero_init``, ``add_redux``, the ``cpu`` variants and the twins' variants are
+prepared (:mod:`~hetero_nn.codelets.prepared`): in a replayed graph they are one
+Numba call each over contiguous buffers (the same bits: one add or store per
+element).
+
 Every codelet has a ``"ref"`` variant (NumPy), a ``"cpu"`` variant (a Numba
 kernel over the flattened buffers) and a ``"cuda"`` variant written against
 ``xp`` (CuPy on a GPU, NumPy in CI).
@@ -26,6 +31,7 @@ import numpy as np
 
 from ._jit import jit
 from .codelet import REDUX, RW, R, W, Codelet
+from .prepared import calls_of, prepares
 from .xp import array_module
 
 __all__ = ["zero_init", "add_redux", "flat_view", "overwriting", "fill_zero", "add", "copy"]
@@ -33,11 +39,33 @@ __all__ = ["zero_init", "add_redux", "flat_view", "overwriting", "fill_zero", "a
 
 # --------------------------------------------------------------------------- helpers
 
+def _zero_calls(buffers, a):
+    flat = flat_view(a) if isinstance(a, np.ndarray) else None
+    return None if flat is None else [(_fill_zero_cpu, (flat,))]
+
+
+def _add_calls(buffers, dst, src):
+    dst_flat = flat_view(dst) if isinstance(dst, np.ndarray) else None
+    src_flat = flat_view(src) if isinstance(src, np.ndarray) else None
+    if dst_flat is None or src_flat is None or dst.shape != src.shape or dst.dtype != src.dtype:
+        return None
+    return [(_add_cpu, (dst_flat, src_flat))]
+
+
+def _copy_calls(buffers, src, dst):
+    src_flat, dst_flat = flat_view(src), flat_view(dst)
+    if src_flat is None or dst_flat is None or src.size != dst.size:
+        return None
+    return [(_copy_cpu, (src_flat, dst_flat))]
+
+
+@prepares(_zero_calls)
 def zero_init(a) -> None:
     """Fill a REDUX partial with the identity of a sum (mutates ``a``)."""
     a[...] = 0
 
 
+@prepares(_add_calls)
 def add_redux(dst, src) -> None:
     """Combine two REDUX partials: ``dst += src`` (mutates ``dst``)."""
     dst += src
@@ -79,7 +107,18 @@ def overwriting(codelet: Codelet) -> Codelet:
                 for i in which:
                     init(arrays[i])
                 variant(*arrays, **params)
+
+            def prepare(buffers, *arrays, **params):
+                calls = []
+                for i in which:
+                    c = calls_of(init, buffers, [arrays[i]], {})
+                    if c is None:
+                        return None
+                    calls += c
+                c = calls_of(variant, buffers, arrays, params)
+                return None if c is None else calls + c
             written_in_place.__name__ = getattr(variant, "__name__", "variant")
+            written_in_place.prepare = prepare
             return written_in_place
 
         twin = Codelet(f"{codelet.name}.overwrite",
@@ -108,6 +147,7 @@ def _fill_zero_cpu(x):
         x[i] = 0
 
 
+@prepares(_zero_calls)
 def _fill_zero_cpu_wrapper(x):
     flat = flat_view(x)
     if flat is None:
@@ -141,6 +181,7 @@ def _add_cpu(dst, src):
         dst[i] += src[i]
 
 
+@prepares(_add_calls)
 def _add_cpu_wrapper(dst, src):
     _check_same_size("add", dst, src)
     dst_flat = flat_view(dst)
@@ -175,6 +216,7 @@ def _copy_cpu(src, dst):
         dst[i] = src[i]
 
 
+@prepares(_copy_calls)
 def _copy_cpu_wrapper(src, dst):
     _check_same_size("copy", src, dst)
     dst_flat = flat_view(dst)

@@ -115,7 +115,7 @@ def plan(layers):
     >>> from hetero_nn.layers import Flatten
     >>> [type(b).__name__ for _, b in plan([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(),
     ...                                     Dense(8, 4), ReLU(), Dense(4, 2)])]
-    ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Dense']
+    ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Linear']
     """
     blocks, i = [], 0
     while i < len(layers):

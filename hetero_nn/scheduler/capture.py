@@ -4,15 +4,24 @@ Policy
 ------
 ``with rt.capture() as graph:`` records the tasks of every flush inside the
 block, with their dependencies and REDUX trees as submitted; ``graph.replay()``
-runs the same task objects again (only their per-run state reset): no
-dependency inference, no task built, no tree rebuilt, and a static policy
-(``heft``) keeps the plan it made at capture. Temporaries made while capturing
-(``temporary()``, REDUX partials) are the graph's own: ordinary handles,
-allocated once, that no arena reset reuses, so the graph stays valid while
-other flushes run between replays. New inputs are bound by writing into the
-captured handles' buffers (see :meth:`Graph.write`) before ``replay()``.
-Before its second replay a graph fuses its chains of small tasks into bundles
-(``fuse_chains``; :mod:`~hetero_nn.scheduler.bundle`).
+runs them again: no dependency inference, no task built, no tree rebuilt.
+Temporaries made while capturing (``temporary()``, REDUX partials) are the
+graph's own: ordinary handles, allocated once, that no arena reset reuses, so
+the graph stays valid while other flushes run between replays. New inputs are
+bound by writing into the captured handles' buffers, or parts of them (see
+:meth:`Graph.write`), before ``replay()``; numbers that change between replays
+are *step parameters* (:meth:`Graph.param`, ``replay(name=value)``).
+
+Two engines run replays. Where the runtime allows it (local executor, CPU
+workers, one memory node; ``Runtime(replay_engine=...)``), the replay engine of
+:mod:`~hetero_nn.scheduler.replay`: bound tasks on fixed worker schedules, each
+worker's share in one compiled loop. Elsewhere the executor: the same task
+objects run again (only their per-run state reset), a static policy (``heft``)
+keeping the plan it made at capture, and before its second replay a graph fuses
+its chains of small tasks into bundles (``fuse_chains``;
+:mod:`~hetero_nn.scheduler.bundle`). The engine leaves that fusion nothing to
+save (one indirect call per task) and runs bundles made explicitly member by
+member on one worker.
 
 State
 -----
@@ -20,7 +29,9 @@ State
 submission order; ``_planned``: whether a static policy may keep its plan (False
 once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
 ``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
-graphs bounds.
+graphs bounds (the replay engine's scratch buffers are the runtime's, shared by its
+graphs); ``_params``: the declared step parameters; ``_compiled``: the engine's
+:class:`~hetero_nn.scheduler.replay.CompiledGraph` (made at the first replay it runs).
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ import numpy as np
 
 from ..arena.handle import Handle
 from ..errors import SubmitError
-from .bundle import Bundle, fuse_chains
+from .bundle import Bundle, BundleReport, fuse_chains
+from .replay import ENGINE_FUSES, CompiledGraph, set_params, step_param, unavailable
 
 _perf = time.perf_counter
 
@@ -42,12 +54,14 @@ class Graph:
     A context manager: entering starts recording on its runtime, leaving flushes
     what is pending and stops. ``replay()`` runs the recorded flushes in order,
     as ``wait()`` runs one, and returns when they are done. The task parameters
-    are those given at capture: a value that changes per step must live in a
-    handle's data, not in a parameter.
+    are those given at capture, but for *step parameters*: values made with
+    :meth:`param` while capturing, given again to ``replay(name=value)``.
     """
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self._compiled = None  # the replay engine's CompiledGraph, made at its first replay
+        self._params: dict = {}  # declared step parameters: name -> value at capture
         self._segments: list = []
         self._closed = False
         self._planned = True  # False after fusion: a static policy plans the new tasks
@@ -74,12 +88,36 @@ class Graph:
         """Tasks recorded (REDUX trees included)."""
         return sum(len(s) for s in self._segments)
 
+    def param(self, name, value):
+        """Declare a step parameter while capturing: returns ``value`` (an ``int`` or a
+        ``float``) to pass to ``submit`` as a task parameter; ``replay(name=new)`` then
+        runs those tasks with ``new`` instead, with no handle per value.
+
+        >>> import numpy as np, hetero_nn as hn
+        >>> def scale(x, factor): x *= factor
+        >>> cl = hn.Codelet("scale_by", modes=(hn.RW,), variants={"ref": scale})
+        >>> with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        ...     h = rt.register(np.ones(2))
+        ...     with rt.capture() as graph:
+        ...         _ = rt.submit(cl, h, factor=graph.param("factor", 2.0))
+        ...     graph.replay(factor=3.0)
+        ...     rt.fetch(h)
+        array([6., 6.])
+        """
+        if self.runtime._flushes.capturing is not self:
+            raise SubmitError(f"Graph.param({name!r}): declare step parameters inside the "
+                              "capture's with block")
+        if name in self._params:
+            raise SubmitError(f"Graph.param: step parameter {name!r} is already declared")
+        p = self._params[name] = step_param(name, value)
+        return p
+
     def write(self, handle, array):
         """Bind a new input: copy ``array`` into ``handle``'s host buffer (a registered
-        handle the graph reads), made the only valid replica."""
+        handle the graph reads, or a part of one), made the only valid replica."""
         rt = self.runtime
-        if type(handle) is not Handle or handle.owner is not rt or handle.parent is not None:
-            raise SubmitError(f"Graph.write: {handle!r} is not a root handle of this Runtime")
+        if type(handle) is not Handle or handle.owner is not rt:
+            raise SubmitError(f"Graph.write: {handle!r} is not a handle of this Runtime")
         if tuple(np.shape(array)) != tuple(handle.shape):
             raise SubmitError(f"Graph.write: handle {handle.name!r} has shape {handle.shape}, "
                               f"got an array of shape {np.shape(array)}")
@@ -87,21 +125,35 @@ class Graph:
         np.copyto(rt.host_replica(handle), array, casting="same_kind")
         handle.valid = {0}
 
-    def replay(self):
-        """Run the recorded tasks again (same operands, parameters and dependencies)."""
+    def replay(self, **params):
+        """Run the recorded tasks again (same operands and dependencies; the same
+        parameters but the step parameters given here, see :meth:`param`)."""
         if not self._closed:
             raise SubmitError("Graph.replay: the capture has not completed (replay after the "
                               "with block, which must not have raised)")
-        if self.bundles is None and self.replays and self.runtime.fuse_chains:
-            self.fuse_chains()
-        self._run()
+        rt = self.runtime
+        if params:
+            set_params(self, params)
+        engine = unavailable(rt) is None
+        if self.bundles is None and self.replays and rt.fuse_chains:
+            if engine:
+                self.bundles = BundleReport(None, tasks_before=self.num_tasks,
+                                            tasks_after=self.num_tasks, reason=ENGINE_FUSES)
+            else:
+                self.fuse_chains()
+        rt._check_open()
+        rt.wait()  # work submitted since comes first, as in program order
+        if engine:
+            if self._compiled is None:
+                self._compiled = CompiledGraph(self)
+            self._compiled.run(rt)
+        else:
+            self._run()
         self.replays += 1
 
     def _run(self):
-        """Run the recorded segments, each as one flush of the runtime."""
+        """Run the recorded segments through the executor, each as one flush."""
         rt = self.runtime
-        rt._check_open()
-        rt.wait()  # work submitted since comes first, as in program order
         ids = rt._ids
         now = _perf()
         planned, self._planned = self._planned, True
@@ -133,6 +185,7 @@ class Graph:
         self.bundles = fuse_chains(self, overhead)
         if self.bundles.chains:
             self._planned = False
+            self._compiled = None  # new segments: the engine compiles them again
         return self.bundles
 
     def __repr__(self):

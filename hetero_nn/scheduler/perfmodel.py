@@ -77,6 +77,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..fileio import atomic_write_text, fsync_directory
 
 try:  # advisory lock between processes saving into the same directory
@@ -436,12 +438,31 @@ class PerfModel:
             if batch is None:
                 batch = batches[key] = (size, [])
             batch[1].append(seconds)
+        self._absorb({key: _History.of(size, seconds) for key, (size, seconds) in batches.items()})
+
+    def record_array(self, codelet: str, variant: str, kind: str, footprint: str, size: float,
+                     seconds) -> None:
+        """Add the runs of one key whose times are the array ``seconds`` (the replay
+        engine's measurements of a graph's tasks): :meth:`record_many` without a tuple
+        per run."""
+        seconds = np.asarray(seconds, dtype=np.float64)
+        if not len(seconds):
+            return
+        if not (seconds >= 0.0).all():
+            raise ValueError(f"perfmodel record for {codelet!r}: run times "
+                             f"{seconds[~(seconds >= 0.0)][:3].tolist()} s are not >= 0")
+        mean = float(seconds.mean())
+        m2 = float(((seconds - mean) ** 2).sum())
+        self._absorb({(codelet, variant, kind, footprint):
+                      _History(len(seconds), mean, m2, float(size))})
+
+    def _absorb(self, batches) -> None:
+        """Merge ``{key: _History of new runs}`` into the model under its lock."""
         for codelet in {key[0] for key in batches}:
             if codelet not in self._loaded:
                 self._load_codelet(codelet)
         with self._lock:
-            for key, (size, seconds) in batches.items():
-                runs = _History.of(size, seconds)
+            for key, runs in batches.items():
                 history = self._history.get(key)
                 if history is None:
                     history = self._history[key] = _History()

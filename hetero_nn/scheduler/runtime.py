@@ -21,7 +21,8 @@ points. One module per concern, this one only wiring them together:
 - :mod:`~hetero_nn.scheduler.binding`: operands made coherent on a worker's node;
 - :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
   DAG, generations, trace records);
-- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`);
+- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`), and
+  :mod:`~hetero_nn.scheduler.replay`, the engine replays run on;
 - executors (:mod:`~hetero_nn.scheduler.local`,
   :mod:`~hetero_nn.scheduler.dask_executor`) and policies
   (:mod:`~hetero_nn.scheduler.policies`).
@@ -38,6 +39,7 @@ The components above (``_handles``, ``_dependencies``, ``_reductions``,
 ``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
 codelet -> the workers with a variant for it; ``_ids``: task ids in submission
 order; ``_lock``: the executor's lock (policies, queues, releases);
+``_engine``: the replay engine's threads (:mod:`~hetero_nn.scheduler.replay`);
 ``_closed``.
 """
 
@@ -122,6 +124,11 @@ class Runtime:
         inputs are ready while the program is still submitting. False: they run
         only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
         executors, captures and runtimes with CUDA workers always work that way).
+    replay_engine : str
+        ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
+        schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
+        where the runtime allows it (local executor, CPU workers, one memory node);
+        ``"executor"``: replays go through the executor and policy as flushes do.
 
     Examples
     --------
@@ -141,10 +148,16 @@ class Runtime:
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
-                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
+                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
+                 replay_engine: str = "compiled"):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
+        if replay_engine not in ("compiled", "executor"):
+            raise ConfigError(f"Runtime: replay_engine={replay_engine!r}; expected 'compiled' "
+                              "or 'executor'")
+        self.replay_engine = replay_engine
+        self._engine = None  # the replay engine's threads, made at the first compiled replay
         if deterministic is None:
             deterministic = not calibrate
         elif deterministic and calibrate:
@@ -409,6 +422,8 @@ class Runtime:
             return
         self._closed = True
         try:
+            if self._engine is not None:
+                self._engine.close()
             self.executor.close()
             for node in self.nodes:
                 node.close()

@@ -22,6 +22,20 @@ overlap, contention on links and memory bandwidth, the device memory limit.
 A step's predicted time is the host's submission time (measured when the graph
 was captured) plus the makespan of each flushed graph, the data staying where
 the previous step left it (the step is replayed twice; the second is reported).
+
+Paths: a step runs on one of three paths, each with its own per-task cost
+(:func:`path_costs`, measured from real records of that path): *submitted*
+(the executor under the policy, tasks released one by one), *replayed through
+the executor* (the same, minus submission), and *compiled* (the replay engine of
+:mod:`~hetero_nn.scheduler.replay`). For the compiled path (``engine=True``) the
+tasks do not go through the policy: each graph runs on the engine's fixed
+schedule (``heft``'s plan, else :func:`~hetero_nn.scheduler.schedule.plan` on the
+predicted costs, as the engine plans), a task costs ``dispatch`` (the loop's
+per-task cost) plus its run time, and one whose last predecessor to finish ran
+on another worker starts ``handoff`` seconds after it (the counter seen, a
+sleeping worker woken). The host's time per step is then the replay's own
+(writing the batch, the replay call, reading the loss). :mod:`~hetero_nn.scheduler.paths`
+measures those costs.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ from dataclasses import dataclass, field
 from ..codelets.codelet import R, SCRATCH
 from ..errors import ConfigError
 from .devices import Worker, parse_devices
+from .paths import EnginePlan, engine_serves
 
 _perf = time.perf_counter
 KINDS = ("cpu", "cuda")
@@ -440,8 +455,10 @@ def _written(h, n):
         a = a.parent
 
 
-def simulate_graph(graph, machine, policy, dispatch: float, start: float, moved: dict) -> float:
-    """Replay one flushed graph from virtual time ``start``; returns when it ends."""
+def simulate_graph(graph, machine, policy, dispatch: float, start: float, moved: dict,
+                   handoff: float = 0.0) -> float:
+    """Replay one flushed graph from virtual time ``start``; returns when it ends.
+    ``handoff``: seconds added to a task whose last predecessor ran on another worker."""
     clock = [start]
     policy.clock = lambda: clock[0]
     nodes = machine.nodes
@@ -474,6 +491,10 @@ def simulate_graph(graph, machine, policy, dispatch: float, start: float, moved:
                 copy += _make_valid(h, node, links_model, nodes, moved)
             if m is not R:
                 _written(h, node.index)
+        if handoff:
+            last = max(t.preds, key=lambda p: p.end, default=None)
+            if last is not None and last.worker is not w and last.end + handoff > now:
+                now = last.end + handoff
         t.worker = w
         t.start = now
         t.end = now + dispatch + copy + t.cost[w.kind]
@@ -515,16 +536,20 @@ def machine_kinds(machine):
 
 def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
              dispatch: float = 0.0, seed: int = 0, partial: bool = False,
-             fallback=None, models=None) -> SimulationResult:
+             engine: bool = False, handoff: float = 0.0, fallback=None,
+             models=None) -> SimulationResult:
     """Replay ``steps`` (each after the previous, data carried over) on ``platform`` under
     ``policy``; the last step's figures are returned (the steady state).
 
     ``runtime``: the runtime that captured the graphs (its performance models and
     variant preferences give the run times). Raises ConfigError naming the codelets
     without a model; with ``partial``, only when a task has no model on any kind of
-    the platform (the others then run it where it has one). ``fallback``, ``models``:
-    see :func:`assign_costs`; the result's ``predicted_by`` says how each kind's tasks
-    were predicted.
+    the platform (the others then run it where it has one). ``engine``: the graphs
+    run as the compiled replay engine runs them (the module docstring), ``handoff``
+    seconds per edge between workers; a platform the engine does not serve (CUDA
+    workers) is simulated under the policy. ``fallback``, ``models``: see
+    :func:`assign_costs`; the result's ``predicted_by`` says how each kind's tasks were
+    predicted.
     """
     from .policies import make_policy
 
@@ -535,7 +560,10 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
     if missing and not (partial and all(t.cost for graph in graphs for t in graph)):
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
-    pol = make_policy(policy, machine)
+    engine = engine and engine_serves(platform)
+    pol = EnginePlan(machine, policy) if engine else make_policy(policy, machine)
+    if not engine:
+        handoff = 0.0
     if platform.dispatch is not None:
         dispatch = platform.dispatch
     for graph in graphs:  # a fresh start: every handle where capture found it
@@ -555,7 +583,7 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
         schedule = []
         for graph in step.graphs:
             flush_start = now
-            now = simulate_graph(graph, machine, pol, dispatch, now, moved)
+            now = simulate_graph(graph, machine, pol, dispatch, now, moved, handoff)
             makespan += now - flush_start
             schedule += [(t.id, t.codelet.name, t.worker.name, t.start - step_start,
                           t.end - step_start) for t in graph]

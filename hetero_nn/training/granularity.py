@@ -14,17 +14,28 @@ Policy
    until every task of the step's graph has at least ``CALIBRATION_SAMPLES``
    measurements of the variant it runs on some worker kind of the runtime; the
    first step of each candidate (capture, compilation: Numba compiles once per
-   signature, first touch of the memory) feeds neither the models nor the overhead. The runtime's per-task overhead ``dispatch`` is the
-   median, over the tasks of the other steps, of the time from a task's worker
+   signature, first touch of the memory) feeds neither the models nor the
+   overhead. The other steps run on the path the trained steps will run on
+   (:mod:`~hetero_nn.scheduler.paths`: submitted, replayed through the executor,
+   or compiled by the replay engine), and give that path's costs. Submitted or
+   replayed through the executor: the per-task overhead ``dispatch`` is the
+   median, over the tasks of those steps, of the time from a task's worker
    being free and its inputs ready to its start
    (:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`; the median, so that a
-   thread the OS preempted does not count as the runtime's cost).
+   thread the OS preempted does not count as the runtime's cost). Compiled:
+   ``dispatch`` and the ``handoff`` of an edge between workers are
+   :func:`~hetero_nn.scheduler.paths.path_costs` of those steps. A replayed step's
+   host time (writing the batch, the replay call, reading the loss) is the
+   smallest, per candidate, of a step's wall time less its flushes'
+   (:func:`~hetero_nn.scheduler.paths.flush_seconds`), the median over candidates.
 3. *Prediction*: the graph a step submits at that candidate is captured without
-   running it and replayed in virtual time on the runtime's workers under its
-   policy (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
-   performance model and ``dispatch`` per task. A step the trainer replays (the
-   step cache's rule, :meth:`~hetero_nn.training.step_cache.StepCache.replays`)
-   costs no submission; one it submits costs the host's measured submission time.
+   running it and replayed in virtual time on the runtime's workers
+   (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
+   performance model: under the runtime's policy with ``dispatch`` per task, or,
+   on the compiled path, on the engine's fixed schedule with ``dispatch`` and
+   ``handoff``. A step the trainer replays (the step cache's rule,
+   :meth:`~hetero_nn.training.step_cache.StepCache.replays`) costs the replay's
+   host time; one it submits costs the host's measured submission time.
 4. *Choice*: the smallest ``g`` (fused before unfused) whose prediction is within
    ``TOLERANCE`` of the lowest (fewer tasks for the same predicted speed).
 5. *Per block*: from that choice, one greedy pass over the model's blocks in
@@ -33,7 +44,8 @@ Policy
    assignment runs was calibrated in 2 (a block at ``g`` runs the tasks it runs
    when the whole model is at ``g``), so this costs simulations only:
    ``blocks * (candidates - 1)`` of them.
-6. *Measurement*: real steps of the chosen configuration; their median is the
+6. *Measurement*: real steps of the chosen configuration, after ``WARMUP_STEPS``
+   (capture, the replay engine's binding and its second plan); their median is the
    measured step time recorded beside the prediction.
 
 No wall-clock timing of a candidate enters the decision: only the models.
@@ -49,7 +61,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..layers.base import keeping_state
-from ..scheduler.simulate import Platform, capture, dispatch_gaps, simulate
+from ..scheduler.paths import PathCosts, step_path
+from ..scheduler.simulate import Platform, capture, simulate
 from ..scheduler.trace_buffer import TraceBuffer
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
@@ -60,6 +73,7 @@ TOLERANCE = 1.05          # the smallest g within 5 % of the best prediction win
 PER_WORKER = 4            # candidates up to 4 partitions per worker
 MAX_CALIBRATION_STEPS = 8
 MEASURED_STEPS = 3
+WARMUP_STEPS = 3
 _perf = time.perf_counter
 
 
@@ -83,6 +97,8 @@ class GranularityDecision:
     candidates: list = field(default_factory=list)
     blocks: list = field(default_factory=list)
     dispatch_seconds: float = 0.0
+    handoff_seconds: float = 0.0
+    path: str = "submitted"
     policy: str = ""
     platform: str = ""
     calibration_steps: int = 0
@@ -95,15 +111,19 @@ class GranularityDecision:
                 "predicted_seconds": self.predicted_seconds,
                 "measured_seconds": self.measured_seconds,
                 "candidates": self.candidates, "blocks": self.blocks,
-                "dispatch_seconds": self.dispatch_seconds, "policy": self.policy,
+                "dispatch_seconds": self.dispatch_seconds,
+                "handoff_seconds": self.handoff_seconds, "path": self.path,
+                "policy": self.policy,
                 "platform": self.platform, "calibration_steps": self.calibration_steps,
                 "seconds": self.seconds}
 
     def format(self) -> str:
         """The decision as a few lines: the candidates' predictions, the choice, the measure."""
-        lines = [f"granularity auto ({self.platform}, {self.policy}, dispatch "
-                 f"{1e6 * self.dispatch_seconds:.1f} us/task, {self.calibration_steps} "
-                 f"calibration steps, {self.seconds:.1f} s):"]
+        handoff = (f", handoff {1e6 * self.handoff_seconds:.1f} us"
+                   if self.path == "compiled" else "")
+        lines = [f"granularity auto ({self.platform}, {self.policy}, {self.path}, dispatch "
+                 f"{1e6 * self.dispatch_seconds:.1f} us/task{handoff}, "
+                 f"{self.calibration_steps} calibration steps, {self.seconds:.1f} s):"]
         for row in self.candidates:
             fuse = "" if row["fuse"] is None else (" fused" if row["fuse"] else " unfused")
             lines.append(f"  g={row['granularity']}{fuse}: predicted "
@@ -140,22 +160,23 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
     fuses = (True, False) if hasattr(model, "fuse") else (None,)
     configs = [(g, f) for g in candidates for f in fuses]
     platform = Platform(name=str(rt.devices), workers=_worker_counts(rt))
-    replayed = trainer.step_cache.replays(trainer.optimizer.replay_key())
+    path = step_path(trainer)
+    replayed = path != "submitted"
     with _models_for(rt), _restoring(trainer):
         trainer.granularity = candidates[0]
         trainer.prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
-            gaps, steps = [], 0
+            runs, steps = [], 0
             for g, fuse in configs:
                 _configure(trainer, g, fuse, None)
-                steps += _calibrate(trainer, x, y, platform, gaps)
-            overhead = statistics.median(gaps) if gaps else 0.0
+                steps += _calibrate(trainer, x, y, platform, runs)
+            costs = PathCosts.measure(path, runs)
 
             def predict(g, fuse, layers):
                 _configure(trainer, g, fuse, layers)
-                graphs = _step_graphs(trainer, x, y, replayed)
-                r = simulate(graphs, platform, rt.policy_name, rt, dispatch=overhead,
-                             partial=True)
+                graphs = _step_graphs(trainer, x, y, replayed, costs.host or 0.0)
+                r = simulate(graphs, platform, rt.policy_name, rt, dispatch=costs.dispatch,
+                             partial=True, engine=path == "compiled", handoff=costs.handoff)
                 return r.step_seconds, r.tasks
 
             rows = []
@@ -173,8 +194,9 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
                                                        predict)
             _configure(trainer, g, fuse, layers)
             measured = _measure(trainer, x, y)
-    return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials, overhead,
-                               rt.policy_name, platform.name, steps, _perf() - t_start)
+    return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials,
+                               costs.dispatch, costs.handoff, path, rt.policy_name,
+                               platform.name, steps, _perf() - t_start)
 
 
 def _per_block(model, g, fuse, candidates, predicted, predict):
@@ -210,9 +232,10 @@ def _configure(trainer, g, fuse, layers):
         model.granularities = layers
 
 
-def _calibrate(trainer, x, y, platform, gaps):
+def _calibrate(trainer, x, y, platform, runs):
     """Real steps at the trainer's configuration until the models know every task of
-    its graph; appends the tasks' dispatch gaps to ``gaps``, returns the steps run."""
+    its graph; appends ``[(wall seconds, records), ...]`` of its timed steps to ``runs``,
+    returns the steps run."""
     rt = trainer.runtime
     graph = _step_graphs(trainer, x, y, False)[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
@@ -227,20 +250,22 @@ def _calibrate(trainer, x, y, platform, gaps):
             trainer.train_step(x, y)
         finally:
             rt.perfmodel = model
-        timed_from = len(rt._trace)
+        timed = []
         steps = 1
         while steps < MAX_CALIBRATION_STEPS:
+            before = len(rt._trace)
+            t0 = _perf()
             trainer.train_step(x, y)
+            timed.append((_perf() - t0, rt._trace.records()[before:]))
             steps += 1
             if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
                 break
-        records = rt._trace.records()[timed_from:]
     finally:
         calibration, rt._trace = rt._trace, kept
         rt.tracing = tracing
         if tracing:
             kept.extend(calibration)
-    gaps += dispatch_gaps(records)
+    runs.append(timed)
     return steps
 
 
@@ -251,10 +276,10 @@ def _known(rt, codelet, footprint, kinds) -> bool:
         for v in rt.candidates(codelet, kind)) for kind in kinds)
 
 
-def _step_graphs(trainer, x, y, replayed):
+def _step_graphs(trainer, x, y, replayed, host=0.0):
     """The graphs one training step flushes at the trainer's configuration, captured
     without running (the last two of three: each starts where the one before left the
-    data)."""
+    data); a replayed step's host time is ``host``."""
     rt = trainer.runtime
 
     def submit():
@@ -262,16 +287,17 @@ def _step_graphs(trainer, x, y, replayed):
         rt.wait()
 
     steps = capture(rt, submit, steps=3)[1:]
-    # a replayed step submits nothing; a submitted one: the fastest of the two, against
-    # preemptions
-    seconds = 0.0 if replayed else min(s.submit_seconds for s in steps)
+    # a replayed step submits nothing (its host time was measured); a submitted one: the
+    # fastest of the two, against preemptions
+    seconds = host if replayed else min(s.submit_seconds for s in steps)
     for s in steps:
         s.submit_seconds = seconds
     return steps
 
 
 def _measure(trainer, x, y) -> float:
-    trainer.train_step(x, y)  # capture (or first submission) of the chosen configuration
+    for _ in range(WARMUP_STEPS):  # capture (or first submission) of the chosen configuration;
+        trainer.train_step(x, y)   # replayed, the engine's binding and its second plan
     times = []
     for _ in range(MEASURED_STEPS):
         t0 = _perf()

@@ -150,19 +150,25 @@ def _collective(shape, ranks, rank, network, itemsize) -> float:
 
 
 def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlatform, ranks,
-                         policy="dmda", dtype="float32", dispatch=0.0, cpu_workers=None,
-                         perfmodel=None, host_seconds=0.0) -> ClusterPrediction:
+                         policy="dmda", dtype="float32", costs=None, cpu_workers=None,
+                         perfmodel=None) -> ClusterPrediction:
     """One step of the cluster path on ``ranks`` machines of ``platform`` (module
-    docstring): ``batch`` samples in ``granularity`` partitions (at least ``ranks``);
-    ``dispatch`` s per task and ``host_seconds`` per step of the rank's runtime (measured
-    by a calibration)."""
+    docstring): ``batch`` samples in ``granularity`` partitions (at least ``ranks``).
+    ``costs``: what the rank's runtime costs besides its kernels on the path its replayed
+    steps take (:class:`~hetero_nn.scheduler.paths.PathCosts`, measured by a
+    calibration; none: nothing), the compiled engine's schedule where it serves."""
+    from ..scheduler.paths import PathCosts, engine_serves
+
+    costs = costs or PathCosts("compiled")
     ranks = max(1, min(ranks, granularity))
     machine = platform.machine(0)
     sim_platform = machine.platform(platform.dispatch, cpu_workers)
+    path = {"dispatch": costs.dispatch, "handoff": costs.handoff,
+            "engine": costs.path == "compiled" and engine_serves(sim_platform)}
     network = platform.network
     itemsize = np.dtype(dtype).itemsize
     steps, rt = capture_share(model, shape, batch, granularity, ranks, 0, dtype, perfmodel,
-                              host_seconds=host_seconds)
+                              host_seconds=costs.host or 0.0)
     try:
         waits: dict = {}
 
@@ -175,7 +181,7 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
                 return nbytes / PACK_BANDWIDTH + waits.get(task.id, 0.0), "network"
             return None
 
-        result = simulate(steps, sim_platform, policy, rt, dispatch=dispatch, models=models)
+        result = simulate(steps, sim_platform, policy, rt, models=models, **path)
         tasks = {t.id: t for g in steps[-1].graphs for t in g}
         rows = sorted((r for r in result.schedule if tasks[r[0]].codelet.name in
                        ("cluster_send", "cluster_recv")), key=lambda r: r[4])
@@ -192,8 +198,7 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
         if recv is not None and buckets:
             exposed = max(0.0, max(b[2] for b in buckets) - recv[1])
             waits[recv[0]] = exposed
-            result = simulate(steps, sim_platform, policy, rt, dispatch=dispatch,
-                              models=models)
+            result = simulate(steps, sim_platform, policy, rt, models=models, **path)
         stats = sum(e - s for tid, name, _, s, e in result.schedule if name == "cluster_reduce")
     finally:
         rt.close()

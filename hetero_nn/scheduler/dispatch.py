@@ -1,0 +1,121 @@
+"""The compiled dispatch loop: one worker's share of a replayed graph in one call.
+
+Policy
+------
+A worker's share is its tasks in a fixed order (:mod:`~hetero_nn.scheduler.schedule`).
+:func:`run_compiled` runs them from a given position without the interpreter lock
+(``nogil``): for each task it first waits for its predecessors that run on other
+workers, then, if the task is compiled, stamps its start, calls each of its
+entries' trampolines through their addresses, stamps its end and, if a task on
+another worker waits for it, publishes it. It returns at the first task that
+must run in Python (its predecessors already waited for), at the end of the
+share, or when a task failed or another worker aborted the replay (checked before
+every task, so a failure cancels what the other shares have not started).
+:func:`run_share` is the Python side: it calls the loop, runs the Python tasks
+it stops at, and calls it again.
+
+Counters
+--------
+An edge between two workers is a counter: ``done[t]`` holds the number of the
+last replay (its *epoch*) in which task ``t`` finished, so nothing is reset
+between replays. A waiter spins a little (``SPIN`` checks with the processor's
+pause hint), then sleeps on the counter with a futex (``WAIT_NS`` at most, so it
+also sees an abort), counting itself in ``sleepers``; a publisher stores the
+epoch and, only when someone sleeps, wakes the sleepers of that counter. Tasks
+no other worker waits for publish nothing.
+
+State of one share (arrays, built by :mod:`~hetero_nn.scheduler.replay`)
+-----------------------------------------------------------------------
+``order[k]``: the task at position ``k`` (an index into the segment's tasks);
+``python[k]``: 1 when it runs in Python; ``entry_start[k]:entry_start[k+1]``: its
+entries in ``trampolines``/``blocks`` (addresses); ``wait_start[k]:wait_start[k+1]``:
+the predecessors to wait for in ``waits``; ``notify[k]``: whether to publish it.
+Shared by the shares of a segment: ``done`` (int32 per task), ``times`` (int64
+``[tasks, 2]``, start and end in ``monotonic_ns``), ``sleepers`` and ``abort``
+(int32 ``[1]``).
+
+Return value of :func:`run_compiled`: ``len(order)`` when the share is done;
+``k >= 0``: the task at ``k`` runs in Python; ``ABORTED``: another share failed;
+``-(k + 2)``: the task at ``k`` failed (its trampoline returned non-zero).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .intrinsics import (atomic_add, atomic_load, atomic_store, call_pointer, cpu_pause,
+                         futex_wait, futex_wake, monotonic_ns)
+
+SPIN = 1000          # checks of a counter before sleeping on it
+WAIT_NS = 1_000_000  # longest futex sleep: how late at worst an abort is seen
+ABORTED = -1
+
+
+@njit(nogil=True, cache=True)
+def wait_done(done, t, epoch, sleepers, abort):
+    """Block until ``done[t] >= epoch``; False if the replay was aborted meanwhile."""
+    for _ in range(SPIN):
+        if atomic_load(done, t) >= epoch:
+            return True
+        cpu_pause()
+    atomic_add(sleepers, 0, np.int32(1))
+    ok = True
+    while True:
+        seen = atomic_load(done, t)
+        if seen >= epoch:
+            break
+        if atomic_load(abort, 0) != 0:
+            ok = False
+            break
+        futex_wait(done, t, seen, WAIT_NS)
+    atomic_add(sleepers, 0, np.int32(-1))
+    return ok
+
+
+@njit(nogil=True, cache=True)
+def publish(done, t, epoch, sleepers):
+    """``done[t] = epoch``, waking whoever sleeps on it."""
+    atomic_store(done, t, epoch)
+    if atomic_load(sleepers, 0) != 0:
+        futex_wake(done, t)
+
+
+@njit(nogil=True, cache=True)
+def set_abort(abort, done, notify_tasks):
+    """Tell every share to stop; wakes the sleepers of the counters in ``notify_tasks``."""
+    atomic_store(abort, 0, np.int32(1))
+    for t in notify_tasks:
+        futex_wake(done, t)
+
+
+@njit(nogil=True, cache=True)
+def now_ns():
+    """``monotonic_ns()``, for the Python tasks' stamps (the loop's clock)."""
+    return monotonic_ns()
+
+
+@njit(nogil=True, cache=True)
+def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
+                 notify, done, times, epoch, sleepers, abort):
+    """Run the share from position ``k0``; see the module docstring for the result."""
+    n = order.shape[0]
+    for k in range(k0, n):
+        t = order[k]
+        if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
+            return ABORTED
+        for j in range(wait_start[k], wait_start[k + 1]):
+            if not wait_done(done, waits[j], epoch, sleepers, abort):
+                return ABORTED
+        if python[k]:
+            return k
+        times[t, 0] = monotonic_ns()
+        for e in range(entry_start[k], entry_start[k + 1]):
+            if call_pointer(trampolines[e], blocks[e]) != 0:
+                times[t, 1] = monotonic_ns()
+                atomic_store(abort, 0, np.int32(1))
+                return -(k + 2)
+        times[t, 1] = monotonic_ns()
+        if notify[k]:
+            publish(done, t, epoch, sleepers)
+    return n

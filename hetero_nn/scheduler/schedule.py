@@ -1,0 +1,134 @@
+"""Fixed worker schedules for replayed graphs: which worker runs each task, in what order.
+
+Policy
+------
+A replayed segment of a graph runs without a policy: each worker runs its
+tasks in a fixed order and waits, through a counter, for the predecessors that
+other workers run. The schedule comes from one of two places:
+
+- ``heft``'s plan, when the policy is ``heft`` and every task has one: the
+  worker it assigned, tasks ordered by decreasing upward rank (ties by position),
+  as ``heft`` runs them;
+- otherwise :func:`plan`: list scheduling of the segment by upward rank (HEFT
+  without insertion) on the given costs, where an edge between two workers adds
+  ``handoff`` seconds to the successor's ready time. A task goes to the worker
+  where it finishes first; on a tie, to the worker that ran the predecessor
+  finishing last (its data is in that core's cache), then to the lowest index.
+  So a chain stays on one worker unless moving it lets it finish earlier by more
+  than the handoff (StarPU's locality-aware policies make the same trade).
+
+Either way every worker's order is a subsequence of one topological order of
+the segment (upward ranks decrease along edges; ties go by position, which is
+topological), so the workers cannot deadlock on their counters.
+
+Units
+-----
+Tasks are scheduled as *units*: a task, or the members of a bundle
+(:mod:`~hetero_nn.scheduler.bundle`), which stay together on one worker in
+their order. ``preds[u]`` lists the units ``u`` waits for (by index, each
+before ``u`` in the segment's order).
+"""
+
+from __future__ import annotations
+
+HANDOFF = 2e-6
+"""Seconds an edge between two workers adds in :func:`plan`: a counter's store seen by a
+spinning waiter on another core (a sleeping one costs more; a plan that moves less is safer)."""
+
+
+def upward_ranks(costs, preds) -> list:
+    """Upward rank per unit: its cost plus the largest rank of its successors."""
+    n = len(costs)
+    rank = list(costs)
+    best_succ = [0.0] * n
+    for u in range(n - 1, -1, -1):
+        rank[u] = costs[u] + best_succ[u]
+        for p in preds[u]:
+            if rank[u] > best_succ[p]:
+                best_succ[p] = rank[u]
+    return rank
+
+
+def plan(costs, preds, workers: int, handoff: float = HANDOFF):
+    """``(worker_of, orders)``: each unit's worker index and each worker's units in order.
+
+    See the module docstring; ``costs[u]`` is unit ``u``'s run time in seconds.
+    """
+    n = len(costs)
+    rank = upward_ranks(costs, preds)
+    worker_of = [-1] * n
+    finish = [0.0] * n
+    avail = [0.0] * workers
+    orders: list = [[] for _ in range(workers)]
+    for u in sorted(range(n), key=lambda u: (-rank[u], u)):
+        ps = preds[u]
+        last_pred_worker, last_pred_finish = -1, -1.0
+        for p in ps:
+            if finish[p] > last_pred_finish:
+                last_pred_finish, last_pred_worker = finish[p], worker_of[p]
+        best, best_eft = 0, None
+        for w in range(workers):
+            ready = 0.0
+            for p in ps:
+                f = finish[p] if worker_of[p] == w else finish[p] + handoff
+                if f > ready:
+                    ready = f
+            eft = max(avail[w], ready) + costs[u]
+            if best_eft is None or eft < best_eft or (eft == best_eft and w == last_pred_worker):
+                best, best_eft = w, eft
+        worker_of[u] = best
+        finish[u] = avail[best] = best_eft
+        orders[best].append(u)
+    return worker_of, orders
+
+
+def from_assignment(worker_of, priority, workers: int):
+    """``(worker_of, orders)`` for a given assignment, each worker's units by decreasing
+    ``priority`` (ties by position): ``heft``'s plan as it runs it."""
+    orders: list = [[] for _ in range(workers)]
+    for u in sorted(range(len(worker_of)), key=lambda u: (-priority[u], u)):
+        orders[worker_of[u]].append(u)
+    return list(worker_of), orders
+
+
+def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallback=None):
+    """``(worker_of, orders)`` of a segment's units: the given assignment (``heft``'s:
+    worker indices and upward ranks) when it can run; else ``fallback`` (another
+    ``(assigned, priority)`` known to run: an assignment in submission order) or
+    :func:`plan` on ``costs`` (a callable: only planning asks for them)."""
+    if assigned is not None:
+        worker_of, orders = from_assignment(assigned, priority, workers)
+        try:
+            check_orders(orders, preds)
+            return worker_of, orders
+        except ValueError:
+            pass  # ranks that tie across an edge: plan here instead
+    if fallback is not None:
+        return from_assignment(*fallback, workers)
+    return plan(costs(), preds, workers)
+
+
+def check_orders(orders, preds) -> None:
+    """Raise ``ValueError`` unless every worker's order can run (a predecessor on the same
+    worker comes before its successor, and the orders merge into a topological order)."""
+    position = {}
+    for w, order in enumerate(orders):
+        for k, u in enumerate(order):
+            position[u] = (w, k)
+    if len(position) != len(preds):
+        raise ValueError(f"schedule: {len(position)} units placed, {len(preds)} in the segment")
+    # simulate: repeatedly advance any worker whose next unit has all predecessors done
+    done = [False] * len(preds)
+    heads = [0] * len(orders)
+    left = len(preds)
+    while left:
+        moved = False
+        for w, order in enumerate(orders):
+            while heads[w] < len(order) and all(done[p] for p in preds[order[heads[w]]]):
+                done[order[heads[w]]] = True
+                heads[w] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            stuck = [order[heads[w]] for w, order in enumerate(orders) if heads[w] < len(order)]
+            raise ValueError(f"schedule: the workers' orders deadlock at units {stuck}")

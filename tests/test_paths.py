@@ -1,0 +1,86 @@
+"""The paths a step runs on (``hetero_nn.scheduler.paths``): the engine's schedule in the
+simulator, with its handoff between workers, and the costs measured from real records."""
+
+import numpy as np
+import pytest
+
+import hetero_nn as hn
+from hetero_nn.scheduler.paths import (PathCosts, EnginePlan, engine_serves, flush_seconds,
+                                       path_costs, step_path)
+from hetero_nn.scheduler.simulate import Platform, _Machine, simulate_graph
+from hetero_nn.scheduler.trace import TaskRecord
+from test_simulate import _diamond, _schedule
+
+
+def test_the_engine_plan_keeps_a_cheap_fork_on_one_worker_and_pays_handoffs():
+    """A(3) -> B(2), C(4) -> D(1): the plan runs A, C, D on one worker and B beside
+    them; D waits for B across workers: with a handoff of 0.5 s, B's end (5) + 0.5 does
+    not delay D (C ends at 7), and C follows A on its worker with no handoff."""
+    a, b, c, d = _diamond("paths_rw")
+    machine = _Machine(Platform(workers={"cpu": 2}), None)
+    end = simulate_graph([a, b, c, d], machine, EnginePlan(machine, "eager"), 0.0, 0.0, {},
+                         handoff=0.5)
+    assert end == 8.0
+    assert {t.worker.name for t in (a, c, d)} == {a.worker.name} != {b.worker.name}
+    assert b.start == 3.5  # B's one predecessor ran on the other worker
+
+
+def test_the_engine_plan_runs_each_worker_in_its_planned_order():
+    """Under heft's plan, as the engine takes it; every task after its predecessors."""
+    a, b, c, d = _diamond("paths_rw2")
+    machine = _Machine(Platform(workers={"cpu": 2}), None)
+    end = simulate_graph([a, b, c, d], machine, EnginePlan(machine, "heft"), 0.1, 0.0, {})
+    assert 8.0 <= end <= 10.5
+    for t in (b, c, d):
+        assert all(t.start >= p.end for p in t.preds)
+    assert engine_serves(Platform(workers={"cpu": 4}))
+    assert not engine_serves(Platform(workers={"cpu": 4, "cuda": 1}))
+
+
+def _record(i, worker, start, end, deps=(), submit=0.0):
+    return TaskRecord(i, "c", "cpu", worker, "cpu", "host0", submit, submit, start, end, 0,
+                      tuple(deps), None)
+
+
+def test_path_costs_tell_a_worker_s_own_wait_from_an_edge_between_workers():
+    records = [_record(0, "w0", 1.0, 2.0), _record(1, "w0", 2.1, 3.0, [0]),
+               _record(2, "w1", 3.5, 4.0, [1]), _record(3, "w0", 3.2, 3.5, [1]),
+               _record(4, "w1", 4.3, 5.0, [2])]
+    dispatch, handoff = path_costs(records)
+    assert dispatch == pytest.approx(0.2)  # medians of 0.1 (1), 0.2 (3), 0.3 (4)
+    assert handoff == pytest.approx(0.5)   # 2 waited for 1 on w0: 3.5 - 3.0
+    assert flush_seconds(records) == 5.0
+    assert flush_seconds([_record(0, "w0", 1.0, 2.0, submit=0.5),
+                          _record(1, "w0", 3.0, 4.0, submit=2.5)]) == 1.5 + 1.5
+
+
+def test_path_costs_measured_from_steps_and_the_path_of_a_trainer():
+    records = [_record(0, "w0", 1.0, 2.0), _record(1, "w1", 2.5, 3.0, [0])]
+    runs = [[(4.0, records), (3.5, records)]]  # flushes 3 s: host 1 s and 0.5 s
+    costs = PathCosts.measure("compiled", runs)
+    assert (costs.handoff, costs.host) == (0.5, 0.5)
+    assert PathCosts.measure("submitted", runs).host is None
+    with pytest.raises(ValueError, match="path"):
+        PathCosts.measure("fast", runs)
+    model = hn.build_model("dahl-basic", (1, 8, 8), 10, seed=0)
+    for kwargs, replay, path in (({}, True, "compiled"), ({}, False, "submitted"),
+                                 ({"replay_engine": "executor"}, True, "replayed")):
+        with hn.Runtime(devices="cpu:2", perfmodel=False, **kwargs) as rt:
+            trainer = hn.Trainer(model, runtime=rt, batch_size=4, replay=replay)
+            assert step_path(trainer) == path
+
+
+def test_a_compiled_step_is_predicted_from_its_measured_costs(tmp_path, monkeypatch):
+    """simulate_step on a CPU platform with measured compiled-path costs: the engine's
+    schedule, its handoff and host time; the prediction is a step's order of magnitude."""
+    from hetero_nn.cli.simulate import measure_step, simulate_step
+
+    monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path))
+    common = dict(model="dahl-basic", shape=(1, 12, 12), batch_size=8, granularity=2)
+    measured, costs = measure_step(**common, devices="cpu:2", policy="eager", steps=4,
+                                   warmup=3)
+    assert costs.path == "compiled" and costs.host is not None and costs.host >= 0
+    result = simulate_step(**common, devices="cpu:2", policy="eager", costs=costs)
+    assert result.submit_seconds == costs.host
+    assert 0 < result.step_seconds < 100 * measured
+    assert np.isfinite(result.makespan)
