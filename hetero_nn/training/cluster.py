@@ -43,12 +43,12 @@ died) or its actor is released.
 
 State
 -----
-``client`` (and the ``LocalCluster`` it started); ``run_id``; ``endpoint`` (the
-client's, its links named by the ranks' endpoint addresses); ``_ranks``: worker
-address -> :class:`_RankRef` (actor future, endpoint address); ``_group``: the
-worker addresses of the current group in rank order and ``_generation`` its number;
-``_stale`` (the ranks are ahead of the client's model) and ``_dirty`` (the client's
-state is newer than the ranks'); ``_seen``: the workers the monitor thread last saw.
+``client`` (and the ``LocalCluster`` it started), ``spec``; ``links`` (the client's
+:class:`~hetero_nn.training.cluster_io.ClientLinks`, named by the ranks' endpoint
+addresses); ``_stale`` (the ranks are ahead of the client's model) and ``_dirty``
+(the client's state is newer than the ranks'); ``last_timings`` (the last step's
+terms, :func:`~hetero_nn.training.cluster_io.step_terms`); the group's own state
+is :class:`~hetero_nn.training.group.Group`'s.
 """
 
 from __future__ import annotations

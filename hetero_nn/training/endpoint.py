@@ -10,7 +10,7 @@ worker that hosts it.
 Policy
 ------
 A message is a dict; NumPy arrays in it travel as frames of their own
-(``distributed.protocol.to_serialize``), not pickled. :meth:`Endpoint.send` is
+(``distributed.protocol.to_serialize``), not pickled. :meth:`Endpoint.post` is
 thread-safe and returns at once: the message joins the link's queue, which one
 writer coroutine per link drains in order (two writes on one comm would interleave
 their frames). Each link has one reader coroutine that hands every message, in
@@ -19,7 +19,7 @@ short: a dict update and a notify). A link that closes or fails (the peer proces
 died, SIGKILL included: the kernel closes its sockets) calls ``on_closed(peer)``
 once. Links are named by the peer: ``connect(name, address)`` opens an outgoing
 one (its first message says who we are), and a peer that connects to us is known
-by the name it gives; :meth:`send` uses the outgoing link to a name if there is
+by the name it gives; :meth:`post` uses the outgoing link to a name if there is
 one, else the incoming one (the client's commands come in on a link the rank
 answers on, so a client behind a firewall needs no listener of its own).
 
@@ -32,14 +32,10 @@ from __future__ import annotations
 import asyncio
 import threading
 
-__all__ = ["Endpoint", "LinkClosed"]
+__all__ = ["Endpoint"]
 
 #: Seconds a connection to a peer may take.
 CONNECT_TIMEOUT = 10.0
-
-
-class LinkClosed(ConnectionError):
-    """A message could not be sent: the link to its peer is gone."""
 
 
 class _Link:
@@ -160,30 +156,10 @@ class Endpoint:
 
         self._call(dial(), timeout + 5)
 
-    def send(self, name, message):
-        """Queue ``message`` for the peer ``name`` (thread-safe, returns at once).
-
-        Raises :class:`LinkClosed` when there is no live link to ``name``.
-        """
-        def put():
-            links = self._links.get(name)
-            if not links:
-                return False
-            links[0].queue.put_nowait(message)
-            return True
-
-        if self.closed:
-            raise LinkClosed(f"endpoint {self.name} is closed")
-        if threading.current_thread() is self._thread:
-            ok = put()
-        else:
-            ok = self._call(_as_coro(put), 30.0)
-        if not ok:
-            raise LinkClosed(f"no link from {self.name} to {name}")
-
     def post(self, name, message):
-        """Queue ``message`` for ``name`` without waiting to learn whether a link exists
-        (from any thread; a message to a lost peer is dropped)."""
+        """Queue ``message`` for the peer ``name`` (from any thread; returns at once). A
+        message to a peer without a live link is dropped: the loss of a link is told by
+        ``on_closed``, and the callers wait for answers with that in mind."""
         def put():
             links = self._links.get(name)
             if links:
@@ -242,6 +218,3 @@ class Endpoint:
     def __repr__(self):
         return f"Endpoint({self.name!r}, {self.address!r}, peers={self.peers()})"
 
-
-async def _as_coro(fn):
-    return fn()
