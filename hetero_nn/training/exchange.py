@@ -37,6 +37,11 @@ Policy
   ``cluster_recv`` task then writes every reduced gradient, the loss and the count;
   the optimizer's tasks follow it, so weights change only once the whole step's
   reductions are in (a rank that fails before has not touched them).
+- **Order.** The tasks that wait (``cluster_reduce``, ``cluster_recv``) all write one
+  small handle, so each rank runs them in submission order, the same on every rank:
+  a rank's schedule (the replay engine's plan, a policy) could otherwise run two
+  independent ones in another order than its peer, each then waiting for what the
+  other has not sent. Sends never wait, so they stay free to run early.
 - **Batch statistics.** During forward and backward the rank's runtime hands every
   REDUX tree due to :meth:`Exchange.combine` (:meth:`Runtime.combining_with`): one
   ``cluster_reduce`` task that sends, waits and writes (BatchNorm2D's sums). From
@@ -194,6 +199,7 @@ class Exchange:
         self.broken = None
         self.waited = 0.0
         self._tags = 0
+        self._order = None
         self._pieces: dict = {}
         self._results: dict = {}
         self._cond = threading.Condition()
@@ -219,6 +225,7 @@ class Exchange:
     def start_submission(self, starts):
         """Before a step is submitted: its layout (``P_0 = 0, ..., P_W = g``: rank ``j``
         runs partitions ``P_j..P_{j+1}-1``), and its reductions numbered from 0."""
+        self._order = None
         self.starts = list(starts)
         self.local_partitions = starts[self.rank + 1] - starts[self.rank]
         self._tags = 0
@@ -243,8 +250,18 @@ class Exchange:
         statistics): one task that sends this rank's values, waits, writes ``h``."""
         tag, shape = self._tag(self._mode(len(partials), h.name), [h.shape], h.dtype,
                                tree=self.ranks >= self.tree_from)
-        codelet = _codelet("cluster_reduce", (RW,) + (R,) * len(partials), _reduce_variant)
-        h.owner.submit(codelet, h, *partials, exchange=self, tag=tag, shape=shape)
+        codelet = _codelet("cluster_reduce", (RW, RW) + (R,) * len(partials), _reduce_variant)
+        h.owner.submit(codelet, self._order_handle(h.owner), h, *partials, exchange=self,
+                       tag=tag, shape=shape)
+
+    def _order_handle(self, rt):
+        """The handle every waiting task of a step writes, in submission order: they wait
+        in the same order on every rank, whatever order a rank's schedule would give its
+        independent ones (two ranks each waiting on the other's other reduction would
+        never wake)."""
+        if self._order is None or self._order.owner is not rt:
+            self._order = rt.register(np.zeros(1), name="cluster.order")
+        return self._order
 
     def submit_step(self, rt, params, fresh, scalars):
         """Submit the step's gradient buckets and scalar reductions, then the task that
@@ -277,8 +294,9 @@ class Exchange:
                 bucket = []
             if h is not None:
                 bucket.append((h, partials, mode))
-        recv = _codelet("cluster_recv", (W,) * len(outputs), _recv_variant)
-        rt.submit(recv, *outputs, exchange=self, reductions=tuple(reductions))
+        recv = _codelet("cluster_recv", (RW,) + (W,) * len(outputs), _recv_variant)
+        rt.submit(recv, self._order_handle(rt), *outputs, exchange=self,
+                  reductions=tuple(reductions))
 
     def _send(self, rt, bucket, mode):
         handles = [h for h, _ in bucket]
@@ -457,7 +475,7 @@ def _send_variant(*arrays, exchange, tag, shape, counts):
     exchange.contribute(tag, shape, values, head)
 
 
-def _recv_variant(*outputs, exchange, reductions):
+def _recv_variant(_order, *outputs, exchange, reductions):
     at = 0
     for tag, shape in reductions:
         flat = exchange.wait(tag, shape)
@@ -469,7 +487,7 @@ def _recv_variant(*outputs, exchange, reductions):
             at += 1
 
 
-def _reduce_variant(h, *partials, exchange, tag, shape):
+def _reduce_variant(_order, h, *partials, exchange, tag, shape):
     values, head = _values((h, *partials), (len(partials),), shape.mode, exchange.rank)
     if shape.tree:
         h[...] = exchange.along_tree(tag, shape, values, head).reshape(h.shape)

@@ -177,7 +177,7 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
             if name == "cluster_reduce":
                 return _collective(task.params["shape"], ranks, 0, network, itemsize), "network"
             if name in ("cluster_send", "cluster_recv"):
-                nbytes = sum(h.nbytes for h in task.handles)
+                nbytes = sum(h.nbytes for h in task.handles[name == "cluster_recv":])
                 return nbytes / PACK_BANDWIDTH + waits.get(task.id, 0.0), "network"
             return None
 
