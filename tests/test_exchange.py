@@ -178,3 +178,24 @@ def test_along_the_tree_gives_the_same_bytes(endpoints, ranks, g, mode):
     want = _one_process(values, mode)
     for got in _across(_group(endpoints, ranks, tree=True), values, mode, starts):
         assert got.tobytes() == want.tobytes()
+
+
+
+def test_the_tasks_that_wait_are_chained_in_submission_order():
+    """A rank's waiting tasks (batch norm's reductions, the gradients' receive) each
+    depend on the one submitted before it, so every schedule -- the replay engine's plan
+    included -- runs them in the same order on every rank (two ranks waiting each on the
+    other's other reduction would never wake; seen under the engine before the chain)."""
+    from hetero_nn.training.planner import capture_share
+
+    steps, rt = capture_share("resnet-small", (3, 8, 8), 16, 4, 2, rank=1)
+    try:
+        tasks = sorted((t for g in steps[-1].graphs for t in g), key=lambda t: t.id)
+        waiting = [t for t in tasks if t.codelet.name in ("cluster_reduce", "cluster_recv")]
+        assert len(waiting) == 9 * 4 + 1  # 9 batch norms x 4 sums, one receive
+        for before, after in zip(waiting, waiting[1:]):
+            assert before in after.preds, (before, after)
+        sends = [t for t in tasks if t.codelet.name == "cluster_send"]
+        assert sends and not any(s in w.preds for s in sends for w in waiting[:-1])
+    finally:
+        rt.close()
