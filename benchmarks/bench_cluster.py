@@ -1,34 +1,31 @@
 """Data-parallel training on a Dask cluster against one process: images/s and per-step costs.
 
-For each built-in model (``dahl-basic``, ``lenet5`` on 1x28x28, ``cifar-small`` on
-3x32x32) and each batch size (``--batches``, default 64 and 256), trains on
-synthetic data with the CLI's pinned variants:
+For each built-in model (``--models``, default ``lenet5`` on 1x28x28 and
+``cifar-small`` on 3x32x32) and batch size (``--batches``, default 64 and 256),
+trains on synthetic data with the pinned variants at granularity ``--granularity``
+(default 2):
 
 - ``cpu:1``, ``cpu:2``: one process, ``Runtime(devices="cpu:N")``;
 - ``local:1``, ``local:2``: ``Trainer(cluster=...)`` over a ``LocalCluster`` of N
-  worker processes with one core each (the client runtime, which only combines and
-  updates, has one worker).
+  worker processes with one core each (``hetero_nn.training.cluster``: each worker
+  keeps its share of the run, gradients are reduced between the workers).
 
-Each configuration runs ``--warmup`` steps (compiles, worker state, data sent
-once), then ``--steps`` timed steps; images/s is steps x batch / seconds. For
-the cluster, the mean per step of what :class:`hetero_nn.training.cluster.Cluster` times:
-``scatter`` (the weight broadcast), ``sched`` (submit until every block is done,
-minus the slowest block's compute on its worker: Dask scheduling, the workers'
-weight load and task dispatch), ``gather`` (the gradient transfer to the client),
-``apply`` (the client's REDUX tree and optimizer step), and ``compute`` (the
-slowest block on its worker).
+Each configuration runs ``--warmup`` steps (compilation, the group's forming, the
+first capture), then ``--steps`` timed steps; images/s is steps x batch / seconds.
+For the cluster, the mean per step of what ``Cluster.last_timings`` splits a step
+into (milliseconds): ``dispatch`` (the step's command on its way to the last
+worker), ``data`` (the slowest worker reading its samples), ``compute`` (the slowest
+worker's step less its waits for reductions), ``exchange`` (the longest wait for a
+reduction the backward pass did not hide), ``report`` (the answers' way back),
+``client`` (the client's own work: the step's total less the time the workers had
+it), and ``beyond`` = total - compute, the goal's per-step cost beyond compute.
 
-Projection: a step on ``W`` workers (granularity ``>= W``, one block each) is
-modelled as ``scatter_w * W + sched + compute_1 / W + gather_b * W + apply``,
-with ``scatter_w`` the broadcast cost per worker, ``gather_b`` the transfer cost
-per block and ``compute_1`` the batch's compute on one worker (all measured on
-``local:2``); printed for 4, 16 and 64 workers. It assumes the client's network
-link is the bottleneck of the broadcast and the gather (no tree broadcast), which
-is what ``scatter(broadcast=True)`` and ``gather`` do.
+The goals of issue 22 are printed under the table: ``local:2`` >= 0.8x ``cpu:2`` at
+batch 256 and >= 0.6x at batch 64, and at most 3 ms beyond compute per step.
 
 Example (a few minutes on 2 idle cores; figures are noisy on a loaded machine)::
 
-    python benchmarks/bench_cluster.py --steps 10 --json runs/bench_cluster.json
+    python benchmarks/bench_cluster.py --steps 30 --json runs/bench_cluster.json
 """
 
 from __future__ import annotations
@@ -46,9 +43,10 @@ import numpy as np
 import hetero_nn as hn
 from hetero_nn.training.cluster import connect
 
-MODELS = {"dahl-basic": (1, 28), "lenet5": (1, 28), "cifar-small": (3, 32)}
+MODELS = {"dahl-basic": (1, 28), "lenet5": (1, 28), "cifar-small": (3, 32),
+          "resnet-small": (3, 32)}
 CONFIGS = ("cpu:1", "cpu:2", "local:1", "local:2")
-PROJECT = (4, 16, 64)
+TERMS = ("dispatch", "data", "compute", "exchange", "report", "client")
 
 
 def _measure(model_name, batch, config, args, clusters):
@@ -59,8 +57,7 @@ def _measure(model_name, batch, config, args, clusters):
     cluster = clusters.get(config)
     devices = "cpu:1" if cluster is not None else config
     timings = []
-    with (hn.Runtime(devices=devices, deterministic=True,
-                     perfmodel=False, trace=False) as rt,
+    with (hn.Runtime(devices=devices, deterministic=True, perfmodel=False, trace=False) as rt,
           hn.Trainer(model, runtime=rt, batch_size=batch, granularity=args.granularity,
                      cluster=cluster) as trainer):
         order = np.arange(len(data))
@@ -80,40 +77,44 @@ def _measure(model_name, batch, config, args, clusters):
     row = {"model": model_name, "batch": batch, "config": config,
            "images_per_second": args.steps * batch / seconds,
            "step_ms": 1e3 * seconds / args.steps}
+    timings = [t for t in timings if "compute" in t]  # a step that recovered has no terms
     if timings:
-        def mean(f):
-            return 1e3 * statistics.fmean(f(t) for t in timings)
-        row.update(scatter_ms=mean(lambda t: t["scatter"]),
-                   sched_ms=mean(lambda t: t["wait"] - t["worker_max"]),
-                   gather_ms=mean(lambda t: t["gather"]), apply_ms=mean(lambda t: t["apply"]),
-                   compute_ms=mean(lambda t: t["worker_max"]),
-                   compute_sum_ms=mean(lambda t: t["worker_sum"]),
-                   blocks=timings[-1]["blocks"], workers=len(timings[-1]["workers"]),
-                   gradient_kib=timings[-1]["gradient_bytes"] / 1024)
+        for term in TERMS[:-1]:
+            row[f"{term}_ms"] = 1e3 * statistics.fmean(t[term] for t in timings)
+        row["client_ms"] = 1e3 * statistics.fmean(t["total"] - t["links"] for t in timings)
+        row["total_ms"] = 1e3 * statistics.fmean(t["total"] for t in timings)
+        row["beyond_ms"] = row["total_ms"] - row["compute_ms"]
+        row["ranks"] = timings[-1]["ranks"]
     return row
 
 
-def _projection(row):
-    """Images/s on W workers from the costs measured on ``local:2`` (module docstring)."""
-    w = row["workers"]
-    scatter_w = row["scatter_ms"] / w
-    gather_b = row["gather_ms"] / row["blocks"]
-    compute_1 = row["compute_sum_ms"]
-    out = {}
-    for n in PROJECT:
-        step = scatter_w * n + row["sched_ms"] + compute_1 / n + gather_b * n + row["apply_ms"]
-        out[n] = 1e3 * row["batch"] / step
-    return out
+def _goals(by, models, batches):
+    """Lines saying whether each goal of issue 22 is met by the rows measured."""
+    lines = []
+    for model_name in models:
+        for batch in batches:
+            a, b = by.get((model_name, batch, "local:2")), by.get((model_name, batch, "cpu:2"))
+            if a is None or b is None:
+                continue
+            ratio = a["images_per_second"] / b["images_per_second"]
+            need = 0.8 if batch >= 256 else 0.6
+            lines.append(f"goal local:2 >= {need}x cpu:2, {model_name} batch {batch}: "
+                         f"{ratio:.2f}x {'met' if ratio >= need else 'NOT met'}")
+            if "beyond_ms" in a:
+                lines.append(f"goal beyond compute <= 3 ms, {model_name} batch {batch}: "
+                             f"{a['beyond_ms']:.2f} ms {'met' if a['beyond_ms'] <= 3 else 'NOT met'}")
+    return lines
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=["lenet5", "cifar-small"],
+                        choices=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[64, 256])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--granularity", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
 
@@ -125,7 +126,7 @@ def main(argv=None):
                 for config in args.configs:
                     row = _measure(model_name, batch, config, args, clusters)
                     rows.append(row)
-                    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                       for k, v in row.items()}), file=sys.stderr, flush=True)
     finally:
         for c in clusters.values():
@@ -142,27 +143,20 @@ def main(argv=None):
                 ratio = (f"{by[(model_name, batch, 'local:2')]['images_per_second'] / by[(model_name, batch, 'cpu:2')]['images_per_second']:.2f}")
             print(f"{model_name:<12} {batch:>5} " + " ".join(f"{v:>9.0f}" for v in ips)
                   + f"  {ratio:>13}")
-    print("\nper step on the cluster (ms): scatter = weight broadcast, sched = Dask scheduling "
-          "and dispatch, gather = gradient transfer, apply = client tree + optimizer")
-    print(f"{'model':<12} {'batch':>5} {'config':>8} {'scatter':>8} {'sched':>8} {'gather':>8} "
-          f"{'apply':>8} {'compute':>8} {'grad KiB':>9}  projected images/s at "
-          + ", ".join(f"{n}" for n in PROJECT) + " workers")
-    projections = {}
+    print("\nper step on the cluster (ms, means; the module docstring defines each term)")
+    print(f"{'model':<12} {'batch':>5} {'config':>8} " + " ".join(f"{t:>9}" for t in TERMS)
+          + f" {'total':>9} {'beyond':>9}")
     for r in rows:
-        if "scatter_ms" not in r:
-            continue
-        proj = ""
-        if r["config"] == "local:2":
-            p = _projection(r)
-            projections[f"{r['model']}/{r['batch']}"] = p
-            proj = "  " + ", ".join(f"{v:.0f}" for v in p.values())
-        print(f"{r['model']:<12} {r['batch']:>5} {r['config']:>8} {r['scatter_ms']:>8.1f} "
-              f"{r['sched_ms']:>8.1f} {r['gather_ms']:>8.1f} {r['apply_ms']:>8.1f} "
-              f"{r['compute_ms']:>8.1f} {r['gradient_kib']:>9.0f}{proj}")
+        if "compute_ms" in r:
+            print(f"{r['model']:<12} {r['batch']:>5} {r['config']:>8} "
+                  + " ".join(f"{r[f'{t}_ms']:>9.2f}" for t in TERMS)
+                  + f" {r['total_ms']:>9.2f} {r['beyond_ms']:>9.2f}")
+    goals = _goals(by, args.models, args.batches)
+    print("\n" + "\n".join(goals))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "projections": projections, "args": vars(args),
+            json.dump({"rows": rows, "goals": goals, "args": vars(args),
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "load": os.getloadavg()}}, f, indent=2)
 

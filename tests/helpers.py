@@ -117,3 +117,24 @@ def assert_ulp(actual, expected, max_ulp, *, dtype=None, floor=None, name=None) 
         raise AssertionError(f"{name or 'values'}: {worst:g} ULPs (> {max_ulp}) at {index}: "
                              f"{a!r} against {e!r}" + (f" (floor {floor})" if floor else ""))
     return worst
+
+
+def same_bytes(a: dict, b: dict) -> None:
+    """Two ``{name: array}`` states hold the same keys, dtypes and bytes."""
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+
+
+def small_run(cluster, on_step=None, epochs=2, seed=0) -> dict:
+    """dahl-basic on 192 synthetic 12x12 images, batch 32, granularity 4, on ``cluster``
+    (one process on ``cpu:2`` when None): the final weights."""
+    import hetero_nn as hn
+
+    data = hn.datasets.load("synthetic", "train", image_size=12, num_samples=192)
+    model = hn.build_model("dahl-basic", data.input_shape, data.num_classes, seed=seed)
+    with (hn.Runtime(devices="cpu:1" if cluster else "cpu:2", perfmodel=False,
+                     trace=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=32, granularity=4, cluster=cluster) as t):
+        t.fit(data, epochs=epochs, verbose=0, on_step=on_step)
+    return model.state_dict()

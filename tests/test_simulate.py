@@ -179,6 +179,8 @@ def test_the_example_platforms_load_and_the_docs_show_them():
     paths = sorted((repo / "examples" / "platforms").glob("*.json"))
     assert {p.name for p in paths} >= {"four-gpus.json", "one-gpu.json"}
     for path in paths:
+        if "machines" in json.loads(path.read_text()):
+            continue  # machines described by datasheets: tests/test_planner.py
         platform = Platform.load(path)
         assert platform.workers.get("cuda", 0) >= 1 and platform.dispatch is not None
         assert platform.scale  # GPU run times scaled from this machine's CPU models

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..scheduler.paths import PathCosts, engine_serves, step_path
+from ..scheduler.platforms import load_platform
 from ..scheduler.simulate import Platform, capture, format_result, simulate
 from . import options
 
@@ -169,13 +170,38 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=options.positive_int, default=12,
                    help="real steps to time (default 12)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    cluster = p.add_argument_group("the cluster path (docs/cluster.md: data-parallel over Dask "
+                                   "workers, one per machine of --platform)")
+    cluster.add_argument("--cluster-workers", type=_counts, metavar="N[,N...]",
+                         help="predict a step on each of these numbers of workers (e.g. "
+                              "1,2,4,8). Without --platform: this machine's 'local:N' "
+                              "workers, whose steps --measure runs")
+    cluster.add_argument("--scaling", choices=("strong", "weak"), default="strong",
+                         help="strong: --batch-size and --granularity are the batch's (the "
+                              "same run on more workers); weak: per worker")
+    cluster.add_argument("--cluster-threads", type=options.positive_int, metavar="N",
+                         help="cores of a worker's runtime (default: all of its machine's; "
+                              "1 without --platform)")
     return p
+
+
+def _counts(text):
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
+                                         f"got {text!r}")
+    return counts
 
 
 def command(args) -> int:
     """``hetero-nn simulate``: calibrate or measure if asked, then predict and print."""
     shape = sample_shape(args.dataset, args.image_size)
-    platform = Platform.load(args.platform) if args.platform else \
+    if args.cluster_workers:
+        return cluster_command(args, shape)
+    platform = load_platform(args.platform).machine(0).platform() if args.platform else \
         Platform.from_devices(args.devices)
     common = dict(model=args.model, shape=shape, batch_size=args.batch_size,
                   granularity=args.granularity, dtype=args.dtype)
@@ -201,4 +227,63 @@ def command(args) -> int:
             err = (result.step_seconds - measured) / measured
             print(f"measured step {1e3 * measured:.3f} ms on {args.devices}: prediction "
                   f"{100 * err:+.1f}%")
+    return 0
+
+
+def cluster_command(args, shape) -> int:
+    """``--cluster-workers``: the cluster path's step on each worker count, by
+    :mod:`hetero_nn.training.planner`; with ``--measure``, real steps on ``local:N`` beside."""
+    from ..training.planner import (format_scaling, local_platform, measure_cluster_step,
+                                    scaling, shares)
+
+    workers = args.cluster_workers
+    if args.platform:
+        platform = load_platform(args.platform)
+        if max(workers) > platform.count:
+            raise ConfigError(f"--cluster-workers {max(workers)}: --platform {args.platform} "
+                              f"has {platform.count} machine(s)")
+        if args.measure:
+            raise ConfigError("--measure runs real steps on this machine: leave --platform out")
+    else:
+        platform = local_platform(max(workers), args.cluster_threads or 1)
+    weak = args.scaling == "weak"
+    costs = None
+    if args.calibrate:  # each worker count's share: its samples and partitions, per core
+        found = [calibrate(args.model, shape, n, g, "cpu:1", args.policy, args.dtype,
+                           steps=args.steps)
+                 for n, g in shares(workers, args.batch_size, args.granularity, weak)]
+        hosts = [c.host for c in found if c.host is not None]
+        costs = PathCosts(found[0].path, statistics.median(c.dispatch for c in found),
+                          statistics.median(c.handoff for c in found),
+                          statistics.median(hosts) if hosts else None)
+    rows = scaling(args.model, shape, platform, workers, args.batch_size, args.granularity,
+                   weak=weak, policy=args.policy, dtype=args.dtype, costs=costs,
+                   cpu_workers=args.cluster_threads)
+    measured = {}
+    if args.measure:
+        for r in rows:
+            measured[r.ranks] = measure_cluster_step(
+                args.model, shape, r.batch, r.granularity, r.ranks, args.cluster_threads or 1,
+                steps=args.steps, dtype=args.dtype)
+    if args.json:
+        print(json.dumps({"platform": platform.name, "scaling": args.scaling,
+                          "steps": [{**r.to_json(), "measured_step_seconds":
+                                     measured.get(r.ranks)} for r in rows]}, indent=1))
+        return 0
+    net = platform.network
+    per = "per worker" if weak else "per batch"
+    print(f"cluster path on {platform.name} ({args.scaling} scaling, {args.model}, "
+          f"{args.granularity} partitions {per}); network {1e6 * net.latency:.0f} us + "
+          f"{1e6 * net.message_overhead:.0f} us per message, {net.bandwidth / 1e9:.2f} GB/s")
+    print(format_scaling(rows, weak))
+    for r in rows:
+        if r.ranks in measured:
+            err = (r.step_seconds - measured[r.ranks]) / measured[r.ranks]
+            print(f"measured step {1e3 * measured[r.ranks]:.3f} ms on local:{r.ranks}: "
+                  f"prediction {100 * err:+.1f}%")
+    ways = {k: v for r in rows for k, v in r.result.predicted_by.items()}
+    for kind, row in ways.items():
+        print(f"{kind} tasks predicted by " + ", ".join(
+            f"{how}: {n}" + (" (no measured model)" if how == "roofline" else "")
+            for how, n in sorted(row.items())) + " (the last row's step)")
     return 0

@@ -220,6 +220,17 @@ class Layer:
         returns False."""
         return True
 
+    batch_span = None
+    """``(start, total)`` when the partitions ``forward`` gets are only part of the batch
+    (a cluster worker's block: its first sample is sample ``start`` of ``total``), None
+    when they are the whole batch. Read by layers whose results depend on a sample's
+    place in the batch (Dropout's masks) or on the batch's size (BatchNorm2D)."""
+
+    grads_per_partition = True
+    """Whether each parameter gradient is a sum of one contribution per batch partition
+    (what a cluster reduces across its workers); False where ``backward`` computes them
+    once from statistics of the whole batch (BatchNorm2D)."""
+
     def replayed(self):
         """Advance the per-step state as ``forward`` would, for a step run by a replay, and
         return the data to write into the captured ``step_input``."""

@@ -90,7 +90,7 @@ class Dropout(Layer):
         layout = xs[0].shape[1:]  # the input's own (after a Flatten: unflattened)
         ys = self.outputs(rt, xs, shape=layout)
         starts = []
-        start = 0
+        start = self.batch_span[0] if self.batch_span else 0  # the sample's place in the batch
         kw = self._mask_kw(layout)
         for x, y in zip(xs, ys):
             rt.submit(self.fwd, x, y, key, p=self.p, start=start, **kw)

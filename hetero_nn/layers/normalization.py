@@ -42,6 +42,7 @@ class _BatchNorm(Layer):
     ``momentum=None`` averages cumulatively, as PyTorch.
     """
 
+    grads_per_partition = False  # dweight, dbias: once per step, from the batch's sums
     sample_dims: tuple[int, ...] = ()  # the lengths of a sample's shape the layer accepts
     expected = ""  # that shape in words, for the error
 
@@ -128,7 +129,8 @@ class _BatchNorm(Layer):
 
     def forward(self, rt, xs):
         batch_stats = self.training or not self.track_running_stats
-        count = sum(x.shape[0] for x in xs) * math.prod(self.input_shape[1:])
+        samples = self.batch_span[1] if self.batch_span else sum(x.shape[0] for x in xs)
+        count = samples * math.prod(self.input_shape[1:])  # over the whole batch
         if batch_stats:
             if count <= 1:
                 n = sum(x.shape[0] for x in xs)

@@ -19,6 +19,10 @@ State
 for the handles with partials not yet combined, in the order of their first
 contribution (partials in submission order). ``_codelets``: per accumulating
 codelet, the ``<name>.redux`` codelet (``RW``, ``R``) that runs its ``redux``.
+``across``: None, or a callable ``across(handle, partials)`` that submits the
+combination of the trees pending on a handle instead of the local tree (a cluster
+worker reduces its partitions' partials with those of the other workers, see
+:mod:`hetero_nn.training.exchange`); set by :meth:`Runtime.combining_with`.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from ..codelets.codelet import REDUX, RW, R, Codelet
 class Reductions:
     """The REDUX partials of one runtime and the trees that combine them."""
 
-    __slots__ = ("rt", "pending", "_codelets")
+    __slots__ = ("rt", "pending", "_codelets", "across")
 
     def __init__(self, runtime):
         self.rt = runtime
         self.pending: dict = {}
         self._codelets: dict = {}
+        self.across = None
 
     def contribute(self, task, codelet, handles, modes) -> list:
         """``handles`` with each REDUX operand replaced by a fresh partial that ``task``
@@ -75,9 +80,23 @@ class Reductions:
         while self.pending:
             self.combine_family(next(iter(self.pending)))
 
+    def take(self, h) -> list:
+        """The partials pending on ``h`` in submission order, removed from its tree
+        (their combination is the caller's); [] when there are none."""
+        family = self.pending.get(h.root)
+        if family is None or h not in family:
+            return []
+        parts = family.pop(h)
+        if not family:
+            del self.pending[h.root]
+        return [p for p, _ in parts]
+
     def _combine(self, h, contributions):
         parts = [p for p, _ in contributions]
         self.rt._temporaries.released.update(parts)  # this tree reads them, nothing after
+        if self.across is not None:
+            self.across(h, parts)
+            return
         rc = self._redux_codelet(contributions[0][1])
         submit = self.rt.submit
         step = 1

@@ -568,6 +568,25 @@ class Runtime:
         self._reductions.combine_all()
         self._flushes.wait()
 
+    def take_partials(self, handle) -> list:
+        """The REDUX partials pending on ``handle``, in submission order, taken out of its
+        tree: no tree is submitted for them and combining them is the caller's (a
+        cluster worker sends its partitions' partials to the other workers)."""
+        return self._reductions.take(handle)
+
+    @contextlib.contextmanager
+    def combining_with(self, across):
+        """Inside the block, a REDUX tree due (at a handle's next non-REDUX access) is
+        handed to ``across(handle, partials)``, which submits the combination, instead
+        of the local tree (a cluster worker's reduction of batch statistics across
+        workers)."""
+        reductions = self._reductions
+        previous, reductions.across = reductions.across, across
+        try:
+            yield
+        finally:
+            reductions.across = previous
+
     def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
 

@@ -69,7 +69,11 @@ class Platform:
     ``scale``: ``{kind: (from_kind, factor)}``: that kind's run times are the
     other kind's predictions times ``factor`` (a GPU that was never lent).
     ``dispatch``: seconds the runtime spends per task besides the codelet
-    (``None``: the measured value, else 0).
+    (``None``: the measured value, else 0). ``measured``: ``{kind: False}`` for the
+    kinds whose devices this host's measurements do not describe (a datasheet's
+    device: :mod:`~hetero_nn.scheduler.platforms`), which only a ``fallback``
+    predicts: the platform's own (``fallback``: its devices' rooflines) or
+    :func:`simulate`'s.
     """
 
     name: str = "platform"
@@ -77,6 +81,8 @@ class Platform:
     links: dict = field(default_factory=dict)
     scale: dict = field(default_factory=dict)
     dispatch: float | None = None
+    measured: dict = field(default_factory=dict)
+    fallback: object = None  # (task, kind) -> (seconds, how): a datasheet's roofline
 
     @classmethod
     def from_devices(cls, devices) -> "Platform":
@@ -93,15 +99,10 @@ class Platform:
     @classmethod
     def load(cls, path) -> "Platform":
         """Read a platform from a JSON file (see ``docs/simulate.md``)."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except OSError as exc:
-            raise ConfigError(f"--platform {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--platform {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"--platform {path}: expected a JSON object")
+        doc = read_platform_file(path)
+        if "machines" in doc:
+            raise ConfigError(f"--platform {path}: a platform of machines; read it with "
+                              "hetero_nn.scheduler.platforms.load_platform")
         try:
             workers = {str(k): int(v) for k, v in doc.get("workers", {"cpu": 1}).items()}
             links = {str(k): (float(v["latency"]), float(v["bandwidth"]))
@@ -123,6 +124,20 @@ class Platform:
             raise ConfigError(f"--platform {path}: no worker at all")
         return cls(name=str(doc.get("name", path)), workers=workers, links=links, scale=scale,
                    dispatch=dispatch)
+
+
+def read_platform_file(path) -> dict:
+    """The JSON object of a platform file; ConfigError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"--platform {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--platform {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--platform {path}: expected a JSON object")
+    return doc
 
 
 class _Node:
@@ -224,7 +239,7 @@ class SimTask:
 
     __slots__ = ("id", "codelet", "handles", "modes", "preds", "succ", "npred", "eligible",
                  "cost", "predicted", "priority", "rank", "assigned", "footprint", "size",
-                 "kinds", "variants", "start", "end", "worker", "only", "source")
+                 "kinds", "variants", "start", "end", "worker", "only", "source", "params")
 
     def __init__(self, task_id, codelet, handles, modes, preds, footprint, size):
         self.id = task_id
@@ -248,6 +263,7 @@ class SimTask:
         self.variants = {}
         self.start = self.end = 0.0
         self.worker = None
+        self.params = {}
 
     def __repr__(self):
         return f"SimTask({self.codelet.name}#{self.id})"
@@ -295,6 +311,7 @@ class _GraphRecorder:
             st.priority = t.priority
             if t.eligible != self.rt._eligible.get(t.codelet, t.eligible):  # given worker=
                 st.only = tuple(w.name for w in t.eligible)
+            st.params = t.params
             for p in st.preds:
                 p.succ.append(st)
             made[t.id] = st
@@ -336,12 +353,18 @@ def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
 
 
 # ------------------------------------------------------------------------------ costs
-def assign_costs(graphs, platform, runtime) -> list[tuple[str, str, str]]:
+def assign_costs(graphs, platform, runtime, fallback=None, counts=None,
+                 models=None) -> list[tuple[str, str, str]]:
     """Give every task its predicted run time per kind of the platform's workers.
 
     Each kind takes its fastest modelled variant (the runtime's ``candidates``);
-    a kind in ``platform.scale`` takes another kind's time times a factor.
-    Returns the ``(codelet, kind, footprint)`` with no model (empty: all known).
+    a kind in ``platform.scale`` takes another kind's time times a factor. A task
+    with no measured model (or of a kind ``platform.measured`` rules out) takes
+    ``fallback(task, kind)`` -> ``(seconds, how)`` when it gives one (a roofline
+    from datasheet figures). ``models(task, kind)``, if given, comes before the
+    measured models, for the tasks its caller models itself (a network's). ``counts``, if given, gets
+    ``{kind: {"measured" or how: tasks}}``. Returns the ``(codelet, kind,
+    footprint)`` with no prediction at all (empty: all known).
     """
     pm = runtime.perfmodel
     missing = []
@@ -354,10 +377,22 @@ def assign_costs(graphs, platform, runtime) -> list[tuple[str, str, str]]:
                 if kind not in t.codelet.kinds or base not in t.codelet.kinds:
                     continue
                 best = None
-                for v in runtime.candidates(t.codelet, base):
+                own = models(t, kind) if models is not None else None
+                if own is not None:
+                    best, factor = (own[1], own[0]), 1.0
+                for v in (runtime.candidates(t.codelet, base)
+                          if best is None and platform.measured.get(kind, True) else ()):
                     p = pm.predict(t.codelet.name, v, base, t.footprint, t.size) if pm else None
                     if p is not None and (best is None or p < best[1]):
                         best = (v, p)
+                how = "measured" if own is None else own[1]
+                if best is None and fallback is not None:
+                    guess = fallback(t, kind)
+                    if guess is not None:
+                        best, how, factor = (guess[1], guess[0]), guess[1], 1.0
+                if counts is not None and best is not None:
+                    row = counts.setdefault(kind, {})
+                    row[how] = row.get(how, 0) + 1
                 if best is None:
                     key = (t.codelet.name, base, t.footprint)
                     if key not in seen:
@@ -385,6 +420,7 @@ class SimulationResult:
     links: dict
     schedule: list = field(default_factory=list)  # (task id, codelet, worker, start, end)
     dispatch: float = 0.0  # the per-task dispatch applied (the platform's, or the caller's)
+    predicted_by: dict = field(default_factory=dict)  # {kind: {"measured"/"roofline"/...: n}}
 
     @property
     def bytes_moved(self) -> int:
@@ -396,7 +432,8 @@ class SimulationResult:
                 "submit_seconds": self.submit_seconds, "tasks": self.tasks,
                 "utilisation": self.utilisation, "busy_seconds": self.busy,
                 "bytes_moved": self.bytes_moved, "dispatch_seconds": self.dispatch,
-                "links": {f"{s} -> {d}": row for (s, d), row in self.links.items()}}
+                "links": {f"{s} -> {d}": row for (s, d), row in self.links.items()},
+                "predicted_by": self.predicted_by}
 
 
 def _make_valid(h, node, links_model, nodes, moved):
@@ -520,7 +557,8 @@ def machine_kinds(machine):
 
 def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
              dispatch: float = 0.0, seed: int = 0, partial: bool = False,
-             engine: bool = False, handoff: float = 0.0) -> SimulationResult:
+             engine: bool = False, handoff: float = 0.0, fallback=None,
+             models=None) -> SimulationResult:
     """Replay ``steps`` (each after the previous, data carried over) on ``platform`` under
     ``policy``; the last step's figures are returned (the steady state).
 
@@ -530,12 +568,16 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
     the platform (the others then run it where it has one). ``engine``: the graphs
     run as the compiled replay engine runs them (the module docstring), ``handoff``
     seconds per edge between workers; a platform the engine does not serve (CUDA
-    workers) is simulated under the policy.
+    workers) is simulated under the policy. ``fallback``, ``models``: see
+    :func:`assign_costs`; the result's ``predicted_by`` says how each kind's tasks were
+    predicted.
     """
     from .policies import make_policy
 
     graphs = [g for step in steps for g in step.graphs]
-    missing = assign_costs(graphs, platform, runtime)
+    counts: dict = {}
+    missing = assign_costs(graphs, platform, runtime, fallback or platform.fallback, counts,
+                           models)
     if missing and not (partial and all(t.cost for graph in graphs for t in graph)):
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
@@ -572,7 +614,7 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
         util = {k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()}
         result = SimulationResult(platform.name, policy, now - step_start, makespan,
                                   step.submit_seconds, len(schedule), util, busy,
-                                  dict(sorted(moved.items())), schedule, dispatch)
+                                  dict(sorted(moved.items())), schedule, dispatch, counts)
     return result
 
 
@@ -604,6 +646,10 @@ def format_result(r: SimulationResult) -> str:
         for (s, d), row in r.links.items():
             lines.append(f"{s + ' -> ' + d:<24} {row['copies']:7d} {row['bytes']:13d}")
     lines.append(f"bytes moved {r.bytes_moved}")
+    for kind, row in r.predicted_by.items():
+        lines.append(f"{kind} tasks predicted by " + ", ".join(
+            f"{how}: {n}" + (" (no measured model)" if how == "roofline" else "")
+            for how, n in sorted(row.items())))
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ This package owns the :class:`Trainer` (the epoch loop, :mod:`.trainer`), its st
 cache with the one replay rule (:mod:`.step_cache`), the batch loader
 (:mod:`.loader`), the run's progress (:mod:`.progress`), checkpoints
 (:mod:`.checkpoint`), the ``granularity="auto"`` decision (:mod:`.granularity`) and
-data-parallel training over Dask (:mod:`.cluster`). It builds on layers, the scheduler
+data-parallel training over Dask (:mod:`.cluster`, with :mod:`.group`, :mod:`.rank`,
+:mod:`.exchange`, :mod:`.endpoint`, :mod:`.cluster_io`, and its simulation,
+:mod:`.planner`). It builds on layers, the scheduler
 and the optimizers, and knows nothing of argument parsing (that is :mod:`hetero_nn.cli`).
 """
 

@@ -1,276 +1,78 @@
-"""Data-parallel training over a Dask cluster: coarse tasks across processes and machines.
+"""Data-parallel training over a Dask cluster: steps without round trips through Dask.
 
-This module owns the hierarchy StarPU-MPI users know: Dask places one coarse task
-per *block* of a batch's partitions on a worker process; inside that process a
-hetero_nn :class:`~hetero_nn.scheduler.runtime.Runtime` of its own runs the
-fine-grained codelet tasks of forward, loss and backward on the worker's cores.
-The client combines what the blocks return and runs the optimizer step once.
+This module owns the client side of the cluster path (StarPU-MPI's hierarchy over
+Dask): :class:`Cluster`, made by :func:`connect`, runs a trainer's steps on a
+*group* of Dask workers, one *rank* each (:class:`~hetero_nn.training.rank.Rank`, a
+Dask actor that keeps its share of the run -- model, runtime, optimizer, data --
+between steps). Inside each rank the local runtime runs the fine-grained tasks on
+the worker's cores; between ranks, gradients and batch statistics are reduced
+directly, in partition order (:mod:`hetero_nn.training.exchange`), over
+``distributed``'s TCP comms (:mod:`hetero_nn.training.endpoint`). The client sends
+each step's command (sample indices, hyper-parameters) straight to the ranks and
+reads one small answer from each; it never sends weights after the group forms, and
+Dask's scheduler is used only to place the actors and to list the workers.
 
 Policy
 ------
 A batch of ``n`` samples is cut into the trainer's ``g`` partitions
-(``numpy.array_split`` sizes, as in one process). The partitions are dealt in
-``min(workers, g)`` contiguous *blocks* of near-equal length; block ``j`` goes to
-worker ``j mod workers`` as a preference only, so Dask may run it elsewhere.
+(``numpy.array_split`` sizes, as in one process) and the partitions are dealt in
+contiguous blocks, as even as :func:`blocks` makes them, to the group's ranks in
+the order of their worker addresses; the group has ``min(workers, g)`` ranks.
+Every rank reduces the same contributions by the same tree, so each holds the
+weights of ``--devices cpu:N`` at the same granularity, bit for bit, whatever the
+number of ranks.
 
-Bit-identity with one process. In one process, each layer's backward submits one
-contribution per partition to each parameter gradient, in partition order
-(:func:`~hetero_nn.layers.base.contribution`): after ``zero_grad`` the first one
-overwrites the fresh gradient (the codelet's ``overwriting`` twin) and the others
-are REDUX partials, which the runtime combines by its balanced tree in submission
-order and adds into the gradient at the optimizer's read (:meth:`Runtime._combine`);
-layers that do not overwrite start from ``fill_zero`` instead. A worker computes
-each partition of its block on its own: the batch's first partition after
-``zero_grad`` (so it runs the twin, as in one process), any other after
-``fill_zero`` on non-fresh gradients (so it runs the REDUX codelet, with its
-variant), each with the loss's mean over the *whole* batch (``batch=n``). A
-partition's gradient is then exactly its contribution (``0 + x`` at most). The
-client replays the contributions in partition order through the same
-``contribution`` rule with :data:`deliver` (a copy into the handle or the
-partial): ``zero_grad``, the first overwrites, the others are REDUX, and its own
-runtime combines them by its own tree. Same kernels, same variants, same tree:
-with pinned variants the weights are bit for bit those of ``--devices cpu:N`` at
-the same granularity. The loss and the correct count travel the same way
-(``SoftmaxCrossEntropy``'s pattern: the first partition writes in place).
+The group forms at the first step, and again at a step boundary after a worker
+left or joined or the client's state was replaced (``load_checkpoint``): the
+client then pulls the run's state from a rank (:meth:`Cluster.pull`) and pushes it
+to every rank of the new group (a joining worker gets the state and a share from
+the next step). The client's own model and optimizer are brought up to date
+(pulled) before a checkpoint, an evaluation, a prediction and at the end of
+``fit``; between those, the ranks hold the run.
+
+Faults. When a rank's link closes (its process died, SIGKILL included) or its
+worker leaves the scheduler, the client aborts the step on the others. If one of
+them completed the step, every reduction was in and its state is the step's
+result; otherwise each survivor put back what the failed step changed and holds
+the state after the last completed step. The client pulls that state, forms a new
+group with the workers now there, and runs the step again: the run ends with the
+bytes of an uninterrupted one. With no worker left for ``worker_grace`` seconds the
+step raises :class:`~hetero_nn.errors.ClusterError` naming the last checkpoint. A
+rank drops the run's state when the client's link closes (the client ended or
+died) or its actor is released.
 
 State
 -----
-On the client (:class:`Cluster`): the ``distributed.Client`` (and the
-``LocalCluster`` it started), a run id, the *template* future (the pickled model
-architecture, loss and worker-runtime settings, sent once per run and model
-build) and the scattered datasets (sent once per dataset, not per step). Each
-step scatters the weights once (to one worker; the others fetch them from it)
-and submits one task per block.
-
-On each worker process: ``_RUNS``, run key -> :class:`_WorkerState` (the model
-built and bound to a local runtime, created by the first block the process runs,
-kept between steps). Tasks are pure functions of (template, weights, data,
-block): a lost worker's blocks rerun elsewhere with the same result.
-
-Faults
-------
-Dask reschedules the blocks of a worker that dies; its state is rebuilt from the
-template by whichever process runs them. A worker that joins is dealt blocks
-from the next step. If no worker is left for ``worker_grace`` seconds the step
-raises :class:`~hetero_nn.errors.ClusterError` naming the last checkpoint; the
-weights and the checkpoint on disk are those of the last completed step.
+``client`` (and the ``LocalCluster`` it started), ``spec``; ``links`` (the client's
+:class:`~hetero_nn.training.cluster_io.ClientLinks`, named by the ranks' endpoint
+addresses); ``_stale`` (the ranks are ahead of the client's model) and ``_dirty``
+(the client's state is newer than the ranks'); ``last_timings`` (the last step's
+terms, :func:`~hetero_nn.training.cluster_io.step_terms`); the group's own state
+is :class:`~hetero_nn.training.group.Group`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import logging
-from concurrent.futures import CancelledError
-import os
-import threading
 import time
-import uuid
 
 import numpy as np
 
-from ..arena.handle import Handle
-from ..codelets.codelet import REDUX, R, Codelet
-from ..codelets.reduce import add_redux, fill_zero, overwriting, zero_init
-from ..errors import ClusterError, ConfigError, HeteroNNError, TaskError
-from ..layers.base import Parameter, contribution
-from ..optim import submit_clip_grad_norm
+from ..errors import ClusterError, ConfigError
+from .cluster_io import (DatasetBatch, RankLost, blocks, load_run_state, partition_starts,
+                         step_terms)
+from .exchange import BUCKET_BYTES
+from .group import ATTEMPTS, WORKER_GRACE, WORKER_REFRESH, Group
+
+__all__ = ["Cluster", "connect", "connect_trainer", "DatasetBatch", "partition_starts", "blocks",
+           "WORKER_GRACE", "WORKER_REFRESH"]
 
 _perf = time.perf_counter
-#: Seconds without a single worker before a step gives up.
-WORKER_GRACE = 20.0
-#: Tries of a step whose scattered inputs went with the workers holding them.
-_ATTEMPTS = 3
-#: Seconds between two looks at the scheduler's list of workers.
-WORKER_REFRESH = 0.5
 #: Seconds a connection to a scheduler may take.
 CONNECT_TIMEOUT = 10.0
 
 
-def _copy_into(src, partial):
-    np.copyto(partial, src)
-
-
-#: One block's result as a REDUX contribution: copied into a zero-initialised partial,
-#: combined by ``add_redux`` (the ``init``/``redux`` pair of every REDUX codelet of the package).
-deliver = Codelet("cluster_deliver", modes=(R, REDUX), variants={"ref": _copy_into},
-                  init=zero_init, redux=add_redux)
-
-
-# ---------------------------------------------------------------------------------------
-# Dealing partitions
-# ---------------------------------------------------------------------------------------
-
-def partition_starts(n: int, g: int) -> list[int]:
-    """Sample offsets of the ``g`` partitions of ``n`` samples, and ``n`` (array_split sizes)."""
-    q, r = divmod(n, g)
-    return [i * q + min(i, r) for i in range(g + 1)]
-
-
-def blocks(g: int, workers: int) -> list[tuple[int, int]]:
-    """``(first partition, partitions)`` of each block: ``min(workers, g)`` contiguous runs
-    of ``g`` partitions, as even as ``numpy.array_split`` makes them."""
-    starts = partition_starts(g, max(1, min(workers, g)))
-    return [(a, b - a) for a, b in zip(starts, starts[1:])]
-
-
-# ---------------------------------------------------------------------------------------
-# The worker side
-# ---------------------------------------------------------------------------------------
-
-_RUNS: dict = {}
-_RUNS_LOCK = threading.Lock()
-
-
-class _WorkerState:
-    """A worker process's copy of a run: the model bound to a local runtime."""
-
-    def __init__(self, template: bytes):
-        import pickle
-
-        from ..scheduler.runtime import Runtime
-
-        spec = pickle.loads(template)
-        self.model, self.loss = spec["model"], spec["loss"]
-        self.runtime = Runtime(**spec["runtime"])
-        self.model.build(spec["input_shape"], spec["dtype"])
-        self.model.bind(self.runtime)
-        self.dtype = np.dtype(spec["dtype"])
-        self.weights_token = None
-        self.lock = threading.Lock()
-
-    def load(self, token, weights):
-        if token != self.weights_token:
-            self.model.load_state_dict(weights)
-            self.weights_token = token
-
-    def gradients(self, x, y, total, first):
-        """The trainer's step sequence on one partition, without the update: its gradient
-        contributions, loss share and correct count.
-
-        The batch's ``first`` partition starts from ``zero_grad`` (its contributions
-        overwrite fresh gradients, as in one process); any other starts from zeroed,
-        not fresh, gradients, so its contributions are submitted as REDUX with the
-        codelet one process uses for them.
-        """
-        rt, model = self.runtime, self.model
-        if first:
-            model.zero_grad(rt)
-        else:
-            for _, p in model.named_parameters():
-                rt.submit(fill_zero, p.grad)
-                p.fresh = False
-        logits = model.forward(rt, [rt.register(x, name="x")])
-        loss, correct, dlogits = self.loss(rt, logits, [rt.register(y, name="y")], batch=total)
-        model.backward(rt, dlogits)
-        rt.wait()
-        grads = [rt.fetch(p.grad, copy=True) for _, p in model.named_parameters()]
-        return grads, rt.fetch(loss, copy=True), rt.fetch(correct, copy=True)
-
-    def close(self):
-        self.runtime.close()
-
-
-def _state(key, template) -> _WorkerState:
-    with _RUNS_LOCK:
-        state = _RUNS.get(key)
-        if state is None:
-            state = _RUNS[key] = _WorkerState(template)
-        return state
-
-
-def run_block(key, template, weights, source, block, first, sizes, total):
-    """One coarse task: the contributions of one block of partitions (a pure function of
-    its inputs).
-
-    ``weights`` is ``(token, {name: array})``; ``source`` a dataset (``block`` its
-    sample indices) or None (``block`` is ``(x, y)``); ``first`` the index of its first
-    partition in the batch, ``sizes`` the sizes of its partitions. Returns ``([(grads, loss, correct) per partition], seconds, worker)``.
-    """
-    state = _state(key, template)
-    with state.lock:  # one step at a time per process, however many Dask threads it has
-        t0 = _perf()
-        state.load(*weights)
-        if source is None:
-            x, y = block
-            x = np.ascontiguousarray(x, dtype=state.dtype)
-            y = np.ascontiguousarray(y, dtype=np.int64)
-        else:
-            x, y = source.batch(block, dtype=state.dtype)
-        results, start = [], 0
-        for i, size in enumerate(sizes):
-            results.append(state.gradients(x[start:start + size], y[start:start + size], total,
-                                           first + i == 0))
-            start += size
-        return results, _perf() - t0, _worker_name()
-
-
-def _worker_name():
-    try:
-        from distributed import get_worker
-        return get_worker().address
-    except (ImportError, ValueError):
-        return f"pid {os.getpid()}"
-
-
-def drop_run(run_id):
-    """Release a run's state in this process (called on every worker at close)."""
-    with _RUNS_LOCK:
-        keys = [k for k in _RUNS if k.startswith(run_id)]
-        states = [_RUNS.pop(k) for k in keys]
-    for s in states:
-        s.close()
-    return len(states)
-
-
-# ---------------------------------------------------------------------------------------
-# Shipping the model: parameters by value, handles as orphans
-# ---------------------------------------------------------------------------------------
-
-def _orphan(shape, dtype, name):
-    return Handle(shape, dtype, name)
-
-
-def template_bytes(model, loss, runtime_kwargs, input_shape, dtype) -> bytes:
-    """The model architecture and loss as bytes a worker unpickles once.
-
-    Parameters travel as plain arrays, and every runtime handle the model or the
-    loss still refers to becomes a handle of no runtime, which the worker's
-    runtime replaces at first use.
-    """
-    import cloudpickle
-
-    class _Pickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if isinstance(obj, Parameter):
-                return Parameter, (obj.name, obj.host())
-            if isinstance(obj, Handle):
-                return _orphan, (obj.shape, obj.dtype.str, obj.name)
-            return super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    _Pickler(buf).dump({"model": model, "loss": loss, "runtime": runtime_kwargs,
-                        "input_shape": tuple(input_shape), "dtype": np.dtype(dtype).name})
-    return buf.getvalue()
-
-
-# ---------------------------------------------------------------------------------------
-# The client side
-# ---------------------------------------------------------------------------------------
-
-class DatasetBatch:
-    """A batch named by its sample indices into a dataset the workers hold."""
-
-    __slots__ = ("data", "indices")
-
-    def __init__(self, data, indices):
-        self.data, self.indices = data, indices
-
-    def __len__(self):
-        return len(self.indices)
-
-
-class Cluster:
+class Cluster(Group):
     """A Dask client and the data-parallel step over it (see the module docstring).
 
     Parameters
@@ -284,31 +86,21 @@ class Cluster:
         Closed with this object.
     own_client : bool
         Close ``client`` with this object.
+    worker_grace : float
+        Seconds a step waits for a worker to appear when none is left.
+    bucket_bytes : int
+        Gradient bytes per reduction bucket (:mod:`hetero_nn.training.exchange`).
     """
 
     def __init__(self, client, *, threads=1, devices=None, cluster=None, own_client=False,
-                 worker_grace=WORKER_GRACE, spec=None):
-        self.client = client
-        self.worker_devices = devices or f"cpu:{int(threads)}"
+                 worker_grace=WORKER_GRACE, spec=None, bucket_bytes=BUCKET_BYTES):
+        super().__init__(client, devices or f"cpu:{int(threads)}", worker_grace, bucket_bytes)
         self.spec = spec or client.scheduler.address
-        self.worker_grace = float(worker_grace)
         self._cluster = cluster
         self._own_client = own_client
-        self.run_id = uuid.uuid4().hex[:12]
-        self._template = None          # (build key, future)
-        self._sources: dict = {}       # id(dataset) -> (dataset, future)
-        self._handles = None           # client-side loss/correct handles
-        self._step = 0
-        self._workers: list[str] = []
-        self._workers_at = 0.0
         self.last_timings: dict = {}
 
     # ------------------------------------------------------------ facts
-    @property
-    def workers(self) -> list[str]:
-        """Addresses of the workers now connected."""
-        return sorted(self.client.nthreads())
-
     @property
     def dashboard(self) -> str | None:
         """The Dask dashboard's address, or None when the scheduler serves none.
@@ -338,35 +130,13 @@ class Cluster:
                 "workers": self.workers, "worker_devices": self.worker_devices,
                 "dashboard": self.dashboard}
 
-    # ------------------------------------------------------------ what travels once
-    def _template_future(self, trainer):
-        model, rt = trainer.model, trainer.runtime
-        key = (model.input_shape, model.dtype.name, id(model), id(trainer.loss))
-        if self._template is None or self._template[0] != key:
-            runtime_kwargs = {"devices": self.worker_devices, "policy": rt.policy_name,
-                              "deterministic": rt.deterministic,
-                              "variants": dict(rt.preferred) or None,
-                              "perfmodel": None if rt.perfmodel is not None else False,
-                              "trace": False}
-            data = template_bytes(model, trainer.loss, runtime_kwargs, model.input_shape,
-                                  model.dtype)
-            version = 0 if self._template is None else self._template[2] + 1
-            future = self._scatter(data)
-            self._template = (key, future, version)
-        return f"{self.run_id}-{self._template[2]}", self._template[1]
-
-    def _source(self, data):
-        entry = self._sources.get(id(data))
-        if entry is None or entry[0] is not data:
-            future = self._scatter(data)
-            entry = self._sources[id(data)] = (data, future)
-        return entry[1]
-
+    # ------------------------------------------------------------ batches
     def batches(self, data, order, batch_size, start, stop):
         """Yield ``(DatasetBatch, indices)`` for batches ``start..stop-1`` of ``order``.
 
-        The dataset goes to the workers once, at the first step; each batch is its indices. (The
-        trainer's ``fit`` uses ``len`` of the second item.)
+        The dataset goes to the workers once, when the group forms; each step sends
+        each rank its samples' indices. (The trainer's ``fit`` uses ``len`` of the
+        second item.)
         """
         for b in range(start, stop):
             indices = np.asarray(order[b * batch_size:(b + 1) * batch_size], dtype=np.int64)
@@ -374,211 +144,195 @@ class Cluster:
 
     # ------------------------------------------------------------ the step
     def train_step(self, trainer, x, y) -> float:
-        """One optimizer step of ``trainer`` with the gradients computed on the workers.
+        """One optimizer step of ``trainer`` on the group; returns the batch's mean loss.
 
-        ``x`` is a :class:`DatasetBatch` (from :meth:`batches`) or an array of
-        images with ``y`` its labels (sent with the step's tasks). If the step's
-        inputs were lost with the workers holding them (scattered data cannot be
-        recomputed) or a worker died receiving them, they are sent again and the
-        step rerun (``_ATTEMPTS`` tries in all).
+        ``x`` is a :class:`DatasetBatch` (from :meth:`batches`) or an array of images
+        with ``y`` its labels (sent to the ranks with the step).
         """
         t_start = _perf()
         model = trainer.model
         if isinstance(x, DatasetBatch):
-            n = len(x)
-            sample = tuple(getattr(x.data, "input_shape", None) or model.input_shape)
+            n, data = len(x), x.data
+            sample = tuple(getattr(data, "input_shape", None) or model.input_shape)
         else:
-            x = np.asarray(x)
-            y = np.asarray(y)
+            x, y, data = np.asarray(x), np.asarray(y), None
             if y.shape != (x.shape[0],):
                 raise ConfigError(f"labels of shape {y.shape} do not match a batch of "
                                   f"{x.shape[0]} samples")
             n, sample = x.shape[0], tuple(x.shape[1:])
         trainer.prepare(np.empty((0, *sample), trainer.dtype))
-        params = model.named_parameters()
-        self._step += 1
-        weights = (f"{self.run_id}-{self._step}", {name: p.host() for name, p in params})
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                results, timings = self._gradients(trainer, x, y, n, weights, attempt)
-                break
-            except _InputsLost:
-                if attempt == _ATTEMPTS or not self.client.nthreads():
-                    raise ClusterError(self._lost(trainer)) from None
-                self._template, self._sources = None, {}  # send them again
-        t0 = _perf()
-        value, correct = self._apply(trainer, params, results)
-        compute = [r[1] for r in results]
-        self.last_timings = {**timings, "apply": _perf() - t0, "worker_max": max(compute),
-                             "worker_sum": sum(compute), "blocks": len(results),
-                             "workers": sorted({r[2] for r in results}),
-                             "total": _perf() - t_start,
-                             "gradient_bytes": sum(a.nbytes for r in results for part in r[0]
-                                                   for a in part[0])}
-        trainer.last_correct = correct
-        return value
-
-    def _gradients(self, trainer, x, y, n, weights, attempt):
-        """Submit the step's blocks and gather their results, in block order."""
-        key, template = self._template_future(trainer)
-        source = self._source(x.data) if isinstance(x, DatasetBatch) else None
-        t0 = _perf()
-        weights_future = self._scatter(weights)
-        t_scatter = _perf() - t0
+        self._adopt(trainer)
+        if trainer.granularity is None:
+            self.tune(trainer, x, y)
         g = min(trainer.granularity, n)
-        starts = partition_starts(n, g)
-        workers = self._current_workers()
-        futures = []
-        for j, (first, parts) in enumerate(blocks(g, len(workers))):
-            lo, hi = starts[first], starts[first + parts]
-            block = x.indices[lo:hi] if source is not None else (x[lo:hi], y[lo:hi])
-            sizes = [starts[i + 1] - starts[i] for i in range(first, first + parts)]
-            futures.append(self.client.submit(
-                run_block, key, template, weights_future, source, block, first, sizes, n,
-                key=f"hetero_nn-block-{self.run_id}-{self._step}.{attempt}-{j}", pure=False,
-                workers=[workers[j % len(workers)]] if workers else None,
-                allow_other_workers=True))
-        t0 = _perf()
-        self._wait(trainer, futures)
-        t_wait = _perf() - t0
-        t0 = _perf()
-        try:
-            results = self.client.gather(futures)
-        except CancelledError:
-            raise _InputsLost() from None
-        return results, {"scatter": t_scatter, "wait": t_wait, "gather": _perf() - t0}
-
-    def _scatter(self, value):
-        """``value`` on one worker now (one future; the blocks on other workers fetch it
-        from there); no worker within the grace: lost.
-
-        Not a broadcast: replicating to every listed worker kept a worker SIGKILLed
-        mid-transfer listed, and the scheduler retried its address 30 s per try
-        (``test_sigkilled_worker_loses_nothing`` failed in 2 of 3 full-suite runs). The
-        whole scatter is bounded, not only its wait for workers; past the bound the
-        step's inputs count as lost and are sent again."""
-        client = self.client
-        try:
-            [future] = client.sync(asyncio.wait_for,
-                                   client._scatter([value], broadcast=False, hash=False,
-                                                   timeout=self.worker_grace),
-                                   2 * self.worker_grace)
-        except (TimeoutError, asyncio.TimeoutError, OSError):  # no worker, or one died
-            raise _InputsLost() from None
-        return future
-
-    def _current_workers(self) -> list[str]:
-        """The workers to deal blocks to: asked of the scheduler at most every
-        ``WORKER_REFRESH`` seconds (a round trip), so a joining worker gets blocks soon."""
-        now = _perf()
-        if not self._workers or now - self._workers_at > WORKER_REFRESH:
-            workers = self.workers
-            if workers:
-                self._workers, self._workers_at = workers, now
-        return self._workers
-
-    def _lost(self, trainer) -> str:
-        workers = len(self.client.nthreads())
-        why = "no worker left" if not workers else \
-            f"the step's inputs were lost {_ATTEMPTS} times over"
-        return (f"cluster {self.spec}: {why}; step {trainer.global_step + 1} was not applied; "
-                f"{trainer.describe_last_checkpoint()}")
-
-    def _wait(self, trainer, futures):
-        """Block until every block is done; a step with no worker for ``worker_grace`` s fails."""
-        from distributed import wait
-
-        alone_since = None
-        while True:
+        step = trainer.global_step + 1
+        for attempt in range(1, ATTEMPTS + 1):
+            size = min(g, max(1, len(self._seen)))
+            self._ensure_group(trainer, data, size)
             try:
-                wait(futures, timeout=1.0)
-            except TimeoutError:
-                pass
-            except CancelledError:  # the scattered inputs went with the workers holding them
-                raise _InputsLost() from None
-            except Exception as exc:  # a lost connection to the scheduler
-                raise ClusterError(f"cluster {self.spec}: {type(exc).__name__}: {exc}; "
-                                   f"{trainer.describe_last_checkpoint()}") from None
-            if all(f.done() for f in futures):
+                result, timings = self._run_step(trainer, x, y, n, g, step)
                 break
-            try:
-                n = len(self.client.nthreads())
-            except Exception as exc:
-                raise ClusterError(f"cluster {self.spec}: the scheduler is gone "
-                                   f"({type(exc).__name__}); "
-                                   f"{trainer.describe_last_checkpoint()}") from None
-            if n:
-                alone_since = None
-            elif alone_since is None:
-                alone_since = _perf()
-            elif _perf() - alone_since > self.worker_grace:
-                for f in futures:
-                    f.cancel()
-                raise ClusterError(f"cluster {self.spec}: no worker left for "
-                                   f"{self.worker_grace:.0f} s; step {trainer.global_step + 1} "
-                                   f"was not applied; {trainer.describe_last_checkpoint()}")
-        for f in futures:
-            if f.status == "cancelled":
-                raise _InputsLost()
-            if f.status == "error":
-                exc = f.exception()
-                if isinstance(exc, HeteroNNError):
-                    raise exc
-                name = type(exc).__name__
-                if name == "KilledWorker":
-                    raise ClusterError(f"cluster {self.spec}: a block of step "
-                                       f"{trainer.global_step + 1} killed every worker it ran "
-                                       f"on ({exc}); "
-                                       f"{trainer.describe_last_checkpoint()}") from None
-                raise TaskError(f"cluster block {f.key} failed: {name}: {exc}") from exc
-            if f.status != "finished":
-                raise ClusterError(f"cluster {self.spec}: block {f.key} ended {f.status}; "
-                                   f"{trainer.describe_last_checkpoint()}")
+            except RankLost as lost:
+                result = self._recover(trainer, step, lost)
+                if result is not None:
+                    timings = {}
+                    break
+                if attempt == ATTEMPTS:
+                    raise ClusterError(f"cluster {self.spec}: step {step} failed {ATTEMPTS} "
+                                       f"times ({lost}); {trainer.describe_last_checkpoint()}") \
+                        from None
+        self._stale = True
+        trainer.last_correct = int(result["correct"])
+        if result.get("norm") is not None:
+            trainer.last_grad_norm = float(result["norm"])
+        self.last_timings = {**timings, "total": _perf() - t_start, "ranks": len(self._group)}
+        return float(result["loss"])
 
-    def _apply(self, trainer, params, results):
-        """Replay the partitions' contributions in partition order, as one process
-        submits them, then clip (if asked) and run the optimizer step."""
-        rt, model = trainer.runtime, trainer.model
-        handles = self._handles
-        if handles is None or handles[0].owner is not rt or handles[0].dtype != model.dtype:
-            handles = self._handles = (rt.empty((), model.dtype, name="loss"),
-                                       rt.empty((), np.int64, name="correct"))
-        loss, correct = handles
-        model.zero_grad(rt)  # fresh gradients, or fill_zero: what the layers do
-        first = True
-        for block in results:
-            for grads, part_loss, part_correct in block[0]:
-                if len(grads) != len(params):
-                    raise ClusterError(f"a worker returned {len(grads)} gradients for "
-                                       f"{len(params)} parameters")
-                for (name, p), grad in zip(params, grads):
-                    rt.submit(contribution(deliver, [p]),
-                              rt.register(_array(grad), name=f"{name}.part"), p.grad)
-                # the loss's first partition writes in place, as SoftmaxCrossEntropy's does
-                codelet = overwriting(deliver) if first else deliver
-                rt.submit(codelet, rt.register(_array(part_loss), name="loss.part"), loss)
-                rt.submit(codelet, rt.register(_array(part_correct), name="correct.part"),
-                          correct)
-                first = False
-        clip = getattr(trainer, "clip_grad_norm", None)
-        norm_sq = submit_clip_grad_norm(trainer.optimizer, clip) if clip is not None else None
-        trainer.optimizer.step(rt)
-        if norm_sq is not None:
-            trainer.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
-        return float(rt.fetch(loss)), int(rt.fetch(correct))
+    def _run_step(self, trainer, x, y, n, g, step):
+        group = self._group
+        starts = partition_starts(g, len(group))
+        sample_starts = partition_starts(n, g)
+        hyper = trainer.optimizer.hyper()
+        common = {"op": "step", "gen": self._generation, "step": step, "epoch": trainer.epoch,
+                  "n": n, "starts": starts, "sample_starts": sample_starts, "hyper": hyper}
+        messages = {}
+        for j, worker in enumerate(group):
+            lo, hi = sample_starts[starts[j]], sample_starts[starts[j + 1]]
+            if isinstance(x, DatasetBatch):
+                part = {"indices": self.links.array(x.indices[lo:hi])}
+            else:
+                part = {"x": self.links.array(x[lo:hi]), "y": self.links.array(y[lo:hi])}
+            messages[self._ranks[worker].address] = {**common, **part}
+        t_send = time.monotonic()
+        replies = self.links.ask(messages, self._alive)
+        t_all = time.monotonic()
+        self._raise_errors(replies, trainer)
+        first = replies[self._ranks[group[0]].address]
+        return first["result"], step_terms(t_send, t_all, replies.values())
+
+    # ------------------------------------------------------------ faults
+    def _abort(self, addresses):
+        """Stop the step on ``addresses``; ``{address: reply}`` of those that answered."""
+        messages = {a: {"op": "abort"} for a in addresses if a in self.links.peers()}
+        return self.links.ask(messages, lambda: list(messages), partial=True, timeout=60.0)
+
+    def _recover(self, trainer, step, lost):
+        """After a rank was lost in ``step``: the step's result if a survivor completed it
+        (its state pulled), else None (the survivors' state, after ``step - 1``, pulled);
+        the next formation pushes it."""
+        logging.getLogger("hetero_nn.cluster").warning("cluster %s: %s; recovering step %d",
+                                                       self.spec, lost, step)
+        survivors = [self._ranks[w].address for w in self._group if w in self._ranks]
+        replies = self._abort(survivors)
+        self._forget([a for a in survivors if a not in replies] + list(lost.addresses))
+        self._dirty = True
+        done = [a for a, r in replies.items() if r.get("completed") == step]
+        ready = done or [a for a, r in replies.items() if r.get("completed") == step - 1]
+        for address in ready:
+            try:
+                self._load(trainer, address)
+            except RankLost:
+                continue
+            if done:
+                return replies[address]["result"]
+            return None
+        self._group = []
+        if self._stale:
+            raise ClusterError(f"cluster {self.spec}: every worker holding the run was lost "
+                               f"in step {step}; {trainer.describe_last_checkpoint()}")
+        return None
+
+    # ------------------------------------------------------------ the run's state
+    def pull(self, trainer):
+        """Bring the run's state (weights, buffers, optimizer, dropout counters) from the
+        group's first rank into ``trainer``, if the ranks are ahead of it."""
+        if not self._stale or self.client is None or trainer is not self._trainer:
+            return
+        for worker in list(self._group):
+            ref = self._ranks.get(worker)
+            if ref is None:
+                continue
+            try:
+                self._load(trainer, ref.address)
+                return
+            except RankLost:
+                self._forget([ref.address])
+        raise ClusterError(f"cluster {self.spec}: every worker holding the run was lost; "
+                           f"{trainer.describe_last_checkpoint()}")
+
+    def _load(self, trainer, address):
+        reply = self.links.ask({address: {"op": "state"}}, lambda: [address])[address]
+        if reply.get("op") != "state":
+            raise RankLost(f"rank {address}: {reply.get('error')}")
+        load_run_state(trainer.model, trainer.optimizer, reply["state"])
+        trainer.step_cache.clear()  # its graphs hold the handles the load replaced
+        self._stale = False
+
+    def invalidate(self):
+        """The client's state was replaced (a checkpoint loaded): push it at the next step."""
+        self._stale = False
+        self._dirty = True
+
+    def tune(self, trainer, x, y=None):
+        """``granularity="auto"`` on the cluster: each rank of a group of all the workers
+        chooses a granularity for its share of the batch on its own devices (without
+        per-layer granularities); the run's granularity is their sum, dealt evenly from
+        then on, with the first rank's choice of fusion everywhere."""
+        import dataclasses
+
+        data = x.data if isinstance(x, DatasetBatch) else None
+        n = len(x)
+        self._adopt(trainer)
+        self._ensure_group(trainer, data, max(1, min(len(self._seen), n)))
+        group = self._group
+        shares = partition_starts(n, len(group))
+        messages = {}
+        for j, worker in enumerate(group):
+            lo, hi = shares[j], shares[j + 1]
+            part = ({"indices": self.links.array(x.indices[lo:hi]), "epoch": trainer.epoch}
+                    if data is not None else {"x": self.links.array(np.asarray(x)[lo:hi]),
+                                              "y": self.links.array(np.asarray(y)[lo:hi])})
+            messages[self._ranks[worker].address] = {"op": "tune", **part}
+        replies = self.links.ask(messages, self._alive)
+        self._raise_errors(replies, trainer)
+        answers = [replies[self._ranks[w].address] for w in group]
+        chosen = [a["granularity"] for a in answers]
+        first = answers[0]["decision"]
+        trainer.granularity = min(sum(chosen), trainer.batch_size)
+        trainer.granularity_decision = dataclasses.replace(
+            first, granularity=trainer.granularity,
+            platform=f"{first.platform}; {len(group)} workers chose {chosen}")
+        if first.fuse is not None and hasattr(trainer.model, "fuse"):
+            trainer.model.fuse = first.fuse
+        trainer.unbind()  # the ranks take the fusion at the next formation
+        return trainer.granularity
 
     # ------------------------------------------------------------ lifetime
     def close(self):
-        """Drop the run's state on the workers; close what this object started."""
-        client, self.client = self.client, None
-        if client is None:
+        """Drop the run on the workers; close what this object started."""
+        if self.client is None:
             return
-        try:
-            if client.status == "running":
-                client.run(drop_run, self.run_id)
-        except Exception:  # workers gone: nothing left to drop
-            pass
-        self._template, self._sources = None, {}
+        if self._trainer is not None and self._stale:  # the run's last steps: here first
+            try:
+                self.pull(self._trainer)
+            except Exception as exc:
+                logging.getLogger("hetero_nn.cluster").warning(
+                    "cluster %s: the state of the last steps could not be brought back "
+                    "(%s); the model holds the state after step %s", self.spec, exc,
+                    self._trainer.global_step)
+        client, self.client = self.client, None
+        self._stop.set()
+        if self.links is not None:
+            for address in self.links.peers():
+                self.links.post(address, {"op": "close"})
+            self.links.close()
+        for ref in self._ranks.values():
+            try:
+                ref.future.release()
+            except Exception:
+                pass
+        self._ranks.clear()
+        self._data = None
         if self._own_client:
             client.close()
             if self._cluster is not None:
@@ -592,15 +346,6 @@ class Cluster:
 
     def __repr__(self):
         return f"Cluster({self.spec!r}, worker_devices={self.worker_devices!r})"
-
-
-class _InputsLost(Exception):
-    """A step's scattered inputs (weights, template, data) are gone from the cluster."""
-
-
-def _array(a):
-    a = np.asarray(a)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
@@ -666,21 +411,8 @@ def _has_bokeh() -> bool:
 def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
     """``(cluster, owned)`` for ``Trainer(cluster=spec)``: refuses what a cluster cannot
     train like one process, then connects (``owned``: made here, so the trainer closes it)."""
-    if trainer.auto_granularity:
-        raise ConfigError("granularity='auto' calibrates and measures local steps; with "
-                          "a cluster give an integer (a multiple of the workers deals best)")
     model = trainer.model
     if getattr(model, "granularities", None) is not None:
         raise ConfigError("cluster: the model has per-layer granularities; a cluster "
                           "worker runs its share at the trainer's granularity")
-    if trainer.augment is not None:
-        raise ConfigError("augment= runs on the client's loader thread; with a cluster "
-                          "the workers read their batches themselves: give one or the other")
-    from ..layers import BatchNorm2D, Dropout
-    stateful = sorted({type(m).__name__ for m in model.modules()
-                       if isinstance(m, (BatchNorm2D, Dropout))})
-    if stateful:  # their statistics / masks span the whole batch, not one worker's block
-        raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
-                          f"batch statistics or dropout masks are not yet kept equal to "
-                          f"one process's across workers; train it with --devices")
     return connect(spec), not isinstance(spec, Cluster)

@@ -2,8 +2,10 @@
 
 This module owns what :meth:`~hetero_nn.training.trainer.Trainer.fit` reads its
 samples through: a hetero_nn Dataset, or ``(images, labels)`` arrays seen through the
-part of the Dataset interface ``fit`` uses (:class:`ArrayData`), and
-:func:`prefetched_batches`, the loader thread.
+part of the Dataset interface ``fit`` uses (:class:`ArrayData`),
+:func:`prefetched_batches`, the loader thread, and :func:`epoch_batches`, which
+picks it or, on a cluster, batches named by their sample indices (the workers
+hold the data and augment their own samples).
 
 Policy: one loader thread per epoch; batch ``b`` lives in one arena of an
 :class:`~hetero_nn.arena.arena.ArenaPair` while the thread fills batch ``b + 1``
@@ -13,13 +15,14 @@ returned, so a reset never waits for the step in flight.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["ArrayData", "as_data", "prefetched_batches"]
+__all__ = ["ArrayData", "as_data", "prefetched_batches", "epoch_batches"]
 
 
 class ArrayData:
@@ -107,3 +110,16 @@ def trainer_dtype(model, dtype) -> np.dtype:
                           f"{np.dtype(built).name}, or build the model with dtype="
                           f"{chosen.name!r}")
     return chosen
+
+
+def epoch_batches(trainer, data, order, epoch, stop):
+    """The batches of ``epoch`` from the trainer's position (``step_in_epoch``) to
+    ``stop``: loaded by :func:`prefetched_batches` (augmented on its thread), or, with a
+    cluster, :meth:`Cluster.batches <hetero_nn.training.cluster.Cluster.batches>`."""
+    t = trainer
+    if t.cluster is not None:
+        return t.cluster.batches(data, order, t.batch_size, t.step_in_epoch, stop)
+    augment = None if t.augment is None else functools.partial(t.augment, seed=t.seed,
+                                                                epoch=epoch)
+    return prefetched_batches(data, order, t.batch_size, t.step_in_epoch, stop, t.dtype,
+                              t._batch_arenas, augment)

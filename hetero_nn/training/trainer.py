@@ -39,7 +39,6 @@ resumed ``"auto"`` run adopts it.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import time
@@ -56,7 +55,7 @@ from ..energy import EnergyMeter
 from ..scheduler.runtime import Runtime
 from . import checkpoint
 from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
-from .loader import as_data, prefetched_batches, trainer_dtype
+from .loader import as_data, epoch_batches, trainer_dtype
 from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
                        progress_bar, running)
 from .pipeline import make_pipeline
@@ -109,10 +108,10 @@ class Trainer:
     replay : bool
         Capture a step's task graph once per step key and replay it (module docstring).
     cluster : distributed.Client, str or Cluster, optional
-        Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
-        a client or a :class:`hetero_nn.training.cluster.Cluster`); the optimizer step runs here.
-        See :mod:`hetero_nn.training.cluster`; a cluster made from a string or client is closed
-        by :meth:`close`.
+        Train on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``, a client or a
+        :class:`hetero_nn.training.cluster.Cluster`), whose workers hold the run between steps
+        (:meth:`sync`). See :mod:`hetero_nn.training.cluster`; a cluster made from a string
+        or client is closed by :meth:`close`.
     pipeline : int or list of lists of layers, optional
         Cut the model into stages, each on its own workers (``stage_devices``, e.g.
         ``["cpu:1", "cuda-emu:1"]``; default: the runtime's workers in equal groups), the
@@ -233,6 +232,8 @@ class Trainer:
         arrays afresh (after its state was replaced behind the runtime's back)."""
         self._bound = None
         self.step_cache.clear()
+        if self.cluster is not None:  # the workers train from the state here next
+            self.cluster.invalidate()
 
     def split(self, h) -> list:
         """The partitions of the batch handle ``h`` at the trainer's granularity."""
@@ -315,8 +316,15 @@ class Trainer:
     def graphs_captured(self, value):
         self.step_cache.captured = value
 
+    def sync(self) -> None:
+        """Bring the run's state here from the cluster's workers (done before evaluations,
+        predictions, checkpoints, at the end of ``fit`` and when the cluster closes)."""
+        if self.cluster is not None:
+            self.cluster.pull(self)
+
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
+        self.sync()
         rt = self.runtime
         with evaluating(self.model):
             key = self.step_cache.key(x, y, "eval")
@@ -335,6 +343,7 @@ class Trainer:
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
+        self.sync()
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self.register_batch(x[start:start + self.batch_size], None)
@@ -459,7 +468,7 @@ class Trainer:
         while self.epoch < epochs:
             e = self.epoch
             order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
-            if self.granularity is None:
+            if self.granularity is None and self.cluster is None:  # a cluster tunes at its step
                 self.tune_granularity(*data.batch(order[:bs], dtype=self.dtype))
             progress = self.progress
             bar = progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
@@ -467,14 +476,7 @@ class Trainer:
             self.energy.start()
             try:
                 t_last = time.perf_counter()
-                if self.cluster is not None:  # the data is on the workers: batches are indices
-                    batches = self.cluster.batches(data, order, bs, self.step_in_epoch, num_batches)
-                else:
-                    augment = None if self.augment is None else functools.partial(
-                        self.augment, seed=self.seed, epoch=e)
-                    batches = prefetched_batches(data, order, bs, self.step_in_epoch,
-                                                 num_batches, self.dtype, self._batch_arenas,
-                                                 augment)
+                batches = epoch_batches(self, data, order, e, num_batches)
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
@@ -513,6 +515,7 @@ class Trainer:
                 on_epoch_end(self, record)
         if ckdir is not None:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
+        self.sync()
         return [dict(r) for r in self.history]
 
     def _end_epoch(self, validation, energy=None) -> dict:
@@ -557,6 +560,7 @@ class Trainer:
         optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
         disk stays the last good one.
         """
+        self.sync()
         return checkpoint.save_trainer(self, path, require_finite)
 
     def load_checkpoint(self, path):
