@@ -37,7 +37,7 @@ from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .xp import array_module
 
-__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "key_data", "keep_mask"]
+__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "key_data", "keep_mask", "uniforms"]
 
 _MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -72,6 +72,12 @@ def _scale(p, dtype):
 def keep_mask(xp, shape, p, key, start):
     """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``;
     ``key`` is an int or the ``key`` operand (an array of the module ``xp``, read there)."""
+    return uniforms(xp, shape, key, start) >= p
+
+
+def uniforms(xp, shape, key, start):
+    """The float64 draws in [0, 1) of a partition of ``shape`` at sample ``start`` (the module
+    docstring's ``u`` of every element); ``key`` as for :func:`keep_mask`."""
     n, size = shape[0], math.prod(shape[1:])
     counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(size) \
         + xp.arange(size, dtype=xp.uint64)
@@ -80,7 +86,7 @@ def keep_mask(xp, shape, p, key, start):
     z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
     z = z ^ (z >> xp.uint64(31))
     u = (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
-    return (u >= p).reshape(shape)
+    return u.reshape(shape)
 
 
 def _apply_xp(xp, src, dst, key, p, start):

@@ -16,3 +16,9 @@ __all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Conv2D", "Dense", "Dropout", "
            "GlobalAvgPool2D", "Layer", "LeakyReLU", "LogSoftmax", "MaxPool2D", "Parameter", "ReLU",
            "Residual", "Sequential", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "evaluating",
            "manual_seed"]
+
+# spiking networks: the time axis (layers/time.py) and the neuron (layers/lif.py)
+from .lif import LIF  # noqa: E402
+from .time import RateEncode, Repeat  # noqa: E402
+
+__all__ += ["LIF", "RateEncode", "Repeat"]

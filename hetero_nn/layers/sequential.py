@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError, ShapeError
-from . import fused
+from . import fused, time
 from .base import Layer
 from .summary import layer_repr, summary
 
@@ -152,9 +152,10 @@ class Sequential(Layer):
             raise ValueError(f"Sequential.build: dtype must be float32 or float64, got {dtype}")
         shape = tuple(int(d) for d in input_shape)
         self.input_shape, self.dtype = shape, dtype
+        steps = None  # the time axis's length, once a Repeat or RateEncode made one
         for i, layer in enumerate(self.layers):
             try:
-                shape = layer.build(shape, dtype)
+                shape, steps = time.build_layer(layer, shape, dtype, steps)
             except ShapeError as exc:
                 raise ShapeError(f"layer {i} ({layer!r}): {exc}") from None
         self.output_shape = shape
@@ -173,13 +174,13 @@ class Sequential(Layer):
             if per_block is not None:
                 xs = regroup(xs, per_block[i])
             self._parts.append(len(xs))
-            xs = block.forward(rt, xs)
+            xs = block.forward(time.runtime_for(rt, block), xs)
         return regroup(xs, given)
 
     def backward(self, rt, dys, need_input_grad=False):
         given = len(dys)
         for (i, block), parts in zip(reversed(self._blocks), reversed(self._parts)):
-            dys = block.backward(rt, regroup(dys, parts),
+            dys = block.backward(time.runtime_for(rt, block), regroup(dys, parts),
                                  need_input_grad=(i > 0 or need_input_grad))
         return None if dys is None else regroup(dys, given)
 
