@@ -11,7 +11,7 @@ synthetic data with the CLI's pinned variants:
 
 Each configuration runs ``--warmup`` steps (compiles, worker state, data sent
 once), then ``--steps`` timed steps; images/s is steps x batch / seconds. For
-the cluster, the mean per step of what :class:`hetero_nn.cluster.Cluster` times:
+the cluster, the mean per step of what :class:`hetero_nn.training.cluster.Cluster` times:
 ``scatter`` (the weight broadcast), ``sched`` (submit until every block is done,
 minus the slowest block's compute on its worker: Dask scheduling, the workers'
 weight load and task dispatch), ``gather`` (the gradient transfer to the client),
@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.cluster import connect
+from hetero_nn.training.cluster import connect
 
 MODELS = {"dahl-basic": (1, 28), "lenet5": (1, 28), "cifar-small": (3, 32)}
 CONFIGS = ("cpu:1", "cpu:2", "local:1", "local:2")

@@ -43,7 +43,7 @@ def step_tasks(model, shape, batch, granularity):
     y = rng.integers(0, 10, batch)
     for _ in range(3):
         trainer.train_step(x, y)
-    graph = next(iter(trainer._graphs.values())).graph
+    graph = next(iter(trainer.graphs.values()))
     return trainer, rt, [t for segment in graph._segments for t, _, _ in segment]
 
 

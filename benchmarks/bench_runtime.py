@@ -115,7 +115,7 @@ def time_prebuilt_dask(program, n, repeat, workers):
     with hn.Runtime(devices=f"cpu:{workers}", executor="dask", perfmodel=False,
                     trace=False) as rt:
         PROGRAMS[program](rt, n)
-        tasks, rt._pending = rt._pending, []
+        tasks, rt._flushes.pending = rt._flushes.pending, []
         dsk, outputs, timing = build_graph(rt, tasks)
         keys = list(outputs.values()) + timing
         with ThreadPoolExecutor(workers) as pool:

@@ -27,7 +27,7 @@ import tempfile
 
 
 def validation(args):
-    from hetero_nn.simulation import calibrate, measure_step, sample_shape, simulate_step
+    from hetero_nn.cli.simulate import calibrate, measure_step, sample_shape, simulate_step
 
     rows = []
     for model, dataset in (("lenet5", "mnist"), ("cifar-small", "cifar10")):
@@ -62,7 +62,7 @@ PLATFORMS = {
 
 def what_if(args):
     from hetero_nn.scheduler.simulate import Platform
-    from hetero_nn.simulation import calibrate, measure_step, sample_shape, simulate_step
+    from hetero_nn.cli.simulate import calibrate, measure_step, sample_shape, simulate_step
 
     links = {"host-cuda": (10e-6, 12e9), "cuda-cuda": (10e-6, 50e9)}
     rows = []

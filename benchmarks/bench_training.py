@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_timing import (Local, Parser, Remote, figures, interleave,  # noqa: E402
                          save_twin, utilisation_text)
 
-from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
+from hetero_nn.cli.options import positive_int  # noqa: E402
 
 MODELS = {"dahl-basic": (1, 28, 28), "lenet5": (1, 28, 28), "cifar-small": (3, 32, 32)}
 
@@ -155,7 +155,7 @@ def main(argv=None):
 def write_json(path, rows):
     import json
 
-    from hetero_nn.cli import environment
+    from hetero_nn.cli.run_folder import environment
     from hetero_nn.fileio import atomic_write_text
     doc = {"command": " ".join([sys.executable, *sys.argv]), "rows": rows, **environment()}
     doc["machine"].update(cpus=os.cpu_count(), load=os.getloadavg())

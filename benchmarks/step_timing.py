@@ -68,7 +68,7 @@ CLASSES = 10
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit status 2 (option
-    types: ``hetero_nn.cli``'s, e.g. ``_positive_int``)."""
+    types: ``hetero_nn.cli.options``', e.g. ``positive_int``)."""
 
     def error(self, message):
         print(f"{self.prog}: error: {message}", file=sys.stderr)

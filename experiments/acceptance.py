@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                         help="where the summary JSON goes")
     args = parser.parse_args(argv)
 
-    from hetero_nn.cli import environment
+    from hetero_nn.cli.run_folder import environment
 
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="hetero_nn-acceptance-")

@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default=str(HERE / "results"))
     args = parser.parse_args(argv)
 
-    from hetero_nn.cli import environment
+    from hetero_nn.cli.run_folder import environment
 
     out = Path(args.out or tempfile.mkdtemp(prefix="hetero_nn-cifar-recipe-"))
     started = datetime.now(timezone.utc)

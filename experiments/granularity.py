@@ -59,7 +59,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from step_timing import Local, Parser, figures, interleave, utilisation_text  # noqa: E402
 
-from hetero_nn.cli import _positive_int as positive_int  # noqa: E402
+from hetero_nn.cli.options import positive_int  # noqa: E402
 
 #: Model -> channels of its input.
 MODELS = {"dahl-basic": 1, "lenet5": 1, "cifar-small": 3}
@@ -431,7 +431,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
 
-    from hetero_nn.cli import environment
+    from hetero_nn.cli.run_folder import environment
     from hetero_nn.fileio import atomic_write_text
 
     started = datetime.now(timezone.utc)

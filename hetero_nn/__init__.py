@@ -14,7 +14,7 @@ from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_
 from .layers import (GELU, AvgPool2D, BatchNorm2D, Dropout, GlobalAvgPool2D, LeakyReLU, Residual,
                      Sigmoid, Tanh)
 from .layers import LogSoftmax
-from .trainer import Trainer
-from . import checkpoint, datasets, models, transforms
+from .training import Trainer, checkpoint, load_model
+from . import datasets, models, transforms
 from .models import MODELS, build_model
-from .trainer import HISTORY_KEYS
+from .training import HISTORY_KEYS

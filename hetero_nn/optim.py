@@ -98,7 +98,7 @@ class Optimizer:
     def replay_key(self):
         """What the parameters of ``step``'s tasks depend on besides the data (hashable),
         or None when a captured step cannot be replayed (see
-        :meth:`hetero_nn.trainer.Trainer.train_step`)."""
+        :meth:`hetero_nn.training.trainer.Trainer.train_step`)."""
         return None
 
     def replayed(self) -> np.ndarray:
@@ -277,7 +277,7 @@ def clip_grad_norm(parameters, max_norm) -> float:
     ``total_norm`` is the 2-norm of all gradients together, and returns
     ``total_norm`` (waiting for it). ``parameters`` is a bound optimizer, a model
     or an iterable of its Parameters; the gradients are those computed by the
-    tasks submitted so far. :class:`~hetero_nn.trainer.Trainer` clips inside each
+    tasks submitted so far. :class:`~hetero_nn.training.trainer.Trainer` clips inside each
     step with ``clip_grad_norm=max_norm``.
     """
     total = submit_clip_grad_norm(parameters, max_norm)
@@ -294,7 +294,7 @@ def clip_grad_norm(parameters, max_norm) -> float:
 class LRScheduler:
     """Base of the schedules: ``torch.optim.lr_scheduler.LRScheduler`` for one parameter group.
 
-    ``interval`` says when :class:`~hetero_nn.trainer.Trainer` steps it by default:
+    ``interval`` says when :class:`~hetero_nn.training.trainer.Trainer` steps it by default:
     after every optimizer step (``"step"``) or at the end of every epoch (``"epoch"``).
     """
 

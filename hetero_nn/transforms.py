@@ -19,7 +19,7 @@ dataset indices of its samples. Its random choices for a sample are a hash of
 splitmix64, vectorised -- and of nothing else: not the batch the sample lands
 in, not the thread, not the time. So a run resumed from a checkpoint sees the
 same images, a different granularity or batch size crops each sample the
-same, and the :class:`~hetero_nn.trainer.Trainer` can run the augmentation on its
+same, and the :class:`~hetero_nn.training.trainer.Trainer` can run the augmentation on its
 loader thread while the previous step computes.
 
 The datasets already serve ``(pixel / 255 - mean) / std`` (torchvision's

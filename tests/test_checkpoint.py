@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from hetero_nn.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, load_model,
+from hetero_nn.training.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, load_model,
                                   read_checkpoint, remove_stale_temporaries, write_checkpoint)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetero_nn.checkpoint import CHECKPOINT_NAME, FINAL_NAME, read_checkpoint
+from hetero_nn.training.checkpoint import CHECKPOINT_NAME, FINAL_NAME, read_checkpoint
 from hetero_nn.cli import main
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -421,7 +421,7 @@ def test_datasets_download_takes_mirrors_and_list_checks_sizes_and_checksums(tmp
 
 
 def test_perfmodel_shows_the_models_and_exits_1_for_a_codelet_without_one(tmp_path, capsys):
-    from hetero_nn.cli import format_perfmodel
+    from hetero_nn.cli.perfmodel import format_perfmodel
     from hetero_nn.scheduler.perfmodel import PerfModel
 
     pm = PerfModel(tmp_path)

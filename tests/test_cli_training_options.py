@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hetero_nn.checkpoint import FINAL_NAME, read_checkpoint
+from hetero_nn.training.checkpoint import FINAL_NAME, read_checkpoint
 from hetero_nn.cli import main
 
 TINY = ["train", "--dataset", "synthetic", "--limit", "96", "--batch-size", "16",

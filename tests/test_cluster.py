@@ -23,7 +23,7 @@ pytest.importorskip("distributed")
 
 import hetero_nn as hn  # noqa: E402
 from hetero_nn.cli import main  # noqa: E402
-from hetero_nn.cluster import blocks, connect, partition_starts  # noqa: E402
+from hetero_nn.training.cluster import blocks, connect, partition_starts  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 DATA = Path(os.environ.get("HETERO_NN_DATA") or SHARED)

@@ -1,4 +1,4 @@
-"""``granularity="auto"`` decides from the performance models (hetero_nn/granularity.py),
+"""``granularity="auto"`` decides from the performance models (hetero_nn/training/granularity.py),
 and ``Sequential.granularities`` runs blocks at a g of their own.
 
 The decision tests give the runtime a performance model already holding many
@@ -46,7 +46,7 @@ def _step_keys(g, fuse):
         trainer.train_step(x, y)  # bound and built: the captured steps are steady ones
 
         def submit():
-            trainer._submit_step(*trainer._batch(x, y))
+            trainer.submit_step(x, y)
             rt.wait()
 
         (step,) = capture(rt, submit, steps=1)

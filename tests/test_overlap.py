@@ -216,7 +216,7 @@ def test_a_failure_while_submitting_surfaces_at_wait_and_cancels_the_rest():
         assert started.wait(TIMEOUT)
         after = [rt.submit(FILL, x, value=5.0)]  # follows the failed task
         others = [rt.register(np.zeros(1)) for _ in range(20)]
-        _until(lambda: rt.executor._error is not None)  # the worker has recorded the failure
+        _until(lambda: rt.executor.state.error is not None)  # the worker has recorded the failure
         after += [rt.submit(FILL, h, value=1.0) for h in others]  # submitted after the failure
         with pytest.raises(hn.TaskError, match="overlap_boom") as info:
             rt.fetch(x)
@@ -257,10 +257,59 @@ def test_close_with_tasks_in_flight_cancels_them_and_returns():
     rest = [rt.submit(FILL, x, value=float(i)) for i in range(50)]
     closer = threading.Thread(target=rt.close)
     closer.start()
-    _until(lambda: rt.executor._error is not None)  # close() has cancelled the rest
+    _until(lambda: rt.executor.state.error is not None)  # close() has cancelled the rest
     go.set()
     closer.join(TIMEOUT)
     assert not closer.is_alive(), "close() hung with tasks in flight"
     assert rt.closed and ("end", "A") in log
     assert all(t.error == "cancelled" for t in rest)
     assert not [w for w in rt.workers if w.thread.is_alive()]
+
+
+# ---------------------------------------------------------------- the executor's state
+@pytest.mark.parametrize("policy", ["eager", "dmda"])
+def test_the_executor_state_says_where_each_unfinished_task_is(policy):
+    """While A blocks on one worker, B waits for A and C queues behind it: the one
+    state object lists A running, B waiting after A, and nothing idle but the other
+    worker; once drained everything is empty again."""
+    log = []
+    go = threading.Event()
+    with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=False) as rt:
+        a = rt.register(np.zeros(1))
+        started = _signal_on(rt, a, "A", log, go)
+        assert started.wait(TIMEOUT)
+        rt.submit(FILL, a, value=2.0)  # waits for A
+        state = rt.executor.state
+        with rt._lock:
+            text = str(state)
+            running = [t for r in state.running for t in r]
+            waiting = list(state.waiting)
+            remaining = state.remaining
+        go.set()
+        rt.wait()
+        assert remaining == 2
+        assert [t.codelet.name for t in running] == ["overlap_signal"]
+        assert [t.codelet.name for t in waiting] == ["overlap_fill"]
+        assert "2 task(s) not finished, 1 waiting" in text
+        assert "running [Task(overlap_signal#" in text and "waiting: Task(overlap_fill#" in text
+        assert state.remaining == 0 and not state.waiting and not any(state.running)
+        assert rt.fetch(a)[0] == 2.0
+
+
+def test_a_stalled_flush_is_logged_with_the_state(monkeypatch, caplog):
+    """drain() logs the state when nothing finishes for STALL_REPORT_SECONDS, and goes
+    on waiting: the flush still completes once the task is let go."""
+    import hetero_nn.scheduler.local as local
+
+    monkeypatch.setattr(local, "STALL_REPORT_SECONDS", 0.05)
+    log = []
+    go = threading.Event()
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        a = rt.register(np.zeros(1))
+        _signal_on(rt, a, "A", log, go)
+        threading.Timer(0.5, go.set).start()
+        with caplog.at_level("WARNING", logger="hetero_nn.scheduler"):
+            rt.wait()
+        assert rt.fetch(a)[0] == 1.0
+    assert any("made no progress" in r.getMessage() and "running [Task(overlap_signal#"
+               in r.getMessage() for r in caplog.records)

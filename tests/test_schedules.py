@@ -140,7 +140,7 @@ def test_clip_grad_norm_through_the_runtime_matches_torch(dtype, max_norm):
     y = rng.integers(0, 5, 6)
     with hn.Runtime(devices="cpu:2", perfmodel=False, deterministic=True) as rt:
         trainer = hn.Trainer(model, runtime=rt, batch_size=6, granularity=3, dtype=dtype)
-        xs, ys = trainer._batch(x, y)
+        xs, ys = trainer.register_batch(x, y)
         model.zero_grad(rt)
         logits = model.forward(rt, xs)
         _, _, dlogits = trainer.loss(rt, logits, ys)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from hetero_nn.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from hetero_nn.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from twins import torch_twin
 
 REL_F64 = 1e-9
@@ -182,7 +182,7 @@ def test_fit_takes_plain_arrays_and_shuffles_per_epoch():
         history = tr.fit((x, y), epochs=2, validation=(x, y), verbose=0)
         loss, acc = tr.evaluate((x, y))
     assert history[-1]["test_loss"] == loss and history[-1]["test_accuracy"] == acc
-    data = hn.trainer._ArrayData(x, y)
+    data = hn.training.loader.ArrayData(x, y)
     assert not np.array_equal(data.epoch_order(0, 0), data.epoch_order(0, 1))
     with pytest.raises(hn.ConfigError, match="expected a hetero_nn Dataset"):
         hn.Trainer(model, runtime=_runtime(), batch_size=16).fit(x, epochs=1)
@@ -312,10 +312,10 @@ def test_prefetched_batches_alternate_arenas_and_match_sequential_loading():
     import threading
 
     from hetero_nn.arena import ArenaPair
-    from hetero_nn.trainer import _ArrayData, prefetched_batches
+    from hetero_nn.training.loader import ArrayData, prefetched_batches
 
     rng = np.random.default_rng(3)
-    data = _ArrayData(rng.integers(0, 255, (50, 1, 6, 6)).astype(np.uint8), rng.integers(0, 10, 50))
+    data = ArrayData(rng.integers(0, 255, (50, 1, 6, 6)).astype(np.uint8), rng.integers(0, 10, 50))
     order = rng.permutation(50)
     pair = ArenaPair("test-batches")
     threads = threading.active_count()

@@ -38,9 +38,9 @@ __all__ = ["avgpool2d_fwd", "avgpool2d_bwd", "avgpool2d_output_shape"]
 
 def _geometry(x_shape, kernel_size, stride, padding):
     """``(kh, kw, sh, sw, ph, pw, OH, OW)`` for pooling an ``x_shape`` input."""
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(kernel_size if stride is None else stride, "stride")
-    ph, pw = pair(padding, "padding")
+    kh, kw = pair(kernel_size, "kernel_size", "avgpool2d")
+    sh, sw = pair(kernel_size if stride is None else stride, "stride", "avgpool2d")
+    ph, pw = pair(padding, "padding", "avgpool2d")
     if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
         raise ValueError(f"avgpool2d: kernel_size and stride must be >= 1 and padding at most "
                          f"half the kernel, got kernel_size={kernel_size!r}, stride={stride!r}, "
@@ -63,7 +63,7 @@ def avgpool2d_output_shape(x_shape, kernel_size, stride=None, padding=0):
 
 
 def _flops(a, b, kernel_size, stride=None, padding=0):
-    kh, kw = pair(kernel_size, "kernel_size")
+    kh, kw = pair(kernel_size, "kernel_size", "avgpool2d")
     return float(max(math.prod(a), math.prod(b)) * kh * kw)
 
 

@@ -79,8 +79,8 @@ one core's L2 cache, so the GEMM finds both there, beside its packed panels."""
 
 def _geometry(x_shape, w_shape, stride, padding):
     """Return ``(sh, sw, ph, pw, OH, OW)`` for a convolution, checking it is valid."""
-    sh, sw = pair(stride, "stride")
-    ph, pw = pair(padding, "padding")
+    sh, sw = pair(stride, "stride", "conv2d")
+    ph, pw = pair(padding, "padding", "conv2d")
     if sh < 1 or sw < 1 or ph < 0 or pw < 0:
         raise ValueError(f"conv2d: stride must be >= 1 and padding >= 0, "
                          f"got stride={stride!r}, padding={padding!r}")

@@ -52,8 +52,8 @@ __all__ = ["maxpool2d_fwd", "maxpool2d_bwd", "maxpool2d_output_shape"]
 
 def _geometry(x_shape, kernel_size, stride):
     """Return ``(kh, kw, sh, sw, OH, OW)`` for pooling an ``x_shape`` input."""
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(kernel_size if stride is None else stride, "stride")
+    kh, kw = pair(kernel_size, "kernel_size", "maxpool2d")
+    sh, sw = pair(kernel_size if stride is None else stride, "stride", "maxpool2d")
     if kh < 1 or kw < 1 or sh < 1 or sw < 1:
         raise ValueError(f"maxpool2d: kernel_size and stride must be >= 1, "
                          f"got kernel_size={kernel_size!r}, stride={stride!r}")
@@ -74,7 +74,7 @@ def maxpool2d_output_shape(x_shape, kernel_size, stride=None):
 
 
 def _fwd_flops(x, y, argmax, kernel_size, stride=None):
-    kh, kw = pair(kernel_size, "kernel_size")
+    kh, kw = pair(kernel_size, "kernel_size", "maxpool2d")
     return float(math.prod(y) * kh * kw)
 
 

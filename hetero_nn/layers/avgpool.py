@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..codelets.avgpool import avgpool2d_bwd, avgpool2d_fwd
 from ..errors import ConfigError, ShapeError
 from .base import Layer
-from .checks import pair
+from ..codelets._checks import pair
 
 
 def _compact(p):
@@ -19,8 +19,9 @@ class AvgPool2D(Layer):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
         name = "AvgPool2D"
-        self.kernel_size = pair(kernel_size, "kernel_size", name)
-        self.stride = self.kernel_size if stride is None else pair(stride, "stride", name)
+        self.kernel_size = pair(kernel_size, "kernel_size", name, minimum=1)
+        self.stride = (self.kernel_size if stride is None
+                       else pair(stride, "stride", name, minimum=1))
         self.padding = pair(padding, "padding", name, minimum=0)
         if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
             raise ConfigError(f"{name}: padding {self.padding} must be at most half the kernel "

@@ -6,7 +6,7 @@ from ..codelets.conv import (conv2d_bwd_input, conv2d_bwd_params, conv2d_bwd_wei
                              conv2d_fwd, conv2d_fwd_nobias)
 from ..errors import ShapeError
 from .base import AffineLayer
-from .checks import positive_int, pair
+from ..codelets._checks import pair, positive_int
 
 
 class Conv2D(AffineLayer):

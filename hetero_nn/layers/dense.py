@@ -13,7 +13,7 @@ from ..codelets.dense import (dense_bwd_input, dense_bwd_params, dense_bwd_weigh
                               dense_fwd_nobias)
 from ..errors import ShapeError
 from .base import AffineLayer, Layer
-from .checks import positive_int
+from ..codelets._checks import positive_int
 
 
 class Flatten(Layer):

@@ -27,7 +27,7 @@ from ..codelets.batchnorm import (bn_bwd_input, bn_bwd_sums, bn_fwd, bn_mean, bn
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
 from .base import Buffer, Layer
-from .checks import positive_int
+from ..codelets._checks import positive_int
 
 
 class BatchNorm2D(Layer):

@@ -7,7 +7,7 @@ import numpy as np
 from ..codelets.pool import maxpool2d_bwd, maxpool2d_fwd
 from ..errors import ShapeError
 from .base import Layer
-from .checks import pair
+from ..codelets._checks import pair
 
 
 class MaxPool2D(Layer):
@@ -15,8 +15,9 @@ class MaxPool2D(Layer):
 
     def __init__(self, kernel_size, stride=None):
         super().__init__()
-        self.kernel_size = pair(kernel_size, "kernel_size", "MaxPool2D")
-        self.stride = self.kernel_size if stride is None else pair(stride, "stride", "MaxPool2D")
+        self.kernel_size = pair(kernel_size, "kernel_size", "MaxPool2D", minimum=1)
+        self.stride = (self.kernel_size if stride is None
+                       else pair(stride, "stride", "MaxPool2D", minimum=1))
 
     def infer_shape(self, input_shape):
         if len(input_shape) != 3:

@@ -3,7 +3,8 @@ performance models and traces."""
 
 from .perfmodel import PerfModel
 from .policies import POLICIES
-from .runtime import Graph, Runtime
+from .capture import Graph
+from .runtime import Runtime
 from .task import Task
 from .trace import TaskRecord, Trace
 

@@ -77,11 +77,14 @@ def parse_devices(spec) -> tuple[int, list[int], int]:
 
 
 class Worker:
-    """One device's thread state: its queue and the policy's bookkeeping."""
+    """One device's thread: what it is (kind, memory node, stream), the policy's queue
+    and bookkeeping for it, and whether it sleeps (``idle``, read by policies).
+
+    What the executor knows of its tasks (running, completed on its stream) is the
+    executor's :class:`~hetero_nn.scheduler.local.ExecutorState`."""
 
     __slots__ = ("index", "name", "kind", "node", "queue", "cond", "idle", "thread", "stream",
-                 "queued_work", "running_end", "busy", "device", "completed", "inflight",
-                 "last_end")
+                 "queued_work", "running_end", "busy", "device", "last_end")
 
     def __init__(self, index, name, kind, node, lock):
         self.index = index
@@ -97,8 +100,6 @@ class Worker:
         self.running_end = 0.0   # predicted end of the running task (dmda)
         self.busy = 0.0          # seconds spent running tasks
         self.device = "cuda-emu" if node.emulated else kind  # what it is, for traces
-        self.completed = deque()  # tasks its stream finished, to release (CUDA workers)
-        self.inflight = 0        # tasks launched on its stream, not yet finished
         self.last_end = 0.0      # when its stream finished the last task
 
     def __repr__(self):

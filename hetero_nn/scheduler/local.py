@@ -18,11 +18,19 @@ chain of tasks runs on one thread without a single context switch.
 
 State (all under ``_lock``)
 ---------------------------
-``_remaining``: tasks handed over since the last ``drain`` not yet finished.
-``_error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the
+One :class:`ExecutorState`, ``executor.state``, printed (``str``) when a flush
+stalls (``drain`` logs it every ``STALL_REPORT_SECONDS`` without progress):
+``remaining``: tasks handed over since the last ``drain`` not yet finished;
+``waiting``: those whose predecessors have not all finished; ``ready``: the
+policy's queues, by place (each worker's, and a shared one); ``running``: per
+worker, the tasks it took and has not finished (at most one on a CPU worker;
+on a CUDA worker, those launched on its stream); ``completed``: per worker, the
+tasks its stream finished, for its thread to release; ``idle``: workers asleep;
+``error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the
 remaining tasks (and those added after it) are cancelled (released without
-running) until ``drain`` re-raises it. ``_idle``: workers asleep. ``close``
-with tasks in flight cancels those not started and waits for the running ones.
+running) until ``drain`` re-raises it; ``closing``: ``close`` asked the workers
+to stop. ``close`` with tasks in flight cancels those not started and waits for
+the running ones. A worker's ``idle`` flag stays on the worker (policies read it).
 
 CUDA workers
 ------------
@@ -31,7 +39,7 @@ stream implementations) binds a task's operands in its device context (copies
 in go on its node's stream), launches the variant on that stream and goes on to
 the next task without waiting: up to ``CUDA_PIPELINE`` tasks are in flight on
 the stream. A completion callback, queued after the kernel, hands the task back
-(``w.completed``) and the worker releases its successors, under the lock, on
+(``state.completed``) and the worker releases its successors, under the lock, on
 its own thread: the callback never touches the device. The host waits for a
 stream only where it needs the data (a copy back to a host node) and when a
 flushed graph ends. Roots a task uses are held on the node (no eviction under a
@@ -59,14 +67,74 @@ BLAS is held to one thread (``threadpoolctl``) while the executor lives, so
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field
 
 from ..errors import TaskError
 from .bundle import Bundle
 
 _perf = time.perf_counter
 CUDA_PIPELINE = 4  # tasks a CUDA worker may have launched and not yet completed
+STALL_REPORT_SECONDS = 60.0  # drain logs the state after this long without a task finishing
+_log = logging.getLogger("hetero_nn.scheduler")
+
+
+@dataclass(eq=False)
+class ExecutorState:
+    """What the local executor knows of the tasks handed to it (module docstring, *State*).
+
+    Per-worker fields are lists indexed by ``Worker.index``. ``str(state)`` says
+    where every unfinished task is, for a flush that stalls.
+    """
+
+    workers: list
+    ready: dict                  # place ("shared" or a worker's name) -> the policy's queue
+    remaining: int = 0
+    waiting: dict = field(default_factory=dict)  # task -> None (an ordered set)
+    running: list = field(default_factory=list)
+    completed: list = field(default_factory=list)
+    idle: list = field(default_factory=list)
+    error: TaskError | None = None
+    closing: bool = False
+
+    def __post_init__(self):
+        self.running = [deque() for _ in self.workers]
+        self.completed = [deque() for _ in self.workers]
+
+    def __str__(self):
+        lines = [f"executor state: {self.remaining} task(s) not finished, "
+                 f"{len(self.waiting)} waiting for predecessors"
+                 + (f", error: {self.error}" if self.error is not None else "")
+                 + (", closing" if self.closing else "")]
+        for place, queue in self.ready.items():
+            tasks = _queued(queue)
+            if tasks:
+                lines.append(f"  ready on {place}: {_some(tasks)}")
+        for w in self.workers:
+            state = "idle" if w in self.idle else "awake"
+            lines.append(f"  {w.name} ({state}): running {_some(self.running[w.index])}"
+                         + (f", completed {len(self.completed[w.index])} to release"
+                            if self.completed[w.index] else ""))
+        for t in list(self.waiting)[:8]:
+            left = [p for p in t.preds if not p.done]
+            lines.append(f"  waiting: {t!r} (npred {t.npred}) after {_some(left)}")
+        if len(self.waiting) > 8:
+            lines.append(f"  ... and {len(self.waiting) - 8} more waiting")
+        return "\n".join(lines)
+
+
+def _queued(queue) -> list:
+    """The tasks in a policy's queue (a deque, or heft's heap of ``(rank, id, task)``)."""
+    return [x[-1] if isinstance(x, tuple) else x for x in queue]
+
+
+def _some(tasks, n=6) -> str:
+    tasks = list(tasks)
+    text = ", ".join(repr(t) for t in tasks[:n])
+    return f"[{text}{', ...' if len(tasks) > n else ''}] ({len(tasks)})" if tasks else "[]"
 
 
 class LocalExecutor:
@@ -79,10 +147,7 @@ class LocalExecutor:
         self.workers = runtime.workers
         self._lock = runtime._lock
         self._done = threading.Condition(self._lock)
-        self._remaining = 0
-        self._error = None
-        self._idle: list = []
-        self._closing = False
+        self.state = ExecutorState(self.workers, policy.queues())
         self._mixed = not policy.homogeneous  # device kinds differ: wake only eligible workers
         self._blas = None
         try:
@@ -99,8 +164,9 @@ class LocalExecutor:
     def add(self, task):
         """Take a task just submitted (its ``preds`` set): link it to the predecessors
         not finished yet, or, if none, hand it to the policy now."""
+        state = self.state
         with self._lock:
-            self._remaining += 1
+            state.remaining += 1
             n = 0
             for p in task.preds:
                 if not p.done:
@@ -108,24 +174,32 @@ class LocalExecutor:
                     n += 1
             if n:
                 task.npred = n
+                state.waiting[task] = None
                 return
             task.t_ready = _perf()
             target = self.policy.push(task, None)
             if target is None:
                 if self._mixed:
                     self._wake_for(task)
-                elif self._idle:
+                elif state.idle:
                     self._wake_some(1)
             elif target.idle:
                 self._wake(target)
 
     def drain(self):
-        """Block until every task handed over has finished; re-raise the first failure."""
+        """Block until every task handed over has finished; re-raise the first failure.
+
+        A flush that makes no progress for ``STALL_REPORT_SECONDS`` is logged with
+        the executor's state (it keeps waiting)."""
+        state = self.state
         with self._lock:
-            while self._remaining:
-                self._done.wait()
-            error = self._error
-            self._error = None
+            while state.remaining:
+                before = state.remaining
+                if not self._done.wait(STALL_REPORT_SECONDS) and state.remaining == before:
+                    _log.warning("a flush made no progress for %.0f s\n%s",
+                                 STALL_REPORT_SECONDS, str(state))  # as it is now
+            error = state.error
+            state.error = None
         for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
             node.synchronize()
         if error is not None:
@@ -137,10 +211,12 @@ class LocalExecutor:
         ``planned``: the DAG ran before (a replay); a policy that plans statically
         (``plan_once``) keeps the plan it made then."""
         policy = self.policy
+        state = self.state
+        waiting = state.waiting
         now = _perf()
         with self._lock:
-            self._remaining = len(tasks)  # nothing else is in flight at a flush
-            self._error = None
+            state.remaining = len(tasks)  # nothing else is in flight at a flush
+            state.error = None
             if not (planned and policy.plan_once):
                 policy.prepare(tasks)
             shared = 0
@@ -155,19 +231,22 @@ class LocalExecutor:
                             shared += 1
                     elif target.idle:
                         self._wake(target)
+                else:
+                    waiting[t] = None
             self._wake_some(shared)
         self.drain()
 
     def close(self):
         """Stop the workers: tasks in flight that have not started are cancelled, the
         running ones finish first."""
+        state = self.state
         with self._lock:
-            if self._remaining:
-                if self._error is None:
-                    self._error = TaskError("the runtime was closed with tasks in flight")
-                while self._remaining:
+            if state.remaining:
+                if state.error is None:
+                    state.error = TaskError("the runtime was closed with tasks in flight")
+                while state.remaining:
                     self._done.wait()
-            self._closing = True
+            state.closing = True
             for w in self.workers:
                 w.cond.notify()
         for w in self.workers:
@@ -180,18 +259,18 @@ class LocalExecutor:
     # ------------------------------------------------------------------ wake-ups (lock held)
     def _wake(self, w):
         w.idle = False
-        self._idle.remove(w)
+        self.state.idle.remove(w)
         w.cond.notify()
 
     def _wake_for(self, task):
         """Wake one idle worker that has a variant for ``task`` (workers of several kinds)."""
-        for w in self._idle:
+        for w in self.state.idle:
             if w in task.eligible:
                 self._wake(w)
                 return
 
     def _wake_some(self, n):
-        idle = self._idle
+        idle = self.state.idle
         while n > 0 and idle:
             w = idle.pop()
             w.idle = False
@@ -207,6 +286,10 @@ class LocalExecutor:
         rt = self.rt
         kind = w.kind
         execute = self._execute
+        state = self.state
+        running = state.running[w.index]
+        completed = state.completed[w.index]
+        idle = state.idle
         task = None
         failed = False  # whether the DAG had failed when this worker took ``task``
         while True:
@@ -214,27 +297,28 @@ class LocalExecutor:
             with lock:
                 if task is not None:  # finish the task just run
                     prefetch = self._finish(task, w, failed, True, prefetch)
-                while w.completed:  # tasks its stream finished (CUDA workers)
-                    done, done_failed = w.completed.popleft()
+                while completed:  # tasks its stream finished (CUDA workers)
+                    done, done_failed = completed.popleft()
                     prefetch = self._finish(done, w, done_failed, False, prefetch)
-                task = pop(w) if w.inflight < CUDA_PIPELINE else None
+                task = pop(w) if len(running) < CUDA_PIPELINE else None
                 while task is None:
-                    if self._closing and not w.inflight:
+                    if state.closing and not running:
                         return
-                    if w.inflight >= CUDA_PIPELINE:  # a full stream: wait for a completion
+                    if len(running) >= CUDA_PIPELINE:  # a full stream: wait for a completion
                         w.cond.wait()
                     else:
                         w.idle = True
-                        self._idle.append(w)
+                        idle.append(w)
                         w.cond.wait()
                         if w.idle:  # woken by close() or a completion, not by a push
                             w.idle = False
-                            self._idle.remove(w)
-                    while w.completed:
-                        done, done_failed = w.completed.popleft()
+                            idle.remove(w)
+                    while completed:
+                        done, done_failed = completed.popleft()
                         prefetch = self._finish(done, w, done_failed, False, prefetch)
-                    task = pop(w) if w.inflight < CUDA_PIPELINE else None
-                failed = self._error is not None
+                    task = pop(w) if len(running) < CUDA_PIPELINE else None
+                running.append(task)
+                failed = state.error is not None
             if prefetch is not None:
                 for s, target_node in prefetch:
                     if s.t_start == 0.0:
@@ -252,13 +336,15 @@ class LocalExecutor:
     def _finish(self, task, w, failed, takes_one, prefetch):
         """Mark a task done and release its successors (lock held); returns the
         prefetch list. ``takes_one``: the worker will take one of them itself."""
+        state = self.state
+        state.running[w.index].remove(task)
         task.done = True
         if failed:
             task.error = "cancelled"
         elif task.error is not None:
             err = self._task_error(task)
-            if self._error is None:
-                self._error = err
+            if state.error is None:
+                state.error = err
         self.policy.finished(task, w)
         succ = task.succ
         node = w.node
@@ -266,9 +352,11 @@ class LocalExecutor:
             shared = -1 if takes_one else 0
             now = _perf()
             push = self.policy.push
+            waiting = state.waiting
             for s in succ:
                 s.npred -= 1
                 if s.npred == 0:
+                    del waiting[s]
                     s.t_ready = now
                     target = push(s, w)
                     if target is None:
@@ -285,10 +373,10 @@ class LocalExecutor:
                             if prefetch is None:
                                 prefetch = []
                             prefetch.append((s, target.node))
-            if shared > 0 and self._idle:
+            if shared > 0 and state.idle:
                 self._wake_some(shared)
-        self._remaining -= 1
-        if not self._remaining:
+        state.remaining -= 1
+        if not state.remaining:
             self._done.notify_all()  # drain(), and close() from another thread
         return prefetch
 
@@ -313,8 +401,6 @@ class LocalExecutor:
             task.t_end = _perf()
             task.error = exc
             return task
-        with self._lock:
-            w.inflight += 1
         stream.add_callback(lambda: self._completed(task, w))
         return None
 
@@ -337,8 +423,7 @@ class LocalExecutor:
             w.busy += task.t_end - task.t_start
             self.rt.record(task, w.kind)
         with self._lock:
-            w.inflight -= 1
-            w.completed.append((task, False))  # it ran: the DAG had not failed when taken
+            self.state.completed[w.index].append((task, False))  # it ran: not failed when taken
             if w.idle:
                 self._wake(w)
             else:
@@ -367,8 +452,8 @@ class LocalExecutor:
                         codelet=task.codelet.name, task_id=task.id)
         err.__cause__ = exc
         with self._lock:
-            if self._error is None:
-                self._error = err
+            if self.state.error is None:
+                self.state.error = err
 
     @staticmethod
     def _task_error(task):

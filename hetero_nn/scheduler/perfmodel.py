@@ -3,7 +3,7 @@
 This module owns what the scheduler knows about how long things take, as StarPU's
 history-based and regression performance models do, and the files that keep it
 between runs (shown by ``hetero-nn perfmodel``, like ``starpu_perfmodel_display``;
-the display lives in :mod:`hetero_nn.cli`).
+the display lives in :mod:`hetero_nn.cli.perfmodel`).
 
 State, all behind one lock (``PerfModel._lock``):
 

@@ -79,6 +79,11 @@ class Policy:
     def finished(self, task, worker):
         pass
 
+    def queues(self) -> dict:
+        """The policy's ready tasks by place, for the executor's state: the live queues
+        (each worker's ``queue``; a policy with a shared one names it ``"shared"``)."""
+        return {w.name: w.queue for w in self.workers}
+
     def _take(self, queue, worker):
         """The oldest task of ``queue`` that ``worker`` has a variant for (removed), or None."""
         if not queue:
@@ -106,6 +111,9 @@ class Eager(Policy):
     def push(self, task, from_worker):
         self.queue.append(task)
         return None
+
+    def queues(self) -> dict:
+        return {"shared": self.queue}
 
     def pop(self, worker):
         return self._take(self.queue, worker)

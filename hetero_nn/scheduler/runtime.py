@@ -1,87 +1,44 @@
-"""The runtime: sequential task flow over handles, REDUX trees, flushes to an executor.
+"""The runtime's front end: ``Runtime`` takes submissions and synchronisation points
+and hands each concern to its module.
 
 Policy
 ------
-Tasks are submitted in program order (StarPU's sequential task flow). For every
-operand the runtime keeps, per handle, the last writer and the readers since;
-an ``R`` access waits for the last writer, a ``W``/``RW`` access waits for the
-last writer and every reader since (write-after-read). Accesses through any
-handle of one root are ordered as sequential NumPy on the same views would be:
-two handles conflict when their boxes (index ranges in the root) intersect,
-whether one is below the other or they belong to different partition plans.
-Children of one plan are disjoint by construction and never compared.
+Tasks are submitted in program order (StarPU's sequential task flow): layers call
+``submit(codelet, *handles, **params)``, the runtime infers the dependencies from
+the access modes and hands the task to an executor, which places it on a worker
+with a scheduling policy. ``wait()`` / ``fetch()`` are the synchronisation
+points. One module per concern, this one only wiring them together:
 
-The cost of a submission does not grow with what is pending. A reader appends
-itself to its handle's reader list; a writer takes that list as dependencies
-once and empties it, and empties the state of every handle inside the region
-it writes (it depends on them, so later accesses need only it). Finding the
-conflicting handles walks the ancestors, the descendants that hold state
-(``_live_below`` counts them), and, per other plan of an ancestor, only the
-children whose range meets the access (a bisection). All dependency state
-belongs to the tasks of one flush and is dropped when the flush ends.
+- :mod:`~hetero_nn.scheduler.handles`: the handle factory (``register``,
+  ``empty``, ``temporary``) and the checks on operands;
+- :mod:`~hetero_nn.scheduler.dependencies`: dependency inference (per handle the
+  last writer and the readers since; conflicts between the boxes of handles of
+  one root, across partition plans);
+- :mod:`~hetero_nn.scheduler.redux`: REDUX partials and the balanced trees that
+  combine them in submission order;
+- :mod:`~hetero_nn.scheduler.variants`: which variant runs a task (pinned, or the
+  performance model's choice) and the model's feed;
+- :mod:`~hetero_nn.scheduler.binding`: operands made coherent on a worker's node;
+- :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
+  DAG, generations, trace records);
+- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`);
+- executors (:mod:`~hetero_nn.scheduler.local`,
+  :mod:`~hetero_nn.scheduler.dask_executor`) and policies
+  (:mod:`~hetero_nn.scheduler.policies`).
 
-``REDUX`` contributions make no dependency on the handle: each one gets a
-private partial; at the next non-REDUX access to the handle's root (or at
-``wait``) the runtime submits a balanced tree of ``redux`` tasks over the
-partials in submission order and adds the result into the handle, so the
-result is bit-for-bit the same whatever the executor, policy or timing. A
-task's non-REDUX operands are processed before its REDUX ones, and a REDUX
-access combines the other handles of its root but keeps those the same task
-accumulates into, so no tree ever takes the partial of the task being
-submitted (the pending list stays in topological order).
-``SCRATCH`` operands are private temporaries and make no dependency.
-
-Variants: a pinned runtime (the default) runs per codelet and device kind the
-variant :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS` names, so results
-are the same bits under every policy and worker count;
-``deterministic=False`` lets the performance model choose.
-
-Execution overlaps submission (StarPU's behaviour): with the local executor a
-submitted task whose predecessors have finished goes to the policy at once and
-may run while the program goes on submitting. ``wait()`` / ``fetch()`` are the
-synchronisation points: they combine pending reductions, block until every
-task submitted has finished and end the *flush* (a generation). Submitted tasks
-instead accumulate until ``wait()``, which hands the closed DAG to the executor,
-where the whole graph is needed or streaming is not possible: a policy that
-defines ``prepare`` (``heft`` plans the whole step statically), the Dask
-executors (one Dask graph per flush), a capture (each recorded task keeps its
-full successor list), a runtime with CUDA (or emulated CUDA) workers, and
-``Runtime(overlap=False)`` (kept for study). CUDA workers are left out: runs of
-the suite hung in the emulated-device property test with streaming, through a
-lock-order inversion (a policy reading a handle's validity under its lock while
-placing under the executor's; fixed, see ``Handle.valid_hint``) that streaming
-made likelier; streaming there waits for more runs. Their streams already
-overlap launches with execution.
+A submission checks its operands, infers its dependencies from its non-REDUX
+operands (combining first any REDUX tree pending on their roots), gives its
+REDUX operands private partials, and hands the task to the flush, which streams
+it to the executor or keeps it for ``wait()``. ``SCRATCH`` operands are private
+temporaries and make no dependency.
 
 State
 -----
-``_pending``: tasks submitted since the last flush, in submission order (a
-topological order), whether they have run or not. ``_streaming``: whether this
-flush's tasks go to the executor as they are submitted (decided at its first
-submission, see ``_begin_flush``). ``_redux_pending``: root handle -> handles of
-that root with REDUX partials not yet combined, in the order of their first
-contribution.
-``_tracked``: handles given dependency state in this flush (dropped at its end).
-``_generation``: number of flushes run; temporaries (arena-backed handles, REDUX
-partials) belong to one generation, and the node arenas are reset when the next
-flush starts (streaming: at its first submission, when nothing of the previous
-one runs any more). ``_records``: trace records of executed tasks.
-``_capturing``: the :class:`Graph` being recorded (see :meth:`Runtime.capture`),
-or None.
-
-Capture and replay
-------------------
-``with rt.capture() as graph:`` records the tasks of every flush inside the
-block, with their dependencies and REDUX trees as submitted; ``graph.replay()``
-runs the same task objects again (only their per-run state reset): no
-dependency inference, no task built, no tree rebuilt, and a static policy
-(``heft``) keeps the plan it made at capture. Temporaries made while capturing
-(``temporary()``, REDUX partials) are the graph's own: ordinary handles,
-allocated once, that no arena reset reuses, so the graph stays valid while
-other flushes run between replays. New inputs are bound by writing into the
-captured handles' buffers (see :meth:`Graph.write`) before ``replay()``.
-Before its second replay a graph fuses its chains of small tasks into bundles
-(``fuse_chains``; :mod:`~hetero_nn.scheduler.bundle`).
+The components above (``_handles``, ``_dependencies``, ``_reductions``,
+``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
+codelet -> the workers with a variant for it; ``_ids``: task ids in submission
+order; ``_lock``: the executor's lock (policies, queues, releases);
+``_closed``.
 """
 
 from __future__ import annotations
@@ -91,19 +48,22 @@ import threading
 import time
 import weakref
 
-import numpy as np
-
-from ..arena.handle import Handle, acquire
-from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
+from ..arena.handle import Handle
+from ..codelets.codelet import R, REDUX, SCRATCH, Codelet
 from ..codelets.pinned import PINNED_VARIANTS
 from ..errors import ConfigError, DeviceError, SubmitError
+from .binding import Binder
+from .capture import Graph
+from .dependencies import Dependencies, check_overlap
 from .devices import make_workers
-from .trace import TaskRecord, TransferRecord, Trace
+from .flush import Flushes
+from .handles import HandleFactory
+from .redux import Reductions
+from .task import Task
+from .trace import Trace
+from .variants import Variants
 
 _perf = time.perf_counter
-FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
-EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
-
 
 class Runtime:
     """A task runtime over a set of devices.
@@ -183,9 +143,6 @@ class Runtime:
                               "combined with deterministic=True")
         self._lock = threading.Lock()
         self.workers, self.nodes = make_workers(devices, host_nodes, self._lock, device_memory)
-        self._transfers: list = []
-        for node in self.nodes:
-            node.on_copy = self._copied
         self.devices = devices
         self.policy_name = policy
         self.deterministic = bool(deterministic)
@@ -205,20 +162,15 @@ class Runtime:
         self.perfmodel = perfmodel or None
         self._single_node = len(self.nodes) == 1
         self._ids = itertools.count()
-        self._pending: list = []
-        self._redux_pending: dict = {}
-        self._tracked: list = []
-        self._redux_codelets: dict = {}
-        self._candidates: dict = {}
         self._eligible: dict = {}
-        self._fp_cache: dict = {}
-        self._warm: set = set()
-        self._measured: list = []
-        self._generation = 0
-        self._records: list = []
-        self._capturing = None
         self._closed = False
-        self._streaming = False
+        self._handles = HandleFactory(self)
+        self._dependencies = Dependencies()
+        self._reductions = Reductions(self)
+        self._variants = Variants(self, self.preferred, self.deterministic, self.calibrate,
+                                  self.calibrate_samples)
+        self._binder = Binder(self)
+        self._flushes = Flushes(self)
         self.executor = self._make_executor(executor, make_policy)
         self.overlap = (bool(overlap) and self.executor_name == "local"
                         and not self.executor.policy.whole_graph
@@ -247,17 +199,12 @@ class Runtime:
     def register(self, array, name=None) -> Handle:
         """Register a host NumPy array; its buffer is the handle's host replica (no copy)."""
         self._check_open()
-        if not isinstance(array, np.ndarray):
-            raise SubmitError(f"register: expected a numpy.ndarray, got {type(array).__name__}")
-        h = Handle(array.shape, array.dtype, name, owner=self)
-        h._replicas[0] = array
-        h.valid = {0}
-        return h
+        return self._handles.register(array, name)
 
     def empty(self, shape, dtype="float32", name=None) -> Handle:
         """A handle with no data yet; its replicas are allocated where it is first used."""
         self._check_open()
-        return Handle(shape, dtype, name, owner=self)
+        return self._handles.empty(shape, dtype, name)
 
     def temporary(self, shape, dtype="float32", name=None) -> Handle:
         """A handle whose replicas come from the node arenas: valid for the next flush only.
@@ -265,12 +212,7 @@ class Runtime:
         It may be fetched after that flush, until work is submitted again.
         """
         self._check_open()
-        return self._temporary(shape, dtype, name)
-
-    def _temporary(self, shape, dtype, name):
-        if self._capturing is not None:  # the captured graph's own: outlives arena resets
-            return Handle(shape, dtype, name, owner=self)
-        return Handle(shape, dtype, name, owner=self, temporary=True, generation=self._generation)
+        return self._handles.temporary(shape, dtype, name)
 
     # ------------------------------------------------------------------ submission
     def submit(self, codelet: Codelet, *handles, **params):
@@ -281,78 +223,38 @@ class Runtime:
         if len(handles) != len(modes):
             codelet.check_operands(len(handles))
         if len(handles) > 1:
-            _check_overlap(codelet, handles, modes)
+            check_overlap(codelet, handles, modes)
         eligible = self._eligible.get(codelet)
         if eligible is None:
             eligible = self._compute_eligible(codelet)
-        task = _Task(next(self._ids), codelet, handles, modes, params, _perf())
+        task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
         preds: dict = {}
         redux = False
-        generation = self._generation
-        redux_pending = self._redux_pending
+        generation = self._flushes.generation
+        reductions = self._reductions
+        redux_pending = reductions.pending
+        dependencies = self._dependencies
         i = 0
         for h in handles:
-            if type(h) is not Handle or h.owner is not self:
-                self._bad_operand(codelet, i, h)
-            if h.temporary and h.generation != generation:
-                raise SubmitError(f"codelet {codelet.name!r} operand {i}: temporary handle "
-                                  f"{h.name!r} belongs to an earlier flush; its arena was reset")
+            if type(h) is not Handle or h.owner is not self or (
+                    h.temporary and h.generation != generation):
+                self._handles.bad_operand(codelet, i, h)
             m = modes[i]
             i += 1
             if m is REDUX:
                 redux = True
             elif m is not SCRATCH:
                 if redux_pending and h.root in redux_pending:
-                    self._combine_family(h.root)
+                    reductions.combine_family(h.root)
                 if h.parent is None and not h.plans:
-                    self._depend_root(task, h, m is not R, preds)
+                    dependencies.depend_root(task, h, m is not R, preds)
                 else:
-                    self._depend(task, h, m is not R, preds)
+                    dependencies.depend(task, h, m is not R, preds)
         if redux:  # after the other operands, so no combine ever takes this task's own partials
-            ops = list(handles)
-            keep = {h for h, m in zip(handles, modes) if m is REDUX}
-            for i, h in enumerate(handles):
-                if modes[i] is REDUX:
-                    if h.root in redux_pending:
-                        self._combine_family(h.root, keep=keep)
-                    partial = self._temporary(h.shape, h.dtype,
-                                              f"{h.name}.partial{len(h._redux)}")
-                    partial._last_writer = task
-                    if not h._redux:
-                        redux_pending.setdefault(h.root, []).append(h)
-                    h._redux.append((partial, codelet))
-                    ops[i] = partial
-            task.handles = ops
-        pending = self._pending
-        if not pending:
-            self._begin_flush()
-        pending.append(task)
-        if preds:
-            preds.pop(task, None)  # a handle twice in one task
-            task.preds = list(preds)
-        if self._streaming:
-            self.executor.add(task)
-        elif preds:
-            task.npred = len(task.preds)
-            for p in task.preds:
-                p.succ.append(task)
+            task.handles = reductions.contribute(task, codelet, handles, modes)
+        self._flushes.add(task, preds)
         return task
-
-    def _begin_flush(self):
-        """The first submission since a flush ended: decide whether this flush streams;
-        streaming, the arenas are reset now (nothing of the previous flush runs)."""
-        self._streaming = self.overlap and self._capturing is None
-        if self._streaming:
-            for node in self.nodes:
-                node.arena.reset()
-
-    def _bad_operand(self, codelet, i, h):
-        if type(h) is not Handle:
-            raise SubmitError(f"codelet {codelet.name!r} operand {i}: expected a Handle, "
-                              f"got {type(h).__name__} (register arrays with rt.register)")
-        raise SubmitError(f"codelet {codelet.name!r} operand {i}: handle {h.name!r} belongs "
-                          "to another Runtime")
 
     def _compute_eligible(self, codelet):
         kinds = set(codelet.kinds)
@@ -364,248 +266,41 @@ class Runtime:
         self._eligible[codelet] = eligible
         return eligible
 
-    def _depend_root(self, task, h, writes, preds):
-        """``_depend`` for a root never split, the common case: O(1) for a reader."""
-        lw = h._last_writer
-        readers = h._readers
-        if lw is None and not readers:
-            self._tracked.append(h)
-        elif lw is not None:
-            preds[lw] = None
-        if writes:
-            if readers:
-                for r in readers:
-                    preds[r] = None
-                h._readers = []
-            h._last_writer = task
-        else:
-            readers.append(task)
-
-    def _depend(self, task, h, writes, preds):
-        """Add to ``preds`` the tasks ``task`` must follow to access ``h``; update the state.
-
-        Every handle of ``h``'s root with state whose box meets ``h``'s conflicts:
-        ``task`` follows its last writer, and, when writing, its readers; a
-        write then empties the state of the handles it covers.
-        """
-        conflicting = _conflicting(h)
-        for x in conflicting:
-            lw = x._last_writer
-            if lw is not None:
-                preds[lw] = None
-            if writes:
-                for r in x._readers:
-                    preds[r] = None
-        own = h._last_writer
-        if own is not None:
-            preds[own] = None
-        if writes:
-            for x in conflicting:
-                if x.within(h):
-                    _set_state(x, None, [], self._tracked)
-            readers = h._readers
-            if readers:
-                for r in readers:
-                    preds[r] = None
-                h._readers = []
-            if own is None and not readers:  # h had no state: count it in its ancestors
-                _set_state(h, task, [], self._tracked)
-            else:
-                h._last_writer = task
-        elif own is None and not h._readers:
-            _set_state(h, None, [task], self._tracked)
-        else:
-            h._readers.append(task)
-
-    def _drop_dependency_state(self):
-        """Forget the flushed tasks: every dependency is on a task of the same flush."""
-        for h in self._tracked:
-            h._last_writer = None
-            h._readers = []
-            h._live_below = 0
-            a = h.parent
-            while a is not None and a._live_below:  # above a zeroed one, all are zeroed
-                a._live_below = 0
-                a = a.parent
-        self._tracked = []
-
-    # ------------------------------------------------------------------ REDUX
-    def _redux_codelet(self, codelet):
-        rc = self._redux_codelets.get(codelet)
-        if rc is None:
-            rc = Codelet(f"{codelet.name}.redux", modes=(RW, R),
-                         variants={"ref": codelet.redux, "cuda": codelet.redux})
-            self._redux_codelets[codelet] = rc
-        return rc
-
-    def _combine_family(self, root, keep=()):
-        """Submit the REDUX trees pending on any handle of ``root`` (any plan), in the
-        order of their first contribution, but those of the handles in ``keep`` (the
-        REDUX operands of the task being submitted)."""
-        handles = self._redux_pending.pop(root)
-        kept = [x for x in handles if x in keep]
-        if kept:
-            self._redux_pending[root] = kept
-        for x in handles:
-            if x not in keep:
-                self._combine(x)
-
-    def _combine(self, h):
-        parts = [p for p, _ in h._redux]
-        rc = self._redux_codelet(h._redux[0][1])
-        h._redux = []
-        step = 1
-        while step < len(parts):
-            for i in range(0, len(parts) - step, 2 * step):
-                self.submit(rc, parts[i], parts[i + step])
-            step *= 2
-        self.submit(rc, h, parts[0])
-
-    def _combine_all(self):
-        while self._redux_pending:
-            self._combine_family(next(iter(self._redux_pending)))
-
-    # ------------------------------------------------------------------ variants, perfmodel
+    # ------------------------------------------------------------------ what executors and policies call
     def candidates(self, codelet, kind) -> tuple:
         """Variant names of ``codelet`` that may run on ``kind``, preferred first."""
-        key = (codelet, kind)
-        c = self._candidates.get(key)
-        if c is None:
-            names = codelet.kinds.get(kind, ())
-            base = codelet.name.partition(".")[0]  # a twin ("<name>.overwrite") runs as its base
-            order = self.preferred.get(codelet.name,
-                                       self.preferred.get(base, self.preferred.get("*", ())))
-            preferred = tuple(n for n in order if n in names)
-            c = preferred if preferred else names
-            if self.deterministic or preferred:
-                c = c[:1]
-            self._candidates[key] = c
-        return c
+        return self._variants.candidates(codelet, kind)
 
     def footprint(self, task):
-        """``(footprint, size)`` of a task for the performance model (cached).
-
-        As StarPU's default footprint, it covers the operands' shapes and
-        dtypes only: parameters such as a learning rate or a step count change
-        every step without changing the cost (stride and kernel size show in
-        the output's shape).
-        """
-        fp = task._fp
-        if fp is None:
-            handles = task.handles
-            if len(handles) == 1:  # the common case, without building a list
-                key = (task.codelet, handles[0].footprint)
-            else:
-                key = (task.codelet, *[h.footprint for h in handles])
-            fp = self._fp_cache.get(key)
-            if fp is None:
-                fp = ("|".join(key[1:]),
-                      task.codelet.work([h.shape for h in handles], task.params))
-                self._fp_cache[key] = fp
-            task._fp = fp
-        return fp
+        """``(footprint, size)`` of a task for the performance model (cached; see
+        :mod:`~hetero_nn.scheduler.variants`)."""
+        return self._variants.footprint(task)
 
     def choose_variant(self, task, kind):
-        """The variant to run: the only one, one measured fewer than ``EXPLORE_SAMPLES``
-        times on this footprint (explore; ``calibrate_samples`` when calibrating), or
-        the one with the lowest predicted time."""
-        cands = self.candidates(task.codelet, kind)
-        if len(cands) == 1 or self.perfmodel is None:
-            return cands[0]
-        fp, size = self.footprint(task)
-        pm, name = self.perfmodel, task.codelet.name
-        need = self.calibrate_samples if self.calibrate else EXPLORE_SAMPLES
-        best, best_t = cands[0], None
-        for v in cands:
-            if pm.count(name, v, kind, fp) < need:
-                return v
-            t = pm.predict(name, v, kind, fp, size)
-            if best_t is None or (t is not None and t < best_t):
-                best, best_t = v, t
-        return best
+        """The variant to run ``task`` on a worker of ``kind``."""
+        return self._variants.choose(task, kind)
 
     def predict(self, task, kind):
         """``(variant, seconds or None)`` the model predicts for ``task`` on ``kind``."""
-        if task.__class__ is Bundle:
-            return task.predict(self, kind)
-        v = self.choose_variant(task, kind)
-        if self.perfmodel is None:
-            return v, None
-        fp, size = self.footprint(task)
-        return v, self.perfmodel.predict(task.codelet.name, v, kind, fp, size)
+        return self._variants.predict(task, kind)
 
     def record(self, task, kind):
-        """Keep a finished task's run time for the performance model; every
-        ``FEED_EVERY`` runs (and at the end of a flush) they go to the model in one
-        locked update, so workers rarely contend on it and exploration still
-        adapts within a flush."""
-        if self.perfmodel is not None and task.error is None:
-            measured = self._measured
-            measured.append((task, kind))
-            if len(measured) >= FEED_EVERY:
-                self._feed_perfmodel()
+        """Keep a finished task's run time for the performance model."""
+        self._variants.record(task, kind)
 
-    def _feed_perfmodel(self):
-        """Hand the flush's measurements to the model. The first run of each variant on
-        each footprint in this process is a warm-up and is not kept: Numba compiles once
-        per signature (a new dtype or number of dimensions), worker buffers grow once
-        per shape."""
-        measured, self._measured = self._measured, []
-        runs = []
-        for task, kind in measured:
-            fp, size = self.footprint(task)
-            wkey = (task.codelet, task.variant, fp)
-            if wkey not in self._warm:
-                self._warm.add(wkey)
-                continue
-            runs.append((task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start))
-        if runs:
-            self.perfmodel.record_many(runs)
-
-    # ------------------------------------------------------------------ execution
     def bind(self, task, worker):
         """Acquire the task's operands on ``worker``'s memory node; returns the arrays."""
-        node = worker.node
-        arrays = []
-        moved = 0
-        single = self._single_node
-        for h, m in zip(task.handles, task.modes):
-            if m is SCRATCH:
-                arr = node.arena.empty(h.shape, h.dtype)
-            elif single:
-                arr = h.replica(node)
-            else:
-                arr, b = self._acquire(h, node, m.reads, m is not R)
-                moved += b
-            if m is REDUX:
-                task.codelet.init(arr)
-            arrays.append(arr)
-        task.bytes_in = moved
-        return arrays
-
-    def _acquire(self, h, node, reads, writes):
-        """``acquire``; the copies it makes report to :meth:`_copied`."""
-        return acquire(h, node, self.nodes, reads, writes)
-
-    def _copied(self, src, dst, nbytes, t0, t1):
-        """Every copy between memory nodes (called where it ran, e.g. a stream's thread):
-        traced per link, and fed to the transfer model."""
-        if self.tracing:
-            self._transfers.append(TransferRecord(src.name, dst.name, nbytes, t0, t1))
-        if self.perfmodel is not None:
-            self.perfmodel.record_transfer(src.name, dst.name, nbytes, t1 - t0)
+        return self._binder.bind(task, worker)
 
     def prefetch(self, task, node):
-        """Bring the task's read operands to ``node`` ahead of its start (dmda), from
-        the releasing worker's thread: inside ``node``'s device context, the copies
-        on ``node``'s stream, so the task's kernels (same stream) come after them."""
-        if self._single_node:
-            return
-        with node.context():
-            for h, m in zip(task.handles, task.modes):
-                if m.reads and node.index not in h.valid:
-                    self._acquire(h, node, True, False)
+        """Bring the task's read operands to ``node`` ahead of its start (dmda)."""
+        self._binder.prefetch(task, node)
 
+    def host_replica(self, handle):
+        """``handle``'s replica on the host node, made coherent (no wait: see :meth:`fetch`)."""
+        return self._binder.host_replica(handle)
+
+    # ------------------------------------------------------------------ synchronisation
     def flush(self):
         """Run every submitted task and return when all have finished (same as :meth:`wait`)."""
         self.wait()
@@ -619,77 +314,20 @@ class Runtime:
         the runtime stays usable.
         """
         self._check_open()
-        self._combine_all()
-        tasks = self._pending
-        if not tasks:
-            return
-        self._pending = []
-        if self._streaming:
-            try:
-                self.executor.drain()
-            finally:
-                self._end_flush(tasks)
-            return
-        if self._capturing is not None:
-            self._capturing._segments.append([(t, t.preds, t.succ) for t in tasks])
-        self._run(tasks, False)
+        self._reductions.combine_all()
+        self._flushes.wait()
 
-    def _run(self, tasks, planned):
-        """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
-        its plan), then end the flush."""
-        for node in self.nodes:
-            node.arena.reset()
-        try:
-            if planned:
-                self.executor.run(tasks, planned=True)
-            else:
-                self.executor.run(tasks)
-        finally:
-            self._end_flush(tasks)
-
-    def _end_flush(self, tasks):
-        """After ``tasks`` ran: dependency state dropped, the arenas' generation ended,
-        measurements and records kept."""
-        self._drop_dependency_state()
-        self._generation += 1
-        if self._measured:
-            self._feed_perfmodel()
-        if self.tracing:
-            self._records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
-        for t in tasks:
-            t.done = True
-            t.preds = ()
-            t.succ = ()
-
-    def capture(self) -> "Graph":
+    def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
 
         Work submitted before the block is flushed first; what is still pending at
         the end of the block is flushed (and recorded) when it closes. The README's
         *The runtime in ten lines* shows it.
         """
-        if self._capturing is not None:
+        if self._flushes.capturing is not None:
             raise SubmitError("capture: this Runtime is already capturing a graph")
         self.wait()
         return Graph(self)
-
-    def _replay(self, graph):
-        self._check_open()
-        self.wait()  # work submitted since comes first, as in program order
-        ids = self._ids
-        now = _perf()
-        planned, graph._planned = graph._planned, True
-        for segment in graph._segments:
-            tasks = []
-            for t, preds, succ in segment:
-                t.rearm(next(ids), now)  # fresh ids in the same (topological) order
-                if t.__class__ is Bundle:
-                    t.rearm_members(ids, now)
-                t.preds = preds
-                t.succ = succ
-                t.npred = len(preds)
-                tasks.append(t)
-            self._run(tasks, planned)
 
     def fetch(self, handle: Handle, copy: bool = False):
         """Wait, then return ``handle``'s data as a coherent host NumPy array.
@@ -700,30 +338,25 @@ class Runtime:
         if type(handle) is not Handle or handle.owner is not self:
             raise SubmitError(f"fetch: {handle!r} is not a handle of this Runtime")
         self.wait()
-        if handle.temporary and handle.generation < self._generation - 1:
+        if handle.temporary and handle.generation < self.generation - 1:
             raise SubmitError(f"fetch: temporary handle {handle.name!r} belongs to an earlier "
                               "flush; its arena was reset")
         arr = self.host_replica(handle)
         return arr.copy() if copy else arr
 
-    def host_replica(self, handle):
-        """``handle``'s replica on the host node, made coherent (no wait: see :meth:`fetch`)."""
-        if self._single_node:
-            return handle.replica(self.nodes[0])
-        return acquire(handle, self.nodes[0], self.nodes, True, False)[0]
-
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        t = Trace(list(self._records), [w.name for w in self.workers],
-                  transfers=list(self._transfers))
+        records, transfers = self._flushes.records, self._binder.transfers
+        t = Trace(list(records), [w.name for w in self.workers], transfers=list(transfers))
         if clear:
-            self._records.clear()
-            self._transfers.clear()
+            records.clear()
+            transfers.clear()
         return t
 
     @property
     def generation(self) -> int:
-        return self._generation
+        """Number of flushes run (temporaries belong to one)."""
+        return self._flushes.generation
 
     @property
     def closed(self) -> bool:
@@ -777,176 +410,5 @@ def _preferences(variants) -> dict:
         return {name: (v,) if isinstance(v, str) else tuple(v) for name, v in variants.items()}
     return {"*": tuple(variants)}
 
-
-def _check_overlap(codelet, handles, modes):
-    """Refuse a task that writes a region it also reaches through another handle.
-
-    In place the two arrays would alias, in the pure Dask graph they would not:
-    the result would depend on the executor. (One handle twice is fine.)
-    """
-    for i, a in enumerate(handles):
-        if type(a) is not Handle:
-            continue  # the operand check names it
-        for j in range(i + 1, len(handles)):
-            b = handles[j]
-            if b is a or type(b) is not Handle:
-                continue
-            if (modes[i].writes or modes[j].writes) and a.overlaps(b):
-                raise SubmitError(
-                    f"codelet {codelet.name!r}: operands {i} ({a.name!r}, {modes[i].value}) and "
-                    f"{j} ({b.name!r}, {modes[j].value}) overlap and one of them is written; "
-                    "pass disjoint handles")
-
-
-def _conflicting(h) -> list:
-    """The handles of ``h``'s root, other than ``h``, that hold dependency state and
-    whose boxes meet ``h``'s: ancestors; descendants through every plan; and below
-    each ancestor's other plans, the handles whose ranges meet ``h``'s (siblings of
-    one plan are disjoint and skipped)."""
-    out = []
-    child, a = h, h.parent
-    while a is not None:
-        if a._last_writer is not None or a._readers:
-            out.append(a)
-        if len(a.plans) > 1 and a._live_below > child._live_below + (
-                child._last_writer is not None or bool(child._readers)):  # state beside the path
-            for plan in a.plans.values():
-                if plan is not child.plan:
-                    _tracked_meeting(plan, h.box, out)
-        child, a = a, a.parent
-    if h._live_below:
-        for plan in h.plans.values():
-            _tracked_meeting(plan, h.box, out)
-    return out
-
-
-def _tracked_meeting(plan, box, out):
-    """Append to ``out`` the handles with state below ``plan`` whose boxes meet ``box``."""
-    for c in plan.meeting(box):
-        if not all(c0 < b1 and b0 < c1 for (c0, c1), (b0, b1) in zip(c.box, box)):
-            continue
-        if c._last_writer is not None or c._readers:
-            out.append(c)
-        if c._live_below:
-            for p in c.plans.values():
-                _tracked_meeting(p, box, out)
-
-
-def _set_state(h, writer, readers, tracked):
-    """Give ``h`` dependency state (or none), keeping the ``_live_below`` counts of
-    its ancestors and the list of handles to clear at the end of the flush."""
-    had = h._last_writer is not None or bool(h._readers)
-    has = writer is not None or bool(readers)
-    h._last_writer = writer
-    h._readers = readers
-    if has != had:
-        step = 1 if has else -1
-        if has:
-            tracked.append(h)
-        a = h.parent
-        while a is not None:
-            a._live_below += step
-            a = a.parent
-
-
-def _record(t):
-    w = t.worker
-    if w is None or isinstance(w, str):  # not run, or run by a Dask worker
-        worker, device, node = w or "", "cpu", "host0"
-    else:
-        worker, device, node = w.name, w.device, w.node.name
-    preds = t.preds
-    deps = tuple([p.id for p in preds]) if preds else ()
-    # positional, in TaskRecord's field order (task_id, codelet, variant, worker, device,
-    # node, submit, ready, start, end, bytes_in, deps, error): one per task, keep it cheap
-    return TaskRecord(t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit,
-                      t.t_ready, t.t_start, t.t_end, t.bytes_in, deps, t.error)
-
-
-class Graph:
-    """The tasks of a :meth:`Runtime.capture` block, to run again with :meth:`replay`.
-
-    A context manager: entering starts recording on its runtime, leaving flushes
-    what is pending and stops. ``replay()`` runs the recorded flushes in order,
-    as ``wait()`` runs one, and returns when they are done. The task parameters
-    are those given at capture: a value that changes per step must live in a
-    handle's data, not in a parameter.
-    """
-
-    def __init__(self, runtime):
-        self.runtime = runtime
-        self._segments: list = []
-        self._closed = False
-        self._planned = True  # False after fusion: a static policy plans the new tasks
-        self.replays = 0
-        self.bundles = None  # the BundleReport of fuse_chains, once decided
-
-    def __enter__(self):
-        self.runtime._capturing = self
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        rt = self.runtime
-        try:
-            if exc_type is None:
-                rt.wait()
-                self._closed = True
-        finally:
-            rt._capturing = None
-        return False
-
-    @property
-    def num_tasks(self) -> int:
-        """Tasks recorded (REDUX trees included)."""
-        return sum(len(s) for s in self._segments)
-
-    def write(self, handle, array):
-        """Bind a new input: copy ``array`` into ``handle``'s host buffer (a registered
-        handle the graph reads), made the only valid replica."""
-        rt = self.runtime
-        if type(handle) is not Handle or handle.owner is not rt or handle.parent is not None:
-            raise SubmitError(f"Graph.write: {handle!r} is not a root handle of this Runtime")
-        if tuple(np.shape(array)) != tuple(handle.shape):
-            raise SubmitError(f"Graph.write: handle {handle.name!r} has shape {handle.shape}, "
-                              f"got an array of shape {np.shape(array)}")
-        rt.wait()
-        np.copyto(rt.host_replica(handle), array, casting="same_kind")
-        handle.valid = {0}
-
-    def replay(self):
-        """Run the recorded tasks again (same operands, parameters and dependencies)."""
-        if not self._closed:
-            raise SubmitError("Graph.replay: the capture has not completed (replay after the "
-                              "with block, which must not have raised)")
-        if self.bundles is None and self.replays and self.runtime.fuse_chains:
-            self.fuse_chains()
-        self.runtime._replay(self)
-        self.replays += 1
-
-    def fuse_chains(self, overhead=None):
-        """Fuse the chains of tasks predicted below the per-task overhead into bundles
-        (:mod:`~hetero_nn.scheduler.bundle`); returns and keeps the decision as
-        :attr:`bundles` (a :class:`~hetero_nn.scheduler.bundle.BundleReport`).
-
-        ``overhead``: seconds per task to compare with; by default the overhead
-        measured over the graph's last run. Decided once: a second call is refused.
-        """
-        if not self._closed:
-            raise SubmitError("Graph.fuse_chains: the capture has not completed")
-        if self.bundles is not None:
-            raise SubmitError("Graph.fuse_chains: this graph's chains were already decided")
-        self.runtime.wait()
-        self.bundles = fuse_chains(self, overhead)
-        if self.bundles.chains:
-            self._planned = False
-        return self.bundles
-
-    def __repr__(self):
-        return f"Graph({self.num_tasks} tasks in {len(self._segments)} flushes, " \
-               f"{self.replays} replays)"
-
-
-from .bundle import Bundle, fuse_chains, traced  # noqa: E402
-from .task import Task as _Task  # noqa: E402
 
 _live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()

@@ -69,12 +69,12 @@ import uuid
 
 import numpy as np
 
-from .arena.handle import Handle
-from .codelets.codelet import REDUX, R, Codelet
-from .codelets.reduce import add_redux, fill_zero, overwriting, zero_init
-from .errors import ClusterError, ConfigError, HeteroNNError, TaskError
-from .layers.base import Parameter, contribution
-from .optim import submit_clip_grad_norm
+from ..arena.handle import Handle
+from ..codelets.codelet import REDUX, R, Codelet
+from ..codelets.reduce import add_redux, fill_zero, overwriting, zero_init
+from ..errors import ClusterError, ConfigError, HeteroNNError, TaskError
+from ..layers.base import Parameter, contribution
+from ..optim import submit_clip_grad_norm
 
 _perf = time.perf_counter
 #: Seconds without a single worker before a step gives up.
@@ -128,7 +128,7 @@ class _WorkerState:
     def __init__(self, template: bytes):
         import pickle
 
-        from .scheduler.runtime import Runtime
+        from ..scheduler.runtime import Runtime
 
         spec = pickle.loads(template)
         self.model, self.loss = spec["model"], spec["loss"]
@@ -394,7 +394,7 @@ class Cluster:
                 raise ConfigError(f"labels of shape {y.shape} do not match a batch of "
                                   f"{x.shape[0]} samples")
             n, sample = x.shape[0], tuple(x.shape[1:])
-        trainer._prepare(np.empty((0, *sample), trainer.dtype))
+        trainer.prepare(np.empty((0, *sample), trainer.dtype))
         params = model.named_parameters()
         self._step += 1
         weights = (f"{self.run_id}-{self._step}", {name: p.host() for name, p in params})
@@ -482,7 +482,7 @@ class Cluster:
         why = "no worker left" if not workers else \
             f"the step's inputs were lost {_ATTEMPTS} times over"
         return (f"cluster {self.spec}: {why}; step {trainer.global_step + 1} was not applied; "
-                f"{trainer._kept()}")
+                f"{trainer.describe_last_checkpoint()}")
 
     def _wait(self, trainer, futures):
         """Block until every block is done; a step with no worker for ``worker_grace`` s fails."""
@@ -498,14 +498,15 @@ class Cluster:
                 raise _InputsLost() from None
             except Exception as exc:  # a lost connection to the scheduler
                 raise ClusterError(f"cluster {self.spec}: {type(exc).__name__}: {exc}; "
-                                   f"{trainer._kept()}") from None
+                                   f"{trainer.describe_last_checkpoint()}") from None
             if all(f.done() for f in futures):
                 break
             try:
                 n = len(self.client.nthreads())
             except Exception as exc:
                 raise ClusterError(f"cluster {self.spec}: the scheduler is gone "
-                                   f"({type(exc).__name__}); {trainer._kept()}") from None
+                                   f"({type(exc).__name__}); "
+                                   f"{trainer.describe_last_checkpoint()}") from None
             if n:
                 alone_since = None
             elif alone_since is None:
@@ -515,7 +516,7 @@ class Cluster:
                     f.cancel()
                 raise ClusterError(f"cluster {self.spec}: no worker left for "
                                    f"{self.worker_grace:.0f} s; step {trainer.global_step + 1} "
-                                   f"was not applied; {trainer._kept()}")
+                                   f"was not applied; {trainer.describe_last_checkpoint()}")
         for f in futures:
             if f.status == "cancelled":
                 raise _InputsLost()
@@ -527,11 +528,12 @@ class Cluster:
                 if name == "KilledWorker":
                     raise ClusterError(f"cluster {self.spec}: a block of step "
                                        f"{trainer.global_step + 1} killed every worker it ran "
-                                       f"on ({exc}); {trainer._kept()}") from None
+                                       f"on ({exc}); "
+                                       f"{trainer.describe_last_checkpoint()}") from None
                 raise TaskError(f"cluster block {f.key} failed: {name}: {exc}") from exc
             if f.status != "finished":
                 raise ClusterError(f"cluster {self.spec}: block {f.key} ended {f.status}; "
-                                   f"{trainer._kept()}")
+                                   f"{trainer.describe_last_checkpoint()}")
 
     def _apply(self, trainer, params, results):
         """Replay the partitions' contributions in partition order, as one process
@@ -620,7 +622,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ConfigError(f"cluster threads must be a positive integer, got {threads!r}")
     if devices is not None:
-        from .scheduler.devices import parse_devices
+        from ..scheduler.devices import parse_devices
         parse_devices(devices)
     try:
         import distributed
@@ -659,3 +661,26 @@ def _has_bokeh() -> bool:
     except ImportError:
         return False
     return True
+
+
+def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
+    """``(cluster, owned)`` for ``Trainer(cluster=spec)``: refuses what a cluster cannot
+    train like one process, then connects (``owned``: made here, so the trainer closes it)."""
+    if trainer.auto_granularity:
+        raise ConfigError("granularity='auto' calibrates and measures local steps; with "
+                          "a cluster give an integer (a multiple of the workers deals best)")
+    model = trainer.model
+    if getattr(model, "granularities", None) is not None:
+        raise ConfigError("cluster: the model has per-layer granularities; a cluster "
+                          "worker runs its share at the trainer's granularity")
+    if trainer.augment is not None:
+        raise ConfigError("augment= runs on the client's loader thread; with a cluster "
+                          "the workers read their batches themselves: give one or the other")
+    from ..layers import BatchNorm2D, Dropout
+    stateful = sorted({type(m).__name__ for m in model.modules()
+                       if isinstance(m, (BatchNorm2D, Dropout))})
+    if stateful:  # their statistics / masks span the whole batch, not one worker's block
+        raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
+                          f"batch statistics or dropout masks are not yet kept equal to "
+                          f"one process's across workers; train it with --devices")
+    return connect(spec), not isinstance(spec, Cluster)

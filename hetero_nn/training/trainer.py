@@ -17,31 +17,20 @@ a checkpoint holding them resumes bit for bit (given the same granularity and
 the same codelet variants, see :class:`~hetero_nn.scheduler.runtime.Runtime`'s
 ``deterministic``).
 
-Replay: with ``replay=True`` (the default) the first step of each *step key*
-(batch shape, dtype, granularity, the layers' train/eval modes, the model's ``fuse`` and ``granularities``, the
-optimizer's :meth:`~hetero_nn.optim.Optimizer.replay_key`: what stays fixed of its
-hyper-parameters) is captured with
-:meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into
-a graph that owns copies of the batch; later steps of that key copy the new batch
-into those buffers and replay the graph (no task built, no dependency inferred),
-bit for bit the same as submitting. What changes every step lives in the data of
-small *step inputs* that the captured tasks read: the optimizer's hyper handle (lr,
-momentum or betas, step count: so Adam, AdamW and schedules stepped per step
-replay), a Dropout's mask key, a BatchNorm2D's momentum. Each object that registered
-one while the step was captured (``step_input``) is asked before every replay for
-the next values (``replayed()``, which also counts the step on the host as a
-submission would), written into its captured handle. The runtime (devices, policy,
-variants) is fixed per trainer and rebinding the model drops the graphs. A layer
-whose ``replayable`` is False makes its steps submitted. ``evaluate_batch`` (and so
-``evaluate``) captures and replays the same way (key ``"eval"``, layers in eval
-mode); ``predict`` is submitted; the calibration steps of ``granularity="auto"`` are
-ordinary steps whose graphs are dropped once the choice is made. At most ``_MAX_GRAPHS``
-graphs are kept, the oldest dropped. Before its second replay a graph fuses the
-chains of tasks too small for their dispatch (the runtime's ``fuse_chains``, on
-by default); :attr:`Trainer.graphs` shows each graph and its ``bundles``.
+Replay: with ``replay=True`` (the default) every train and eval step goes through
+the trainer's :class:`~hetero_nn.training.step_cache.StepCache`, which captures the
+first step of each *step key* and replays it for the later ones (the rule and the
+key are in :mod:`hetero_nn.training.step_cache`). The runtime (devices, policy,
+variants) is fixed per trainer and rebinding the model drops the graphs.
+``evaluate_batch`` (and so ``evaluate``) captures and replays the same way (key
+``"eval"``, layers in eval mode); ``predict`` is submitted; the calibration steps of
+``granularity="auto"`` are ordinary steps whose graphs are dropped once the choice is
+made. Before its second replay a graph fuses the chains of tasks too small for their
+dispatch (the runtime's ``fuse_chains``, on by default); :attr:`Trainer.graphs`
+shows each graph and its ``bundles``.
 
 ``granularity="auto"`` decides when the first batch arrives, from the performance
-models after calibration (:mod:`hetero_nn.granularity`): the granularity, the
+models after calibration (:mod:`hetero_nn.training.granularity`): the granularity, the
 model's fusion and, where the models say a block pays at its own g, the model's
 per-block granularities; the decision, with the predicted and the measured step
 time, lands in ``granularity_decision``. A checkpoint records the choice and a
@@ -54,93 +43,26 @@ import functools
 import math
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from .arena.arena import ArenaPair
-from .checkpoint import (CHECKPOINT_NAME, FINAL_NAME, check_model_state, check_optimizer_state,
-                         read_checkpoint, remove_stale_temporaries, write_checkpoint)
-from .errors import CheckpointError, ConfigError, TrainingDiverged
-from .layers.base import evaluating
-from .layers.dropout import dropout_state, load_dropout_state
-from .layers.loss import SoftmaxCrossEntropy
-from .optim import SGD, LRScheduler, submit_clip_grad_norm
-from .scheduler.runtime import Runtime
+from ..arena.arena import ArenaPair
+from ..errors import CheckpointError, ConfigError, TrainingDiverged
+from ..layers.base import evaluating
+from ..layers.loss import SoftmaxCrossEntropy
+from ..optim import SGD, LRScheduler, submit_clip_grad_norm
+from ..scheduler.runtime import Runtime
+from . import checkpoint
+from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
+from .loader import as_data, prefetched_batches
+from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
+                       progress_bar, running)
+from .step_cache import StepCache
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
                 "seconds", "images_per_second", "warmup_seconds")
-
-_MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
-
-
-class _ArrayData:
-    """``(x, y)`` arrays seen through the part of the Dataset interface ``fit`` uses."""
-
-    def __init__(self, x, y):
-        self.x = np.asarray(x)
-        self.y = np.asarray(y)
-        if self.x.ndim < 2 or self.y.shape != (len(self.x),):
-            raise ConfigError(f"fit: expected images (N, ...) and labels (N,), got shapes "
-                              f"{self.x.shape} and {self.y.shape}")
-        self.input_shape = tuple(self.x.shape[1:])
-
-    def __len__(self):
-        return len(self.y)
-
-    def epoch_order(self, seed=0, epoch=0):
-        return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
-
-    def batch(self, indices, dtype="float32", out=None):
-        x, y = self.x[indices], self.y[indices]
-        if out is None:
-            return np.ascontiguousarray(x, dtype=dtype), np.asarray(y, dtype=np.int64)
-        xb, yb = out(x.shape, dtype), out(y.shape, np.int64)
-        xb[...] = x
-        yb[...] = y
-        return xb, yb
-
-
-def prefetched_batches(data, order, batch_size, start, stop, dtype, pair, transform=None):
-    """Yield batches ``start..stop-1`` of ``order``, loading the next while a step runs.
-
-    Batch ``b`` lives in one arena of ``pair`` while a loader thread fills
-    batch ``b + 1`` into the other; the arena is reset only once the step that
-    used it has returned, so no reset ever waits for the step in flight.
-    ``transform(x, indices)``, if given, changes each batch in place on the
-    loader thread (the augmentation).
-    """
-    if start >= stop:
-        return
-
-    def load(b):
-        indices = order[b * batch_size:(b + 1) * batch_size]
-        x, y = data.batch(indices, dtype=dtype, out=pair.current.empty)
-        if transform is not None:
-            transform(x, indices)
-        return x, y
-
-    with ThreadPoolExecutor(1, thread_name_prefix="hetero_nn-loader") as loader:
-        pair.swap()
-        pending = loader.submit(load, start)
-        for b in range(start, stop):
-            x, y = pending.result()
-            if b + 1 < stop:
-                pair.swap()  # the arena of batch b - 1, whose step has returned
-                pending = loader.submit(load, b + 1)
-            yield x, y
-
-
-def _as_data(data, what):
-    if hasattr(data, "epoch_order") and hasattr(data, "batch"):
-        return data
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        return _ArrayData(*data)
-    raise ConfigError(f"{what}: expected a hetero_nn Dataset or an (images, labels) pair, "
-                      f"got {type(data).__name__}")
-
 
 def _trainer_dtype(model, dtype) -> np.dtype:
     """The trainer's dtype: ``dtype``, else the built model's, else float32 (see Trainer)."""
@@ -161,11 +83,6 @@ def _trainer_dtype(model, dtype) -> np.dtype:
     return chosen
 
 
-def _new_progress():
-    return {"loss_sum": 0.0, "correct": 0, "samples": 0, "seconds": 0.0,
-            "warmup_samples": 0, "warmup_seconds": 0.0}
-
-
 class Trainer:
     """Trains ``model`` with ``loss`` and ``optimizer`` on ``runtime``.
 
@@ -182,7 +99,7 @@ class Trainer:
     granularity : int or "auto"
         Partitions per batch: every per-sample codelet is submitted that many
         times. ``"auto"``: chosen from the performance models on the first batch
-        (:mod:`hetero_nn.granularity`), per block of the model where they say so.
+        (:mod:`hetero_nn.training.granularity`), per block of the model where they say so.
     dtype : str, optional
         ``"float32"`` or ``"float64"``. Default: the model's dtype when it is built,
         float32 otherwise. A built model is never silently converted: a ``dtype``
@@ -209,8 +126,8 @@ class Trainer:
         Capture a step's task graph once per step key and replay it (module docstring).
     cluster : distributed.Client, str or Cluster, optional
         Compute each step's gradients on a Dask cluster (``"local:N"``, ``"tcp://HOST:PORT"``,
-        a client or a :class:`hetero_nn.cluster.Cluster`); the optimizer step runs here.
-        See :mod:`hetero_nn.cluster`; a cluster made from a string or client is closed
+        a client or a :class:`hetero_nn.training.cluster.Cluster`); the optimizer step runs here.
+        See :mod:`hetero_nn.training.cluster`; a cluster made from a string or client is closed
         by :meth:`close`.
 
     Examples
@@ -240,7 +157,7 @@ class Trainer:
         try:  # a bad argument below must not leak the runtime made above
             self.batch_size = int(batch_size)
             self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
-            self.granularity = None if self.auto_granularity else self._check_granularity(granularity)
+            self.granularity = None if self.auto_granularity else self.check_granularity(granularity)
             #: What ``granularity="auto"`` chose (a GranularityDecision), None before.
             self.granularity_decision = None
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -249,8 +166,8 @@ class Trainer:
             self._init_training_options(scheduler, scheduler_interval, clip_grad_norm, augment)
             self._bound = None
             self.replay = bool(replay)
-            self._graphs: dict = {}  # step key -> _CapturedStep
-            self.graphs_captured = 0
+            #: The captured steps, by step key (:mod:`hetero_nn.training.step_cache`).
+            self.step_cache = StepCache(self)
             self._batch_arenas = ArenaPair("batches")
             self.last_correct = 0
             # the run's position (see the module docstring)
@@ -258,7 +175,7 @@ class Trainer:
             self.step_in_epoch = 0
             self.global_step = 0
             self.history: list[dict] = []
-            self._progress = _new_progress()
+            self.progress = new_progress()
             self.last_checkpoint: dict | None = None
             self._checkpoint_dir = None
             self._warmed_up = False  # the first step of this process is timed apart (compilation)
@@ -266,26 +183,8 @@ class Trainer:
             self.config: dict = {}
             self.cluster = None
             if cluster is not None:
-                from .cluster import Cluster, connect
-                if self.auto_granularity:
-                    raise ConfigError("granularity='auto' calibrates and measures local steps; with "
-                                      "a cluster give an integer (a multiple of the workers deals "
-                                      "best)")
-                if getattr(model, "granularities", None) is not None:
-                    raise ConfigError("cluster: the model has per-layer granularities; a cluster "
-                                      "worker runs its share at the trainer's granularity")
-                if self.augment is not None:
-                    raise ConfigError("augment= runs on the client's loader thread; with a cluster "
-                                      "the workers read their batches themselves: give one or the other")
-                from .layers import BatchNorm2D, Dropout
-                stateful = sorted({type(m).__name__ for m in model.modules()
-                                   if isinstance(m, (BatchNorm2D, Dropout))})
-                if stateful:  # their statistics / masks span the whole batch, not one worker's block
-                    raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
-                                      f"batch statistics or dropout masks are not yet kept equal to "
-                                      f"one process's across workers; train it with --devices")
-                self._own_cluster = not isinstance(cluster, Cluster)
-                self.cluster = connect(cluster)
+                from .cluster import connect_trainer
+                self.cluster, self._own_cluster = connect_trainer(self, cluster)
         except BaseException:
             if self._own_runtime:
                 self.runtime.close()
@@ -311,7 +210,8 @@ class Trainer:
             raise ConfigError(f"augment must be callable, got {type(augment).__name__}")
         self.augment = augment
 
-    def _check_granularity(self, g):
+    def check_granularity(self, g) -> int:
+        """``g`` as an int if it is a granularity this trainer can run, else ConfigError."""
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
             raise ConfigError(f"granularity must be a positive integer or 'auto', got {g!r}")
         if g > self.batch_size:
@@ -319,36 +219,49 @@ class Trainer:
         return int(g)
 
     # ------------------------------------------------------------ setup
-    def _prepare(self, x):
+    def prepare(self, x) -> None:
+        """Build the model for the samples of ``x`` in the trainer's dtype (if it is not
+        already) and bind it and the optimizer to the runtime (dropping the captured
+        graphs, which hold the handles of the previous binding)."""
         rt = self.runtime
         sample = tuple(x.shape[1:])
         if self.model.input_shape != sample or self.model.dtype != self.dtype:
             self.model.build(sample, self.dtype)
             self._bound = None
         if self._bound is not rt:
-            self._graphs.clear()  # they hold the handles of the previous binding
+            self.step_cache.clear()
             self.model.bind(rt)
             self.optimizer.bind(self.model.named_parameters(), rt)
             self._bound = rt
 
-    def _split(self, h):
+    def unbind(self) -> None:
+        """Forget the binding and the captured graphs: the next batch binds the model's
+        arrays afresh (after its state was replaced behind the runtime's back)."""
+        self._bound = None
+        self.step_cache.clear()
+
+    def split(self, h) -> list:
+        """The partitions of the batch handle ``h`` at the trainer's granularity."""
         g = min(self.granularity, h.shape[0])
         return list(h.split(0, g)) if g > 1 else [h]
 
-    def _batch(self, x, y):
+    def register_batch(self, x, y):
+        """``(xs, ys)``: the batch registered with the runtime and split into partitions
+        (``ys`` None without labels); resolves the granularity and prepares the model."""
         rt = self.runtime
         x = np.ascontiguousarray(x, dtype=self.dtype)
         if self.granularity is None:
             self.tune_granularity(x, y)
-        self._prepare(x)
-        xs = self._split(rt.register(x, name="x"))
+        self.prepare(x)
+        xs = self.split(rt.register(x, name="x"))
         ys = None
         if y is not None:
-            ys = self._split(rt.register(self._labels(x, y), name="y"))
+            ys = self.split(rt.register(self.labels(x, y), name="y"))
         return xs, ys
 
     @staticmethod
-    def _labels(x, y):
+    def labels(x, y) -> np.ndarray:
+        """``y`` as the int64 labels of the batch ``x`` (ConfigError if they do not fit)."""
         y = np.ascontiguousarray(y, dtype=np.int64)
         if y.shape != (x.shape[0],):
             raise ConfigError(f"labels of shape {y.shape} do not match a batch of {x.shape[0]} samples")
@@ -359,15 +272,18 @@ class Trainer:
         """One optimizer step on one batch; returns the batch's mean loss."""
         if self.cluster is not None:
             return self.cluster.train_step(self, x, y)
-        key = self._step_key(x, y, self.optimizer.replay_key()) if self.replay else None
+        key = self.step_cache.key(x, y, self.optimizer.replay_key())
         if key is None:
-            return self._read_step(*self._submit_step(*self._batch(x, y)))
-        results = self._run_captured(key, x, y, self._submit_step)
-        return self._read_step(*results)
+            return self._read_step(*self.submit_step(x, y))
+        return self._read_step(*self.step_cache.run(key, x, y, self._submit_step))
+
+    def submit_step(self, x, y):
+        """Submit one optimizer step on ``(x, y)`` without waiting and without the step
+        cache; returns the handles of its loss, correct count and squared gradient norm
+        (None without clipping)."""
+        return self._submit_step(*self.register_batch(x, y))
 
     def _submit_step(self, xs, ys):
-        """Submit one optimizer step; returns the handles of its loss, correct count and
-        squared gradient norm (None without clipping)."""
         rt = self.runtime
         self.model.zero_grad(rt)
         logits = self.model.forward(rt, xs)
@@ -386,66 +302,30 @@ class Trainer:
             self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
         return value
 
-    def _step_key(self, x, y, what):
-        """The step key of ``(x, y)`` for a step of kind ``what`` (the optimizer's
-        ``replay_key`` or ``"eval"``; module docstring), or None when the step must be
-        submitted. Resolves the granularity and builds and binds the model first."""
-        if what is None:
-            return None
-        modes = []
-        for _, layer in self.model.named_modules():
-            if not layer.replayable:
-                return None
-            modes.append(layer.training)
-        x = np.ascontiguousarray(x, dtype=self.dtype)
-        if self.granularity is None:
-            self.tune_granularity(x, y)
-        self._prepare(x)
-        return (x.shape, np.shape(y), self.dtype, self.granularity, what, tuple(modes),
-                getattr(self.model, "fuse", None), getattr(self.model, "granularities", None))
-
-    def _run_captured(self, key, x, y, submit):
-        """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
-        the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
-        Returns ``submit``'s result handles."""
-        step = self._graphs.get(key)
-        if step is not None:
-            step.graph.write(step.x, x)
-            step.graph.write(step.y, y)
-            for owner, handle in step.inputs:
-                step.graph.write(handle, owner.replayed())
-            step.graph.replay()
-            return step.results
-        rt = self.runtime
-        xh = rt.register(np.array(x, dtype=self.dtype), name="x")  # copies: the loader reuses x
-        yh = rt.register(self._labels(xh, y).copy(), name="y")
-        owners = [self.optimizer, *self.model.modules()]
-        for owner in owners:
-            owner.step_input = None
-        with rt.capture() as graph:
-            results = submit(self._split(xh), self._split(yh))
-        inputs = [(owner, owner.step_input) for owner in owners if owner.step_input is not None]
-        if len(self._graphs) >= _MAX_GRAPHS:
-            del self._graphs[next(iter(self._graphs))]
-        self._graphs[key] = _CapturedStep(graph, xh, yh, results, inputs)
-        self.graphs_captured += 1
-        return results
-
     @property
     def graphs(self) -> dict:
         """The captured graphs kept, by step key (a copy of the mapping); each one's
         ``bundles`` says what task-level fusion did to it."""
-        return {key: step.graph for key, step in self._graphs.items()}
+        return self.step_cache.graphs
+
+    @property
+    def graphs_captured(self) -> int:
+        """Graphs captured so far (:attr:`StepCache.captured`)."""
+        return self.step_cache.captured
+
+    @graphs_captured.setter
+    def graphs_captured(self, value):
+        self.step_cache.captured = value
 
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         rt = self.runtime
         with evaluating(self.model):
-            key = self._step_key(x, y, "eval") if self.replay else None
+            key = self.step_cache.key(x, y, "eval")
         if key is None:
-            loss, correct = self._submit_eval(*self._batch(x, y))
+            loss, correct = self._submit_eval(*self.register_batch(x, y))
         else:
-            loss, correct = self._run_captured(key, x, y, self._submit_eval)
+            loss, correct = self.step_cache.run(key, x, y, self._submit_eval)
         return float(rt.fetch(loss)), int(rt.fetch(correct))
 
     def _submit_eval(self, xs, ys):
@@ -459,7 +339,7 @@ class Trainer:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
         out = []
         for start in range(0, len(x), self.batch_size):
-            xs, _ = self._batch(x[start:start + self.batch_size], None)
+            xs, _ = self.register_batch(x[start:start + self.batch_size], None)
             with evaluating(self.model):
                 logits = self.model.forward(self.runtime, xs)
             preds = self.loss.predict(self.runtime, logits)
@@ -472,7 +352,7 @@ class Trainer:
         """Choose and set the granularity (and fusion, and per-layer g) from the models.
 
         Calibrates, predicts each candidate's step by simulation, chooses, and measures
-        the choice on ``(x, y)`` (:mod:`hetero_nn.granularity`); the weights, buffers,
+        the choice on ``(x, y)`` (:mod:`hetero_nn.training.granularity`); the weights, buffers,
         dropout steps and the optimizer state are not changed. The decision lands in
         ``granularity_decision``; the chosen granularity is returned.
 
@@ -497,7 +377,7 @@ class Trainer:
     # ------------------------------------------------------------ epochs
     def evaluate(self, dataset, batch_size=None) -> tuple[float, float]:
         """``(mean loss, accuracy)`` over ``dataset`` (a Dataset or an ``(x, y)`` pair), in order."""
-        data = _as_data(dataset, "evaluate")
+        data = as_data(dataset, "evaluate")
         bs = self.batch_size if batch_size is None else int(batch_size)
         if bs < 1:
             raise ConfigError(f"evaluate: batch_size must be a positive integer, got {batch_size!r}")
@@ -555,8 +435,8 @@ class Trainer:
             The loss became NaN or infinite; the message names the epoch, the step
             and the last good checkpoint, which is left on disk.
         """
-        data = _as_data(train, "fit")
-        val = None if validation is None else _as_data(validation, "fit validation")
+        data = as_data(train, "fit")
+        val = None if validation is None else as_data(validation, "fit validation")
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise ConfigError(f"epochs must be a non-negative integer, got {epochs!r}")
         if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(
@@ -581,9 +461,9 @@ class Trainer:
             order = data.epoch_order(self.seed, e) if shuffle else np.arange(n)
             if self.granularity is None:
                 self.tune_granularity(*data.batch(order[:bs], dtype=self.dtype))
-            progress = self._progress
-            bar = _progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
-                                not bar_wanted)
+            progress = self.progress
+            bar = progress_bar(num_batches, self.step_in_epoch, f"epoch {e + 1}/{epochs}",
+                               not bar_wanted)
             try:
                 t_last = time.perf_counter()
                 if self.cluster is not None:  # the data is on the workers: batches are indices
@@ -598,21 +478,15 @@ class Trainer:
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
                         raise self._diverged(loss, e, b, epochs, num_batches)
-                    progress["loss_sum"] += loss * len(y)
-                    progress["correct"] += self.last_correct
-                    progress["samples"] += len(y)
-                    now = time.perf_counter()
-                    progress["seconds"] += now - t_last
-                    if not self._warmed_up:  # kernel compilation: kept out of images/s
-                        self._warmed_up = True
-                        progress["warmup_seconds"] += now - t_last
-                        progress["warmup_samples"] += len(y)
+                    add_step(progress, loss, self.last_correct, len(y),
+                             time.perf_counter() - t_last, warmup=not self._warmed_up)
+                    self._warmed_up = True  # the first step (compilation): out of images/s
                     self.step_in_epoch = b + 1
                     self.global_step += 1
                     if self.scheduler is not None and self.scheduler_interval == "step":
                         self.scheduler.step()
                     if bar is not None:
-                        bar.set_postfix_str(_running(progress), refresh=False)
+                        bar.set_postfix_str(running(progress), refresh=False)
                         bar.update(1)
                     if on_step is not None:
                         on_step(self, loss)
@@ -630,7 +504,7 @@ class Trainer:
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
             if verbose >= 1:
-                _print_epoch(record, epochs)
+                print_epoch(record, epochs)
             if on_epoch_end is not None:
                 on_epoch_end(self, record)
         if ckdir is not None:
@@ -638,21 +512,8 @@ class Trainer:
         return [dict(r) for r in self.history]
 
     def _end_epoch(self, validation) -> dict:
-        p = self._progress
-        seconds = p["seconds"]
-        timed_seconds = seconds - p["warmup_seconds"]
-        timed_samples = p["samples"] - p["warmup_samples"]
-        if timed_samples <= 0 or timed_seconds <= 0:  # an epoch of the warm-up step alone
-            timed_seconds, timed_samples = seconds, p["samples"]
-        record = {"epoch": self.epoch + 1,
-                  "train_loss": p["loss_sum"] / p["samples"],
-                  "train_accuracy": p["correct"] / p["samples"],
-                  "test_loss": None, "test_accuracy": None,
-                  "seconds": seconds,
-                  "images_per_second": timed_samples / timed_seconds if timed_seconds > 0 else None,
-                  "warmup_seconds": p["warmup_seconds"],
-                  "eval_seconds": 0.0, "samples": p["samples"], "steps": self.step_in_epoch,
-                  "granularity": self.granularity}
+        record = epoch_record(self.progress, self.epoch + 1, self.step_in_epoch,
+                              self.granularity)
         if validation is not None:
             t0 = time.perf_counter()
             record["test_loss"], record["test_accuracy"] = self.evaluate(validation)
@@ -660,82 +521,39 @@ class Trainer:
         self.history.append(record)
         self.epoch += 1
         self.step_in_epoch = 0
-        self._progress = _new_progress()
+        self.progress = new_progress()
         return record
 
     def _diverged(self, loss, epoch, b, epochs, num_batches) -> TrainingDiverged:
         where = (f"epoch {epoch + 1}/{epochs}, step {b + 1}/{num_batches} (global step "
                  f"{self.global_step + 1})")
         return TrainingDiverged(f"training diverged: the loss is {loss} at {where}; "
-                                f"{self._kept()}")
+                                f"{self.describe_last_checkpoint()}")
 
-    def _kept(self) -> str:
+    def describe_last_checkpoint(self) -> str:
+        """Where the run's last good checkpoint is, for error messages."""
         last = self.last_checkpoint
         if last is None and self._checkpoint_dir is not None:
             return f"no checkpoint was written in {self._checkpoint_dir} yet"
         if last is None:
             return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
         return (f"the last good checkpoint is {last['path']} (after "
-                f"{_position(last['epoch'], last['step'], last['global_step'])})")
-
+                f"{position(last['epoch'], last['step'], last['global_step'])})")
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint_config(self) -> dict:
         """What a checkpoint records about the run: trainer settings, model spec, extras."""
-        opt = self.optimizer
-        cfg = {"batch_size": self.batch_size, "granularity": self.granularity,
-               "auto_granularity": self.auto_granularity,
-               "layer_granularity": _listed(getattr(self.model, "granularities", None)),
-               "fuse": getattr(self.model, "fuse", None), "dtype": self.dtype.name,
-               "seed": self.seed, "loss": type(self.loss).__name__,
-               "optimizer": {"name": type(opt).__name__.lower(), **opt.hyper()},
-               "input_shape": list(self.model.input_shape) if self.model.input_shape else None,
-               "runtime": {"devices": str(self.runtime.devices),
-                           "policy": self.runtime.policy_name,
-                           "executor": self.runtime.executor_name,
-                           "deterministic": self.runtime.deterministic,
-                           "variants": list(self.runtime.preferred)}}
-        spec = getattr(self.model, "spec", None)
-        if spec is not None:
-            cfg["model"] = dict(spec)
-        cfg["dropout"] = dropout_state(self.model)  # seeds and steps: the masks after resume
-        if self.scheduler is not None:
-            cfg["scheduler"] = {"repr": repr(self.scheduler), "interval": self.scheduler_interval}
-        if self.clip_grad_norm is not None:
-            cfg["clip_grad_norm"] = self.clip_grad_norm
-        if self.augment is not None:
-            cfg["augment"] = repr(self.augment)
-        cfg.update(self.config)
-        return cfg
+        return checkpoint.trainer_config(self)
 
     def save_checkpoint(self, path, require_finite: bool = False) -> Path:
-        """Write the run's whole state to ``path`` (atomically; see :mod:`hetero_nn.checkpoint`).
+        """Write the run's whole state to ``path`` (atomically; see
+        :mod:`hetero_nn.training.checkpoint`).
 
         With ``require_finite`` (as ``fit`` does), a NaN or infinite weight or
         optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
         disk stays the last good one.
         """
-        opt = {"type": type(self.optimizer).__name__, **self.optimizer.state_dict()}
-        model_state = self.model.state_dict()
-        if require_finite:
-            arrays = [("model/" + k, v) for k, v in model_state.items()]
-            arrays += [(f"optimizer/state/{k}/{b}", v) for k, st in opt["state"].items()
-                       for b, v in st.items()]
-            for key, value in arrays:
-                if not np.isfinite(value).all():
-                    where = _position(self.epoch, self.step_in_epoch, self.global_step)
-                    raise TrainingDiverged(f"training diverged: {key} holds NaN or infinite "
-                                           f"values after {where}; {self._kept()}")
-        path = write_checkpoint(path, model_state=model_state, optimizer=opt,
-                                epoch=self.epoch, step=self.step_in_epoch,
-                                global_step=self.global_step, seed=self.seed,
-                                progress=self._progress, history=self.history,
-                                config=self.checkpoint_config(),
-                                scheduler=None if self.scheduler is None
-                                else self.scheduler.state_dict())
-        self.last_checkpoint = {"path": str(path), "epoch": self.epoch,
-                                "step": self.step_in_epoch, "global_step": self.global_step}
-        return path
+        return checkpoint.save_trainer(self, path, require_finite)
 
     def load_checkpoint(self, path):
         """Restore weights, optimizer state and the run's position from ``path``.
@@ -756,48 +574,7 @@ class Trainer:
             A corrupt file, or one that does not fit the model or the optimizer
             (the message names the file and the key or shape at fault).
         """
-        ckpt = read_checkpoint(path)
-        shape = ckpt.config.get("input_shape")
-        shape = tuple(shape) if shape else self.model.input_shape
-        if shape is not None and (self.model.input_shape != shape or self.model.dtype != self.dtype):
-            self.model.build(shape, self.dtype)  # weights in the trainer's dtype before loading
-            self._bound = None
-        state = check_model_state(ckpt, self.model)
-        opt_state = check_optimizer_state(ckpt, self.optimizer, self.model)
-        self.model.load_state_dict(state)
-        load_dropout_state(self.model, ckpt.config.get("dropout", {}))
-        if opt_state is not None:
-            self.optimizer.load_state_dict(opt_state)
-        if (ckpt.scheduler is None) != (self.scheduler is None):
-            raise CheckpointError(f"{ckpt.path}: " + (
-                f"no schedule state, but the trainer has {self.scheduler!r}"
-                if ckpt.scheduler is None else
-                f"it holds a {ckpt.scheduler.get('type')} schedule's state; give the trainer "
-                f"that scheduler"))
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(ckpt.scheduler)
-        self._bound = None  # bind the restored arrays at the next batch
-        self.epoch, self.step_in_epoch, self.global_step = ckpt.epoch, ckpt.step, ckpt.global_step
-        self.seed = ckpt.seed
-        self.history = [dict(r) for r in ckpt.history]
-        self._progress = {**_new_progress(), **ckpt.progress}
-        g = ckpt.config.get("granularity")
-        if self.auto_granularity and isinstance(g, int) and 1 <= g <= self.batch_size:
-            self.granularity = g
-        if ckpt.config.get("auto_granularity") and g == self.granularity:
-            self._adopt_layout(ckpt.config)  # the fusion and per-layer g 'auto' chose
-        self.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
-                                "global_step": ckpt.global_step}
-        return ckpt
-
-    def _adopt_layout(self, config):
-        """The fusion and per-layer granularities an ``"auto"`` run chose, from a checkpoint."""
-        model = self.model
-        if isinstance(config.get("fuse"), bool) and hasattr(model, "fuse"):
-            model.fuse = config["fuse"]
-        layers = config.get("layer_granularity")
-        if hasattr(model, "granularities") and (layers is None or len(layers) == len(model)):
-            model.granularities = layers
+        return checkpoint.load_trainer(self, path)
 
     # ------------------------------------------------------------ lifetime
     def close(self):
@@ -811,59 +588,3 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class _CapturedStep:
-    """A captured train step: its graph, the batch handles it reads, its result handles,
-    and its step inputs: ``(owner, handle)`` pairs whose data ``owner.replayed()`` gives."""
-
-    __slots__ = ("graph", "x", "y", "results", "inputs")
-
-    def __init__(self, graph, x, y, results, inputs):
-        self.graph, self.x, self.y, self.results, self.inputs = graph, x, y, results, inputs
-
-
-# ---------------------------------------------------------------------------------------
-# Progress display
-# ---------------------------------------------------------------------------------------
-
-def _running(progress) -> str:
-    n = progress["samples"]
-    rate = n / progress["seconds"] if progress["seconds"] > 0 else 0.0
-    return (f"loss {progress['loss_sum'] / n:.4f}  acc {progress['correct'] / n:.2%}  "
-            f"{rate:.0f} img/s")
-
-
-def _progress_bar(total, initial, desc, disable):
-    if disable:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, unit="batch", file=sys.stderr,
-                leave=False, dynamic_ncols=True, mininterval=0.2)
-
-
-def format_epoch(record, epochs=None) -> str:
-    """One line for a finished epoch: train and test loss and accuracy, time, speed."""
-    of = f"/{epochs}" if epochs else ""
-    line = (f"epoch {record['epoch']}{of}: train loss {record['train_loss']:.4f} "
-            f"acc {record['train_accuracy']:.2%}")
-    if record.get("test_accuracy") is not None:
-        line += f" | test loss {record['test_loss']:.4f} acc {record['test_accuracy']:.2%}"
-    ips = record.get("images_per_second")
-    line += f" | {record['seconds']:.1f} s" + (f", {ips:.0f} img/s" if ips else "")
-    return line
-
-
-def _print_epoch(record, epochs):
-    print(format_epoch(record, epochs), file=sys.stderr, flush=True)
-
-
-def _listed(value):
-    return None if value is None else list(value)
-
-
-def _position(epoch, step, global_step) -> str:
-    """Where a run stands, in words: ``step 5 of epoch 2`` or ``the end of epoch 1``."""
-    where = f"the end of epoch {epoch}" if step == 0 and epoch > 0 else \
-        f"step {step} of epoch {epoch + 1}"
-    return f"{where}, global step {global_step}"

@@ -48,8 +48,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError, HeteroNNError
-from .fileio import atomic_write
+from ..errors import CheckpointError, HeteroNNError, TrainingDiverged
+from ..fileio import atomic_write
+from ..layers.dropout import dropout_state, load_dropout_state
+from .progress import new_progress, position
 
 FORMAT = "hetero_nn.checkpoint/1"
 #: File names a training run writes in its output directory.
@@ -353,7 +355,7 @@ def load_model(path, dtype=None):
     -------
     (Sequential, Checkpoint)
     """
-    from .models import build_model
+    from ..models import build_model
 
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     spec = ckpt.config.get("model")
@@ -367,3 +369,110 @@ def load_model(path, dtype=None):
         raise CheckpointError(f"{ckpt.path}: cannot rebuild its model {spec!r}: {exc}") from exc
     model.load_state_dict(check_model_state(ckpt, model))
     return model, ckpt
+
+
+# ---------------------------------------------------------------------------------------
+# A trainer's state
+# ---------------------------------------------------------------------------------------
+
+def trainer_config(trainer) -> dict:
+    """What a checkpoint records about ``trainer``'s run: its settings, the model's spec,
+    the dropout layers' seeds and steps, and ``trainer.config`` (the CLI's options)."""
+    opt, model, rt = trainer.optimizer, trainer.model, trainer.runtime
+    granularities = getattr(model, "granularities", None)
+    cfg = {"batch_size": trainer.batch_size, "granularity": trainer.granularity,
+           "auto_granularity": trainer.auto_granularity,
+           "layer_granularity": None if granularities is None else list(granularities),
+           "fuse": getattr(model, "fuse", None), "dtype": trainer.dtype.name,
+           "seed": trainer.seed, "loss": type(trainer.loss).__name__,
+           "optimizer": {"name": type(opt).__name__.lower(), **opt.hyper()},
+           "input_shape": list(model.input_shape) if model.input_shape else None,
+           "runtime": {"devices": str(rt.devices), "policy": rt.policy_name,
+                       "executor": rt.executor_name, "deterministic": rt.deterministic,
+                       "variants": list(rt.preferred)}}
+    spec = getattr(model, "spec", None)
+    if spec is not None:
+        cfg["model"] = dict(spec)
+    cfg["dropout"] = dropout_state(model)  # seeds and steps: the masks after resume
+    if trainer.scheduler is not None:
+        cfg["scheduler"] = {"repr": repr(trainer.scheduler),
+                            "interval": trainer.scheduler_interval}
+    if trainer.clip_grad_norm is not None:
+        cfg["clip_grad_norm"] = trainer.clip_grad_norm
+    if trainer.augment is not None:
+        cfg["augment"] = repr(trainer.augment)
+    cfg.update(trainer.config)
+    return cfg
+
+
+def save_trainer(trainer, path, require_finite: bool = False) -> Path:
+    """Write ``trainer``'s whole state to ``path`` (:meth:`Trainer.save_checkpoint`)."""
+    opt = {"type": type(trainer.optimizer).__name__, **trainer.optimizer.state_dict()}
+    model_state = trainer.model.state_dict()
+    if require_finite:
+        arrays = [("model/" + k, v) for k, v in model_state.items()]
+        arrays += [(f"optimizer/state/{k}/{b}", v) for k, st in opt["state"].items()
+                   for b, v in st.items()]
+        for key, value in arrays:
+            if not np.isfinite(value).all():
+                where = position(trainer.epoch, trainer.step_in_epoch, trainer.global_step)
+                raise TrainingDiverged(f"training diverged: {key} holds NaN or infinite "
+                                       f"values after {where}; "
+                                       f"{trainer.describe_last_checkpoint()}")
+    path = write_checkpoint(path, model_state=model_state, optimizer=opt,
+                            epoch=trainer.epoch, step=trainer.step_in_epoch,
+                            global_step=trainer.global_step, seed=trainer.seed,
+                            progress=trainer.progress, history=trainer.history,
+                            config=trainer_config(trainer),
+                            scheduler=None if trainer.scheduler is None
+                            else trainer.scheduler.state_dict())
+    trainer.last_checkpoint = {"path": str(path), "epoch": trainer.epoch,
+                               "step": trainer.step_in_epoch, "global_step": trainer.global_step}
+    return path
+
+
+def load_trainer(trainer, path) -> Checkpoint:
+    """Restore ``trainer``'s weights, optimizer state and position from ``path``
+    (:meth:`Trainer.load_checkpoint`)."""
+    ckpt = read_checkpoint(path)
+    model, scheduler = trainer.model, trainer.scheduler
+    shape = ckpt.config.get("input_shape")
+    shape = tuple(shape) if shape else model.input_shape
+    if shape is not None and (model.input_shape != shape or model.dtype != trainer.dtype):
+        model.build(shape, trainer.dtype)  # weights in the trainer's dtype before loading
+    state = check_model_state(ckpt, model)
+    opt_state = check_optimizer_state(ckpt, trainer.optimizer, model)
+    model.load_state_dict(state)
+    load_dropout_state(model, ckpt.config.get("dropout", {}))
+    if opt_state is not None:
+        trainer.optimizer.load_state_dict(opt_state)
+    if (ckpt.scheduler is None) != (scheduler is None):
+        raise CheckpointError(f"{ckpt.path}: " + (
+            f"no schedule state, but the trainer has {scheduler!r}"
+            if ckpt.scheduler is None else
+            f"it holds a {ckpt.scheduler.get('type')} schedule's state; give the trainer "
+            f"that scheduler"))
+    if scheduler is not None:
+        scheduler.load_state_dict(ckpt.scheduler)
+    trainer.unbind()  # bind the restored arrays at the next batch
+    trainer.epoch, trainer.step_in_epoch = ckpt.epoch, ckpt.step
+    trainer.global_step, trainer.seed = ckpt.global_step, ckpt.seed
+    trainer.history = [dict(r) for r in ckpt.history]
+    trainer.progress = {**new_progress(), **ckpt.progress}
+    g = ckpt.config.get("granularity")
+    if trainer.auto_granularity and isinstance(g, int) and 1 <= g <= trainer.batch_size:
+        trainer.granularity = g
+    if ckpt.config.get("auto_granularity") and g == trainer.granularity:
+        _adopt_layout(model, ckpt.config)  # the fusion and per-layer g 'auto' chose
+    trainer.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
+                               "global_step": ckpt.global_step}
+    return ckpt
+
+
+def _adopt_layout(model, config):
+    """The fusion and per-layer granularities an ``"auto"`` run chose, from a checkpoint."""
+    if isinstance(config.get("fuse"), bool) and hasattr(model, "fuse"):
+        model.fuse = config["fuse"]
+    layers = config.get("layer_granularity")
+    if hasattr(model, "granularities") and (layers is None or len(layers) == len(model)):
+        model.granularities = layers

@@ -1,6 +1,6 @@
 """Choosing the granularity from the performance models: ``granularity="auto"``.
 
-This module owns the decision a :class:`~hetero_nn.trainer.Trainer` makes when
+This module owns the decision a :class:`~hetero_nn.training.trainer.Trainer` makes when
 its granularity is ``"auto"``: how many partitions to split a batch into, whether
 the model submits fused codelets, and, where the models say it pays, another
 granularity for some of the model's blocks (``Sequential.granularities``).
@@ -22,8 +22,9 @@ Policy
 3. *Prediction*: the graph a step submits at that candidate is captured without
    running it and replayed in virtual time on the runtime's workers under its
    policy (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
-   performance model and ``dispatch`` per task. A step the trainer replays costs no
-   submission; one it submits costs the host's measured submission time.
+   performance model and ``dispatch`` per task. A step the trainer replays (the
+   step cache's rule, :meth:`~hetero_nn.training.step_cache.StepCache.replays`)
+   costs no submission; one it submits costs the host's measured submission time.
 4. *Choice*: the smallest ``g`` (fused before unfused) whose prediction is within
    ``TOLERANCE`` of the lowest (fewer tasks for the same predicted speed).
 5. *Per block*: from that choice, one greedy pass over the model's blocks in
@@ -47,9 +48,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
-from .layers.base import keeping_state
-from .scheduler.simulate import Platform, capture, dispatch_gaps, simulate
+from ..layers.base import keeping_state
+from ..scheduler.simulate import Platform, capture, dispatch_gaps, simulate
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -135,14 +135,14 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
     if candidates is None:
         limit = max(1, min(len(x), PER_WORKER * len(rt.workers)))
         candidates = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-    candidates = sorted({trainer._check_granularity(g) for g in candidates})
+    candidates = sorted({trainer.check_granularity(g) for g in candidates})
     fuses = (True, False) if hasattr(model, "fuse") else (None,)
     configs = [(g, f) for g in candidates for f in fuses]
     platform = Platform(name=str(rt.devices), workers=_worker_counts(rt))
-    replayed = _replays(trainer)
+    replayed = trainer.step_cache.replays(trainer.optimizer.replay_key())
     with _models_for(rt), _restoring(trainer):
         trainer.granularity = candidates[0]
-        trainer._prepare(x)  # built and bound before the state to restore is read
+        trainer.prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
             gaps, steps = [], 0
             for g, fuse in configs:
@@ -253,7 +253,7 @@ def _step_graphs(trainer, x, y, replayed):
     rt = trainer.runtime
 
     def submit():
-        trainer._submit_step(*trainer._batch(x, y))
+        trainer.submit_step(x, y)
         rt.wait()
 
     steps = capture(rt, submit, steps=3)[1:]
@@ -275,15 +275,6 @@ def _measure(trainer, x, y) -> float:
     return statistics.median(times)
 
 
-def _replays(trainer) -> bool:
-    """Whether the trainer's steps will be replayed (``Trainer.train_step``'s rule)."""
-    if not trainer.replay or trainer.optimizer.replay_key() is None:
-        return False
-    if trainer.scheduler is not None and trainer.scheduler_interval == "step":
-        return False
-    return all(m.replayable for m in trainer.model.modules())
-
-
 def _worker_counts(rt) -> dict:
     counts: dict = {}
     for w in rt.workers:
@@ -298,7 +289,7 @@ def _models_for(rt):
     if rt.perfmodel is not None:
         yield rt.perfmodel
         return
-    from .scheduler.perfmodel import PerfModel
+    from ..scheduler.perfmodel import PerfModel
     rt.perfmodel = PerfModel(load=False)  # never saved: only this decision reads it
     try:
         yield rt.perfmodel
@@ -334,6 +325,5 @@ def _state_kept(trainer):
             model.load_state_dict(weights)
             opt.load_state_dict(state)
             trainer.last_correct, trainer.last_grad_norm, trainer.graphs_captured = counters
-            trainer._bound = None  # fresh handles at the next batch, valid on the host
-            trainer._graphs.clear()
+            trainer.unbind()  # fresh handles at the next batch, valid on the host
 

@@ -1,8 +1,8 @@
 """``hetero-nn simulate``: predict a training step's time on a described platform.
 
-This module owns the glue between a built-in model's training step and the
+This module owns the command and the glue between a built-in model's training step and the
 simulator (:mod:`hetero_nn.scheduler.simulate`): it builds the model and a
-:class:`~hetero_nn.trainer.Trainer` exactly as ``hetero-nn train`` does,
+:class:`~hetero_nn.training.trainer.Trainer` exactly as ``hetero-nn train`` does,
 captures the graphs one ``train_step`` flushes (without running them), and
 replays them on a platform (this machine's ``--devices``, or ``--platform
 FILE``) under a policy. ``--calibrate`` first runs real steps on ``--devices``
@@ -19,20 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import numpy as np
 
-from .errors import ConfigError, HeteroNNError
-from .scheduler.simulate import (MissingModels, Platform, capture, format_result,
-                                 measured_dispatch, simulate)
+from ..errors import ConfigError
+from ..scheduler.simulate import Platform, capture, format_result, measured_dispatch, simulate
+from . import options
 
-__all__ = ["SAMPLE_SHAPES", "simulate_step", "measure_step", "calibrate", "main"]
+__all__ = ["SAMPLE_SHAPES", "sample_shape", "simulate_step", "measure_step", "calibrate",
+           "kind_specs"]
 
 SAMPLE_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32),
                  "synthetic": (1, 28, 28)}
-PROG = "hetero-nn simulate"
 _perf = time.perf_counter
 
 
@@ -50,8 +49,8 @@ def sample_shape(dataset="mnist", image_size=None) -> tuple:
 
 
 def _trainer(model, shape, batch_size, granularity, dtype, runtime, seed=0):
-    from .models import build_model
-    from .trainer import Trainer
+    from ..models import build_model
+    from ..training import Trainer
 
     net = build_model(model, shape, dtype=dtype, seed=seed)
     rng = np.random.default_rng(seed)
@@ -67,7 +66,7 @@ def measure_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2
                  calibrate=False, perfmodel=None):
     """Run real training steps; returns ``(median step seconds, dispatch seconds, runtime
     stats)``. With ``calibrate`` the runtime explores every variant (StarPU's calibration)."""
-    from .scheduler.runtime import Runtime
+    from ..scheduler.runtime import Runtime
 
     with Runtime(devices=devices, policy=policy, calibrate=calibrate, calibrate_samples=3,
                  perfmodel=perfmodel) as rt:
@@ -110,7 +109,7 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
                   dtype="float32", dispatch=0.0, perfmodel=None):
     """Capture a training step's graphs and replay them on ``platform`` (default: the
     workers of ``devices``); returns a :class:`~hetero_nn.scheduler.simulate.SimulationResult`."""
-    from .scheduler.runtime import Runtime
+    from ..scheduler.runtime import Runtime
 
     platform = platform or Platform.from_devices(devices)
     # deterministic=False: each kind's candidates are all its variants (the fastest modelled)
@@ -122,21 +121,25 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
         return simulate(steps[-2:], platform, policy, rt, dispatch=dispatch)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .models import MODELS
-    from .scheduler.policies import POLICIES
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Add ``simulate`` to the subcommands ``sub``."""
+    from ..models import MODELS
+    from ..scheduler.policies import POLICIES
 
-    p = argparse.ArgumentParser(
-        prog=PROG, description="Predict the time of one training step on a platform by "
-        "replaying its task graph in a discrete-event simulation (docs/simulate.md).")
+    p = sub.add_parser(
+        "simulate", help="predict a training step's time on a platform",
+        description="Predict the time of one training step on a platform by replaying its "
+                    "task graph in a discrete-event simulation (docs/simulate.md).")
     p.add_argument("--model", choices=sorted(MODELS), default="lenet5")
     p.add_argument("--dataset", choices=sorted(SAMPLE_SHAPES), default="mnist",
                    help="sample shape of this dataset (default: mnist, 1x28x28)")
-    p.add_argument("--image-size", type=int, help="height and width instead of the dataset's")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--granularity", type=int, default=2, help="partitions per batch")
+    p.add_argument("--image-size", type=options.positive_int,
+                   help="height and width instead of the dataset's")
+    p.add_argument("--batch-size", type=options.positive_int, default=64)
+    p.add_argument("--granularity", type=options.positive_int, default=2,
+                   help="partitions per batch")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--devices", default="cpu:1",
+    p.add_argument("--devices", type=options.devices, default="cpu:1",
                    help="this machine's workers (calibration, measurement; the platform when "
                         "--platform is not given), e.g. 'cpu:2' or 'cpu:1,cuda-emu:1'")
     p.add_argument("--policy", choices=sorted(POLICIES), default="dmda")
@@ -145,40 +148,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run real steps on --devices first, until the models know the step")
     p.add_argument("--measure", action="store_true",
                    help="also run real steps on --devices and print the measured step time")
-    p.add_argument("--steps", type=int, default=12, help="real steps to time (default 12)")
+    p.add_argument("--steps", type=options.positive_int, default=12,
+                   help="real steps to time (default 12)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    try:
-        if args.batch_size < 1 or args.granularity < 1 or args.steps < 1:
-            raise ConfigError("--batch-size, --granularity and --steps must be positive")
-        from .scheduler.devices import parse_devices
-        parse_devices(args.devices)
-        shape = sample_shape(args.dataset, args.image_size)
-        platform = Platform.load(args.platform) if args.platform else \
-            Platform.from_devices(args.devices)
-        common = dict(model=args.model, shape=shape, batch_size=args.batch_size,
-                      granularity=args.granularity, dtype=args.dtype)
-        dispatch = 0.0
-        if args.calibrate:
-            dispatch = calibrate(**common, devices=args.devices, policy=args.policy,
-                                 steps=args.steps)
-        measured = None
-        if args.measure:
-            measured, dispatch = measure_step(**common, devices=args.devices,
-                                              policy=args.policy, steps=args.steps)
-        result = simulate_step(**common, platform=platform, policy=args.policy,
-                               dispatch=dispatch)
-    except MissingModels as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except HeteroNNError as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+def command(args) -> int:
+    """``hetero-nn simulate``: calibrate or measure if asked, then predict and print."""
+    shape = sample_shape(args.dataset, args.image_size)
+    platform = Platform.load(args.platform) if args.platform else \
+        Platform.from_devices(args.devices)
+    common = dict(model=args.model, shape=shape, batch_size=args.batch_size,
+                  granularity=args.granularity, dtype=args.dtype)
+    dispatch = 0.0
+    if args.calibrate:
+        dispatch = calibrate(**common, devices=args.devices, policy=args.policy,
+                             steps=args.steps)
+    measured = None
+    if args.measure:
+        measured, dispatch = measure_step(**common, devices=args.devices,
+                                          policy=args.policy, steps=args.steps)
+    result = simulate_step(**common, platform=platform, policy=args.policy, dispatch=dispatch)
     if args.json:
         doc = result.to_json()
         doc["dispatch_seconds"] = dispatch

@@ -1,0 +1,81 @@
+"""The ``hetero-nn`` command: one module per subcommand.
+
+This package owns what a user of the command meets::
+
+    hetero-nn train                       # lenet5 on MNIST, 3 epochs, SGD(0.02, momentum 0.9)
+    hetero-nn train --dataset cifar10 --model cifar-small --epochs 5 --out runs/c10
+    hetero-nn train --out runs/c10 --resume               # continue a killed run
+    hetero-nn evaluate --checkpoint runs/c10/checkpoint-final.npz
+    hetero-nn datasets list [--verify] | download mnist [--mirror URL]
+    hetero-nn perfmodel [codelet]
+    hetero-nn models [--summary MODEL]
+    hetero-nn simulate --model lenet5 --policy heft [--platform FILE]
+
+Each subcommand is a module with ``add_parser(sub)`` and ``command(args)``
+(:mod:`.train`, :mod:`.evaluate`, :mod:`.datasets`, :mod:`.perfmodel`,
+:mod:`.models`, :mod:`.simulate`); the option types and shared option groups are in
+:mod:`.options`, the runtime, Dask client and cluster a command runs on in
+:mod:`.connect`, a run's output folder and Ctrl-C handling in :mod:`.run_folder`.
+``hetero-nn`` alone, or ``hetero-nn datasets`` alone, prints its usage (exit 0).
+
+Errors: a bad option, missing dataset files, a device that is not there, a
+checkpoint that does not fit, an ``--out`` that cannot be written, a Dask scheduler
+that does not answer within ``--connect-timeout``, a codelet with no performance
+model for ``simulate``: one line ``hetero-nn: error: ...`` on stderr, exit status 2.
+Training that diverges, a failing task or download, a lost cluster: one line, exit
+status 1. Ctrl-C ends a run at the end of the step in progress: one line
+``hetero-nn: interrupted``, exit status 130 (Dask's worker processes ignore it and
+its logs are silenced while the run shuts down; see
+:class:`~hetero_nn.cli.run_folder.Interrupts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, TrainingDiverged
+from . import datasets, evaluate, models, perfmodel, simulate, train
+from .options import PROG, Parser, one_line
+from .run_folder import version
+
+__all__ = ["main", "build_parser", "PROG"]
+
+#: The subcommands, in the order ``hetero-nn --help`` lists them.
+_COMMANDS = {"train": train, "evaluate": evaluate, "datasets": datasets,
+             "perfmodel": perfmodel, "simulate": simulate, "models": models}
+_RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError, ClusterError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hetero-nn`` argument parser, one subparser per module of this package."""
+    parser = Parser(prog=PROG, description="Task-based heterogeneous CNN training "
+                                            "(StarPU-style codelets over Dask).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _COMMANDS.values():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run ``hetero-nn`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from ..datasets import DownloadError
+
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            print(parser.format_help(), end="")
+            return 0
+        return _COMMANDS[args.command].command(args)
+    except (*_RUN_ERRORS, DownloadError) as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except HeteroNNError as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

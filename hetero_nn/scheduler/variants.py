@@ -1,0 +1,142 @@
+"""Variant choice and the performance model's feed: which function runs a task, and
+what its run teaches the model.
+
+Policy
+------
+A pinned runtime (the default, ``deterministic=True``) runs per codelet and device
+kind one variant: the first of the preferred names the codelet has (by default
+:data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first declared one, so
+results are the same bits under every policy and worker count. With
+``deterministic=False`` the performance model chooses among the candidates: a
+variant measured fewer than ``EXPLORE_SAMPLES`` times on the task's footprint
+(``calibrate_samples`` when calibrating) runs first (exploration), then the one
+with the lowest predicted time.
+
+A task's footprint, as StarPU's default one, covers its operands' shapes and
+dtypes only: parameters such as a learning rate or a step count change every step
+without changing the cost (stride and kernel size show in the output's shape).
+
+Measurements: a worker keeps each finished task's run time; every ``FEED_EVERY``
+runs, and at the end of a flush, they go to the model in one locked update, so
+workers rarely contend on it and exploration still adapts within a flush. The
+first run of each (codelet, variant, footprint) in the process is a warm-up and is
+not kept: Numba compiles once per signature, worker buffers grow once per shape.
+
+State
+-----
+``_candidates``: (codelet, kind) -> variant names, preferred first;
+``_fp_cache``: (codelet, operand footprints) -> (footprint, size);
+``_measured``: (task, kind) runs not yet given to the model; ``_warm``: the
+(codelet, variant, footprint) whose warm-up run was seen. The model itself is the
+runtime's ``perfmodel`` (read at each use: it may be swapped, as
+:mod:`hetero_nn.granularity` does).
+"""
+
+from __future__ import annotations
+
+from .bundle import Bundle
+
+FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
+EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
+
+
+class Variants:
+    """Variant choice and the performance model's feed for one runtime."""
+
+    def __init__(self, runtime, preferred, deterministic, calibrate, calibrate_samples):
+        self.rt = runtime
+        self.preferred = preferred
+        self.deterministic = deterministic
+        self.calibrate = calibrate
+        self.calibrate_samples = calibrate_samples
+        self._candidates: dict = {}
+        self._fp_cache: dict = {}
+        self._warm: set = set()
+        self._measured: list = []
+
+    def candidates(self, codelet, kind) -> tuple:
+        """Variant names of ``codelet`` that may run on ``kind``, preferred first."""
+        key = (codelet, kind)
+        c = self._candidates.get(key)
+        if c is None:
+            names = codelet.kinds.get(kind, ())
+            base = codelet.name.partition(".")[0]  # a twin ("<name>.overwrite") runs as its base
+            order = self.preferred.get(codelet.name,
+                                       self.preferred.get(base, self.preferred.get("*", ())))
+            preferred = tuple(n for n in order if n in names)
+            c = preferred if preferred else names
+            if self.deterministic or preferred:
+                c = c[:1]
+            self._candidates[key] = c
+        return c
+
+    def footprint(self, task):
+        """``(footprint, size)`` of a task for the performance model (cached)."""
+        fp = task._fp
+        if fp is None:
+            handles = task.handles
+            if len(handles) == 1:  # the common case, without building a list
+                key = (task.codelet, handles[0].footprint)
+            else:
+                key = (task.codelet, *[h.footprint for h in handles])
+            fp = self._fp_cache.get(key)
+            if fp is None:
+                fp = ("|".join(key[1:]),
+                      task.codelet.work([h.shape for h in handles], task.params))
+                self._fp_cache[key] = fp
+            task._fp = fp
+        return fp
+
+    def choose(self, task, kind):
+        """The variant to run: the only one, one measured fewer than ``EXPLORE_SAMPLES``
+        times on this footprint (explore; ``calibrate_samples`` when calibrating), or
+        the one with the lowest predicted time."""
+        cands = self.candidates(task.codelet, kind)
+        pm = self.rt.perfmodel
+        if len(cands) == 1 or pm is None:
+            return cands[0]
+        fp, size = self.footprint(task)
+        name = task.codelet.name
+        need = self.calibrate_samples if self.calibrate else EXPLORE_SAMPLES
+        best, best_t = cands[0], None
+        for v in cands:
+            if pm.count(name, v, kind, fp) < need:
+                return v
+            t = pm.predict(name, v, kind, fp, size)
+            if best_t is None or (t is not None and t < best_t):
+                best, best_t = v, t
+        return best
+
+    def predict(self, task, kind):
+        """``(variant, seconds or None)`` the model predicts for ``task`` on ``kind``."""
+        if task.__class__ is Bundle:
+            return task.predict(self.rt, kind)
+        v = self.choose(task, kind)
+        pm = self.rt.perfmodel
+        if pm is None:
+            return v, None
+        fp, size = self.footprint(task)
+        return v, pm.predict(task.codelet.name, v, kind, fp, size)
+
+    def record(self, task, kind):
+        """Keep a finished task's run time for the model (see the module docstring)."""
+        if self.rt.perfmodel is not None and task.error is None:
+            measured = self._measured
+            measured.append((task, kind))
+            if len(measured) >= FEED_EVERY:
+                self.feed()
+
+    def feed(self):
+        """Hand the measurements kept so far to the model, warm-up runs left out."""
+        measured, self._measured = self._measured, []
+        runs = []
+        for task, kind in measured:
+            fp, size = self.footprint(task)
+            wkey = (task.codelet, task.variant, fp)
+            if wkey not in self._warm:
+                self._warm.add(wkey)
+                continue
+            runs.append((task.codelet.name, task.variant, kind, fp, size, task.t_end - task.t_start))
+        if runs:
+            self.rt.perfmodel.record_many(runs)
+

@@ -1,0 +1,117 @@
+"""The step cache: a trainer's steps captured once per step key and replayed.
+
+This module owns the one replay rule of the package and the graphs it keeps.
+:class:`~hetero_nn.training.trainer.Trainer` runs every train and eval step through
+it, and :mod:`hetero_nn.training.granularity` asks it whether the steps it predicts
+will be replayed.
+
+The rule (:meth:`StepCache.replays`): a step of kind ``what`` (the optimizer's
+:meth:`~hetero_nn.optim.Optimizer.replay_key` for a train step, ``"eval"`` for an
+eval step; None: never) is replayed when the trainer's ``replay`` is on and every
+layer of the model is ``replayable``. Its *step key* (:meth:`StepCache.key`) is the
+batch shape, dtype, granularity, ``what``, the layers' train/eval modes, the model's
+``fuse`` and ``granularities``.
+
+The first step of each key is captured with
+:meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into a graph
+that owns copies of the batch; later steps of that key copy the new batch into those
+buffers and replay the graph (no task built, no dependency inferred), bit for bit the
+same as submitting. What changes every step lives in the data of small *step inputs*
+that the captured tasks read: the optimizer's hyper handle (lr, momentum or betas,
+step count: so Adam, AdamW and schedules stepped per step replay), a Dropout's mask
+key, a BatchNorm2D's momentum. Each object that registered one while the step was
+captured (``step_input``) is asked before every replay for the next values
+(``replayed()``, which also counts the step on the host as a submission would),
+written into its captured handle.
+
+State: ``_steps``, step key -> :class:`CapturedStep`, at most :data:`MAX_GRAPHS`
+(the oldest dropped); ``captured``, the graphs captured since the trainer was made.
+Rebinding the model (a new runtime, a rebuilt model) clears it: the graphs hold the
+handles of the previous binding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MAX_GRAPHS", "CapturedStep", "StepCache"]
+
+MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
+
+
+class CapturedStep:
+    """A captured step: its graph, the batch handles it reads, its result handles,
+    and its step inputs: ``(owner, handle)`` pairs whose data ``owner.replayed()`` gives."""
+
+    __slots__ = ("graph", "x", "y", "results", "inputs")
+
+    def __init__(self, graph, x, y, results, inputs):
+        self.graph, self.x, self.y, self.results, self.inputs = graph, x, y, results, inputs
+
+
+class StepCache:
+    """The captured steps of ``trainer`` (a Trainer), by step key (module docstring)."""
+
+    def __init__(self, trainer, max_graphs: int = MAX_GRAPHS):
+        self.trainer = trainer
+        self.max_graphs = max_graphs
+        self._steps: dict = {}
+        #: Graphs captured so far (a replay does not count).
+        self.captured = 0
+
+    def replays(self, what) -> bool:
+        """Whether steps of kind ``what`` are captured and replayed: THE replay rule."""
+        t = self.trainer
+        return (t.replay and what is not None
+                and all(layer.replayable for _, layer in t.model.named_modules()))
+
+    def key(self, x, y, what):
+        """The step key of ``(x, y)`` for a step of kind ``what``, or None when the step
+        must be submitted. Resolves the granularity and builds and binds the model first."""
+        t = self.trainer
+        if not self.replays(what):
+            return None
+        modes = tuple(layer.training for _, layer in t.model.named_modules())
+        x = np.ascontiguousarray(x, dtype=t.dtype)
+        if t.granularity is None:
+            t.tune_granularity(x, y)
+        t.prepare(x)
+        return (x.shape, np.shape(y), t.dtype, t.granularity, what, modes,
+                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None))
+
+    def run(self, key, x, y, submit):
+        """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
+        the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
+        Returns ``submit``'s result handles."""
+        step = self._steps.get(key)
+        if step is not None:
+            step.graph.write(step.x, x)
+            step.graph.write(step.y, y)
+            for owner, handle in step.inputs:
+                step.graph.write(handle, owner.replayed())
+            step.graph.replay()
+            return step.results
+        t = self.trainer
+        rt = t.runtime
+        xh = rt.register(np.array(x, dtype=t.dtype), name="x")  # copies: the loader reuses x
+        yh = rt.register(t.labels(xh, y).copy(), name="y")
+        owners = [t.optimizer, *t.model.modules()]
+        for owner in owners:
+            owner.step_input = None
+        with rt.capture() as graph:
+            results = submit(t.split(xh), t.split(yh))
+        inputs = [(owner, owner.step_input) for owner in owners if owner.step_input is not None]
+        if len(self._steps) >= self.max_graphs:
+            del self._steps[next(iter(self._steps))]
+        self._steps[key] = CapturedStep(graph, xh, yh, results, inputs)
+        self.captured += 1
+        return results
+
+    @property
+    def graphs(self) -> dict:
+        """The captured graphs kept, by step key (a copy of the mapping)."""
+        return {key: step.graph for key, step in self._steps.items()}
+
+    def clear(self) -> None:
+        """Drop every captured graph (they hold the handles of the binding they ran on)."""
+        self._steps.clear()
