@@ -21,7 +21,7 @@ import numpy as np
 from ..codelets.lif import OUTPUTS, RESETS, checkpoints, lif_bwd_codelet, lif_fwd, lif_fwd_membrane
 from ..errors import ConfigError, ShapeError
 from .base import Buffer, Layer, contribution
-from .checks import positive_int
+from ..codelets._checks import positive_int
 
 __all__ = ["LIF"]
 

@@ -38,7 +38,7 @@ from ..codelets.encode import rate_encode, repeat_bwd, repeat_fwd
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
 from .base import Layer, default_rng
-from .checks import positive_int
+from ..codelets._checks import positive_int
 from .dropout import Dropout
 from .normalization import BatchNorm2D
 
