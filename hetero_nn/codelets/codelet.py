@@ -82,11 +82,19 @@ class Codelet:
     flops : callable(*shapes, **params) -> float, optional
         Work of one task, for the performance model's regression on size; the
         operands' total element count is used when absent.
+    footprint : callable(**params) -> str, optional
+        What of a task's parameters its cost depends on, added to its performance-model
+        footprint (StarPU's custom footprint function): for a variant whose time depends
+        on the data, a measured property of it (a spike rate) passed as a parameter.
+    same_bits : sequence of str, optional
+        Variants that give the same bits on every input: a pinned runtime lets the
+        performance model choose among the pinned variant and these.
     """
 
     def __init__(self, name: str, modes, variants: Mapping[str, Callable], *,
                  init: Callable | None = None, redux: Callable | None = None,
-                 flops: Callable | None = None):
+                 flops: Callable | None = None, footprint: Callable | None = None,
+                 same_bits=()):
         self.name = str(name)
         self.modes = tuple(AccessMode(m) for m in modes)
         if not self.modes:
@@ -103,6 +111,8 @@ class Codelet:
         self.init = init
         self.redux = redux
         self.flops = flops
+        self.footprint = footprint
+        self.same_bits = tuple(same_bits)
 
     def check_operands(self, n: int) -> None:
         if n != len(self.modes):

@@ -8,7 +8,10 @@ the CLI unless ``--no-deterministic``) runs, per codelet and device kind, the
 first variant of this table the codelet has, and its first declared variant for
 a kind the table names none of. A derived codelet (``"<name>.overwrite"``,
 see :func:`~hetero_nn.codelets.reduce.overwriting`) follows its base's entry, so
-every contribution to one gradient runs the same kernel. With REDUX trees whose
+every contribution to one gradient runs the same kernel. A codelet whose variants give
+the same bits (``Codelet.same_bits``: the dense and event-driven variants of the dense
+layer on spikes) keeps those beside its pinned one, and the performance model chooses
+among them. With REDUX trees whose
 shape does not depend on the schedule, runs then give the same bits whatever the
 policy, the worker count or the executor.
 

@@ -152,10 +152,10 @@ class Sequential(Layer):
             raise ValueError(f"Sequential.build: dtype must be float32 or float64, got {dtype}")
         shape = tuple(int(d) for d in input_shape)
         self.input_shape, self.dtype = shape, dtype
-        steps = None  # the time axis's length, once a Repeat or RateEncode made one
+        axis = None  # the time axis, once a Repeat or RateEncode made one
         for i, layer in enumerate(self.layers):
             try:
-                shape, steps = time.build_layer(layer, shape, dtype, steps)
+                shape, axis = time.build_layer(layer, shape, dtype, axis)
             except ShapeError as exc:
                 raise ShapeError(f"layer {i} ({layer!r}): {exc}") from None
         self.output_shape = shape

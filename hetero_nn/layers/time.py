@@ -31,18 +31,22 @@ which a per-step application does not.
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
+from ..codelets._checks import positive_int
 from ..codelets.codelet import Codelet
 from ..codelets.dropout import key_data
 from ..codelets.encode import rate_encode, repeat_bwd, repeat_fwd
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
 from .base import Layer, default_rng
-from ..codelets._checks import positive_int
+from .dense import Dense, Flatten
 from .dropout import Dropout
+from .events import SpikeInput
 from .normalization import BatchNorm2D
+from .pool import MaxPool2D
 
-__all__ = ["Repeat", "RateEncode", "PerStep", "build_layer", "runtime_for", "stepwise"]
+__all__ = ["Repeat", "RateEncode", "Axis", "PerStep", "build_layer", "runtime_for", "stepwise"]
 
 
 class Repeat(Layer):
@@ -149,23 +153,36 @@ class RateEncode(Layer):
 
 # --------------------------------------------------------------------------- build
 
-def build_layer(layer, shape, dtype, time_steps):
-    """Build ``layer`` for samples ``shape`` in a network whose time axis has ``time_steps``
-    steps (None before a maker); returns ``(output shape, time steps after it)``."""
-    makes = getattr(layer, "makes_time", False)
-    scans = getattr(layer, "through_time", False)
+class Axis(NamedTuple):
+    """The time axis where a layer is built: its steps, and whether the activations there
+    are spikes (mostly zeros: after RateEncode or a spiking LIF, through the layers that
+    keep zeros zero)."""
+
+    steps: int
+    spikes: bool
+
+
+_KEEP_SPIKES = (Flatten, MaxPool2D, Dropout)  # zeros stay zeros (Dropout scales the rest)
+
+
+def build_layer(layer, shape, dtype, axis):
+    """Build ``layer`` for samples ``shape`` in a network whose time axis is ``axis`` (None
+    before a maker); returns ``(output shape, the axis after it)``."""
     for module in layer.modules():
         module.per_step = None
-    if makes:
-        if time_steps is not None:
+    if isinstance(layer, Dense):
+        layer.spike_input = None
+    if getattr(layer, "makes_time", False):
+        if axis is not None:
             raise ShapeError(f"{type(layer).__name__} makes a time axis, but its input "
-                             f"{tuple(shape)} already has one ({time_steps} steps)")
+                             f"{tuple(shape)} already has one ({axis.steps} steps)")
         out = layer.build(shape, dtype)
-        return out, layer.time_steps
-    if scans:
-        layer.time_steps = time_steps
-        return layer.build(shape, dtype), time_steps
-    if time_steps is None:
+        return out, Axis(layer.time_steps, isinstance(layer, RateEncode))
+    if getattr(layer, "through_time", False):
+        layer.time_steps = None if axis is None else axis.steps
+        out = layer.build(shape, dtype)
+        return out, axis and Axis(axis.steps, getattr(layer, "output", None) == "spikes")
+    if axis is None:
         return layer.build(shape, dtype), None
     for module in layer.modules():
         if isinstance(module, BatchNorm2D):
@@ -174,10 +191,12 @@ def build_layer(layer, shape, dtype, time_steps):
                              f"per step")
     out = layer.build(shape[1:], dtype)
     for module in layer.modules():
-        module.input_shape = (time_steps, *module.input_shape)
-        module.output_shape = (time_steps, *module.output_shape)
-        module.per_step = time_steps
-    return layer.output_shape, time_steps
+        module.input_shape = (axis.steps, *module.input_shape)
+        module.output_shape = (axis.steps, *module.output_shape)
+        module.per_step = axis.steps
+    if isinstance(layer, Dense) and axis.spikes:
+        layer.spike_input = SpikeInput()
+    return layer.output_shape, Axis(axis.steps, axis.spikes and isinstance(layer, _KEEP_SPIKES))
 
 
 # --------------------------------------------------------------------------- folding
@@ -186,14 +205,18 @@ class PerStep:
     """The runtime as a per-step layer sees it (see the module docstring): ``submit`` folds
     the time axis of the batch operands into the batch; everything else is the runtime's."""
 
-    __slots__ = ("runtime", "time_steps", "own")
+    __slots__ = ("runtime", "time_steps", "own", "events")
 
-    def __init__(self, runtime, time_steps, own):
+    def __init__(self, runtime, time_steps, own, events=None):
         self.runtime = runtime
         self.time_steps = time_steps
         self.own = own  # ids of the layer's parameter, buffer and gradient handles
+        self.events = events  # a Dense layer's SpikeInput: its codelets take spikes
 
     def submit(self, codelet, *handles, **params):
+        if self.events is not None:
+            codelet, handles, params = self.events.substitute(self.runtime, codelet, handles,
+                                                              params)
         steps = self.time_steps
         fold = tuple(i for i, h in enumerate(handles)
                      if id(h) not in self.own and len(h.shape) >= 2 and h.shape[1] == steps)
@@ -217,7 +240,10 @@ def runtime_for(rt, block):
         return rt
     own = {id(h) for layer in layers for _, p in layer.named_state()
            for h in (p.handle, p.grad) if h is not None}
-    return PerStep(rt, steps, own)
+    events = getattr(layers[0], "spike_input", None)
+    if events is not None:
+        events.begin(rt)
+    return PerStep(rt, steps, own, events)
 
 
 _STEPWISE: dict = {}
@@ -257,7 +283,8 @@ def stepwise(codelet: Codelet, fold) -> Codelet:
 
     twin = Codelet(codelet.name, modes=codelet.modes,
                    variants={name: wrap(v) for name, v in codelet.variants.items()},
-                   init=codelet.init, redux=codelet.redux,
+                   init=codelet.init, redux=codelet.redux, footprint=codelet.footprint,
+                   same_bits=codelet.same_bits,
                    flops=lambda *shapes, **params: codelet.work(
                        [folded_shape(i, s) for i, s in enumerate(shapes)], params))
     _STEPWISE[key] = twin

@@ -14,7 +14,11 @@ with the lowest predicted time.
 
 A task's footprint, as StarPU's default one, covers its operands' shapes and
 dtypes only: parameters such as a learning rate or a step count change every step
-without changing the cost (stride and kernel size show in the output's shape).
+without changing the cost (stride and kernel size show in the output's shape). A
+codelet whose cost depends on its data adds what it depends on (``Codelet.footprint``,
+StarPU's custom footprint function: a spike rate, say). A pinned runtime keeps, beside
+its pinned variant, the variants the codelet declares to give the same bits
+(``Codelet.same_bits``), and the model chooses among those.
 
 Measurements: a worker keeps each finished task's run time; every ``FEED_EVERY``
 runs, and at the end of a flush, they go to the model in one locked update, so
@@ -65,8 +69,9 @@ class Variants:
                                        self.preferred.get(base, self.preferred.get("*", ())))
             preferred = tuple(n for n in order if n in names)
             c = preferred if preferred else names
-            if self.deterministic or preferred:
-                c = c[:1]
+            if self.deterministic or preferred:  # and the variants giving the same bits
+                c = c[:1] + tuple(n for n in names if n != c[0] and c[0] in codelet.same_bits
+                                  and n in codelet.same_bits)
             self._candidates[key] = c
         return c
 
@@ -79,6 +84,8 @@ class Variants:
                 key = (task.codelet, handles[0].footprint)
             else:
                 key = (task.codelet, *[h.footprint for h in handles])
+            if task.codelet.footprint is not None:  # the parameters the cost depends on
+                key = (*key, task.codelet.footprint(**task.params))
             fp = self._fp_cache.get(key)
             if fp is None:
                 fp = ("|".join(key[1:]),

@@ -10,7 +10,8 @@ The rule (:meth:`StepCache.replays`): a step of kind ``what`` (the optimizer's
 eval step; None: never) is replayed when the trainer's ``replay`` is on and every
 layer of the model is ``replayable``. Its *step key* (:meth:`StepCache.key`) is the
 batch shape, dtype, granularity, ``what``, the layers' train/eval modes, the model's
-``fuse`` and ``granularities``.
+``fuse`` and ``granularities``, and the spike rates its spike-fed Dense layers choose
+their variants at (:func:`~hetero_nn.layers.events.rate_key`).
 
 The first step of each key is captured with
 :meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into a graph
@@ -33,6 +34,8 @@ handles of the previous binding.
 from __future__ import annotations
 
 import numpy as np
+
+from ..layers.events import rate_key
 
 __all__ = ["MAX_GRAPHS", "CapturedStep", "StepCache"]
 
@@ -77,7 +80,8 @@ class StepCache:
             t.tune_granularity(x, y)
         t.prepare(x)
         return (x.shape, np.shape(y), t.dtype, t.granularity, what, modes,
-                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None))
+                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None),
+                rate_key(t.model))
 
     def run(self, key, x, y, submit):
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
