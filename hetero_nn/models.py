@@ -22,7 +22,7 @@ from .errors import ConfigError, ShapeError
 from .layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, RateEncode,
                      ReLU, Residual, Sequential)
 from .layers.base import default_rng
-from .snn_models import SPIKING_MODELS
+from .snn_models import OPTIONS as SPIKING_OPTIONS, SPIKING_MODELS
 
 
 def _features_out(layers, input_shape) -> int:
@@ -119,7 +119,7 @@ def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
             or num_classes < 2:
         raise ConfigError(f"model {name!r}: num_classes must be an integer >= 2, got {num_classes!r}")
-    allowed = ("time_steps", "encoding", "rate_seed") if name in SPIKING_MODELS else ()
+    allowed = SPIKING_OPTIONS if name in SPIKING_MODELS else ()
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"model {name!r} takes no option {unknown[0]!r}" + (

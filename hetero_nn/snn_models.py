@@ -18,8 +18,10 @@ import math
 
 from .errors import ConfigError
 from .layers import LIF, Conv2D, Dense, Flatten, MaxPool2D, RateEncode, Repeat, Sequential
+from .layers.spike_loss import MembraneCrossEntropy
 
 ENCODINGS = ("direct", "rate")
+OPTIONS = ("time_steps", "encoding", "rate_seed")  # what build_model passes a spiking builder
 
 
 def _encoded(head, rest, time_steps, encoding, rate_seed):
@@ -50,3 +52,17 @@ def snn_conv(input_shape, num_classes=10, *, time_steps=25, encoding="direct", r
 
 #: Model name -> builder; each takes ``time_steps``, ``encoding`` and ``rate_seed``.
 SPIKING_MODELS = {"snn-mlp": snn_mlp, "snn-conv": snn_conv}
+
+
+def spiking_loss(name):
+    """The loss the spiking model ``name`` trains with (None for the other models)."""
+    return MembraneCrossEntropy() if name in SPIKING_MODELS else None
+
+
+def intensities(*datasets) -> None:
+    """Give ``datasets`` (Dataset objects) pixels scaled to [0, 1] and no further
+    normalisation, as snnTorch's tutorials feed their spiking networks (``ToTensor``):
+    what rate coding needs, and what the direct encoding was tuned on. Mutates them."""
+    for data in datasets:
+        data.mean = (0.0,) * len(data.mean)
+        data.std = (1.0,) * len(data.std)

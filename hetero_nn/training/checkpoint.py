@@ -51,6 +51,7 @@ import numpy as np
 from ..errors import CheckpointError, HeteroNNError, TrainingDiverged
 from ..fileio import atomic_write
 from ..layers.dropout import dropout_state, load_dropout_state
+from ..layers.time import RateEncode
 from .progress import new_progress, position
 
 FORMAT = "hetero_nn.checkpoint/1"
@@ -355,7 +356,7 @@ def load_model(path, dtype=None):
     -------
     (Sequential, Checkpoint)
     """
-    from ..models import build_model
+    from ..models import SPIKING_OPTIONS, build_model
 
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     spec = ckpt.config.get("model")
@@ -364,7 +365,9 @@ def load_model(path, dtype=None):
                               "holds; build the model yourself and use Trainer.load_checkpoint")
     dtype = dtype or ckpt.config.get("dtype", "float32")
     try:
-        model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], dtype=dtype)
+        options = {k: spec[k] for k in SPIKING_OPTIONS if k in spec}  # a spiking model's
+        model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], dtype=dtype,
+                            **options)
     except (HeteroNNError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{ckpt.path}: cannot rebuild its model {spec!r}: {exc}") from exc
     model.load_state_dict(check_model_state(ckpt, model))
@@ -394,6 +397,7 @@ def trainer_config(trainer) -> dict:
     if spec is not None:
         cfg["model"] = dict(spec)
     cfg["dropout"] = dropout_state(model)  # seeds and steps: the masks after resume
+    cfg["rate_encode"] = dropout_state(model, RateEncode)  # and the spikes
     if trainer.scheduler is not None:
         cfg["scheduler"] = {"repr": repr(trainer.scheduler),
                             "interval": trainer.scheduler_interval}
@@ -444,6 +448,7 @@ def load_trainer(trainer, path) -> Checkpoint:
     opt_state = check_optimizer_state(ckpt, trainer.optimizer, model)
     model.load_state_dict(state)
     load_dropout_state(model, ckpt.config.get("dropout", {}))
+    load_dropout_state(model, ckpt.config.get("rate_encode", {}), RateEncode)
     if opt_state is not None:
         trainer.optimizer.load_state_dict(opt_state)
     if (ckpt.scheduler is None) != (scheduler is None):
