@@ -89,8 +89,12 @@ def leaky(layer, dtype):
                      reset_mechanism=layer.reset, **kw)
 
 
-def snn_twin(model, dtype):
-    """The step-by-step torch twin of the built spiking Sequential ``model`` (see above)."""
+def snn_twin(model, dtype, once=True):
+    """The step-by-step torch twin of the built spiking Sequential ``model`` (see above).
+
+    ``once``: the layers before a ``Repeat`` run once, as in ``model`` (the same values
+    as running them at every step); False runs them at every step, as snnTorch's
+    tutorials write a network fed the same image each step."""
     torch = _torch()
     tdtype = getattr(torch, np.dtype(dtype).name)
 
@@ -115,11 +119,12 @@ def snn_twin(model, dtype):
             mems = {}
             records = {}
             out = []
+            start = 0
             for i, (kind, arg) in enumerate(self.kinds):  # the layers before a Repeat: once
-                if kind in ("Repeat", "RateEncode"):
+                if not once or kind in ("Repeat", "RateEncode"):
                     break
                 x = self.layers[str(i)](x)
-            start = i
+                start = i + 1
             for t in range(steps):
                 h = x
                 for i, (kind, arg) in enumerate(self.kinds[start:], start):

@@ -61,9 +61,9 @@ def test_rate_buckets_and_the_candidates_of_a_pinned_runtime():
     assert [rate_bucket(r) for r in (None, 0.0, 0.011, 0.13, 0.3, 0.9)] == \
         [None, 2 ** -7, 2 ** -7, 0.125, 0.25, 1.0]
     with hn.Runtime(devices="cpu:1") as rt:
-        assert rt.candidates(spike_dense_fwd, "cpu") == ("cpu", "cpu:events")
+        assert rt.candidates(spike_dense_fwd, "cpu") == ("cpu:events", "cpu")
         assert rt.candidates(hn.codelets.reduce.overwriting(spike_dense_fwd), "cpu") == \
-            ("cpu", "cpu:events")
+            ("cpu:events", "cpu")
         assert rt.candidates(dense_fwd, "cpu") == ("ref",)
         handles = [rt.register(np.zeros(s, np.float32)) for s in ((4, 8), (3, 8), (3,), (4, 3))]
         handles.append(rt.register(np.zeros((), np.int64)))
@@ -98,7 +98,7 @@ def run(perfmodel, steps=6):
 
 def test_rates_are_measured_and_variants_chosen_per_task_keep_the_bits(tmp_path):
     losses, state, rates, ran, x = run(perfmodel=False)
-    assert ("spike_dense_fwd.overwrite", "cpu") in ran and ("dense_bwd_input", "ref") in ran
+    assert ("spike_dense_fwd.overwrite", "cpu:events") in ran and ("dense_bwd_input", "ref") in ran
     assert all(0.0 < r < 1.0 for pair in rates for r in pair)
     assert abs(rates[-1][0] - np.clip(x, 0, 1).mean()) < 0.05  # RateEncode fires at x
     chosen = run(perfmodel=hn.PerfModel(tmp_path))

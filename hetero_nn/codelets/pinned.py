@@ -19,7 +19,9 @@ The choices are the fastest in ``benchmarks/bench_codelets.py``: im2col
 convolutions, the Numba kernels, the NumPy (BLAS) references for the dense
 layers, and for the fused dense + ReLU chains their ``cpu:blas`` variants (BLAS
 and the ReLU in one Numba call: 1.6-3.6x the Numba loops of their ``cpu``
-variants on LeNet-5's layers, ``benchmarks/bench_gil.py`` and ``bench_fused.py``).
+variants on LeNet-5's layers, ``benchmarks/bench_gil.py`` and ``bench_fused.py``), and for
+the dense layers fed by spikes the event-driven variant (their ``cpu`` variant, which
+gives the same bits, stays a candidate for the performance model).
 Changing an entry changes the last bits of every training run (and of a resumed one
 against its checkpoint): do it deliberately.
 """
@@ -34,4 +36,7 @@ PINNED_VARIANTS = {
         "dense_bwd_weight")},
     **{name: ("cpu:blas", "cuda") for name in (
         "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},
+    **{name: ("cpu:events", "cuda") for name in (
+        "spike_dense_fwd", "spike_dense_fwd_nobias", "spike_dense_bwd_params",
+        "spike_dense_bwd_weight")},
 }

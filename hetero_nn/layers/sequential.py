@@ -180,8 +180,12 @@ class Sequential(Layer):
     def backward(self, rt, dys, need_input_grad=False):
         given = len(dys)
         for (i, block), parts in zip(reversed(self._blocks), reversed(self._parts)):
+            # an input gradient only where a layer before has parameters (or the caller asks)
+            need = need_input_grad or any(layer.parameters() for layer in self.layers[:i])
             dys = block.backward(time.runtime_for(rt, block), regroup(dys, parts),
-                                 need_input_grad=(i > 0 or need_input_grad))
+                                 need_input_grad=need)
+            if not need:
+                return None
         return None if dys is None else regroup(dys, given)
 
     def summary(self, input_shape=None, dtype=None) -> str:

@@ -16,9 +16,10 @@ A task's footprint, as StarPU's default one, covers its operands' shapes and
 dtypes only: parameters such as a learning rate or a step count change every step
 without changing the cost (stride and kernel size show in the output's shape). A
 codelet whose cost depends on its data adds what it depends on (``Codelet.footprint``,
-StarPU's custom footprint function: a spike rate, say). A pinned runtime keeps, beside
-its pinned variant, the variants the codelet declares to give the same bits
-(``Codelet.same_bits``), and the model chooses among those.
+StarPU's custom footprint function: a spike rate, say). A runtime pinned by the default
+table keeps, beside its pinned variant, the variants the codelet declares to give the
+same bits (``Codelet.same_bits``), and the model chooses among those; a table given
+with ``variants=`` is taken as it is.
 
 Measurements: a worker keeps each finished task's run time; every ``FEED_EVERY``
 runs, and at the end of a flush, they go to the model in one locked update, so
@@ -38,6 +39,7 @@ runtime's ``perfmodel`` (read at each use: it may be swapped, as
 
 from __future__ import annotations
 
+from ..codelets.pinned import PINNED_VARIANTS
 from .bundle import Bundle
 
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
@@ -50,6 +52,7 @@ class Variants:
     def __init__(self, runtime, preferred, deterministic, calibrate, calibrate_samples):
         self.rt = runtime
         self.preferred = preferred
+        self._default_table = preferred == PINNED_VARIANTS  # not a table given by the user
         self.deterministic = deterministic
         self.calibrate = calibrate
         self.calibrate_samples = calibrate_samples
@@ -69,9 +72,10 @@ class Variants:
                                        self.preferred.get(base, self.preferred.get("*", ())))
             preferred = tuple(n for n in order if n in names)
             c = preferred if preferred else names
-            if self.deterministic or preferred:  # and the variants giving the same bits
-                c = c[:1] + tuple(n for n in names if n != c[0] and c[0] in codelet.same_bits
-                                  and n in codelet.same_bits)
+            if self.deterministic or preferred:
+                c = c[:1]
+                if self._default_table and c and c[0] in codelet.same_bits:
+                    c += tuple(n for n in names if n != c[0] and n in codelet.same_bits)
             self._candidates[key] = c
         return c
 
