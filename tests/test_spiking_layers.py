@@ -179,3 +179,32 @@ def test_recompute_lowers_the_arena_high_water():
     saved = 8 * 25 * 1000 * 4  # the hidden layer's membranes, float32, with k = 1
     assert high[1] - high[5] >= saved * (1 - 5 / 25) * 0.99
     assert high[5] - high[25] >= saved * (5 / 25 - 1 / 25) * 0.99
+
+
+def emulated(devices, steps=3):
+    model = rate_net(learn_beta=True)
+    model.build(SHAPE, "float64")
+    with hn.Runtime(devices=devices, perfmodel=False) as rt:
+        trainer = hn.Trainer(model, hn.losses.MembraneCrossEntropy(), hn.optim.Adam(lr=5e-3), rt,
+                             batch_size=6, granularity=2)
+        losses = [trainer.train_step(*data(seed=step)) for step in range(steps)]
+        ran = {(r.codelet, r.device) for r in rt.trace().records}
+        return losses, model.state_dict(), ran  # read while the device's copies are there
+
+
+def test_an_emulated_gpu_trains_as_the_cpu():
+    """The ``cuda`` variants (NumPy as their array module) on ``cuda-emu`` workers, alone and
+    beside a CPU worker: the same training to rounding (their GEMMs are other calls)."""
+    reference = emulated("cpu:1")
+    for devices in ("cuda-emu:1", "cpu:1,cuda-emu:1"):
+        losses, state, ran = emulated(devices)
+        assert ("lif_bwd_beta.overwrite", "cuda-emu") in ran or ("lif_bwd_beta", "cuda-emu") in ran
+        assert rel_err(losses, reference[0]) <= 1e-10, devices
+        for key, value in reference[1].items():
+            assert rel_err(state[key], value) <= 1e-9, (devices, key)
+
+
+def test_a_cluster_refuses_rate_coding():
+    model = rate_net()
+    with pytest.raises(hn.ConfigError, match="cluster: the model has RateEncode layers"):
+        hn.Trainer(model, hn.losses.MembraneCrossEntropy(), batch_size=6, cluster="local:1")

@@ -676,9 +676,9 @@ def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
     if trainer.augment is not None:
         raise ConfigError("augment= runs on the client's loader thread; with a cluster "
                           "the workers read their batches themselves: give one or the other")
-    from ..layers import BatchNorm2D, Dropout
+    from ..layers import BatchNorm2D, Dropout, RateEncode
     stateful = sorted({type(m).__name__ for m in model.modules()
-                       if isinstance(m, (BatchNorm2D, Dropout))})
+                       if isinstance(m, (BatchNorm2D, Dropout, RateEncode))})
     if stateful:  # their statistics / masks span the whole batch, not one worker's block
         raise ConfigError(f"cluster: the model has {', '.join(stateful)} layers, whose "
                           f"batch statistics or dropout masks are not yet kept equal to "
