@@ -44,6 +44,7 @@ row with the git commit, versions and machine. Examples::
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -64,15 +65,21 @@ SHAPE = (1, 28, 28)
 
 # --------------------------------------------------------------------------- data
 
+@functools.lru_cache(maxsize=1)
+def mnist(data_dir):
+    import hetero_nn as hn
+    from hetero_nn.snn_models import intensities
+    data = hn.datasets.load("mnist", "train", data_dir=data_dir)
+    intensities(data)
+    return data
+
+
 def batches(spec, seed, n):
     """``n`` batches ``(x in [0, 1], labels)``: MNIST's first training images (offset by
     the seed) with a data directory, else seeded sparse strokes."""
     batch = spec["batch"]
     if spec.get("data_dir"):
-        import hetero_nn as hn
-        from hetero_nn.snn_models import intensities
-        data = hn.datasets.load("mnist", "train", data_dir=spec["data_dir"])
-        intensities(data)
+        data = mnist(spec["data_dir"])
         start = (seed * n * batch) % (len(data) - n * batch)
         return [data.batch(np.arange(start + i * batch, start + (i + 1) * batch))
                 for i in range(n)]
