@@ -149,6 +149,7 @@ def test_cli_calibrates_then_predicts_with_json(tmp_path, monkeypatch, capsys):
     assert doc["step_seconds"] > doc["makespan_seconds"] > 0
     assert set(doc["utilisation"]) == {"cpu0", "cuda0"}
     assert doc["tasks"] > 10 and doc["policy"] == "heft"
+    assert doc["dispatch_seconds"] > 0  # what --calibrate measured, and applied
     # the same models on another platform: a file with a scaled GPU kind, 4 GPUs
     platform = tmp_path / "four.json"
     platform.write_text(json.dumps({"name": "4 GPUs", "workers": {"cuda": 4},
@@ -158,3 +159,29 @@ def test_cli_calibrates_then_predicts_with_json(tmp_path, monkeypatch, capsys):
     assert cli_main(SIM_ARGS + ["--platform", str(platform)]) == 0
     out = capsys.readouterr().out
     assert "platform 4 GPUs, policy heft: predicted step" in out and "cuda3" in out
+    # a platform's own dispatch is the one applied, and --json says so
+    document = json.loads(platform.read_text())
+    applied = {}
+    for dispatch in (0.0, 1e-3):
+        platform.write_text(json.dumps({**document, "dispatch": dispatch}))
+        assert cli_main(SIM_ARGS + ["--platform", str(platform), "--json"]) == 0
+        applied[dispatch] = json.loads(capsys.readouterr().out)
+        assert applied[dispatch]["dispatch_seconds"] == dispatch
+    # 1 ms per task on top of each of them: the prediction grows by about that much
+    assert applied[1e-3]["makespan_seconds"] > applied[0.0]["makespan_seconds"] + 1e-3
+
+
+def test_the_example_platforms_load_and_the_docs_show_them():
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    paths = sorted((repo / "examples" / "platforms").glob("*.json"))
+    assert {p.name for p in paths} >= {"four-gpus.json", "one-gpu.json"}
+    for path in paths:
+        platform = Platform.load(path)
+        assert platform.workers.get("cuda", 0) >= 1 and platform.dispatch is not None
+        assert platform.scale  # GPU run times scaled from this machine's CPU models
+    shown = re.search(r"`one-gpu.json`:\n\n```json\n(.*?)```",
+                      (repo / "docs" / "simulate.md").read_text(), re.S).group(1)
+    assert json.loads(shown) == json.loads((repo / "examples/platforms/one-gpu.json").read_text())

@@ -225,3 +225,56 @@ def test_random_traces_are_consistent(trace):
     events = trace.chrome_events()
     assert sum(e["ph"] == "X" for e in events) == len(trace)
     assert sum(e["ph"] == "s" for e in events) == sum(len(r.deps) for r in trace)
+
+
+def _same_up_to_origin(a, b, origin):
+    """``b`` is ``a`` read back from a Chrome trace: the same facts, times from ``origin``."""
+    assert (b.task_id, b.codelet, b.variant, b.worker, b.device, b.node, b.bytes_in, b.deps,
+            b.error) == (a.task_id, a.codelet, a.variant, a.worker, a.device, a.node,
+                         a.bytes_in, a.deps, a.error)
+    for name in ("submit", "ready", "start", "end"):
+        assert getattr(b, name) == pytest.approx(getattr(a, name) - origin, abs=1e-9)
+
+
+def test_from_json_reads_the_chrome_trace_back(tmp_path):
+    from hetero_nn.scheduler.trace import TransferRecord
+
+    trace = diamond()
+    trace.records[3].error = "ValueError: boom"
+    trace.transfers = [TransferRecord("host0", "gpu0", 4096, T0 + 2 * MS, T0 + 3 * MS)]
+    path = trace.to_chrome(tmp_path / "trace.json", metadata={"global_steps": [3, 5]})
+    back = Trace.from_json(path)
+    assert back.workers == trace.workers  # cpu1, which ran nothing, included
+    assert back.metadata == {"global_steps": [3, 5]}
+    assert len(back.records) == len(trace.records)
+    for a, b in zip(trace.records, back.records):
+        _same_up_to_origin(a, b, T0)
+    (copy,) = back.transfers
+    assert (copy.src, copy.dst, copy.nbytes) == ("host0", "gpu0", 4096)
+    assert copy.start == pytest.approx(2 * MS) and copy.end == pytest.approx(3 * MS)
+    assert back.makespan == pytest.approx(trace.makespan)
+    assert back.format_stats() == trace.format_stats()
+    assert back.dot() == trace.dot()  # dependencies kept
+
+
+@given(trace=random_traces())
+@settings(max_examples=30, deadline=None)
+def test_random_traces_survive_the_chrome_round_trip(trace, tmp_path_factory):
+    path = trace.to_chrome(tmp_path_factory.mktemp("chrome") / "trace.json")
+    back = Trace.from_json(path)
+    assert back.workers == trace.workers
+    for a, b in zip(trace.records, back.records, strict=True):
+        _same_up_to_origin(a, b, trace.origin)
+
+
+def test_from_json_names_the_file_it_cannot_read(tmp_path):
+    from hetero_nn.errors import ConfigError
+
+    (tmp_path / "notes.json").write_text("metrics, not a trace")
+    with pytest.raises(ConfigError, match="notes.json: not a hetero_nn trace"):
+        Trace.from_json(tmp_path / "notes.json")
+    broken = {"traceEvents": [{"ph": "X", "ts": 0, "dur": 1, "pid": 1, "tid": 1, "args": {}}],
+              "otherData": {"producer": "hetero_nn"}}
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(ConfigError, match="broken.json: a Chrome trace event"):
+        Trace.from_json(tmp_path / "broken.json")

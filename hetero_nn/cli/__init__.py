@@ -10,10 +10,13 @@ This package owns what a user of the command meets::
     hetero-nn perfmodel [codelet]
     hetero-nn models [--summary MODEL]
     hetero-nn simulate --model lenet5 --policy heft [--platform FILE]
+    hetero-nn trace runs/c10 --gantt gantt.png --stats    # a run's trace (train --trace)
+    hetero-nn plot runs/c10 runs/c10-adam -o curves.png   # loss, accuracy, images/s per epoch
 
 Each subcommand is a module with ``add_parser(sub)`` and ``command(args)``
 (:mod:`.train`, :mod:`.evaluate`, :mod:`.datasets`, :mod:`.perfmodel`,
-:mod:`.models`, :mod:`.simulate`); the option types and shared option groups are in
+:mod:`.models`, :mod:`.simulate`, :mod:`.trace`, :mod:`.plot`); the option types and
+shared option groups are in
 :mod:`.options`, the runtime, Dask client and cluster a command runs on in
 :mod:`.connect`, a run's output folder and Ctrl-C handling in :mod:`.run_folder`.
 ``hetero-nn`` alone, or ``hetero-nn datasets`` alone, prints its usage (exit 0).
@@ -32,10 +35,11 @@ its logs are silenced while the run shuts down; see
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, TrainingDiverged
-from . import datasets, evaluate, models, perfmodel, simulate, train
+from . import datasets, evaluate, models, perfmodel, plot, simulate, trace, train
 from .options import PROG, Parser, one_line
 from .run_folder import version
 
@@ -43,7 +47,8 @@ __all__ = ["main", "build_parser", "PROG"]
 
 #: The subcommands, in the order ``hetero-nn --help`` lists them.
 _COMMANDS = {"train": train, "evaluate": evaluate, "datasets": datasets,
-             "perfmodel": perfmodel, "simulate": simulate, "models": models}
+             "perfmodel": perfmodel, "simulate": simulate, "models": models, "trace": trace,
+             "plot": plot}
 _RUN_ERRORS = (TrainingDiverged, TaskError, ArenaError, ClusterError)
 
 
@@ -79,3 +84,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`hetero-nn perfmodel | head`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it

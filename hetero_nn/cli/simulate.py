@@ -173,7 +173,6 @@ def command(args) -> int:
     result = simulate_step(**common, platform=platform, policy=args.policy, dispatch=dispatch)
     if args.json:
         doc = result.to_json()
-        doc["dispatch_seconds"] = dispatch
         if measured is not None:
             doc["measured_step_seconds"] = measured
         print(json.dumps(doc, indent=1))

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import sys
 import warnings
-from collections import deque
 from pathlib import Path
 
 from ..errors import ConfigError, HeteroNNError, TrainingDiverged
@@ -44,6 +43,7 @@ from . import options
 from .connect import connect_cluster, dask_client, make_runtime
 from .options import PROG, UNSET, dataset_error, one_line
 from .run_folder import Interrupts, RunFiles, check_out, environment
+from .trace import StepTraces
 
 DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0},
@@ -391,7 +391,6 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     from ..models import build_model
     from ..layers.loss import SoftmaxCrossEntropy
     from ..optim import OPTIMIZERS
-    from ..scheduler.trace import Trace
     from ..training import Trainer
 
     # A diverging run overflows before its loss turns NaN; the error says so in one line.
@@ -434,7 +433,7 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     for path in earlier_run:  # --overwrite: the earlier run's files go, nothing else
         path.unlink()
     files = RunFiles(args.out, run, rt, environment(), trainer)
-    steps = deque(maxlen=args.trace_steps or None)
+    traces = StepTraces(args.trace_steps, [w.name for w in rt.workers]) if args.trace else None
 
     decided = [trainer.granularity_decision is not None]
 
@@ -443,10 +442,10 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
             decided[0] = True  # 'auto' resolved on the first batch: say what and why
             if not args.quiet:
                 print(trainer.granularity_decision.format(), file=sys.stderr, flush=True)
-        records = rt.trace(clear=True).records
-        files.count_variants(records)
-        if args.trace:
-            steps.append(records)
+        trace = rt.trace(clear=True)
+        files.count_variants(trace.records)
+        if traces is not None:
+            traces.add(trainer.global_step, trace)
         interrupts.check()
 
     def on_epoch_end(_trainer, _record):
@@ -461,15 +460,16 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
         status = ("diverged" if isinstance(exc, TrainingDiverged) else
                   "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
         files.write_metrics(status, one_line(exc))
+        if traces is not None:  # this session's steps, not an earlier session's trace
+            traces.write(args.out)
         raise
-    last = rt.trace(clear=True).records  # the last validation pass
-    files.count_variants(last)
+    last = rt.trace(clear=True)  # the last validation pass
+    files.count_variants(last.records)
     document = files.document("completed")
     files.write_metrics("completed")
-    if args.trace:
-        steps.append(last)
-        trace = Trace([r for records in steps for r in records], [w.name for w in rt.workers])
-        trace.to_chrome(Path(args.out) / "trace.json")
+    if traces is not None:
+        traces.end(last)
+        trace = traces.write(args.out)
         if not args.quiet:
             print(trace.format_stats(), file=sys.stderr)
     print(_summary(trainer.history, document))

@@ -357,6 +357,7 @@ class SimulationResult:
     busy: dict
     links: dict
     schedule: list = field(default_factory=list)  # (task id, codelet, worker, start, end)
+    dispatch: float = 0.0  # the per-task dispatch applied (the platform's, or the caller's)
 
     @property
     def bytes_moved(self) -> int:
@@ -367,7 +368,7 @@ class SimulationResult:
                 "step_seconds": self.step_seconds, "makespan_seconds": self.makespan,
                 "submit_seconds": self.submit_seconds, "tasks": self.tasks,
                 "utilisation": self.utilisation, "busy_seconds": self.busy,
-                "bytes_moved": self.bytes_moved,
+                "bytes_moved": self.bytes_moved, "dispatch_seconds": self.dispatch,
                 "links": {f"{s} -> {d}": row for (s, d), row in self.links.items()}}
 
 
@@ -522,7 +523,7 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
         util = {k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()}
         result = SimulationResult(platform.name, policy, now - step_start, makespan,
                                   step.submit_seconds, len(schedule), util, busy,
-                                  dict(sorted(moved.items())), schedule)
+                                  dict(sorted(moved.items())), schedule, dispatch)
     return result
 
 
@@ -544,7 +545,8 @@ def format_result(r: SimulationResult) -> str:
     """The figures as text: step time, utilisation per worker, bytes per link."""
     lines = [f"platform {r.platform}, policy {r.policy}: predicted step "
              f"{1e3 * r.step_seconds:.3f} ms (graph {1e3 * r.makespan:.3f} ms + submission "
-             f"{1e3 * r.submit_seconds:.3f} ms), {r.tasks} tasks",
+             f"{1e3 * r.submit_seconds:.3f} ms), {r.tasks} tasks, dispatch "
+             f"{1e6 * r.dispatch:.1f} us per task",
              "worker      busy ms  util %"]
     for w, b in r.busy.items():
         lines.append(f"{w:<10} {1e3 * b:8.3f}  {100 * r.utilisation[w]:6.1f}")

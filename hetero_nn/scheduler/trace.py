@@ -8,11 +8,13 @@ exports them:
 - :meth:`Trace.to_chrome`: Chrome trace event JSON for Perfetto / ``chrome://tracing``
   (a process per device kind, a thread per worker, a complete event per task,
   flow arrows along dependencies);
-- :meth:`Trace.gantt`: a PNG Gantt chart (matplotlib, the ``plot`` extra);
+- :meth:`Trace.gantt`: a PNG Gantt chart (matplotlib, the ``plot`` extra;
+  :mod:`hetero_nn.scheduler.gantt`);
 - :meth:`Trace.to_dot`: the executed DAG as Graphviz DOT, coloured by worker;
 - :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
 - :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
-- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records;
+- :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records (``from_json`` also
+  reads the Chrome trace back);
 - :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
   memory node), from a :class:`TransferRecord` per copy, prefetches and copies
   back to the host included; the Chrome trace shows each copy as an event of
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..errors import ConfigError
 from ..fileio import atomic_write
 from ..tables import format_table
 
@@ -43,6 +46,7 @@ __all__ = ["TaskRecord", "TransferRecord", "Trace"]
 
 _JSON_FORMAT = "hetero_nn.trace"
 _JSON_VERSION = 1
+_CHROME_PRODUCER = "hetero_nn"
 
 # Fill colours for workers in DOT graphs (light enough for black labels).
 _WORKER_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
@@ -146,6 +150,9 @@ class Trace:
         seen = sorted({r.worker for r in self.records}, key=_natural_key)
         given = list(dict.fromkeys(workers or ()))
         self.workers: list[str] = given + [w for w in seen if w not in given]
+        #: What the file a trace was read from said about it (e.g. the training steps it
+        #: covers); written into a Chrome trace by :meth:`to_chrome`'s ``metadata``.
+        self.metadata: dict = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -309,7 +316,7 @@ class Trace:
             args = {"codelet": r.codelet, "variant": r.variant, "task_id": r.task_id,
                     "bytes_in": r.bytes_in, "node": r.node,
                     "waiting_us": (r.ready - r.submit) * 1e6,
-                    "queued_us": (r.start - r.ready) * 1e6}
+                    "queued_us": (r.start - r.ready) * 1e6, "deps": list(r.deps)}
             if r.error is not None:
                 args["error"] = r.error
             events.append({"ph": "X", "name": r.codelet, "cat": r.device, "ts": us(r.start),
@@ -346,11 +353,15 @@ class Trace:
                                "tid": tid_of[r.worker]})
         return events
 
-    def to_chrome(self, path) -> Path:
-        """Write a Chrome trace event JSON file (open it in Perfetto or chrome://tracing)."""
+    def to_chrome(self, path, metadata: dict | None = None) -> Path:
+        """Write a Chrome trace event JSON file (open it in Perfetto or chrome://tracing).
+
+        ``metadata`` (JSON values) joins the file's ``otherData``; :meth:`from_json` reads
+        the file back, into :attr:`metadata`.
+        """
         document = {"traceEvents": self.chrome_events(), "displayTimeUnit": "ms",
-                    "otherData": {"producer": "hetero_nn", "tasks": len(self.records),
-                                  "makespan_s": self.makespan}}
+                    "otherData": {"producer": _CHROME_PRODUCER, "tasks": len(self.records),
+                                  "makespan_s": self.makespan, **(metadata or {})}}
         data = json.dumps(document, separators=(",", ":")).encode()
         return atomic_write(path, lambda f: f.write(data))
 
@@ -387,47 +398,16 @@ class Trace:
         data = self.dot().encode()
         return atomic_write(path, lambda f: f.write(data))
 
-    def gantt(self, path, title: str | None = None) -> Path:
-        """Write a PNG Gantt chart: a row per worker, a colour per codelet, a legend.
+    def gantt(self, path, title: str | None = None, window: tuple | None = None) -> Path:
+        """Write a PNG Gantt chart: a row per worker and per link, a colour per codelet, the
+        legend beside it, idle time in grey (:mod:`hetero_nn.scheduler.gantt`).
 
-        Needs matplotlib (``pip install hetero-nn[plot]``).
+        ``window=(t0, t1)`` shows those milliseconds since the first submit. Needs
+        matplotlib (``pip install hetero-nn[plot]``).
         """
-        try:
-            import matplotlib
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-            from matplotlib.patches import Patch
-        except ImportError as exc:
-            raise ImportError("Trace.gantt needs matplotlib: pip install hetero-nn[plot]") from exc
+        from .gantt import gantt
 
-        origin = self.origin
-        codelets = sorted({r.codelet for r in self.records})
-        palette = matplotlib.colormaps["tab20"]
-        colour = {c: palette(i % palette.N) for i, c in enumerate(codelets)}
-        row = {w: i for i, w in enumerate(self.workers)}
-        bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for r in self.records:
-            bars.setdefault((r.worker, r.codelet), []).append(
-                (1e3 * (r.start - origin), 1e3 * r.duration))
-
-        height = max(2.5, 0.5 * len(self.workers) + 1.5)
-        figure = Figure(figsize=(11, height), dpi=100, layout="constrained")
-        FigureCanvasAgg(figure)
-        axes = figure.add_subplot()
-        for (worker, codelet), spans in bars.items():
-            axes.broken_barh(spans, (row[worker] - 0.4, 0.8), facecolors=colour[codelet],
-                             edgecolor="black", linewidth=0.3)
-        axes.set_yticks(range(len(self.workers)), self.workers)
-        axes.set_ylim(len(self.workers) - 0.5, -0.5)
-        axes.set_xlim(0, max(1e3 * self.makespan, 1e-3))
-        axes.set_xlabel("time since first submit (ms)")
-        axes.set_title(title or f"{len(self.records)} tasks, makespan {1e3 * self.makespan:.3f} ms")
-        if codelets:
-            axes.legend(handles=[Patch(facecolor=colour[c], label=c) for c in codelets],
-                        loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
-                        title="codelet")
-        axes.grid(axis="x", alpha=0.3)
-        return atomic_write(path, lambda f: figure.savefig(f, format="png"))
+        return gantt(self, path, title=title, window=window)
 
     def to_json(self, path) -> Path:
         """Write the raw records (and worker list) as JSON; read back with :meth:`from_json`."""
@@ -439,14 +419,33 @@ class Trace:
 
     @classmethod
     def from_json(cls, path) -> "Trace":
-        """Read a trace written by :meth:`to_json`."""
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
+        """Read a trace written by :meth:`to_json` or by :meth:`to_chrome` (what
+        ``hetero-nn train --trace`` writes).
+
+        From a Chrome trace, times come back relative to the first submit (the file
+        keeps no other origin); the metadata the file carries lands in :attr:`metadata`.
+
+        Raises
+        ------
+        ConfigError
+            A file that is not JSON, or JSON that neither method wrote (the message
+            names the file).
+        """
+        try:
+            with open(path, encoding="utf-8") as f:
+                document = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: not a hetero_nn trace (not JSON: {exc})") from None
+        if isinstance(document, dict) and "traceEvents" in document \
+                and document.get("otherData", {}).get("producer") == _CHROME_PRODUCER:
+            return cls._from_chrome(document, path)
         if not isinstance(document, dict) or document.get("format") != _JSON_FORMAT:
-            raise ValueError(f"{path}: not a hetero_nn trace (no 'format': {_JSON_FORMAT!r})")
+            raise ConfigError(f"{path}: not a hetero_nn trace (neither Trace.to_json's "
+                              f"'format': {_JSON_FORMAT!r} nor a Chrome trace with "
+                              f"'producer': {_CHROME_PRODUCER!r})")
         if document.get("version") != _JSON_VERSION:
-            raise ValueError(f"{path}: trace format version {document.get('version')!r}, "
-                             f"this hetero_nn reads version {_JSON_VERSION}")
+            raise ConfigError(f"{path}: trace format version {document.get('version')!r}, "
+                              f"this hetero_nn reads version {_JSON_VERSION}")
         records = []
         for fields in document["records"]:
             fields = dict(fields)
@@ -454,6 +453,43 @@ class Trace:
             records.append(TaskRecord(**fields))
         transfers = [TransferRecord(**fields) for fields in document.get("transfers", ())]
         return cls(records, workers=document.get("workers"), transfers=transfers)
+
+    @classmethod
+    def _from_chrome(cls, document, path) -> "Trace":
+        """The trace :meth:`to_chrome` wrote: a task per complete event of a worker's
+        thread, a copy per complete event of the ``transfers`` process."""
+        events = document["traceEvents"]
+        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+                   if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        processes = {e["pid"]: e["args"]["name"] for e in events
+                     if e.get("ph") == "M" and e.get("name") == "process_name"}
+        records, transfers = [], []
+        try:
+            for e in events:
+                if e.get("ph") != "X":
+                    continue
+                start, end = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+                a = e.get("args", {})
+                if e.get("cat") == "transfer":
+                    transfers.append(TransferRecord(a["src"], a["dst"], int(a["bytes"]),
+                                                    start, end))
+                    continue
+                ready = start - a.get("queued_us", 0.0) / 1e6
+                records.append(TaskRecord(
+                    int(a["task_id"]), a.get("codelet", e["name"]), a["variant"],
+                    threads[(e["pid"], e["tid"])], e.get("cat", "cpu"), a.get("node", ""),
+                    submit=ready - a.get("waiting_us", 0.0) / 1e6, ready=ready,
+                    start=start, end=end, bytes_in=int(a.get("bytes_in", 0)),
+                    deps=tuple(a.get("deps", ())), error=a.get("error")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}: a Chrome trace event hetero_nn cannot read "
+                              f"({type(exc).__name__}: {exc})") from None
+        workers = [name for (pid, tid), name in sorted(threads.items(), key=lambda kv: kv[0][1])
+                   if processes.get(pid) != "transfers"]
+        trace = cls(records, workers=workers, transfers=transfers)
+        trace.metadata = {k: v for k, v in document.get("otherData", {}).items()
+                          if k not in ("producer", "tasks", "makespan_s")}
+        return trace
 
     def __repr__(self):
         return (f"Trace({len(self.records)} tasks, {len(self.workers)} workers, "
