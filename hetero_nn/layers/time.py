@@ -26,6 +26,11 @@ Two exceptions: a Dropout layer takes its ``(n, T, ...)`` samples whole (its mas
 samples, and a sample's steps each get their own elements), and a layer whose samples
 interact (batch normalisation) is refused: folding would pool its statistics over steps,
 which a per-step application does not.
+
+The build also follows whether the activations are spikes (:class:`Axis`: after
+RateEncode or a spiking LIF, through layers that keep zeros zero); a per-step Dense fed
+by spikes gets a :class:`~hetero_nn.layers.events.SpikeInput`, and its ``PerStep`` view
+submits the event-driven codelets in place of the dense ones (:mod:`hetero_nn.layers.events`).
 """
 
 from __future__ import annotations
