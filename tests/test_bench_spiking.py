@@ -47,7 +47,7 @@ def test_experiment_commands_follow_the_recipe(tmp_path):
     cmd = exp.command(exp.RUNS["mnist-conv"], args, tmp_path / "run")
     text = " ".join(cmd)
     for part in ("train --dataset mnist --model snn-conv --encoding direct --time-steps 25 "
-                 "--epochs 3 --batch-size 128 --optimizer adam --lr 0.0005",
+                 "--epochs 3 --batch-size 128 --optimizer adam --lr 0.002 --schedule cosine",
                  "--data-dir data", "--granularity auto"):
         assert part in text
     assert exp.RUNS["mnist-mlp"]["target"] == 0.96 and exp.RUNS["mnist-conv"]["target"] == 0.98
