@@ -117,12 +117,15 @@ def pool_rows(name, x_shape, kernel, dtype, repeat, rng):
     return rows
 
 
-def parse_args(doc, argv=None):
-    """``--repeat``, ``--dtype`` and ``--seed``, the options of the one-thread benchmarks."""
+def parse_args(doc, argv=None, batch=False):
+    """``--repeat``, ``--dtype`` and ``--seed``, the options of the one-thread benchmarks
+    (and ``--batch`` where the benchmark's shapes take one)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per median")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--seed", type=int, default=0)
+    if batch:
+        parser.add_argument("--batch", type=int, default=64, help="samples per call")
     return parser.parse_args(argv)
 
 
@@ -138,27 +141,32 @@ def main(argv=None):
         for name, x_shape, kernel in POOLS:
             rows += pool_rows(name, x_shape, kernel, dtype, args.repeat, rng)
 
-    print(f"{dtype.name}, 1 thread, {args.repeat} timed calls each; ratio = hetero_nn / torch "
-          f"(of medians; 'min' = of minima)")
-    header = (f"{'layer':<12} {'codelet':<18} {'variant':<11} {'ms':>8} {'torch ms':>9} "
-              f"{'ratio':>6} {'min':>6}")
+    report(rows, f"{dtype.name}, 1 thread, {args.repeat} timed calls each")
+
+
+def report(rows, title, widths=(12, 18)):
+    """Print ``rows`` (``timed_rows``'s), then the fastest non-reference variant per
+    (layer, codelet)."""
+    print(f"{title}; ratio = hetero_nn / torch (of medians; 'min' = of minima)")
+    header = (f"{'layer':<{widths[0]}} {'codelet':<{widths[1]}} {'variant':<11} {'ms':>8} "
+              f"{'torch ms':>9} {'ratio':>6} {'min':>6}")
     print(header)
     print("-" * len(header))
     best = {}
     for layer, op, variant, ms, torch_ms in rows:
-        print(_row(layer, op, variant, ms, torch_ms))
+        print(_row(layer, op, variant, ms, torch_ms, widths))
         key = (layer, op)
         if variant != "ref" and (key not in best or ms[0] < best[key][1][0]):
             best[key] = (variant, ms, torch_ms)
     print()
     print("fastest non-reference variant per codelet (what the performance model should pick):")
     for (layer, op), (variant, ms, torch_ms) in best.items():
-        print(_row(layer, op, variant, ms, torch_ms))
+        print(_row(layer, op, variant, ms, torch_ms, widths))
 
 
-def _row(layer, op, variant, ms, torch_ms):
-    return (f"{layer:<12} {op:<18} {variant:<11} {ms[0]:8.3f} {torch_ms[0]:9.3f} "
-            f"{ms[0] / torch_ms[0]:6.2f} {ms[1] / torch_ms[1]:6.2f}")
+def _row(layer, op, variant, ms, torch_ms, widths=(12, 18)):
+    return (f"{layer:<{widths[0]}} {op:<{widths[1]}} {variant:<11} {ms[0]:8.3f} "
+            f"{torch_ms[0]:9.3f} {ms[0] / torch_ms[0]:6.2f} {ms[1] / torch_ms[1]:6.2f}")
 
 
 if __name__ == "__main__":

@@ -174,9 +174,14 @@ def main(argv=None):
     cases = (dense_cases(rng, 64, 400, 120, "LeNet") + dense_cases(rng, 64, 120, 84, "LeNet")
              + dense_cases(rng, 64, 84, 10, "LeNet") + dense_cases(rng, 64, 4096, 10, "CIFAR-small")
              + relu_cases(rng) + loss_cases(rng) + optim_cases(rng))
+    report(cases, args.repeat, args.json)
 
+
+def report(cases, repeat, json_path=None):
+    """Time every CPU variant of each case's codelet beside its torch call; print the table
+    (and write it to ``json_path``). A case is ``(shape, codelet, arrays, params, torch_fn)``."""
     rows = []
-    header = (f"{'shape':<26} {'codelet':<18} {'variant':<8} {'median us':>10} "
+    header = (f"{'shape':<26} {'codelet':<22} {'variant':<8} {'median us':>10} "
               f"{'torch us':>9} {'ratio':>6}")
     print(f"float32, 1 thread, numpy {np.__version__}, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")
@@ -187,7 +192,7 @@ def main(argv=None):
             contenders = {name: (lambda v=codelet.variants[name]: v(*arrays, **params))
                           for name in codelet.kinds["cpu"]}
             contenders["torch"] = torch_fn
-            medians = measure(contenders, args.repeat)
+            medians = measure(contenders, repeat)
             torch_s = medians.pop("torch")
             best = min(medians, key=medians.get)
             for name, seconds in medians.items():
@@ -195,15 +200,16 @@ def main(argv=None):
                                  median_us=seconds * 1e6, torch_us=torch_s * 1e6,
                                  ratio=seconds / torch_s, best=name == best))
                 mark = "*" if name == best else " "
-                print(f"{shape:<26} {codelet.name:<18} {name + mark:<8} {seconds * 1e6:>10.1f} "
+                print(f"{shape:<26} {codelet.name:<22} {name + mark:<8} {seconds * 1e6:>10.1f} "
                       f"{torch_s * 1e6:>9.1f} {seconds / torch_s:>6.2f}")
     slower = [r for r in rows if r["best"] and r["ratio"] > 1]
     print("\n* = fastest variant. Codelets whose fastest variant is slower than torch: "
           + (", ".join(f"{r['codelet']} ({r['shape']}, {r['ratio']:.2f}x)" for r in slower)
              or "none"))
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

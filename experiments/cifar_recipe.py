@@ -94,17 +94,21 @@ def torch_twin(model, torch):
                   "Tanh": nn.Tanh, "GELU": nn.GELU}
         if kind in simple:
             return simple[kind]()
-        if kind == "Conv2D":
+        if kind == "Conv2d":
             return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                             stride=layer.stride, padding=layer.padding, bias=layer.bias)
+                             stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
+                             groups=layer.groups, bias=layer.bias,
+                             padding_mode=layer.padding_mode)
         if kind == "Dense":
             return nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
-        if kind == "MaxPool2D":
-            return nn.MaxPool2d(layer.kernel_size, layer.stride)
-        if kind == "AvgPool2D":
-            return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding)
-        if kind == "GlobalAvgPool2D":
-            return nn.AdaptiveAvgPool2d(1)
+        if kind == "MaxPool2d":
+            return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                                ceil_mode=layer.ceil_mode)
+        if kind == "AvgPool2d":
+            return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode,
+                                layer.count_include_pad, layer.divisor_override)
+        if kind in ("AdaptiveAvgPool2d", "GlobalAvgPool2D"):
+            return nn.AdaptiveAvgPool2d(layer.output_size)
         if kind == "LogSoftmax":
             return nn.LogSoftmax(dim=1)
         if kind == "LeakyReLU":

@@ -71,3 +71,8 @@ class DeviceMemoryError(HeteroNNError, MemoryError):
 
 class ClusterError(HeteroNNError, RuntimeError):
     """A Dask cluster lost the work of a step (no worker left, scheduler gone)."""
+
+
+class ConversionError(HeteroNNError, ValueError):
+    """A model does not convert between PyTorch and hetero_nn (``from_torch``, ``to_torch``);
+    the message names the node, its target and the source line at fault."""

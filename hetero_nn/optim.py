@@ -1,38 +1,39 @@
-"""Optimizers, learning-rate schedules and gradient clipping with ``torch.optim``'s arguments.
+"""Optimizers and gradient clipping with ``torch.optim``'s arguments; the schedules are in
+:mod:`hetero_nn.lr_scheduler` (reached from here too, ``hn.optim.StepLR``).
 
-``hn.optim.SGD(lr=0.05, momentum=0.9)`` is a recipe; the trainer calls
-``bind(parameters, rt)`` and then ``step(rt)`` once per batch, which submits
+``hn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)`` takes the parameters first,
+or parameter groups with their own options, as torch's; ``hn.optim.SGD(lr=0.05)`` is a
+recipe that the trainer gives the model's parameters (one group). The trainer calls
+``bind(named_parameters, rt)`` and then ``step(rt)`` once per batch, which submits
 one update task per parameter after that batch's gradient tasks. State buffers
 (momentum, Adam's moments) are host arrays registered with the runtime, so
-checkpoints read them with ``state_dict()``.
+checkpoints read them with ``state_dict()``, under the model's parameter names.
 
 What changes from step to step (the learning rate, SGD's momentum and first step,
 Adam's betas and step count) reaches the tasks as data: ``step`` registers the
 step's *hyper handle* (:func:`~hetero_nn.codelets.optim.sgd_hyper`,
-:func:`~hetero_nn.codelets.optim.adam_hyper`) that every update task reads, so a
-captured step can be replayed every step: :meth:`Optimizer.replayed` counts the
-step as ``step`` would and returns the values the trainer writes into the hyper
-handle the graph captured. ``replay_key()`` holds only what stays fixed.
-
-Schedules (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``) take the optimizer
-recipe and set its ``lr`` (and, for OneCycle, SGD's ``momentum`` or Adam's
-``beta1``) in Python on every ``step()``, with ``torch.optim.lr_scheduler``'s
-constructors and arithmetic: the construction is step 0, StepLR and
-CosineAnnealingLR use PyTorch's recursive (chainable) update, so the floats
-are PyTorch's own. Their ``state_dict()`` is JSON-serialisable and goes into
-checkpoints. ``clip_grad_norm`` submits ``torch.nn.utils.clip_grad_norm_`` as tasks.
+:func:`~hetero_nn.codelets.optim.adam_hyper`; one row per parameter group, each
+group's tasks reading their row through a child handle) that every update task
+reads, so a captured step can be replayed every step: :meth:`Optimizer.replayed`
+counts the step as ``step`` would and returns the values the trainer writes into the
+hyper handle the graph captured. ``replay_key()`` holds only what stays fixed, group
+by group. ``state_dict()`` records the groups' options, and ``load_state_dict``
+restores them, so groups and schedules survive checkpoints.
+``clip_grad_norm`` submits ``torch.nn.utils.clip_grad_norm_`` as tasks.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 import math
+import numbers
+
+import numpy as np
 
 from .codelets.optim import (adam_hyper, adam_step, adamw_step, clip_scale, sgd_hyper, sgd_step,
                               sgd_step_plain, sum_squares)
 from .codelets.reduce import fill_zero
 from .errors import CheckpointError, ConfigError
+from .layers.base import Parameter
 
 
 def _check(value, name, owner, minimum=0.0, maximum=None, open_max=False):
@@ -47,30 +48,150 @@ def _check(value, name, owner, minimum=0.0, maximum=None, open_max=False):
     return v
 
 
+def _what(value) -> str:
+    return f"{type(value).__module__.split('.')[0]}.{type(value).__name__}"
+
+
+def _groups(params, owner) -> list[dict]:
+    """The parameter groups ``params`` gives: its dicts, or one group of its parameters."""
+    expected = (f"{owner}: the first argument is the parameters to optimize: model.parameters() "
+                "or a list of parameter groups (dicts with 'params' and their own options)")
+    if isinstance(params, numbers.Number):
+        raise ConfigError(f"{expected}; got the number {params!r} (give the learning rate as "
+                          f"lr={params!r})")
+    if isinstance(params, (dict, str, Parameter)) or hasattr(params, "named_parameters"):
+        hint = "; give model.parameters()" if hasattr(params, "named_parameters") else ""
+        raise ConfigError(f"{expected}; got a {_what(params)}{hint}")
+    try:
+        items = list(params)
+    except TypeError:
+        raise ConfigError(f"{expected}; got a {_what(params)}") from None
+    if items and all(isinstance(item, dict) for item in items):
+        return [dict(item) for item in items]
+    return [{"params": _parameters(items, owner, expected)}]
+
+
+def _parameters(items, owner, expected) -> list:
+    """The Parameters of ``items`` (``named_parameters()`` pairs accepted)."""
+    if isinstance(items, Parameter):
+        items = [items]
+    out = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            item = item[1]
+        if not isinstance(item, Parameter):
+            hint = (" (a torch tensor: convert the module with hn.from_torch and give the "
+                    "model's parameters)" if type(item).__module__.startswith("torch") else "")
+            raise ConfigError(f"{expected}; got a {_what(item)} among them{hint}")
+        out.append(item)
+    if not out:
+        raise ConfigError(f"{owner}: got an empty parameter list")
+    return out
+
+
+def _group_option(name):
+    """A property for the option ``name`` of every group: read from the first group, set in
+    all (what ``opt.lr = 0.1`` means with one group, as the schedules and the CLI use it)."""
+    def get(self):
+        return self.param_groups[0][name]
+
+    def set_(self, value):
+        checked = self._check_options({name: value}, type(self).__name__)[name]
+        for group in self.param_groups:
+            group[name] = checked
+
+    return property(get, set_, doc=f"``{name}`` of the parameter groups (the first one's).")
+
+
 class Optimizer:
-    """Base: parameters bound later; ``step`` submits the update tasks."""
+    """Base: parameter groups as ``torch.optim.Optimizer``'s; ``step`` submits the update tasks.
+
+    ``params`` is ``model.parameters()`` (one group with the defaults), a list of
+    parameter groups, dicts of ``"params"`` and the options that differ for them
+    (``[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]``), or None:
+    then :meth:`bind` (the trainer) gives the model's parameters, one group.
+    ``param_groups`` holds the groups, each a dict of its options and its ``"params"``.
+    """
 
     buffers: tuple[str, ...] = ()
+    #: Options of a group written into the hyper handle each step (the others are fixed).
+    per_step: tuple[str, ...] = ()
 
-    def __init__(self):
-        self.params = []
+    def __init__(self, params, defaults: dict):
+        owner = type(self).__name__
+        self.defaults = self._check_options(defaults, owner)
+        self.param_groups: list[dict] = []
+        self._implicit = params is None  # the trainer's bind gives the parameters
+        if self._implicit:
+            self.param_groups.append({"params": [], **self.defaults})
+        else:
+            for group in _groups(params, owner):
+                self.add_param_group(group)
+        self.params = []  # [(name, Parameter)] of every group, once bound
+        self._group_of: dict[str, int] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
         self._handles: dict = {}
         self._rt = None
         self.steps = 0
         self.step_input = None  # the hyper handle the last ``step`` registered
 
+    def _check_options(self, options, owner) -> dict:
+        """``options`` checked and normalised (a ConfigError names the option)."""
+        raise NotImplementedError
+
+    def add_param_group(self, group: dict) -> None:
+        """Add a group: ``{"params": [...], option: value, ...}``, the options it lacks
+        taken from the defaults (``torch.optim.Optimizer.add_param_group``)."""
+        owner, index = type(self).__name__, len(self.param_groups)
+        if not isinstance(group, dict) or "params" not in group:
+            raise ConfigError(f"{owner}: parameter group {index} must be a dict with 'params', "
+                              f"got {group!r}")
+        unknown = [k for k in group if k != "params" and k not in self.defaults]
+        if unknown:
+            raise ConfigError(f"{owner}: parameter group {index} has the unknown option "
+                              f"{unknown[0]!r} (expected 'params', "
+                              f"{', '.join(map(repr, self.defaults))})")
+        params = _parameters(group["params"], f"{owner} parameter group {index}",
+                             f"{owner}: parameter group {index}'s 'params' must be parameters")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in params) or len({id(p) for p in params}) < len(params):
+            raise ConfigError(f"{owner}: some parameters appear in more than one parameter group")
+        options = self._check_options({**self.defaults, **{k: v for k, v in group.items()
+                                                           if k != "params"}},
+                                      f"{owner} parameter group {index}")
+        self.param_groups.append({"params": list(params), **options})
+        self._rt = None  # bind again at the next step
+
     def bind(self, named_parameters, rt):
-        """Attach ``[(name, Parameter), ...]`` (creating zeroed buffers) and register with ``rt``."""
-        self.params = list(named_parameters)
+        """Attach to a runtime: ``[(name, Parameter), ...]`` names the parameters (the
+        model's ``named_parameters()``; an optimizer made without parameters takes them
+        all), the state buffers are made (zeroed) where missing and registered with ``rt``."""
+        if named_parameters is None:  # no model to name them: their index in the groups
+            named = [(str(i), p) for i, p in
+                     enumerate(p for g in self.param_groups for p in g["params"])]
+        else:
+            named = list(named_parameters)
+        if self._implicit:
+            self.param_groups[0]["params"] = [p for _, p in named]
+        names = {id(p): name for name, p in named}
+        self.params, self._group_of = [], {}
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                name = names.get(id(p))
+                if name is None:
+                    raise ConfigError(f"{type(self).__name__}: parameter group {gi} holds a "
+                                      f"parameter that is not the model's ({p!r})")
+                self.params.append((name, p))
+                self._group_of[name] = gi
         for name, p in self.params:
             st = self.state.get(name)
             if st is None or any(st[b].shape != p.data.shape or st[b].dtype != p.data.dtype
                                  for b in self.buffers):
                 self.state[name] = {b: np.zeros_like(p.data) for b in self.buffers}
-        self._rt = rt
-        self._handles = {name: [rt.register(self.state[name][b], name=f"{name}.{b}")
-                                for b in self.buffers] for name, _ in self.params}
+        self._rt = rt  # None: the parameters named, nothing registered yet
+        self._handles = {} if rt is None else {
+            name: [rt.register(self.state[name][b], name=f"{name}.{b}") for b in self.buffers]
+            for name, _ in self.params}
 
     def _sync(self):
         """Make the host copies of the buffers current."""
@@ -79,27 +200,45 @@ class Optimizer:
                 for h in hs:
                     self._rt.fetch(h)
 
-    def step(self, rt):
-        """Submit one update task per parameter, all reading this step's hyper handle."""
+    def step(self, rt=None):
+        """Submit one update task per parameter, each reading its group's row of this step's
+        hyper handle (``rt``: the runtime the parameters are bound to when not given)."""
+        if rt is None:
+            rt = next((p.runtime for g in self.param_groups for p in g["params"]
+                       if p.runtime is not None), None)
+            if rt is None:
+                raise ConfigError(f"{type(self).__name__}.step: no runtime; the parameters are "
+                                  "bound to none (train with a Trainer, or give rt)")
         if rt is not self._rt:
-            self.bind(self.params, rt)
+            self.bind(self.params or None, rt)
         self.steps += 1
         self.step_input = hyper = rt.register(self.hyper_values(), name="optimizer.hyper")
+        rows = [hyper] if len(hyper.shape) == 1 else list(hyper.split(0, hyper.shape[0]))
         for name, p in self.params:
-            self._submit(rt, p, self._handles[name], hyper)
+            gi = self._group_of[name]
+            self._submit(rt, p, self._handles[name], rows[gi], self.param_groups[gi], gi)
 
-    def _submit(self, rt, p, buffers, hyper):
+    def _submit(self, rt, p, buffers, hyper, group, index):
+        raise NotImplementedError
+
+    def _hyper_row(self, group) -> np.ndarray:
         raise NotImplementedError
 
     def hyper_values(self) -> np.ndarray:
-        """The data of the current step's hyper handle (after ``steps`` counted it)."""
-        raise NotImplementedError
+        """The data of the current step's hyper handle (after ``steps`` counted it): one
+        row, or one per group where there are several."""
+        rows = [self._hyper_row(g) for g in self.param_groups]
+        return rows[0] if len(rows) == 1 else np.stack(rows)
 
     def replay_key(self):
-        """What the parameters of ``step``'s tasks depend on besides the data (hashable),
-        or None when a captured step cannot be replayed (see
+        """What the parameters of ``step``'s tasks depend on besides the data (hashable):
+        every group's options that are not in the hyper handle (see
         :meth:`hetero_nn.training.trainer.Trainer.train_step`)."""
-        return None
+        return (type(self).__name__, tuple(self._fixed(g, i) for i, g in
+                                           enumerate(self.param_groups)))
+
+    def _fixed(self, group, index) -> tuple:
+        return tuple(_hashable(group[k]) for k in self.defaults if k not in self.per_step)
 
     def replayed(self) -> np.ndarray:
         """Count a step run by replaying a captured graph (``step`` was not called) and
@@ -107,8 +246,20 @@ class Optimizer:
         self.steps += 1
         return self.hyper_values()
 
+    def _options(self, group) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
+                if k != "params"}
+
     def hyper(self) -> dict:
-        raise NotImplementedError
+        """The first group's options (JSON); with groups given, ``"param_groups"`` lists
+        every group's options and parameter names (once bound)."""
+        out = self._options(self.param_groups[0])
+        if not self._implicit:
+            names = {id(p): n for n, p in self.params}
+            out["param_groups"] = [{**self._options(g),
+                                    "params": [names.get(id(p)) for p in g["params"]]}
+                                   for g in self.param_groups]
+        return out
 
     def state_dict(self) -> dict:
         """``{"steps": int, "hyper": {...}, "state": {param: {buffer: array}}}`` (copies)."""
@@ -117,7 +268,12 @@ class Optimizer:
                 "state": {n: {b: a.copy() for b, a in st.items()} for n, st in self.state.items()}}
 
     def load_state_dict(self, sd):
+        """Restore the step count, the buffers and, where ``sd`` lists parameter groups,
+        every group's options (``torch.optim.Optimizer.load_state_dict``)."""
         self._sync()
+        saved = sd.get("hyper", {}).get("param_groups")
+        if saved is not None:
+            self._load_groups(saved)
         self.steps = int(sd["steps"])
         for name, st in sd["state"].items():
             for b, a in st.items():
@@ -131,92 +287,126 @@ class Optimizer:
         if self._rt is not None and not self._rt.closed:
             self.bind(self.params, self._rt)  # host copies changed: register them again
 
-    @property
-    def lr(self):
-        return self._lr
+    def _load_groups(self, saved):
+        owner = type(self).__name__
+        if len(saved) != len(self.param_groups):
+            raise CheckpointError(f"{owner}: the state holds {len(saved)} parameter groups, the "
+                                  f"optimizer has {len(self.param_groups)}")
+        names = {id(p): n for n, p in self.params}
+        for i, (group, state) in enumerate(zip(self.param_groups, saved)):
+            mine = [names.get(id(p)) for p in group["params"]]
+            if self.params and state.get("params") is not None and state["params"] != mine:
+                raise CheckpointError(f"{owner}: parameter group {i} holds {state['params']} in "
+                                      f"the state, {mine} in the optimizer")
+            options = {k: v for k, v in state.items() if k in self.defaults}
+            group.update(self._check_options(options, f"{owner} parameter group {i}"))
 
-    @lr.setter
-    def lr(self, value):
-        self._lr = _check(value, "lr", type(self).__name__)
+    def __repr__(self):
+        body = ", ".join(f"{k}={v}" for k, v in self._options(self.param_groups[0]).items())
+        extra = f", {len(self.param_groups)} parameter groups" if len(self.param_groups) > 1 else ""
+        return f"{type(self).__name__}({body}{extra})"
+
+    lr = _group_option("lr")
+    weight_decay = _group_option("weight_decay")
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
 
 
 class SGD(Optimizer):
-    """``torch.optim.SGD(lr, momentum=0, dampening=0, weight_decay=0, nesterov=False)``."""
+    """``torch.optim.SGD(params=None, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
+    nesterov=False)``; a group with a momentum keeps a ``momentum_buffer`` per parameter
+    (every parameter has one when any group does: checkpoints stay one shape)."""
 
-    def __init__(self, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
-        super().__init__()
-        self.lr = lr
-        self.momentum = _check(momentum, "momentum", "SGD")
-        self.dampening = _check(dampening, "dampening", "SGD")
-        self.weight_decay = _check(weight_decay, "weight_decay", "SGD")
-        self.nesterov = bool(nesterov)
-        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ConfigError("SGD: Nesterov momentum requires a momentum and zero dampening")
-        self.buffers = ("momentum_buffer",) if self.momentum else ()
+    per_step = ("lr", "momentum")
 
-    def _submit(self, rt, p, buffers, hyper):
-        if buffers:  # a momentum that a schedule set to 0 leaves the buffer alone
-            rt.submit(sgd_step, p.handle, p.grad, buffers[0], hyper, dampening=self.dampening,
-                      weight_decay=self.weight_decay, nesterov=self.nesterov)
+    def __init__(self, params=None, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
+                                  "weight_decay": weight_decay, "nesterov": nesterov})
+        # whether a group's tasks keep a buffer is fixed at construction: a momentum that a
+        # schedule sets to 0 later leaves the buffer alone
+        self._buffered = [bool(g["momentum"]) for g in self.param_groups]
+        self.buffers = ("momentum_buffer",) if any(self._buffered) else ()
+
+    def add_param_group(self, group):
+        super().add_param_group(group)
+        if hasattr(self, "_buffered"):
+            self._buffered.append(bool(self.param_groups[-1]["momentum"]))
+            self.buffers = ("momentum_buffer",) if any(self._buffered) else ()
+
+    def _check_options(self, options, owner):
+        out = dict(options)
+        for key in ("lr", "momentum", "dampening", "weight_decay"):
+            if key in out:
+                out[key] = _check(out[key], key, owner)
+        if "nesterov" in out:
+            out["nesterov"] = bool(out["nesterov"])
+            if out["nesterov"] and (out.get("momentum", 1) <= 0 or out.get("dampening", 0) != 0):
+                raise ConfigError(f"{owner}: Nesterov momentum requires a momentum and zero "
+                                  "dampening")
+        return out
+
+    def _submit(self, rt, p, buffers, hyper, group, index):
+        if self._buffered[index]:
+            rt.submit(sgd_step, p.handle, p.grad, buffers[0], hyper, dampening=group["dampening"],
+                      weight_decay=group["weight_decay"], nesterov=group["nesterov"])
         else:
-            rt.submit(sgd_step_plain, p.handle, p.grad, hyper, weight_decay=self.weight_decay)
+            rt.submit(sgd_step_plain, p.handle, p.grad, hyper, weight_decay=group["weight_decay"])
 
-    def hyper_values(self):
-        return sgd_hyper(self.lr, self.momentum, self.steps == 1)
+    def _hyper_row(self, group):
+        return sgd_hyper(group["lr"], group["momentum"], self.steps == 1)
 
-    def hyper(self):
-        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
-                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+    def _fixed(self, group, index):
+        """Dampening, weight decay, Nesterov and whether the group keeps a momentum buffer
+        (lr, momentum and the first step are in the hyper handle)."""
+        return super()._fixed(group, index) + (self._buffered[index],)
 
-    def replay_key(self):
-        """What stays fixed: dampening, weight decay, Nesterov, and whether there is a
-        momentum buffer (lr, momentum and the first step are in the hyper handle)."""
-        return ("sgd", self.dampening, self.weight_decay, self.nesterov, bool(self.buffers))
-
-    def __repr__(self):
-        return "SGD(" + ", ".join(f"{k}={v}" for k, v in self.hyper().items()) + ")"
+    momentum = _group_option("momentum")
+    dampening = _group_option("dampening")
+    nesterov = _group_option("nesterov")
 
 
 class Adam(Optimizer):
-    """``torch.optim.Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``."""
+    """``torch.optim.Adam(params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``."""
 
     buffers = ("exp_avg", "exp_avg_sq")
+    per_step = ("lr", "betas")
     codelet = adam_step
 
-    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        super().__init__()
-        self.lr = lr
-        try:
-            b1, b2 = betas
-        except (TypeError, ValueError):
-            raise ConfigError(f"Adam: betas must be a pair, got {betas!r}") from None
-        self.betas = (_check(b1, "betas[0]", "Adam", 0.0, 1.0, open_max=True),
-                      _check(b2, "betas[1]", "Adam", 0.0, 1.0, open_max=True))
-        self.eps = _check(eps, "eps", "Adam")
-        self.weight_decay = _check(weight_decay, "weight_decay", "Adam")
+    def __init__(self, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})
 
-    def _submit(self, rt, p, buffers, hyper):
-        rt.submit(self.codelet, p.handle, p.grad, buffers[0], buffers[1], hyper, eps=self.eps,
-                  weight_decay=self.weight_decay)
+    def _check_options(self, options, owner):
+        out = dict(options)
+        for key in ("lr", "eps", "weight_decay"):
+            if key in out:
+                out[key] = _check(out[key], key, owner)
+        if "betas" in out:
+            try:
+                b1, b2 = out["betas"]
+            except (TypeError, ValueError):
+                raise ConfigError(f"{owner}: betas must be a pair, got {out['betas']!r}") from None
+            out["betas"] = (_check(b1, "betas[0]", owner, 0.0, 1.0, open_max=True),
+                            _check(b2, "betas[1]", owner, 0.0, 1.0, open_max=True))
+        return out
 
-    def hyper_values(self):
-        return adam_hyper(self.lr, self.betas[0], self.betas[1], self.steps)
+    def _submit(self, rt, p, buffers, hyper, group, index):
+        rt.submit(self.codelet, p.handle, p.grad, buffers[0], buffers[1], hyper, eps=group["eps"],
+                  weight_decay=group["weight_decay"])
 
-    def replay_key(self):
-        """What stays fixed: the codelet, eps and weight decay (lr, betas and the step
-        count are in the hyper handle)."""
-        return (self.codelet.name, self.eps, self.weight_decay)
+    def _hyper_row(self, group):
+        return adam_hyper(group["lr"], group["betas"][0], group["betas"][1], self.steps)
 
-    def hyper(self):
-        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps,
-                "weight_decay": self.weight_decay}
-
-    def __repr__(self):
-        return f"{type(self).__name__}(" + ", ".join(f"{k}={v}" for k, v in self.hyper().items()) + ")"
+    betas = _group_option("betas")
+    eps = _group_option("eps")
 
 
 class AdamW(Adam):
-    """``torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)``.
+    """``torch.optim.AdamW(params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    weight_decay=1e-2)``.
 
     Decoupled weight decay: each step first scales the weights by
     ``1 - lr * weight_decay``, then takes Adam's step without an L2 term.
@@ -224,8 +414,8 @@ class AdamW(Adam):
 
     codelet = adamw_step
 
-    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-        super().__init__(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    def __init__(self, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
@@ -287,222 +477,5 @@ def clip_grad_norm(parameters, max_norm) -> float:
     return float(np.sqrt(value))
 
 
-# ---------------------------------------------------------------------------------------
-# Learning-rate schedules
-# ---------------------------------------------------------------------------------------
-
-class LRScheduler:
-    """Base of the schedules: ``torch.optim.lr_scheduler.LRScheduler`` for one parameter group.
-
-    ``interval`` says when :class:`~hetero_nn.training.trainer.Trainer` steps it by default:
-    after every optimizer step (``"step"``) or at the end of every epoch (``"epoch"``).
-    """
-
-    interval = "epoch"
-    _hyper: tuple[str, ...] = ()
-
-    def __init__(self, optimizer):
-        if not isinstance(optimizer, Optimizer):
-            raise ConfigError(f"{type(self).__name__}: expected a hetero_nn optimizer, got "
-                              f"{type(optimizer).__name__}")
-        self.optimizer = optimizer
-        if not hasattr(self, "base_lrs"):
-            self.base_lrs = [optimizer.lr]
-        self.last_epoch = -1
-        self._step_count = 0
-        self._initial = True
-        self.step()
-        self._initial = False
-
-    def get_lr(self) -> float:
-        raise NotImplementedError
-
-    def step(self):
-        """Advance one step (an optimizer step or an epoch) and set the optimizer's lr."""
-        self._step_count += 1
-        self.last_epoch += 1
-        # Not through the lr setter: PyTorch's linear OneCycle overshoots to a negative
-        # value on its last step (an lr no optimizer step uses), and it is kept as is.
-        self.optimizer._lr = float(self.get_lr())
-        self._last_lr = [self.optimizer.lr]
-
-    def get_last_lr(self) -> list:
-        """The learning rate set by the last ``step`` (a one-element list, as PyTorch)."""
-        return list(self._last_lr)
-
-    def _momentum(self):
-        opt = self.optimizer
-        return list(opt.betas) if isinstance(opt, Adam) else getattr(opt, "momentum", None)
-
-    def state_dict(self) -> dict:
-        """Position, hyper-parameters and the optimizer values set last (JSON-serialisable)."""
-        return {"type": type(self).__name__, "last_epoch": self.last_epoch,
-                "step_count": self._step_count, "base_lrs": list(self.base_lrs),
-                "last_lr": list(self._last_lr), "momentum": self._momentum(),
-                "hyper": {k: getattr(self, k) for k in self._hyper}}
-
-    def load_state_dict(self, state):
-        """Restore ``state_dict()``'s values, the optimizer's lr (and momentum) included."""
-        if state.get("type") != type(self).__name__:
-            raise CheckpointError(f"scheduler state is for {state.get('type')}, the run uses "
-                                  f"{type(self).__name__}")
-        self.last_epoch = int(state["last_epoch"])
-        self._step_count = int(state["step_count"])
-        self.base_lrs = [float(v) for v in state["base_lrs"]]
-        self._last_lr = [float(v) for v in state["last_lr"]]
-        for key, value in state.get("hyper", {}).items():
-            if key in self._hyper:
-                setattr(self, key, value)
-        self.optimizer._lr = self._last_lr[0]
-        momentum = state.get("momentum")
-        if isinstance(self.optimizer, Adam) and momentum is not None:
-            self.optimizer.betas = tuple(float(b) for b in momentum)
-        elif momentum is not None:
-            self.optimizer.momentum = float(momentum)
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._hyper)
-        return f"{type(self).__name__}({args})"
-
-
-class StepLR(LRScheduler):
-    """``torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.1)``:
-    ``lr *= gamma`` every ``step_size`` steps."""
-
-    _hyper = ("step_size", "gamma")
-
-    def __init__(self, optimizer, step_size, gamma=0.1):
-        if isinstance(step_size, bool) or not isinstance(step_size, (int, np.integer)) \
-                or step_size < 1:
-            raise ConfigError(f"StepLR: step_size must be a positive integer, got {step_size!r}")
-        self.step_size = int(step_size)
-        self.gamma = _check(gamma, "gamma", "StepLR")
-        super().__init__(optimizer)
-
-    def get_lr(self):
-        lr = self.optimizer.lr
-        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
-            return lr
-        return lr * self.gamma
-
-
-class CosineAnnealingLR(LRScheduler):
-    """``torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max, eta_min=0)``,
-    in PyTorch's recursive form (which keeps cycling after ``T_max``)."""
-
-    _hyper = ("T_max", "eta_min")
-
-    def __init__(self, optimizer, T_max, eta_min=0.0):
-        if isinstance(T_max, bool) or not isinstance(T_max, (int, np.integer)) or T_max < 1:
-            raise ConfigError(f"CosineAnnealingLR: T_max must be a positive integer, got {T_max!r}")
-        self.T_max = int(T_max)
-        self.eta_min = _check(eta_min, "eta_min", "CosineAnnealingLR")
-        super().__init__(optimizer)
-
-    def get_lr(self):
-        lr, base_lr, t_max, eta_min = self.optimizer.lr, self.base_lrs[0], self.T_max, self.eta_min
-        if self._initial:
-            return lr
-        if (self.last_epoch - 1 - t_max) % (2 * t_max) == 0:
-            return lr + (base_lr - eta_min) * (1 - math.cos(math.pi / t_max)) / 2
-        return ((1 + math.cos(math.pi * self.last_epoch / t_max))
-                / (1 + math.cos(math.pi * (self.last_epoch - 1) / t_max))
-                * (lr - eta_min) + eta_min)
-
-
-class OneCycleLR(LRScheduler):
-    """``torch.optim.lr_scheduler.OneCycleLR`` (stepped after every optimizer step).
-
-    ``OneCycleLR(optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None,
-    pct_start=0.3, anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85,
-    max_momentum=0.95, div_factor=25.0, final_div_factor=1e4, three_phase=False)``.
-    The lr goes from ``max_lr / div_factor`` up to ``max_lr`` and down to
-    ``max_lr / div_factor / final_div_factor``; with ``cycle_momentum`` SGD's momentum
-    (or Adam's ``beta1``) moves the other way between ``max_momentum`` and
-    ``base_momentum``. SGD must then have a momentum (PyTorch would switch a
-    momentum-less SGD to momentum SGD; here that is an error).
-    """
-
-    interval = "step"
-    _hyper = ("total_steps", "pct_start", "anneal_strategy", "cycle_momentum", "base_momentum",
-              "max_momentum", "div_factor", "final_div_factor", "three_phase", "max_lr")
-
-    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None,
-                 pct_start=0.3, anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85,
-                 max_momentum=0.95, div_factor=25.0, final_div_factor=1e4, three_phase=False):
-        def positive_int(value, name):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"OneCycleLR: {name} must be a positive integer, got {value!r}")
-            return int(value)
-
-        if total_steps is not None:
-            self.total_steps = positive_int(total_steps, "total_steps")
-        elif epochs is not None and steps_per_epoch is not None:
-            self.total_steps = (positive_int(epochs, "epochs")
-                                * positive_int(steps_per_epoch, "steps_per_epoch"))
-        else:
-            raise ConfigError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
-        self.pct_start = _check(pct_start, "pct_start", "OneCycleLR", 0.0, 1.0)
-        if anneal_strategy not in ("cos", "linear"):
-            raise ConfigError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
-                              f"{anneal_strategy!r}")
-        self.anneal_strategy = anneal_strategy
-        self.max_lr = _check(max_lr, "max_lr", "OneCycleLR")
-        self.div_factor = _check(div_factor, "div_factor", "OneCycleLR")
-        self.final_div_factor = _check(final_div_factor, "final_div_factor", "OneCycleLR")
-        self.three_phase = bool(three_phase)
-        self.cycle_momentum = bool(cycle_momentum)
-        self.base_momentum = _check(base_momentum, "base_momentum", "OneCycleLR")
-        self.max_momentum = _check(max_momentum, "max_momentum", "OneCycleLR")
-        if self.cycle_momentum and isinstance(optimizer, SGD) and not optimizer.momentum:
-            raise ConfigError("OneCycleLR: cycle_momentum needs SGD with a momentum (or give "
-                              "cycle_momentum=False)")
-        self.base_lrs = [self.max_lr / self.div_factor]
-        if self.cycle_momentum:
-            self._set_momentum(optimizer, self.max_momentum)
-        super().__init__(optimizer)
-
-    def _phases(self):
-        """``(end_step, start_lr, end_lr, start_momentum, end_momentum)`` as PyTorch's."""
-        initial = self.max_lr / self.div_factor
-        lrs = {"initial": initial, "max": self.max_lr, "min": initial / self.final_div_factor}
-        n, pct = self.total_steps, self.pct_start
-        if self.three_phase:
-            return [(float(pct * n) - 1, lrs["initial"], lrs["max"], self.max_momentum,
-                     self.base_momentum),
-                    (float(2 * pct * n) - 2, lrs["max"], lrs["initial"], self.base_momentum,
-                     self.max_momentum),
-                    (n - 1, lrs["initial"], lrs["min"], self.max_momentum, self.max_momentum)]
-        return [(float(pct * n) - 1, lrs["initial"], lrs["max"], self.max_momentum,
-                 self.base_momentum),
-                (n - 1, lrs["max"], lrs["min"], self.base_momentum, self.max_momentum)]
-
-    def _anneal(self, start, end, pct):
-        if self.anneal_strategy == "cos":
-            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
-        return (end - start) * pct + start
-
-    @staticmethod
-    def _set_momentum(optimizer, momentum):
-        if isinstance(optimizer, Adam):
-            optimizer.betas = (momentum, *optimizer.betas[1:])
-        else:
-            optimizer.momentum = momentum
-
-    def get_lr(self):
-        step_num = self.last_epoch
-        if step_num > self.total_steps:
-            raise ConfigError(f"OneCycleLR: stepped {step_num} times, but total_steps is "
-                              f"{self.total_steps}")
-        phases = self._phases()
-        start_step = 0.0
-        for i, (end_step, start_lr, end_lr, start_m, end_m) in enumerate(phases):
-            if step_num <= end_step or i == len(phases) - 1:
-                pct = (step_num - start_step) / (end_step - start_step)
-                if self.cycle_momentum:
-                    self._set_momentum(self.optimizer, self._anneal(start_m, end_m, pct))
-                return self._anneal(start_lr, end_lr, pct)
-            start_step = end_step
-
-
-SCHEDULES = {"step": StepLR, "cosine": CosineAnnealingLR, "onecycle": OneCycleLR}
+from .lr_scheduler import (SCHEDULES, CosineAnnealingLR, LRScheduler, OneCycleLR,  # noqa: E402,F401
+                           StepLR)

@@ -6,17 +6,99 @@ The ``dist_client`` fixture starts one ``distributed.LocalCluster`` of two
 single-threaded worker processes for the whole session (starting one costs
 seconds); tests give it to ``Runtime(executor=client)``, which never closes a
 client it did not make.
+
+Hypothesis: the default run uses each test's own settings (several property tests
+are derandomized: the same examples every run, so CI is stable). The slow run
+(``-m slow``, or any run with ``--hypothesis-profile random``) loads the ``random``
+profile and runs *every* property test as well, on fresh random examples
+(``derandomize=False``) with a fixed budget of :data:`RANDOM_EXAMPLES` each, so
+the long run explores what the short one never draws; a failure prints the blob
+that reproduces it (``@reproduce_failure``).
+
+``--ulp-report FILE`` writes, at the end of the session, the largest distance in
+units in the last place that each named :func:`helpers.assert_ulp` call saw, per
+codelet and dtype (markdown for ``.md``, else JSON): the table of docs/codelets.md.
 """
 
+import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+#: Examples each property test draws in the slow run (``random`` profile).
+RANDOM_EXAMPLES = 100
+
+settings.register_profile("random", derandomize=False, database=None, deadline=None,
+                          max_examples=RANDOM_EXAMPLES, print_blob=True)
 
 # Set at import time: modules may build a PerfModel while being collected.
 _CACHE = tempfile.mkdtemp(prefix="hetero_nn-test-cache-")
 os.environ["HETERO_NN_CACHE"] = _CACHE
+
+
+def pytest_addoption(parser):
+    parser.addoption("--ulp-report", metavar="FILE", default=None,
+                     help="write the largest ULP distance per codelet and dtype seen by "
+                          "assert_ulp (markdown for .md, else JSON)")
+
+
+def _slow_run(config) -> bool:
+    """Whether ``-m`` selects the slow tests (the last ``-m`` wins over addopts')."""
+    expression = (config.getoption("markexpr") or "").replace(" ", "")
+    return "slow" in expression and "notslow" not in expression
+
+
+def _random_profile(config) -> bool:
+    explicit = config.getoption("hypothesis_profile", default=None)
+    return explicit == "random" or (explicit is None and _slow_run(config))
+
+
+def pytest_configure(config):
+    if _random_profile(config):
+        settings.load_profile("random")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the property tests join the slow run
+def pytest_collection_modifyitems(config, items):
+    if not _random_profile(config):
+        return
+    profile = settings.get_profile("random")
+    for item in items:
+        test = getattr(item, "obj", None)
+        if not getattr(test, "is_hypothesis_test", False):
+            continue
+        item.add_marker(pytest.mark.slow)
+        if not getattr(test, "_random_profile_applied", False):
+            # the test's own settings (derandomize, budget) give way to the profile's
+            own = getattr(test, "_hypothesis_internal_use_settings", None)
+            test._hypothesis_internal_use_settings = settings(
+                own, derandomize=False, database=None, max_examples=profile.max_examples,
+                print_blob=True)
+            test._random_profile_applied = True
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("ulp_report")
+    if not path:
+        return
+    from helpers import ULP_SEEN
+
+    table: dict = {}
+    for (name, dtype), ulps in sorted(ULP_SEEN.items()):
+        table.setdefault(name, {})[dtype] = ulps
+    path = Path(path)
+    if path.suffix == ".md":
+        lines = ["| codelet | float32 (ULP) | float64 (ULP) |", "|---|---:|---:|"]
+        for name, row in table.items():
+            cells = [f"{row[d]:.3g}" if d in row else "-" for d in ("float32", "float64")]
+            lines.append(f"| `{name}` | {cells[0]} | {cells[1]} |")
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
 def pytest_unconfigure(config):

@@ -28,3 +28,92 @@ def load_script(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def central_differences(loss, x, eps):
+    """``d loss() / d x`` by central differences, one element at a time: ``loss`` reads
+    ``x``, which is changed in place and restored."""
+    grad = np.empty_like(x)
+    for i in np.ndindex(x.shape):
+        saved = x[i]
+        x[i] = saved + eps
+        up = loss()
+        x[i] = saved - eps
+        down = loss()
+        x[i] = saved
+        grad[i] = (up - down) / (2 * eps)
+    return grad
+
+
+# -- units in the last place ---------------------------------------------------------------
+
+#: ``(name, dtype) -> largest ULP distance`` seen by :func:`assert_ulp` calls given a name;
+#: ``pytest --ulp-report FILE`` writes it out (see conftest.py, docs/codelets.md).
+ULP_SEEN: dict = {}
+
+_ORDERED = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+
+
+def _ordered(values: np.ndarray) -> np.ndarray:
+    """Floats as integers in the same order (adjacent floats differ by 1; -0 == +0), int64."""
+    ints = values.view(_ORDERED[values.dtype]).astype(np.int64)
+    sign = np.int64(np.iinfo(_ORDERED[values.dtype]).min)
+    return np.where(ints < 0, sign - ints, ints)
+
+
+def ulp_distance(actual, expected, dtype=None, floor=None) -> np.ndarray:
+    """Distance between ``actual`` and ``expected`` in units in the last place of ``dtype``.
+
+    Both are rounded to ``dtype`` (float32 or float64; default: ``actual``'s) first.
+    With ``floor=None`` the distance is the number of representable ``dtype`` values
+    between them (0: equal bits up to the sign of zero; NaN against NaN: 0; NaN against
+    a number: inf). With ``floor`` (a magnitude) an element whose ``|expected|`` is
+    below it is measured in ULPs of ``floor`` instead: a sum that cancels to nearly 0
+    is held to the precision of its terms, not to that of its tiny result. ``"scale"``
+    takes ``floor = max |expected|``: every element in ULPs of the largest magnitude.
+    """
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    dtype = np.dtype(dtype or (actual.dtype if actual.dtype.kind == "f" else np.float64))
+    if dtype not in _ORDERED:
+        raise TypeError(f"ulp_distance: float32 or float64, not {dtype}")
+    a = np.ascontiguousarray(actual, dtype=dtype)
+    e = np.ascontiguousarray(expected, dtype=dtype)
+    a, e = np.broadcast_arrays(a, e)
+    a, e = np.ascontiguousarray(a), np.ascontiguousarray(e)
+    oa, oe = _ordered(a), _ordered(e)
+    high, low = np.maximum(oa, oe), np.minimum(oa, oe)
+    # the difference of two ordered int64 fits in uint64 (wrap-around is exact there)
+    distance = (high - low).view(np.uint64).astype(np.float64)
+    if floor is not None:
+        floor = float(np.max(np.abs(e), initial=0.0)) if floor == "scale" else float(floor)
+        small = np.abs(e) < floor
+        unit = np.spacing(dtype.type(floor)).astype(np.float64) if floor > 0 else 0.0
+        if unit > 0:
+            gap = np.abs(a.astype(np.float64) - e.astype(np.float64)) / unit
+            distance = np.where(small, gap, distance)
+    a_nan, e_nan = np.isnan(a), np.isnan(e)
+    distance = np.where(a_nan | e_nan, np.where(a_nan & e_nan, 0.0, np.inf), distance)
+    return distance
+
+
+def assert_ulp(actual, expected, max_ulp, *, dtype=None, floor=None, name=None) -> float:
+    """Assert that no element of ``actual`` is more than ``max_ulp`` ULPs from ``expected``.
+
+    See :func:`ulp_distance` for ``dtype`` and ``floor``. Returns the largest distance;
+    with ``name`` (e.g. a codelet's name) it is also kept in :data:`ULP_SEEN` for the
+    report. The message names the worst element, both values and the distance.
+    """
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    distance = ulp_distance(actual, expected, dtype, floor)
+    worst = float(np.max(distance, initial=0.0))
+    if name is not None:
+        key = (name, np.dtype(dtype or (actual.dtype if actual.dtype.kind == "f"
+                                          else np.float64)).name)
+        ULP_SEEN[key] = max(ULP_SEEN.get(key, 0.0), worst)
+    if not worst <= max_ulp:
+        index = np.unravel_index(int(np.argmax(distance)), distance.shape) if distance.ndim else ()
+        a = np.broadcast_to(actual, distance.shape)[index]
+        e = np.broadcast_to(expected, distance.shape)[index]
+        raise AssertionError(f"{name or 'values'}: {worst:g} ULPs (> {max_ulp}) at {index}: "
+                             f"{a!r} against {e!r}" + (f" (floor {floor})" if floor else ""))
+    return worst

@@ -21,13 +21,6 @@ from hetero_nn.training.checkpoint import (CHECKPOINT_NAME, FINAL_NAME, FORMAT, 
                                   read_checkpoint, remove_stale_temporaries, write_checkpoint)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(monkeypatch, tmp_path_factory):
-    """Performance models go to a temporary cache (conftest sets one; this is the fallback)."""
-    if not os.environ.get("HETERO_NN_CACHE"):
-        monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
 def _data(n=96, size=12, seed=0):
     return hn.datasets.load("synthetic", image_size=size, num_samples=n, seed=seed)
 
@@ -180,11 +173,11 @@ def test_corrupt_files_raise_checkpoint_error_naming_the_file(tmp_path, damage):
 
 def test_load_model_rebuilds_the_builtin_model_with_its_weights(tmp_path):
     path, weights, _ = _trained_checkpoint(tmp_path, dtype="float64")
-    model, ckpt = load_model(path)
+    model = load_model(path)
     assert model.spec["name"] == "dahl-basic" and model.dtype == np.float64
     for name, value in model.state_dict().items():
         assert value.dtype == np.float64 and np.array_equal(value, weights[name])
-    model32, _ = load_model(path, dtype="float32")
+    model32 = load_model(path, dtype="float32")
     assert all(v.dtype == np.float32 for v in model32.state_dict().values())
 
 
@@ -199,7 +192,7 @@ def test_resume_mid_epoch_ends_bit_identical_to_an_uninterrupted_run(tmp_path, d
     data, val = _data(n=80), _data(n=32, seed=1)  # 5 steps of 16 per epoch
 
     def make():
-        opt = hn.optim.SGD(lr=0.05, momentum=0.9) if optimizer == "sgd" else hn.optim.Adam(1e-2)
+        opt = hn.optim.SGD(lr=0.05, momentum=0.9) if optimizer == "sgd" else hn.optim.Adam(lr=1e-2)
         return _trainer(optimizer=opt, dtype=dtype, granularity=3, data=data)
 
     reference = make()

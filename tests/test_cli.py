@@ -31,12 +31,6 @@ needs_mnist = pytest.mark.skipif(not (DATA / "mnist").is_dir(),
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(monkeypatch, tmp_path_factory):
-    if not os.environ.get("HETERO_NN_CACHE"):
-        monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
 def _cuda_available():
     from hetero_nn.codelets.xp import cupy_or_none
     return cupy_or_none() is not None
@@ -220,13 +214,17 @@ def test_a_new_run_into_another_runs_out_refuses_and_touches_nothing(tmp_path, c
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_divergence_before_any_checkpoint_says_so_without_denying_out(tmp_path, capsys):
+def test_divergence_at_the_first_steps_keeps_the_starting_checkpoint(tmp_path, capsys):
+    """A run writes its starting state first: diverging before any step's checkpoint
+    still leaves a folder that resumes (here, with the same bad lr, to the same end)."""
     out = tmp_path / "nan"
     assert main(["train", *SYNTHETIC, "--limit", "256", "--batch-size", "16", "--lr", "1e6",
                  "--out", str(out)]) == 1
     line = _error_line(capsys)
-    assert "training diverged" in line and f"no checkpoint was written in {out} yet" in line
+    assert "training diverged" in line and f"last good checkpoint is {out / CHECKPOINT_NAME}" in line
     assert "--out to keep one" not in line
+    assert read_checkpoint(out / CHECKPOINT_NAME).global_step == 0
+    assert json.loads((out / "metrics.json").read_text())["status"] == "diverged"
 
 
 def _free_port():
@@ -266,9 +264,9 @@ def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path, request
         start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not (out / CHECKPOINT_NAME).exists():  # training steps are running on Dask
+        while _global_step(out / CHECKPOINT_NAME) < 1:  # training steps are running on Dask
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            assert time.monotonic() < deadline, "no step's checkpoint after 120 s"
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
@@ -277,8 +275,18 @@ def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path, request
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 130, stderr
-    assert stderr.splitlines() == ["hetero-nn: interrupted"], stderr
+    (line,) = stderr.splitlines()
+    assert line.startswith("hetero-nn: interrupted: stopped at step "), stderr
+    assert f"resume with: hetero-nn train --out {out} --resume --devices cpu:1" in line
     assert json.loads((out / "metrics.json").read_text())["status"] == "interrupted"
+
+
+def _global_step(path) -> int:
+    """The global step of the checkpoint at ``path``; -1 while there is none."""
+    try:
+        return read_checkpoint(path).global_step
+    except Exception:
+        return -1
 
 
 def test_the_installed_entry_point_prints_one_line_and_no_traceback(tmp_path):
@@ -479,7 +487,7 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_bit_identical(tmp_path):
         ckpt_path = killed / CHECKPOINT_NAME
         deadline = time.monotonic() + 180
         try:
-            while not ckpt_path.exists():
+            while _global_step(ckpt_path) < 1:  # past the starting checkpoint (step 0)
                 assert proc.poll() is None, proc.stderr.read().decode()
                 assert time.monotonic() < deadline, "no checkpoint after 180 s"
                 time.sleep(0.001)

@@ -58,6 +58,11 @@ def test_train_snn_conv_rate_coded_then_evaluate_and_resume(tmp_path, capsys):
     assert final.config["model"]["encoding"] == "rate" and final.config["loss"] == \
         "MembraneCrossEntropy"
     assert final.config["rate_encode"] == {"0": [final.config["model"]["rate_seed"], 4]}
+    rebuilt = hn.load_model(out / FINAL_NAME)  # from the architecture recorded as data
+    assert [type(layer) for layer in rebuilt][:4] == [hn.layers.RateEncode, hn.layers.Conv2D,
+                                                      hn.layers.MaxPool2D, hn.layers.LIF]
+    assert (rebuilt[0].seed, rebuilt[0].steps) == (final.config["model"]["rate_seed"], 4)
+    assert all(np.array_equal(v, final.model_state[k]) for k, v in rebuilt.state_dict().items())
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(out / FINAL_NAME), "--limit", "96",
                  "--json"]) == 0
@@ -65,7 +70,7 @@ def test_train_snn_conv_rate_coded_then_evaluate_and_resume(tmp_path, capsys):
     assert result["accuracy"] == metrics["test_accuracy"]
     assert result["loss"] == pytest.approx(metrics["test_loss"], rel=1e-6)
     assert main(["train", "--out", str(out), "--resume", "--encoding", "direct"]) == 2
-    assert "--encoding direct differs from the rate" in capsys.readouterr().err
+    assert "--encoding direct differs from the run's rate" in capsys.readouterr().err
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "-q"]) == 0
     assert read_checkpoint(out / FINAL_NAME).config["rate_encode"]["0"][1] == 8
 

@@ -7,11 +7,12 @@ import pytest
 
 from hetero_nn.codelets import activation, loss
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+ULPS = 16
 DTYPES = [np.float64, np.float32]
 
 
@@ -42,9 +43,11 @@ def test_relu_forward_and_backward_match_torch(variant, dtype, shape):
     y = np.full(shape, np.nan, dtype)
     activation.relu_fwd.variants[variant](x, y)
     np.testing.assert_array_equal(y, ty.detach().numpy())
+    assert_ulp(y, ty.detach().numpy(), 0, name="relu_fwd")
     dx = np.full(shape, np.nan, dtype)
     activation.relu_bwd.variants[variant](y, dy, dx)
     np.testing.assert_array_equal(dx, tx.grad.numpy())
+    assert_ulp(dx, tx.grad.numpy(), 0, name="relu_bwd")
 
 
 @pytest.mark.parametrize("variant", sorted(activation.relu_fwd.variants))
@@ -109,12 +112,16 @@ def test_softmax_xent_matches_torch_cross_entropy(variant, dtype, shape):
     assert total.shape == () and correct.shape == () and correct.dtype == np.int64
     assert rel_err(total, expected_loss) <= TOL[dtype]
     assert rel_err(dlogits, expected_grad) <= TOL[dtype]
+    assert_ulp(total, expected_loss, ULPS, dtype=dtype, floor="scale", name="softmax_xent")
+    assert_ulp(dlogits, expected_grad, ULPS, floor="scale", name="softmax_xent")
     assert int(correct) == expected_correct
 
     eval_loss, eval_correct = np.zeros((), dtype), np.zeros((), np.int64)
     loss.softmax_xent_eval.variants[variant](logits, labels, eval_loss, eval_correct,
                                              batch=shape[0])
     assert rel_err(eval_loss, expected_loss) <= TOL[dtype]
+    assert_ulp(eval_loss, expected_loss, ULPS, dtype=dtype, floor="scale",
+               name="softmax_xent_eval")
     assert int(eval_correct) == expected_correct
 
 

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from hetero_nn.codelets import activation as act
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+ULPS = 16
 VARIANTS = ["ref", "cpu", "cuda"]
 # name: (forward codelet, backward codelet, params, torch function, backward reads "x" or "y")
 OPS = {
@@ -59,6 +60,9 @@ def test_variants_match_torch(op, shape, dtype, variant):
     assert y.dtype == dtype and dx.dtype == dtype
     assert rel_err(y, ey) <= TOL[dtype]
     assert rel_err(dx, edx) <= TOL[dtype]
+    fwd, bwd = OPS[op][:2]
+    assert_ulp(y, ey, ULPS, floor="scale", name=fwd.name)
+    assert_ulp(dx, edx, ULPS, floor="scale", name=bwd.name)
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -7,9 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hetero_nn.codelets import optim  # noqa: E402
-from helpers import rel_err  # noqa: E402
+from helpers import assert_ulp, rel_err  # noqa: E402
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch in ULPs of each result's largest magnitude.
+ULPS = 8
 DTYPES = [np.float64, np.float32]
 ADAMW_CONFIGS = [
     dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),   # torch's defaults
@@ -42,6 +44,7 @@ def test_adamw_matches_torch(variant, dtype, config):
     for actual, wanted in ((p, tp), (m, state["exp_avg"]), (v, state["exp_avg_sq"])):
         assert actual.dtype == dtype
         assert rel_err(actual, wanted.numpy()) <= TOL[dtype]
+        assert_ulp(actual, wanted.numpy(), ULPS, floor="scale", name="adamw_step")
 
 
 def test_adamw_differs_from_adam_with_l2():
@@ -71,12 +74,14 @@ def test_clip_codelets_match_torch(variant, dtype, max_norm):
         optim.sum_squares.variants[variant](g, total)
     assert total.dtype == dtype
     assert rel_err(np.sqrt(total), expected_norm.numpy()) <= TOL[dtype]
+    assert_ulp(np.sqrt(total), expected_norm.numpy(), ULPS, name="sum_squares")  # the norm
     ours = [g.copy() for g in grads]
     for g in ours:
         optim.clip_scale.variants[variant](g, total, max_norm=max_norm)
     for g, p in zip(ours, params):
         assert g.dtype == dtype
         assert rel_err(g, p.grad.numpy()) <= TOL[dtype]
+        assert_ulp(g, p.grad.numpy(), ULPS, floor="scale", name="clip_scale")
     if max_norm < 1:
         assert np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in ours)) \
             == pytest.approx(max_norm, rel=1e-5)

@@ -13,12 +13,15 @@ from hypothesis import strategies as st
 from hetero_nn.codelets import REDUX, R, W
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from helpers import rel_err, pair
+from helpers import assert_ulp, pair, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 F = torch.nn.functional
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch in ULPs of the result's largest magnitude (sums of
+#: products in another order; see docs/codelets.md).
+ULPS = {np.float64: 64, np.float32: 64}
 DTYPES = [np.float64, np.float32]
 CODELETS = [conv.conv2d_fwd, conv.conv2d_fwd_nobias, conv.conv2d_bwd_input,
             conv.conv2d_bwd_params, conv.conv2d_bwd_weight]
@@ -96,22 +99,29 @@ def test_variants_match_torch(case, dtype, variant):
     y = garbage(y_ref.shape, dtype)
     conv.conv2d_fwd.variants[variant](x, w, b, y, **kw)
     assert y.dtype == dtype and rel_err(y, y_ref) <= tol
+    assert_ulp(y, y_ref, ULPS[dtype], floor="scale", name="conv2d_fwd")
 
     y = garbage(y_ref.shape, dtype)
     conv.conv2d_fwd_nobias.variants[variant](x, w, y, **kw)
     assert rel_err(y, y_ref - b.reshape(1, -1, 1, 1)) <= tol
+    assert_ulp(y, y_ref - b.reshape(1, -1, 1, 1), ULPS[dtype], floor="scale",
+               name="conv2d_fwd_nobias")
 
     dx = garbage(x.shape, dtype)
     conv.conv2d_bwd_input.variants[variant](dy, w, dx, **kw)
     assert dx.dtype == dtype and rel_err(dx, dx_ref) <= tol
+    assert_ulp(dx, dx_ref, ULPS[dtype], floor="scale", name="conv2d_bwd_input")
 
     dw, db = np.zeros_like(w), np.zeros_like(b)  # REDUX partials as init leaves them
     conv.conv2d_bwd_params.variants[variant](x, dy, dw, db, **kw)
     assert rel_err(dw, dw_ref) <= tol and rel_err(db, db_ref) <= tol
+    assert_ulp(dw, dw_ref, ULPS[dtype], floor="scale", name="conv2d_bwd_params")
+    assert_ulp(db, db_ref, ULPS[dtype], floor="scale", name="conv2d_bwd_params")
 
     dw = np.zeros_like(w)
     conv.conv2d_bwd_weight.variants[variant](x, dy, dw, **kw)
     assert rel_err(dw, dw_ref) <= tol
+    assert_ulp(dw, dw_ref, ULPS[dtype], floor="scale", name="conv2d_bwd_weight")
 
 
 @settings(max_examples=25, deadline=None)
@@ -132,8 +142,10 @@ def test_random_geometry_matches_torch(n, c, o, h, w_, k, stride, padding):
         conv.conv2d_fwd.variants[variant](x, w, b, y, **params(case))
         conv.conv2d_bwd_input.variants[variant](dy, w, dx, **params(case))
         conv.conv2d_bwd_params.variants[variant](x, dy, dw, db, **params(case))
-        for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref), (db, db_ref)):
+        for got, ref, name in ((y, y_ref, "conv2d_fwd"), (dx, dx_ref, "conv2d_bwd_input"),
+                               (dw, dw_ref, "conv2d_bwd_params"), (db, db_ref, "conv2d_bwd_params")):
             assert rel_err(got, ref) <= 1e-10, variant
+            assert_ulp(got, ref, ULPS[np.float64], floor="scale", name=name)
 
 
 # --------------------------------------------------------------------------- finite differences

@@ -8,11 +8,14 @@ import pytest
 from hetero_nn.codelets import REDUX, W
 from hetero_nn.codelets import dense, reduce
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch in ULPs of the result's largest magnitude (dot products
+#: summed in another order; see docs/codelets.md).
+ULPS = 16
 DTYPES = [np.float64, np.float32]
 CODELETS = [dense.dense_fwd, dense.dense_fwd_nobias, dense.dense_bwd_input,
             dense.dense_bwd_params, dense.dense_bwd_weight]
@@ -64,11 +67,13 @@ def test_forward_matches_torch_linear(variant, dtype, seed):
     dense.dense_fwd.variants[variant](x, w, b, y)
     assert y.dtype == dtype
     assert rel_err(y, expected) <= TOL[dtype]
+    assert_ulp(y, expected, ULPS, floor="scale", name="dense_fwd")
 
     expected = torch.nn.functional.linear(torch.from_numpy(x), torch.from_numpy(w)).numpy()
     y = garbage((n, o), dtype)
     dense.dense_fwd_nobias.variants[variant](x, w, y)
     assert rel_err(y, expected) <= TOL[dtype]
+    assert_ulp(y, expected, ULPS, floor="scale", name="dense_fwd_nobias")
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -87,6 +92,7 @@ def test_backward_matches_torch_autograd(variant, dtype, seed):
     dx = garbage((n, i), dtype)
     dense.dense_bwd_input.variants[variant](dy, w, dx)
     assert rel_err(dx, tx.grad.numpy()) <= TOL[dtype]
+    assert_ulp(dx, tx.grad.numpy(), ULPS, floor="scale", name="dense_bwd_input")
 
     # REDUX: the codelet accumulates into whatever the partial already holds.
     dw_before = rng.standard_normal((o, i)).astype(dtype)
@@ -99,6 +105,12 @@ def test_backward_matches_torch_autograd(variant, dtype, seed):
     dw = np.zeros((o, i), dtype)
     dense.dense_bwd_weight.variants[variant](x, dy, dw)
     assert rel_err(dw, tw.grad.numpy()) <= TOL[dtype]
+    assert_ulp(dw, tw.grad.numpy(), ULPS, floor="scale", name="dense_bwd_weight")
+    dw = np.zeros((o, i), dtype)  # the params codelet from zero partials, as the first partition
+    db = np.zeros(o, dtype)
+    dense.dense_bwd_params.variants[variant](x, dy, dw, db)
+    assert_ulp(dw, tw.grad.numpy(), ULPS, floor="scale", name="dense_bwd_params")
+    assert_ulp(db, tb.grad.numpy(), ULPS, floor="scale", name="dense_bwd_params")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hetero_nn.codelets.dropout import dropout_bwd, dropout_fwd, dropout_key, keep_mask, key_data
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -39,6 +39,7 @@ def test_variants_and_partitions_give_one_mask_scaled_as_torch(p, dtype):
                                                       scale).numpy()
     assert y.dtype == dtype
     assert rel_err(y, expected) <= (1e-10 if dtype == np.float64 else 1e-6)
+    assert_ulp(y, expected, 0, name="dropout_fwd")  # one product per element: exact
     dy = np.random.default_rng(1).standard_normal(x.shape).astype(dtype)
     for variant in VARIANTS:
         assert np.array_equal(run(dropout_bwd, variant, dy, p, key, 3),

@@ -10,9 +10,11 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from hetero_nn.codelets import loss  # noqa: E402
-from helpers import rel_err  # noqa: E402
+from helpers import assert_ulp, rel_err  # noqa: E402
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch in ULPs of each result's largest magnitude.
+ULPS = 16
 DTYPES = [np.float64, np.float32]
 SHAPES = [(1, 10), (7, 3), (33, 17), (5, 1)]
 VARIANTS = sorted(loss.softmax_xent.variants)
@@ -64,6 +66,9 @@ def test_label_smoothing_matches_torch(variant, dtype, shape, batch_of, eps):
     loss.softmax_xent_eval.variants[variant](x, y, total_eval, correct_eval, batch=batch,
                                              label_smoothing=eps)
     assert rel_err(total_eval, tl.item()) <= TOL[dtype] and correct_eval == correct
+    assert_ulp(total, tl.item(), ULPS, dtype=dtype, floor="scale", name="softmax_xent")
+    assert_ulp(dx, tx.grad.numpy(), ULPS, floor=scale, name="softmax_xent")
+    assert_ulp(total_eval, tl.item(), ULPS, dtype=dtype, floor="scale", name="softmax_xent_eval")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -107,9 +112,11 @@ def test_log_softmax_forward_and_backward_match_torch(variant, dtype, shape):
     y = np.full(shape, np.nan, dtype)
     loss.log_softmax.variants[variant](x, y)
     assert rel_err(y, ty.detach().numpy()) <= TOL[dtype]
+    assert_ulp(y, ty.detach().numpy(), ULPS, floor="scale", name="log_softmax")
     dx = np.full(shape, np.nan, dtype)
     loss.log_softmax_bwd.variants[variant](y, dy, dx)
     assert rel_err(dx, tx.grad.numpy()) <= TOL[dtype]
+    assert_ulp(dx, tx.grad.numpy(), ULPS, floor="scale", name="log_softmax_bwd")
 
 
 def test_log_softmax_backward_matches_finite_differences():
@@ -144,6 +151,7 @@ def test_nll_loss_matches_torch(variant, dtype, shape, reduction):
     loss.nll_loss.variants[variant](logp, y, dlogp, total,
                                     batch=shape[0] if reduction == "mean" else 1)
     assert rel_err(total, tl.item()) <= TOL[dtype]
+    assert_ulp(total, tl.item(), ULPS, dtype=dtype, floor="scale", name="nll_loss")
     np.testing.assert_array_equal(dlogp, tp.grad.numpy())
 
 
@@ -174,6 +182,8 @@ def test_mse_loss_matches_torch(variant, dtype, shape, reduction):
                                     numel=x.size if reduction == "mean" else 1)
     assert rel_err(total, tl.item()) <= TOL[dtype]
     assert rel_err(dx, tx.grad.numpy()) <= TOL[dtype]
+    assert_ulp(total, tl.item(), ULPS, dtype=dtype, floor="scale", name="mse_loss")
+    assert_ulp(dx, tx.grad.numpy(), ULPS, floor="scale", name="mse_loss")
 
 
 def test_mse_gradient_matches_finite_differences():

@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from hetero_nn.codelets import optim
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch in ULPs of each result's largest magnitude.
+ULPS = 8
 DTYPES = [np.float64, np.float32]
 N_STEPS = 5
 
@@ -70,8 +72,10 @@ def test_sgd_matches_torch(variant, dtype, config):
                                          **fixed(config))
     assert p.dtype == dtype
     assert rel_err(p, expected_param) <= TOL[dtype]
+    assert_ulp(p, expected_param, ULPS, floor="scale", name="sgd_step")
     if config["momentum"] != 0:
         assert rel_err(buf, expected_buf) <= TOL[dtype]
+        assert_ulp(buf, expected_buf, ULPS, floor="scale", name="sgd_step")
 
     if config["momentum"] == 0:
         p = param.copy()
@@ -79,6 +83,7 @@ def test_sgd_matches_torch(variant, dtype, config):
             optim.sgd_step_plain.variants[variant](p, g, optim.sgd_hyper(config["lr"]),
                                                     weight_decay=config["weight_decay"])
         assert rel_err(p, expected_param) <= TOL[dtype]
+        assert_ulp(p, expected_param, ULPS, floor="scale", name="sgd_step_plain")
 
 
 ADAM_CONFIGS = [
@@ -116,6 +121,7 @@ def test_adam_matches_torch(variant, dtype, config):
     for actual, wanted in zip((p, exp_avg, exp_avg_sq), expected):
         assert actual.dtype == dtype
         assert rel_err(actual, wanted) <= TOL[dtype]
+        assert_ulp(actual, wanted, ULPS, floor="scale", name="adam_step")
 
 
 @pytest.mark.parametrize("variant", sorted(optim.adam_step.variants))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hetero_nn.codelets import R, W
 from hetero_nn.codelets import pool
-from helpers import rel_err, pair
+from helpers import assert_ulp, pair, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 F = torch.nn.functional
@@ -88,11 +88,15 @@ def test_variants_match_torch(case, dtype, kind, variant):
     argmax = np.full(y_ref.shape, -7, dtype=np.int64)
     pool.maxpool2d_fwd.variants[variant](x, y, argmax, **params(case))
     np.testing.assert_array_equal(y, y_ref)  # NaN compare equal here
+    assert_ulp(y, y_ref, 0, name="maxpool2d_fwd")
     np.testing.assert_array_equal(argmax, arg_ref)
 
     dx = np.full(x.shape, np.nan, dtype=dtype)
     pool.maxpool2d_bwd.variants[variant](dy, arg_ref, dx, **params(case))
     assert dx.dtype == dtype and rel_err(dx, dx_ref) <= TOL[dtype]
+    # each element the sum of the gradients routed to it (overlapping windows), in
+    # another order than torch's: held to a few ULPs of the largest
+    assert_ulp(dx, dx_ref, 4, floor="scale", name="maxpool2d_bwd")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

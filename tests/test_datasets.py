@@ -358,9 +358,14 @@ def test_truncated_gzip_stream(tmp_path):
     _, _, paths = _write_idx_dataset(tmp_path, gz=True, n=400)
     image_path, _ = paths["train"]
     image_path.write_bytes(image_path.read_bytes()[:-100])
-    with pytest.raises(DatasetFormatError, match="gzip") as info:
+    with pytest.raises(DatasetFormatError, match="truncated gzip file") as info:
         load("mnist", data_dir=tmp_path)
     assert str(image_path) in str(info.value)
+    # the cheap check (trailer against header) cannot trust a cut file's last 4 bytes:
+    # it says the stream is cut, with no "uncompressed size" read from garbage
+    (row,) = [r for r in describe(tmp_path) if r.name == "mnist"]
+    assert str(image_path) in row.problem and "truncated gzip file" in row.problem
+    assert "uncompressed size" not in row.problem and "8016 bytes for the 400 x 5 x 4" in row.problem
 
 
 def test_missing_files_say_where_and_how(tmp_path):

@@ -3,7 +3,8 @@
 A fenced ``bash`` (``sh``, ``shell``) or ``python`` block of README.md or docs/*.md is
 runnable when the line before it (blank lines aside) is the HTML comment
 ``<!-- runnable -->`` (``<!-- runnable: slow -->`` for one that takes minutes: it runs
-with ``-m slow``); any other block is left alone. The blocks of one file run in order,
+with ``-m slow``; ``torch`` among the tags skips it where PyTorch is missing); any other
+block is left alone. The blocks of one file run in order,
 in one scratch folder laid out as a checkout (the repository's folders linked in, a
 ``../shared`` beside it holding the datasets), so a block may use what an earlier one
 wrote (``runs/quick``). Shell blocks run under ``bash -e``; Python blocks as scripts.
@@ -14,6 +15,7 @@ is ``../shared/datasets`` (``HETERO_NN_DATA``); performance models go to a priva
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -55,6 +57,7 @@ class Block:
     language: str   # "shell" or "python"
     code: str
     slow: bool
+    torch: bool = False  # ``<!-- runnable: torch -->``: skipped where PyTorch is missing
 
     @property
     def where(self) -> str:
@@ -82,7 +85,7 @@ def runnable_blocks(path: Path) -> list[Block]:
                                   f"'{fence.group(1) or 'plain'}' block; only bash and "
                                   f"python blocks run")
                 blocks.append(Block(path, i + 1, language, "\n".join(lines[i + 1:end]) + "\n",
-                                    "slow" in (mark[1] or "")))
+                                    "slow" in (mark[1] or ""), "torch" in (mark[1] or "")))
             mark, i = None, end + 1
             continue
         found = MARK.fullmatch(line)
@@ -100,6 +103,8 @@ def _cases():
     for path in DOCS:
         for n, block in enumerate(runnable_blocks(path)):
             marks = [pytest.mark.slow] if block.slow else []
+            if block.torch and importlib.util.find_spec("torch") is None:
+                marks.append(pytest.mark.skip(reason="the block needs PyTorch (optional)"))
             cases.append(pytest.param(block, id=f"{path.name}-{n}-line{block.line}",
                                       marks=marks))
     return cases

@@ -15,13 +15,16 @@ from hetero_nn.codelets.activation import relu_bwd, relu_fwd
 from hetero_nn.codelets.reduce import add_redux, overwriting, zero_init
 from hetero_nn.layers import Layer
 from hetero_nn.layers.fused import ConvReLUPool, DenseReLU, plan
-from helpers import rel_err
+from helpers import assert_ulp, rel_err
 from twins import torch_twin
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
+#: Largest distance from torch (in float64, rounded to the dtype) in ULPs of each
+#: result's largest magnitude.
+ULPS = 32
 DTYPES = [np.float64, np.float32]
 CONV_VARIANTS = ["ref", "cpu:direct", "cpu:im2col", "cuda"]
 DENSE_VARIANTS = ["ref", "cpu", "cpu:blas", "cuda"]
@@ -116,6 +119,9 @@ def test_conv_relu_pool_equals_unfused_and_torch(variant, case, dtype):
     # dw and db are REDUX: the chain's gradient was added to what was there
     assert rel_err(dw - dw0, udw) <= tol and rel_err(dw.astype(np.float64) - dw0, tdw) <= tol
     assert rel_err(db - db0, udb) <= tol and rel_err(db.astype(np.float64) - db0, tdb) <= tol
+    assert_ulp(y, ty, ULPS, dtype=dtype, floor="scale", name="conv2d_relu_pool_fwd")
+    for got, ref in ((dx, tdx), (dw, dw0 + tdw), (db, db0 + tdb)):
+        assert_ulp(got, ref, ULPS, dtype=dtype, floor="scale", name="conv2d_relu_pool_bwd")
     _, _, none, pdw, pdb = run_conv(variant, x, w, b, dy, params, dw0, db0, with_dx=False)
     assert none is None
     np.testing.assert_array_equal(pdw, dw)  # the same kernels, the same bits
@@ -199,6 +205,8 @@ def test_dense_relu_equals_unfused_and_torch(variant, case, dtype):
     for got, mine, ref in ((y, uy, ty.detach().numpy()), (dx, udx, t[0].grad.numpy()),
                            (dw, udw, t[1].grad.numpy()), (db, udb, t[2].grad.numpy())):
         assert rel_err(got, mine) <= tol and rel_err(got, ref) <= tol
+        assert_ulp(got, ref, ULPS, dtype=dtype, floor="scale",
+                   name="dense_relu_fwd" if got is y else "dense_relu_bwd")
 
 
 def test_dense_relu_gradients_match_central_differences():
@@ -324,7 +332,7 @@ def test_plan_fuses_the_chains_only():
     blocks = plan(lenet5().layers)
     assert [(i, type(b).__name__) for i, b in blocks] == [
         (0, "ConvReLUPool"), (3, "ConvReLUPool"), (6, "Flatten"), (7, "DenseReLU"),
-        (9, "DenseReLU"), (11, "Dense")]
+        (9, "DenseReLU"), (11, "Linear")]
     unfusable = [hn.Conv2D(1, 2, 3, bias=False), hn.ReLU(), hn.MaxPool2D(2),
                  hn.Conv2D(2, 2, 3), hn.ReLU(), hn.Conv2D(2, 2, 1), hn.MaxPool2D(2),
                  hn.Flatten(), hn.ReLU(), hn.Dense(2, 2, bias=False), hn.ReLU()]

@@ -411,23 +411,23 @@ def test_without_input_gradient_no_input_gradient_task():
 
 SHAPE_ERRORS = [
     # model, input shape, index, layer name, substrings the message must hold
-    ("wrong-channels", lambda: lenet5(), (3, 28, 28), 0, "Conv2D", ["(1, H, W)", "(3, 28, 28)"]),
+    ("wrong-channels", lambda: lenet5(), (3, 28, 28), 0, "Conv2d", ["(1, H, W)", "(3, 28, 28)"]),
     ("wrong-channels-deep",
      lambda: hn.Sequential(hn.Conv2D(1, 6, 5, padding=2), hn.ReLU(), hn.MaxPool2D(2), hn.Conv2D(3, 16, 5)),
-     (1, 28, 28), 3, "Conv2D", ["(3, H, W)", "(6, 14, 14)"]),
-    ("kernel-larger", lambda: hn.Sequential(hn.Conv2D(1, 4, 7)), (1, 5, 5), 0, "Conv2D",
+     (1, 28, 28), 3, "Conv2d", ["(3, H, W)", "(6, 14, 14)"]),
+    ("kernel-larger", lambda: hn.Sequential(hn.Conv2D(1, 4, 7)), (1, 5, 5), 0, "Conv2d",
      ["(7, 7)", "(1, 5, 5)"]),
-    ("kernel-larger-deep", lambda: lenet5(), (1, 8, 8), 3, "Conv2D", ["(5, 5)", "(6, 4, 4)"]),
-    ("dense-after-flatten", lambda: small_net(), (1, 20, 20), 4, "Dense", ["(676,)", "(324,)"]),
-    ("lenet-dense", lambda: lenet5(), (1, 32, 32), 7, "Dense", ["(400,)", "(576,)"]),
+    ("kernel-larger-deep", lambda: lenet5(), (1, 8, 8), 3, "Conv2d", ["(5, 5)", "(6, 4, 4)"]),
+    ("dense-after-flatten", lambda: small_net(), (1, 20, 20), 4, "Linear", ["(676,)", "(324,)"]),
+    ("lenet-dense", lambda: lenet5(), (1, 32, 32), 7, "Linear", ["(400,)", "(576,)"]),
     ("pool-larger", lambda: hn.Sequential(hn.Conv2D(1, 2, 3), hn.ReLU(), hn.MaxPool2D(4)),
-     (1, 5, 5), 2, "MaxPool2D", ["(4, 4)", "(2, 3, 3)"]),
-    ("rank-2-into-conv", lambda: lenet5(), (28, 28), 0, "Conv2D", ["(1, H, W)", "(28, 28)"]),
-    ("rank-4-into-conv", lambda: small_net(), (16, 1, 28, 28), 0, "Conv2D",
+     (1, 5, 5), 2, "MaxPool2d", ["(4, 4)", "(2, 3, 3)"]),
+    ("rank-2-into-conv", lambda: lenet5(), (28, 28), 0, "Conv2d", ["(1, H, W)", "(28, 28)"]),
+    ("rank-4-into-conv", lambda: small_net(), (16, 1, 28, 28), 0, "Conv2d",
      ["(1, H, W)", "(16, 1, 28, 28)"]),
-    ("rank-2-into-pool", lambda: hn.Sequential(hn.MaxPool2D(2)), (28, 28), 0, "MaxPool2D",
+    ("rank-2-into-pool", lambda: hn.Sequential(hn.MaxPool2D(2)), (28, 28), 0, "MaxPool2d",
      ["(C, H, W)", "(28, 28)"]),
-    ("dense-without-flatten", lambda: hn.Sequential(hn.Dense(784, 10)), (1, 28, 28), 0, "Dense",
+    ("dense-without-flatten", lambda: hn.Sequential(hn.Dense(784, 10)), (1, 28, 28), 0, "Linear",
      ["(784,)", "(1, 28, 28)"]),
 ]
 
@@ -450,7 +450,7 @@ def test_shape_error_comes_before_any_task_and_the_runtime_stays_usable():
     rng = np.random.default_rng(0)
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
         bad = hn.Trainer(lenet5(), runtime=rt, batch_size=4, granularity=2)
-        with pytest.raises(hn.ShapeError, match=r"layer 7 \(Dense"):
+        with pytest.raises(hn.ShapeError, match=r"layer 7 \(Linear"):
             bad.train_step(rng.standard_normal((4, 1, 32, 32)), rng.integers(0, 10, 4))
         assert len(rt.trace()) == 0  # nothing ran: no kernel saw the wrong shape
         good = hn.Trainer(small_net(), runtime=rt, batch_size=4, granularity=2)
@@ -470,22 +470,22 @@ def test_build_returns_every_output_shape_and_rejects_integer_dtypes():
 
 
 CONSTRUCTOR_ERRORS = [
-    (lambda: hn.Conv2D(0, 4, 3), "Conv2D", "in_channels"),
-    (lambda: hn.Conv2D(1.5, 4, 3), "Conv2D", "in_channels"),
-    (lambda: hn.Conv2D(True, 4, 3), "Conv2D", "in_channels"),
-    (lambda: hn.Conv2D(1, 0, 3), "Conv2D", "out_channels"),
-    (lambda: hn.Conv2D(1, 4, 0), "Conv2D", "kernel_size"),
-    (lambda: hn.Conv2D(1, 4, (3, 3, 3)), "Conv2D", "kernel_size"),
-    (lambda: hn.Conv2D(1, 4, "3"), "Conv2D", "kernel_size"),
-    (lambda: hn.Conv2D(1, 4, 3, stride=0), "Conv2D", "stride"),
-    (lambda: hn.Conv2D(1, 4, 3, padding=-1), "Conv2D", "padding"),
-    (lambda: hn.Conv2D(1, 4, 3, padding=(1, -2)), "Conv2D", "padding"),
-    (lambda: hn.MaxPool2D(0), "MaxPool2D", "kernel_size"),
-    (lambda: hn.MaxPool2D(2.0), "MaxPool2D", "kernel_size"),
-    (lambda: hn.MaxPool2D(2, stride=(1, 0)), "MaxPool2D", "stride"),
-    (lambda: hn.Dense(0, 10), "Dense", "in_features"),
-    (lambda: hn.Dense(10, -1), "Dense", "out_features"),
-    (lambda: hn.Dense(10, 2.5), "Dense", "out_features"),
+    (lambda: hn.Conv2d(0, 4, 3), "Conv2d", "in_channels"),
+    (lambda: hn.Conv2d(1.5, 4, 3), "Conv2d", "in_channels"),
+    (lambda: hn.Conv2d(True, 4, 3), "Conv2d", "in_channels"),
+    (lambda: hn.Conv2d(1, 0, 3), "Conv2d", "out_channels"),
+    (lambda: hn.Conv2d(1, 4, 0), "Conv2d", "kernel_size"),
+    (lambda: hn.Conv2d(1, 4, (3, 3, 3)), "Conv2d", "kernel_size"),
+    (lambda: hn.Conv2d(1, 4, "3"), "Conv2d", "kernel_size"),
+    (lambda: hn.Conv2d(1, 4, 3, stride=0), "Conv2d", "stride"),
+    (lambda: hn.Conv2d(1, 4, 3, padding=-1), "Conv2d", "padding"),
+    (lambda: hn.Conv2d(1, 4, 3, padding=(1, -2)), "Conv2d", "padding"),
+    (lambda: hn.MaxPool2d(0), "MaxPool2d", "kernel_size"),
+    (lambda: hn.MaxPool2d(2.0), "MaxPool2d", "kernel_size"),
+    (lambda: hn.MaxPool2d(2, stride=(1, 0)), "MaxPool2d", "stride"),
+    (lambda: hn.Linear(0, 10), "Linear", "in_features"),
+    (lambda: hn.Linear(10, -1), "Linear", "out_features"),
+    (lambda: hn.Linear(10, 2.5), "Linear", "out_features"),
 ]
 
 

@@ -272,7 +272,7 @@ def test_print_model_and_summary_show_shapes_and_parameter_counts():
     model = hn.build_model("resnet-small", (1, 28, 28), 10, seed=0)
     text = repr(model)
     assert "(3): Residual(" in text and "(shortcut): Sequential(" in text
-    assert "BatchNorm2D(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)" in text
+    assert "BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)" in text
     assert "# -> [64, 7, 7]" in text
     table = model.summary()
     rows = [line.split() for line in table.splitlines() if "[-1," in line]
@@ -292,19 +292,19 @@ def test_cli_models_summary(capsys):
 
     assert main(["models", "--summary", "resnet-small", "--input-shape", "1x28x28"]) == 0
     out = capsys.readouterr().out
-    assert "5.shortcut.0 (Conv2D)" in out and "[-1, 64, 7, 7]" in out
+    assert "5.shortcut.0 (Conv2d)" in out and "[-1, 64, 7, 7]" in out
     assert main(["models", "--summary", "resnet-small", "--input-shape", "28x28"]) == 2
     assert "--input-shape" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: hn.BatchNorm2D(0), "BatchNorm2D: num_features"),
-    (lambda: hn.BatchNorm2D(3, eps=0), "BatchNorm2D: eps"),
-    (lambda: hn.BatchNorm2D(3, momentum=2), "BatchNorm2D: momentum"),
+    (lambda: hn.BatchNorm2D(0), "BatchNorm2d: num_features"),
+    (lambda: hn.BatchNorm2D(3, eps=0), "BatchNorm2d: eps"),
+    (lambda: hn.BatchNorm2D(3, momentum=2), "BatchNorm2d: momentum"),
     (lambda: hn.Dropout(1.5), "Dropout: p"),
     (lambda: hn.Dropout(0.5, seed=1.5), "Dropout: seed"),
-    (lambda: hn.AvgPool2D(2, padding=2), "AvgPool2D: padding"),
-    (lambda: hn.AvgPool2D(0), "AvgPool2D: kernel_size"),
+    (lambda: hn.AvgPool2D(2, padding=2), "AvgPool2d: padding"),
+    (lambda: hn.AvgPool2D(0), "AvgPool2d: kernel_size"),
     (lambda: hn.LeakyReLU("x"), "LeakyReLU: negative_slope"),
 ])
 def test_constructor_errors_name_the_layer_and_argument(make, match):
@@ -313,14 +313,14 @@ def test_constructor_errors_name_the_layer_and_argument(make, match):
 
 
 @pytest.mark.parametrize("model, shape, match", [
-    (lambda: hn.Sequential(hn.BatchNorm2D(4)), (3, 5, 5), r"layer 0 \(BatchNorm2D.*\(4, H, W\)"),
+    (lambda: hn.Sequential(hn.BatchNorm2D(4)), (3, 5, 5), r"layer 0 \(BatchNorm2d.*\(4, H, W\)"),
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(3, 4, 1)])), (3, 5, 5),
      r"layer 0 \(Residual.*body gives \(4, 5, 5\) but the input \(identity shortcut\)"),
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(3, 4, 1)], [hn.Conv2D(3, 4, 1, stride=2)])),
      (3, 5, 5), r"but the shortcut gives \(4, 3, 3\)"),
     (lambda: hn.Sequential(hn.Residual([hn.Conv2D(2, 4, 1)])), (3, 5, 5),
-     r"body: layer 0 \(Conv2D"),
-    (lambda: hn.Sequential(hn.AvgPool2D(4)), (3, 2, 2), "AvgPool2D.*larger than"),
+     r"body: layer 0 \(Conv2d"),
+    (lambda: hn.Sequential(hn.AvgPool2D(4)), (3, 2, 2), "AvgPool2d.*larger than"),
 ])
 def test_shape_errors_name_the_layer(model, shape, match):
     with pytest.raises(hn.ShapeError, match=match):

@@ -1,6 +1,7 @@
 """Performance models: history statistics, regression on size, transfer fits, files, threads."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -251,7 +252,7 @@ def test_two_processes_saving_concurrently_lose_nothing(tmp_path):
     assert pm.transfer_entries()[0]["count"] == 600
 
 
-def test_corrupt_and_foreign_files_warn_and_are_ignored(tmp_path):
+def test_corrupt_and_foreign_files_are_set_aside_and_the_model_starts_fresh(tmp_path):
     pm = PerfModel(tmp_path)
     pm.directory.mkdir(parents=True)
     bad = pm.path_for("conv2d_fwd")
@@ -281,18 +282,111 @@ def test_corrupt_and_foreign_files_warn_and_are_ignored(tmp_path):
     messages = "\n".join(str(w.message) for w in caught if w.category is PerfModelWarning)
     for path in (foreign, newer, wrong, pm.directory / "_transfers.json"):
         assert str(path) in messages
+        assert not path.exists()  # set aside, kept for a post-mortem under another name
+        (aside,) = pm.directory.glob(f"{path.name}.corrupt-*")
+        assert aside.name in messages
+    assert sorted(p.name for p in pm.directory.glob("*.json")) == ["conv2d_fwd.json"]
 
 
-def test_unwritable_directory_warns_and_keeps_measurements(tmp_path):
+def test_a_corrupt_file_is_set_aside_once_and_a_fresh_one_saved(tmp_path):
+    """The bytes of a damaged model survive under a new name; the next save writes a
+    good file in its place, and later processes read that one without a warning."""
+    pm = PerfModel(tmp_path)
+    pm.directory.mkdir(parents=True)
+    path = pm.path_for("conv2d_fwd")
+    path.write_bytes(b'{"format": "hetero_nn-perfmodel", "version": 1, "codelet": "conv2')  # cut
+    with pytest.warns(PerfModelWarning, match="set aside as conv2d_fwd.json.corrupt-") as caught:
+        pm.record(*KEY, "fp", 1.0, 2e-6)
+    assert len([w for w in caught if w.category is PerfModelWarning]) == 1
+    (aside,) = pm.directory.glob("conv2d_fwd.json.corrupt-*")
+    assert aside.read_bytes().endswith(b'"codelet": "conv2')
+    pm.save()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh, good file: no warning any more
+        assert PerfModel(tmp_path).count(*KEY, "fp") == 1
+
+
+def test_a_file_replaced_after_it_was_read_is_not_set_aside(tmp_path):
+    """Another process may write a good file between our read and our rename: the
+    rename happens under the lock and only if the file is still the one read."""
+    pm = PerfModel(tmp_path)
+    pm.directory.mkdir(parents=True)
+    path = pm.path_for("conv2d_fwd")
+    path.write_text("{ not json")
+    real_read = PerfModel._read_doc
+
+    elsewhere = PerfModel(tmp_path / "elsewhere")
+    elsewhere.record(*KEY, "fp", 1.0, 3e-6)
+    elsewhere.save()
+
+    def racing_read(self, *args, **kwargs):
+        original_set_aside = self._set_aside
+
+        def set_aside_after_a_rewrite(path_, identity, problem):
+            os.replace(elsewhere.path_for(KEY[0]), path)  # the other process wins the race
+            return original_set_aside(path_, identity, problem)
+
+        self._set_aside = set_aside_after_a_rewrite
+        return real_read(self, *args, **kwargs)
+
+    pm._read_doc = racing_read.__get__(pm)
+    pm.count(*KEY, "fp")
+    assert not list(pm.directory.glob("*.corrupt-*"))
+    assert PerfModel(tmp_path).count(*KEY, "fp") == 1
+
+
+def test_unwritable_directory_warns_once_and_keeps_measurements(tmp_path):
+    """Root ignores permission bits, so the folder is made impossible instead: its
+    parent is a file. Every save fails; only the first one says so."""
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     pm = PerfModel(blocker)
-    with pytest.warns(PerfModelWarning, match="cannot read"):
-        pm.record(*KEY, "fp", 1.0, 1e-6)
-    with pytest.warns(PerfModelWarning, match="could not save"):
-        pm.save()
-    assert pm.count(*KEY, "fp") == 1
-    assert pm._pending  # still waiting for a directory that works
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm.record(*KEY, "fp", 1.0, 1e-6)  # no folder: nothing to read, nothing to say yet
+    assert not caught
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            pm.save()
+            pm.record(*KEY, "fp", 1.0, 1e-6)
+    (warning,) = [w for w in caught if w.category is PerfModelWarning]
+    assert "could not save" in str(warning.message) and str(blocker) in str(warning.message)
+    assert pm.count(*KEY, "fp") == 4
+    blocker.unlink()  # the folder can be made again: what waited in memory reaches the disk
+    pm.save()
+    assert PerfModel(blocker).count(*KEY, "fp") == 4
+
+
+def test_save_if_due_saves_on_the_timer_only(tmp_path):
+    pm = PerfModel(tmp_path, save_every=3600.0)
+    pm.record(*KEY, "fp", 1.0, 1e-6)
+    assert not pm.save_if_due() and not pm.path_for(KEY[0]).exists()
+    pm.save_every = 0.0
+    assert pm.save_if_due() and PerfModel(tmp_path).count(*KEY, "fp") == 1
+    pm.save_every = None
+    assert not pm.save_if_due()
+
+
+def test_the_runtime_saves_the_models_while_it_runs(tmp_path):
+    """A run killed before ``close()`` keeps what the timer saved: the runtime calls
+    ``save_if_due`` after each flush."""
+    import hetero_nn as hn
+
+    def scale(x, factor):
+        x *= factor
+
+    codelet = hn.Codelet("scale_saved", modes=(hn.RW,), variants={"ref": scale})
+    rt = hn.Runtime(devices="cpu:1", perfmodel=PerfModel(tmp_path, save_every=0.0))
+    try:
+        h = rt.register(np.ones(8))
+        for _ in range(3):  # the first run of a footprint is a warm-up, not recorded
+            rt.submit(codelet, h, factor=2.0)
+            rt.wait()
+        on_disk = PerfModel(tmp_path).entries("scale_saved")  # before close()
+        assert [row["count"] for row in on_disk] == [2]
+    finally:
+        rt.close()
 
 
 # -- threads -----------------------------------------------------------------------------
@@ -326,3 +420,15 @@ def test_threads_recording_predicting_and_saving_add_up(tmp_path):
         assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
         assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
         assert model.transfer_entries()[0]["count"] == n_threads * per_thread
+
+
+def test_an_unreadable_model_is_warned_once_per_folder(tmp_path):
+    pm = PerfModel(tmp_path)
+    for codelet in ("conv2d_fwd", "pool_fwd"):  # a folder where each file should be
+        pm.path_for(codelet).mkdir(parents=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pm.predict("conv2d_fwd", "cpu", "cpu", "fp", 1.0) is None
+        assert pm.predict("pool_fwd", "cpu", "cpu", "fp", 1.0) is None
+    (warning,) = [w for w in caught if w.category is PerfModelWarning]
+    assert str(pm.directory) in str(warning.message) and "cannot read" in str(warning.message)

@@ -66,7 +66,7 @@ def test_time_axis_shapes_and_summary():
 
 @pytest.mark.parametrize("layers, message", [
     ([hn.Flatten(), LIF(0.5)], r"layer 1 \(LIF\(beta=0.5\)\): LIF needs inputs \(N, T, \.\.\.\)"),
-    ([Repeat(4), hn.BatchNorm2D(1)], r"layer 1 .*BatchNorm2D after the time axis"),
+    ([Repeat(4), hn.BatchNorm2D(1)], r"layer 1 .*BatchNorm2[dD] after the time axis"),
     ([Repeat(4), RateEncode(3, seed=0)], r"layer 1 .*RateEncode makes a time axis, but its "
                                          r"input \(4, 1, 12, 12\) already has one"),
 ])

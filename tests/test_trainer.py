@@ -10,7 +10,6 @@ docstrings name (checked against ``torch.nn`` twins on 28x28 and 32x32 inputs).
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
@@ -22,12 +21,6 @@ from hetero_nn.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from twins import torch_twin
 
 REL_F64 = 1e-9
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(monkeypatch, tmp_path_factory):
-    if not os.environ.get("HETERO_NN_CACHE"):
-        monkeypatch.setenv("HETERO_NN_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture(scope="module")

@@ -19,18 +19,9 @@ def _torch():
 
 
 def torch_residual_class():
-    torch = _torch()
-
-    class TorchResidual(torch.nn.Module):
-        def __init__(self, body, shortcut=None):
-            super().__init__()
-            self.body = body
-            self.shortcut = shortcut
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
-    return TorchResidual
+    """The torch module of a Residual: ``body(x) + shortcut(x)`` (``hn.to_torch``'s)."""
+    from hetero_nn.torch_interop import residual_module_class
+    return residual_module_class()
 
 
 def torch_module(layer):
@@ -41,20 +32,23 @@ def torch_module(layer):
     if isinstance(layer, hn.Residual):
         shortcut = None if layer.shortcut is None else torch_module(layer.shortcut)
         return torch_residual_class()(torch_module(layer.body), shortcut)
-    if isinstance(layer, hn.Conv2D):
+    if isinstance(layer, hn.Conv2d):
         return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                         stride=layer.stride, padding=layer.padding, bias=layer.bias)
+                         stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
+                         groups=layer.groups, bias=layer.bias, padding_mode=layer.padding_mode)
     if isinstance(layer, hn.BatchNorm2D):
         return nn.BatchNorm2d(layer.num_features, eps=layer.eps, momentum=layer.momentum,
                               affine=layer.affine, track_running_stats=layer.track_running_stats)
     if isinstance(layer, hn.Dropout):
         return nn.Dropout(layer.p)
-    if isinstance(layer, hn.GlobalAvgPool2D):
-        return nn.AdaptiveAvgPool2d(1)
-    if isinstance(layer, hn.AvgPool2D):
-        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding)
-    if isinstance(layer, hn.MaxPool2D):
-        return nn.MaxPool2d(layer.kernel_size, layer.stride)
+    if isinstance(layer, hn.AdaptiveAvgPool2d):
+        return nn.AdaptiveAvgPool2d(layer.output_size)
+    if isinstance(layer, hn.AvgPool2d):
+        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode,
+                            layer.count_include_pad, layer.divisor_override)
+    if isinstance(layer, hn.MaxPool2d):
+        return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                            ceil_mode=layer.ceil_mode)
     if isinstance(layer, hn.Dense):
         return nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
     if isinstance(layer, hn.LeakyReLU):

@@ -26,17 +26,23 @@ checkpoint that does not fit, an ``--out`` that cannot be written, a Dask schedu
 that does not answer within ``--connect-timeout``, a codelet with no performance
 model for ``simulate``: one line ``hetero-nn: error: ...`` on stderr, exit status 2.
 Training that diverges, a failing task or download, a lost cluster: one line, exit
-status 1. Ctrl-C ends a run at the end of the step in progress: one line
-``hetero-nn: interrupted``, exit status 130 (Dask's worker processes ignore it and
-its logs are silenced while the run shuts down; see
-:class:`~hetero_nn.cli.run_folder.Interrupts`).
+status 1. A file that cannot be written (a full disk, a file-size limit) or read: one
+line naming it, exit status 1; what was on disk stays whole. Ctrl-C (SIGINT) or SIGTERM
+ends a run at the end of the step in progress, with a checkpoint there: one line
+``hetero-nn: interrupted: stopped at ..., saved in ...; resume with: ...``, exit status
+130 (143 for SIGTERM); a second signal stops at once (Dask's worker processes ignore
+SIGINT and its logs are silenced while the run shuts down; see
+:class:`~hetero_nn.cli.run_folder.Interrupts`). Warnings (a damaged performance model set
+aside, one that cannot be saved) are one line each, ``hetero-nn: warning: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import warnings
 
 from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, TrainingDiverged
 from . import datasets, evaluate, models, perfmodel, plot, simulate, trace, train
@@ -69,22 +75,34 @@ def main(argv=None) -> int:
     from ..datasets import DownloadError
 
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command is None:
-            print(parser.format_help(), end="")
-            return 0
-        return _COMMANDS[args.command].command(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if args.command is None:
+                print(parser.format_help(), end="")
+                return 0
+            return _COMMANDS[args.command].command(args)
     except (*_RUN_ERRORS, DownloadError) as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except HeteroNNError as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # the reader went away (`hetero-nn perfmodel | head`)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
         return 141  # 128 + SIGPIPE, as a shell reports it
+    except OSError as exc:  # a full disk, a file-size limit: the file, and why
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{PROG}: error: {where}{exc.strerror or one_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        detail = getattr(exc, "detail", "")
+        print(f"{PROG}: interrupted" + (f": {detail}" if detail else ""), file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings while a command runs: one line each, without the source line."""
+    print(f"{PROG}: warning: {one_line(message)}", file=sys.stderr)

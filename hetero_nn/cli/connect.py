@@ -16,15 +16,18 @@ from .options import DEFAULT_CONNECT_TIMEOUT, PROG
 from .run_folder import ignoring_sigint
 
 
-def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=False, trace=False):
-    """The Runtime the CLI trains on; a failing device or executor names its option."""
+def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=False, trace=False,
+                 trace_flushes=None):
+    """The Runtime the CLI trains on; a failing device or executor names its option.
+    Its trace keeps every flush (``trace_flushes=None``): the commands take the records
+    step by step with ``trace(clear=True)``, so it never grows past a step or a pass."""
     from ..errors import DeviceError
     from ..scheduler.runtime import Runtime
 
     try:
         return Runtime(devices=devices, policy=policy, executor=executor,
                        deterministic=deterministic,
-                       calibrate=calibrate, trace=trace)
+                       calibrate=calibrate, trace=trace, trace_flushes=trace_flushes)
     except DeviceError as exc:
         option = "--executor" if "executor" in str(exc) else "--devices"
         raise DeviceError(f"{option}: {exc}") from None

@@ -42,11 +42,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """``hetero-nn evaluate``: the model and dtype come from the checkpoint."""
-    from ..training.checkpoint import load_model
+    from ..training.checkpoint import read_checkpoint, rebuild_model
     from ..datasets import load
     from ..training import Trainer
 
-    model, ckpt = load_model(args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint)
+    model = rebuild_model(ckpt)
     run = ckpt.config.get("run", {})
     name = args.dataset or run.get("dataset")
     if name is None:
@@ -57,7 +58,7 @@ def command(args) -> int:
                     limit=args.limit)
     except HeteroNNError as exc:
         raise dataset_error(name, exc) from None
-    loss = spiking_loss(ckpt.config["model"]["name"])
+    loss = spiking_loss(ckpt.config.get("model", {}).get("name"))
     if loss is not None:  # a spiking model reads intensities in [0, 1]
         intensities(data)
     stats = ckpt.config.get("normalize")
@@ -67,9 +68,10 @@ def command(args) -> int:
     if tuple(data.input_shape) != tuple(model.input_shape):
         raise ConfigError(f"--dataset {name}: samples of shape {data.input_shape}, but the "
                           f"checkpoint's model expects {tuple(model.input_shape)}")
-    if data.num_classes != ckpt.config["model"]["num_classes"]:
+    classes = model.output_shape[-1]
+    if data.num_classes != classes:
         raise ConfigError(f"--dataset {name}: {data.num_classes} classes, the checkpoint's model "
-                          f"has {ckpt.config['model']['num_classes']}")
+                          f"has {classes}")
     batch_size = args.batch_size or ckpt.config.get("batch_size", 64)
     g = ckpt.config.get("granularity") or 1
     with contextlib.ExitStack() as stack:
@@ -85,7 +87,8 @@ def command(args) -> int:
         seconds = time.perf_counter() - t0
     result = {"checkpoint": str(args.checkpoint), "dataset": name, "split": args.split,
               "samples": len(data), "loss": loss, "accuracy": accuracy, "seconds": seconds,
-              "model": ckpt.config["model"]["name"], "dtype": model.dtype.name}
+              "model": ckpt.config.get("model", {}).get("name", type(model).__name__),
+              "dtype": model.dtype.name}
     if args.json:
         print(json.dumps(result))
     else:

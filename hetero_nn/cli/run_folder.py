@@ -8,14 +8,26 @@ after every epoch), ``metrics.csv``, ``trace.json`` (Chrome trace of the last
 ``--checkpoint-every`` steps and every epoch end) and ``checkpoint-final.npz`` (the
 end of training). The folder is checked before anything is loaded or trained
 (:func:`check_out`): one that cannot be written is refused, and so is one holding
-another run's files unless the run is resumed (``--resume``) or replaced
-(``--overwrite``, which removes those files first).
+another run's files unless the run resumed is that folder's own (``--resume``, or
+``--resume DIR/checkpoint.npz``) or the run replaces it (``--overwrite``, which
+removes those files first). ``--resume FILE --out DIR`` with FILE elsewhere is a new
+run in DIR as far as DIR is concerned: refused there with the same message, unless
+``--overwrite``.
+
+A folder that holds a run always holds a checkpoint that loads: the run writes
+``checkpoint.npz`` (its state at the start, step 0 or the state resumed) before any
+other file, and every write is atomic (:mod:`hetero_nn.fileio`), so a run killed at
+any moment, even inside a write, leaves a folder that ``--resume`` continues bit for
+bit. Temporary files a killed run left behind are removed when the next run starts.
 
 It also owns the facts a result file records about where it was made
 (:func:`environment`: versions, machine, git commit; experiments and benchmarks use
-it too) and the signal handling of a run: Ctrl-C ends a run at the end of the step
-in progress (:class:`Interrupts`), and the Dask worker processes a command starts
-ignore it (:func:`ignoring_sigint`).
+it too) and the signal handling of a run (:class:`Interrupts`): SIGINT (Ctrl-C) and
+SIGTERM end a run at the end of the step in progress, after writing a checkpoint
+there, with one line that gives the exact command that resumes it
+(:func:`resume_command`); a second signal stops the run at once (every file on disk
+stays whole: the write it interrupts is abandoned, its temporary removed). The Dask
+worker processes a command starts ignore SIGINT (:func:`ignoring_sigint`).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -100,10 +113,12 @@ def environment() -> dict:
 def check_out(out, *, resuming, overwrite) -> list[Path]:
     """Refuse an ``--out`` that cannot be written or holds another run; return that run's files.
 
-    Runs before any data is loaded or any step trained, and writes nothing that
-    stays: writing is tried in the folder, or in its nearest existing parent when it
-    is not there yet (a probe file, created and removed), so read-only mounts and
-    immutable folders are caught for root too. Nothing of an earlier run is touched.
+    ``resuming``: the run continues the checkpoint of this very folder (its files are
+    the run's own). Runs before any data is loaded or any step trained, and writes
+    nothing that stays: writing is tried in the folder, or in its nearest existing
+    parent when it is not there yet (a probe file, created and removed), so read-only
+    mounts and immutable folders are caught for root too. Nothing of an earlier run
+    is touched.
     """
     if out is None:
         return []
@@ -130,6 +145,11 @@ def check_out(out, *, resuming, overwrite) -> list[Path]:
     return [] if resuming else found
 
 
+def resumes_own(out, checkpoint_path) -> bool:
+    """Whether ``checkpoint_path`` is in the folder ``out`` (resuming that folder's run)."""
+    return out is not None and Path(checkpoint_path).resolve().parent == Path(out).resolve()
+
+
 def worker_facts(rt) -> list[dict]:
     return [{"name": w.name, "kind": w.kind, "node": w.node.name} for w in rt.workers]
 
@@ -144,7 +164,10 @@ class RunFiles:
         #: {codelet: {variant: tasks}}: what actually ran, from the runtime's task records.
         self.variants_run: dict[str, dict[str, int]] = {}
         if self.dir is not None:
+            from ..training.checkpoint import remove_stale_temporaries
+
             self.dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.dir, RUN_FILES)  # a killed run's half-written files
 
     def count_variants(self, records) -> None:
         """Add the variants of ``records`` (TaskRecords) to :attr:`variants_run`."""
@@ -172,6 +195,18 @@ class RunFiles:
                 "train_seconds": sum(r["seconds"] for r in history),
                 "wall_seconds": time.perf_counter() - self.t0,
                 "global_step": t.global_step, **self.env}
+
+    def write_metrics_after(self, exc) -> None:
+        """The metrics of a run that ``exc`` ended (diverged, interrupted, failed); a
+        failure to write them (the disk that filled up) never hides ``exc``."""
+        from ..errors import TrainingDiverged
+
+        status = ("diverged" if isinstance(exc, TrainingDiverged) else
+                  "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+        try:
+            self.write_metrics(status, " ".join(str(exc).split()) or type(exc).__name__)
+        except OSError:
+            pass
 
     def write_metrics(self, status, error=None):
         from ..fileio import atomic_write_text
@@ -208,41 +243,84 @@ def ignoring_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run ended by a signal: ``signum``, and ``detail``, what was kept and how to go
+    on (one line). :func:`hetero_nn.cli.main` prints it and exits with ``128 + signum``."""
+
+    def __init__(self, signum: int, detail: str = ""):
+        super().__init__(detail)
+        self.signum, self.detail = signum, detail
+
+
 class Interrupts:
-    """Ctrl-C during a run: noted by the handler, raised at the next step boundary.
+    """SIGINT and SIGTERM during a run: noted by the handler, acted on at the next step
+    boundary.
 
     A KeyboardInterrupt raised wherever the main thread happens to be can land in a
     Dask callback that swallows it (the run goes on) or in the middle of a graph
     submission; raised from :meth:`check` (called between steps) it always ends the
-    run cleanly. A second Ctrl-C raises at once. While the interrupted run shuts
-    down, the logs of Dask (its client and cluster closing) are silenced, so the
-    user sees one line. With ``defer=False`` (no step boundary to wait for) only
-    the logs are silenced.
+    run cleanly, after the caller's ``at_boundary`` (which writes the checkpoint and
+    says how to resume). A second signal raises :class:`Interrupted` at once. While
+    the interrupted run shuts down, the logs of Dask (its client and cluster
+    closing) are silenced, so the user sees one line. With ``defer=False`` (no step
+    boundary to wait for) only the logs are silenced.
     """
 
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
     def __init__(self, defer: bool = True):
-        self.requested = False
+        self.signum = None  # the first signal received, once there is one
         self._defer = defer
-        self._previous = None
+        self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def __enter__(self):
         if self._defer and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._note)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._note)
         return self
 
-    def _note(self, _signum, _frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one raises at once
+    def _note(self, signum, _frame):
+        if self.signum is not None:  # the second: stop now
+            raise Interrupted(signum, "stopped at once by a second signal; the files written "
+                                      "so far are whole")
+        self.signum = signum
 
-    def check(self) -> None:
-        """Raise KeyboardInterrupt if Ctrl-C was pressed since the run began."""
-        if self.requested:
-            raise KeyboardInterrupt
+    def check(self, at_boundary=None) -> None:
+        """Raise :class:`Interrupted` if a signal came since the run began, after
+        ``at_boundary()`` (whose string is the message's detail)."""
+        if self.signum is not None:
+            raise Interrupted(self.signum, at_boundary() if at_boundary is not None else "")
 
     def __exit__(self, kind, _exc, _tb):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         if kind is not None and issubclass(kind, KeyboardInterrupt):
             for name in ("distributed", "tornado", "asyncio"):
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         return False
+
+
+#: Options of ``hetero-nn train`` that do not change the numbers but say where and how a
+#: run goes: a resume command repeats them when they were given.
+_CARRIED = ("devices", "policy", "executor", "connect_timeout", "cluster", "cluster_threads",
+            "cluster_devices", "checkpoint_every", "trace", "trace_steps", "quiet")
+
+
+def resume_command(args) -> str:
+    """The command line that continues the run of ``args`` from its folder's checkpoint
+    (the options that change the numbers come from the checkpoint)."""
+    from . import build_parser
+
+    defaults = build_parser().parse_args(["train"])
+    words = ["hetero-nn", "train", "--out", str(args.out), "--resume"]
+    for name in _CARRIED:
+        value = getattr(args, name, None)
+        if value == getattr(defaults, name, None):
+            continue
+        flag = "--" + name.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join(words)

@@ -36,13 +36,14 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..errors import ConfigError, HeteroNNError, TrainingDiverged
+from ..errors import ConfigError, HeteroNNError
 from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
-from .options import PROG, UNSET, dataset_error, one_line
-from .run_folder import Interrupts, RunFiles, check_out, environment
+from .options import PROG, UNSET, dataset_error
+from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
+                         resumes_own)
 from .trace import StepTraces
 
 DEFAULT_GRANULARITY = 2
@@ -77,7 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     model.add_argument("--encoding", choices=ENCODINGS, default=UNSET,
                        help="spiking models: 'direct' feeds the image at every step, 'rate' "
                             "Bernoulli spikes of its intensities (default: direct)")
-    model.add_argument("--epochs", type=options.non_negative_int, default=UNSET, help="default: 3")
+    model.add_argument("--epochs", type=options.positive_int, default=UNSET, help="default: 3")
     model.add_argument("--batch-size", type=options.positive_int, default=UNSET, help="default: 64")
     model.add_argument("--granularity", type=options.granularity, default=UNSET,
                        help=f"partitions per batch, or 'auto' to choose it (and fusion, and "
@@ -115,8 +116,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="continue from FILE (default: DIR/checkpoint.npz) with the run's "
                           "options and data directory")
     out.add_argument("--overwrite", action="store_true",
-                     help="start a new run in a DIR that holds another run's files, "
-                          "removing them first")
+                     help="start a run (new, or resumed from a FILE elsewhere) in a DIR that "
+                          "holds another run's files, removing them first")
     out.add_argument("-q", "--quiet", action="store_true", help="no per-epoch lines or bar")
     return train
 
@@ -210,9 +211,9 @@ def _resolve_run_options(args) -> tuple[dict, object]:
                     and given == ckpt.config.get("granularity"):
                 given = UNSET  # the value auto chose, given explicitly: the same run
             if given is not UNSET and given != value:
-                raise ConfigError(f"{flag} {given} differs from the {value} of the run in {path}; "
-                                  "drop the option to resume it, or start a new run with another "
-                                  "--out")
+                raise ConfigError(f"{flag} {given} differs from the run's "
+                                  f"{'(none)' if value is None else value} in {path}; drop the "
+                                  "option to resume it, or start a new run with another --out")
             run[key] = value
         run["epochs"] = args.epochs if args.epochs is not UNSET else saved.get("epochs", 3)
         run["calibrate"] = bool(args.calibrate)
@@ -367,13 +368,37 @@ def _summary(history, document) -> str:
     return "\n".join(lines)
 
 
+def _checkpoint(args) -> Path:
+    from ..training.checkpoint import CHECKPOINT_NAME
+
+    return Path(args.out) / CHECKPOINT_NAME
+
+
+def _stop_here(args, trainer, write: bool) -> str:
+    """At a step boundary after a signal: the checkpoint of this very step (``write``),
+    and what to say: where the run stopped and the command that resumes it."""
+    from ..training.progress import position
+
+    where = position(trainer.epoch, trainer.step_in_epoch, trainer.global_step)
+    if not args.out:
+        return f"stopped at {where}; nothing was saved (no --out)"
+    path = trainer.save_checkpoint(_checkpoint(args), require_finite=True) if write \
+        else _checkpoint(args)
+    return f"stopped at {where}, saved in {path}; resume with: {resume_command(args)}"
+
+
 def command(args) -> int:
     """``hetero-nn train``: options, output folder and scheduler checked before any work."""
-    if args.overwrite and args.resume is not None:
-        raise ConfigError("--overwrite starts a new run: it cannot be combined with --resume")
+    if args.overwrite and args.resume == "":
+        raise ConfigError("--overwrite would remove the checkpoint --resume continues from "
+                          "(DIR/checkpoint.npz): resume a FILE of another folder, or drop one")
     run, ckpt = _resolve_run_options(args)
+    own = ckpt is not None and resumes_own(args.out, ckpt.path)  # this folder's run goes on
+    if args.overwrite and own:
+        raise ConfigError(f"--overwrite would remove {ckpt.path}, the checkpoint --resume "
+                          "continues from: resume a FILE of another folder, or drop one")
     _check_run(run, args)
-    earlier_run = check_out(args.out, resuming=ckpt is not None, overwrite=args.overwrite)
+    earlier_run = check_out(args.out, resuming=own, overwrite=args.overwrite)
     with contextlib.ExitStack() as stack:
         client = dask_client(args.executor, args.devices, stack, args.connect_timeout)
         cluster = connect_cluster(args, stack)
@@ -433,6 +458,8 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     for path in earlier_run:  # --overwrite: the earlier run's files go, nothing else
         path.unlink()
     files = RunFiles(args.out, run, rt, environment(), trainer)
+    if args.out and (ckpt is None or ckpt.path.resolve() != _checkpoint(args).resolve()):
+        trainer.save_checkpoint(_checkpoint(args))  # the folder's first file: resumable at once
     traces = StepTraces(args.trace_steps, [w.name for w in rt.workers]) if args.trace else None
 
     decided = [trainer.granularity_decision is not None]
@@ -446,22 +473,21 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
         files.count_variants(trace.records)
         if traces is not None:
             traces.add(trainer.global_step, trace)
-        interrupts.check()
+        interrupts.check(lambda: _stop_here(args, trainer, write=True))
 
     def on_epoch_end(_trainer, _record):
         files.write_metrics("running")
-        interrupts.check()
+        interrupts.check(lambda: _stop_here(args, trainer, write=False))  # fit wrote it
 
     try:
         trainer.fit(train, epochs=run["epochs"], validation=test, checkpoint_dir=args.out,
                     checkpoint_every=args.checkpoint_every, verbose=0 if args.quiet else 1,
                     on_step=on_step, on_epoch_end=on_epoch_end)
     except BaseException as exc:  # the metrics say how the run ended, then it propagates
-        status = ("diverged" if isinstance(exc, TrainingDiverged) else
-                  "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
-        files.write_metrics(status, one_line(exc))
+        files.write_metrics_after(exc)
         if traces is not None:  # this session's steps, not an earlier session's trace
-            traces.write(args.out)
+            with contextlib.suppress(OSError):  # a full disk must not hide what ended the run
+                traces.write(args.out)
         raise
     last = rt.trace(clear=True)  # the last validation pass
     files.count_variants(last.records)

@@ -1,5 +1,5 @@
-"""Activation codelets (ReLU, LeakyReLU, Sigmoid, Tanh, GELU): forward and backward,
-on arrays of any shape.
+"""Activation codelets (ReLU, LeakyReLU, Sigmoid, Tanh, GELU, SiLU, ReLU6, Hardswish):
+forward and backward, on arrays of any shape.
 
 Semantics follow PyTorch's formulas (named beside each codelet below); ReLU's to
 the letter, NaN included:
@@ -22,10 +22,11 @@ import numpy as np
 from ._jit import jit
 from .codelet import R, W, Codelet
 from .reduce import flat_view
-from .xp import array_module
+from .xp import array_module, by_xp
 
 __all__ = ["relu_fwd", "relu_bwd", "leaky_relu_fwd", "leaky_relu_bwd", "sigmoid_fwd",
-           "sigmoid_bwd", "tanh_fwd", "tanh_bwd", "gelu_fwd", "gelu_bwd"]
+           "sigmoid_bwd", "tanh_fwd", "tanh_bwd", "gelu_fwd", "gelu_bwd", "silu_fwd", "silu_bwd",
+           "relu6_fwd", "relu6_bwd", "hardswish_fwd", "hardswish_bwd"]
 
 
 def _check_same_shape(name, *arrays):
@@ -368,3 +369,128 @@ gelu_fwd = _pointwise("gelu_fwd", _gelu_fwd_ref, _gelu_fwd_cpu_wrapper, _gelu_fw
 gelu_bwd = _pointwise("gelu_bwd", _gelu_bwd_ref, _gelu_bwd_cpu_wrapper, _gelu_bwd_cuda,
                       (R, R, W))
 """``dx = dy * (Phi(x) + x * phi(x))`` from the forward input (R x, R dy, W dx)."""
+
+
+# --------------------------------------------------------------------------- SiLU, ReLU6, Hardswish
+#
+# PyTorch's CPU formulas (``aten/src/ATen/native/cpu/Activation.cpp``): ``silu`` is
+# ``x / (1 + exp(-x))`` and its backward ``dy * s * (1 + x * (1 - s))`` with ``s`` the
+# sigmoid of ``x``; ``relu6`` is ``hardtanh(x, 0, 6)`` (a clamp: NaN and -0.0 pass) whose
+# backward passes ``dy`` strictly inside (0, 6) (NaN gets 0); ``hardswish`` is
+# ``x * min(max(x + 3, 0), 6) / 6`` and its backward ``0`` up to -3, ``dy * (x / 3 + 0.5)``
+# strictly between -3 and 3, ``dy`` from 3 on (NaN included), as torch 2.x computes them. Every backward reads the forward *input*. One function per
+# formula against ``xp`` gives the ``ref`` (NumPy) and ``cuda`` variants.
+
+def _flat_codelet(name, fn, kernel, modes):
+    """A pointwise codelet from its ``xp`` formula and its flat Numba kernel."""
+    ref, cuda = by_xp(fn)
+
+    def cpu(*arrays):
+        _run_flat(kernel, name, arrays[:-1], arrays[-1])
+
+    cpu.__name__ = f"{kernel.__name__}_wrapper"
+    return _pointwise(name, ref, cpu, cuda, modes)
+
+
+def _silu_fwd_xp(xp, x, y):
+    with np.errstate(over="ignore", invalid="ignore"):  # x << 0: -0; -inf / inf: NaN, as torch
+        xp.copyto(y, x / (x.dtype.type(1) + xp.exp(-x)))
+
+
+def _silu_bwd_xp(xp, x, dy, dx):
+    one = x.dtype.type(1)
+    with np.errstate(over="ignore"):
+        s = one / (one + xp.exp(-x))
+    with np.errstate(invalid="ignore"):  # -inf * 0, as in PyTorch
+        xp.copyto(dx, dy * s * (one + x * (one - s)))
+
+
+@jit
+def _silu_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        y[i] = x[i] / (1 + np.exp(-x[i]))
+
+
+@jit
+def _silu_bwd_cpu(x, dy, dx):
+    for i in range(x.shape[0]):
+        s = 1 / (1 + np.exp(-x[i]))
+        dx[i] = dy[i] * s * (1 + x[i] * (1 - s))
+
+
+def _relu6_fwd_xp(xp, x, y):
+    t = x.dtype.type
+    xp.copyto(y, xp.where(x < 0, t(0), xp.where(x > 6, t(6), x)))
+
+
+def _relu6_bwd_xp(xp, x, dy, dx):
+    xp.copyto(dx, xp.where((x > 0) & (x < 6), dy, dy.dtype.type(0)))
+
+
+@jit
+def _relu6_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v < 0:
+            y[i] = 0
+        elif v > 6:
+            y[i] = 6
+        else:
+            y[i] = v  # NaN and -0.0 included, as clamp
+
+
+@jit
+def _relu6_bwd_cpu(x, dy, dx):
+    for i in range(x.shape[0]):
+        v = x[i]
+        dx[i] = dy[i] if 0 < v < 6 else 0
+
+
+def _hardswish_fwd_xp(xp, x, y):
+    t = x.dtype.type
+    with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as in PyTorch
+        xp.copyto(y, x * xp.minimum(xp.maximum(x + t(3), t(0)), t(6)) / t(6))
+
+
+def _hardswish_bwd_xp(xp, x, dy, dx):
+    t = x.dtype.type
+    xp.copyto(dx, xp.where(x <= -3, t(0), xp.where(x < 3, dy * (x / t(3) + t(0.5)), dy)))
+
+
+@jit
+def _hardswish_fwd_cpu(x, y):
+    for i in range(x.shape[0]):
+        v = x[i]
+        r = v + 3
+        if r < 0:
+            r = 0
+        if r > 6:
+            r = 6
+        y[i] = v * r / 6  # NaN stays NaN: no comparison above holds for it
+
+
+@jit
+def _hardswish_bwd_cpu(x, dy, dx):
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v <= -3:
+            dx[i] = 0
+        elif v < 3:
+            dx[i] = dy[i] * (v / 3 + 0.5)
+        else:
+            dx[i] = dy[i]
+
+
+silu_fwd = _flat_codelet("silu_fwd", _silu_fwd_xp, _silu_fwd_cpu, (R, W))
+"""``y = x / (1 + exp(-x))`` (R x, W y): ``torch.nn.SiLU``."""
+silu_bwd = _flat_codelet("silu_bwd", _silu_bwd_xp, _silu_bwd_cpu, (R, R, W))
+"""``dx = dy * s * (1 + x * (1 - s))``, ``s = sigmoid(x)`` (R x, R dy, W dx)."""
+relu6_fwd = _flat_codelet("relu6_fwd", _relu6_fwd_xp, _relu6_fwd_cpu, (R, W))
+"""``y = min(max(x, 0), 6)`` (R x, W y): ``torch.nn.ReLU6`` (``hardtanh(x, 0, 6)``)."""
+relu6_bwd = _flat_codelet("relu6_bwd", _relu6_bwd_xp, _relu6_bwd_cpu, (R, R, W))
+"""``dx = dy where 0 < x < 6 else 0`` (R x, R dy, W dx): ``hardtanh_backward``."""
+hardswish_fwd = _flat_codelet("hardswish_fwd", _hardswish_fwd_xp, _hardswish_fwd_cpu, (R, W))
+"""``y = x * relu6(x + 3) / 6`` (R x, W y): ``torch.nn.Hardswish``."""
+hardswish_bwd = _flat_codelet("hardswish_bwd", _hardswish_bwd_xp, _hardswish_bwd_cpu,
+                              (R, R, W))
+"""``dx = 0 (x <= -3), dy * (x / 3 + 1/2) (-3 < x < 3), dy (else)`` (R x, R dy, W dx)."""

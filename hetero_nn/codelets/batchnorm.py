@@ -56,7 +56,7 @@ from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import R, REDUX, RW, W, Codelet
 from .reduce import add_redux, zero_init
-from .xp import array_module
+from .xp import by_xp
 
 __all__ = ["bn_sum", "bn_mean", "bn_sqdev", "bn_var", "bn_running", "bn_fwd", "bn_bwd_sums",
            "bn_param_grads", "bn_bwd_input"]
@@ -133,18 +133,6 @@ def _running_xp(xp, mean, sqdev, running_mean, running_var, momentum, count):
     unbiased = sqdev.astype(xp.float64) / (count - 1)  # the layer checks count > 1
     running_mean[...] = m * mean.astype(xp.float64) + (1 - m) * running_mean
     running_var[...] = m * unbiased + (1 - m) * running_var
-
-
-def _by_xp(fn):
-    """The ``ref`` (NumPy) and ``cuda`` (operands' array module) variants of ``fn(xp, ...)``."""
-    def ref(*arrays, **params):
-        fn(np, *arrays, **params)
-
-    def cuda(*arrays, **params):
-        fn(array_module(*arrays), *arrays, **params)
-
-    ref.__name__, cuda.__name__ = f"{fn.__name__}_ref", f"{fn.__name__}_cuda"
-    return ref, cuda
 
 
 # --------------------------------------------------------------------------- cpu (Numba)
@@ -285,7 +273,7 @@ def _running_cpu_wrapper(mean, sqdev, running_mean, running_var, momentum, count
 # --------------------------------------------------------------------------- codelets
 
 def _codelet(name, modes, fn, cpu, flops=_size_flops, reduce=False):
-    ref, cuda = _by_xp(fn)
+    ref, cuda = by_xp(fn)
     extra = {"init": zero_init, "redux": add_redux} if reduce else {}
     return Codelet(name, modes=modes, variants={"ref": ref, "cpu": cpu, "cuda": cuda},
                    flops=flops, **extra)

@@ -1,13 +1,15 @@
 """Dropout codelets: a counter-based mask, so the same elements drop on every device,
 worker, policy and granularity.
 
-This module owns two codelets and every variant of them:
+This module owns four codelets and every variant of them:
 
 ===============  ==========================  ==================================
 codelet          operands (access mode)       params
 ===============  ==========================  ==================================
 dropout_fwd      x (R), y (W), key (R)        p, start
 dropout_bwd      dy (R), dx (W), key (R)      p, start
+dropout2d_fwd    x (R), y (W), key (R)        p, start, block
+dropout2d_bwd    dy (R), dx (W), key (R)      p, start, block
 ===============  ==========================  ==================================
 
 Policy: element ``j`` of sample ``start + i`` of the batch (``x`` is the partition
@@ -21,6 +23,11 @@ runs, so a captured step graph stays valid every step (the layer writes the next
 step's key into it); the backward pass recomputes it
 instead of storing it. Kept elements are scaled by ``1 / (1 - p)`` computed in
 the operands' dtype, as ``torch.nn.functional.dropout`` does (``p = 1`` drops all).
+
+``dropout2d`` (``torch.nn.Dropout2d``) draws one value per *channel* of a sample and
+drops or keeps the channel's ``block`` contiguous elements (its plane) together: the
+same rule with ``counter = (start + i) * (sample_size / block) + j // block``, which for
+``block = 1`` is the element-wise mask above.
 
 Variants: ``ref`` (NumPy uint64 arithmetic, which wraps), ``cpu`` (Numba) and
 ``cuda`` (the array module's uint64 arithmetic: CuPy on a GPU, NumPy in CI).
@@ -37,7 +44,8 @@ from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .xp import array_module
 
-__all__ = ["dropout_fwd", "dropout_bwd", "dropout_key", "key_data", "keep_mask", "uniforms"]
+__all__ = ["dropout_fwd", "dropout_bwd", "dropout2d_fwd", "dropout2d_bwd", "dropout_key", "key_data",
+           "keep_mask", "uniforms"]
 
 _MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -69,18 +77,20 @@ def _scale(p, dtype):
 
 # --------------------------------------------------------------------------- ref and cuda (xp)
 
-def keep_mask(xp, shape, p, key, start):
+def keep_mask(xp, shape, p, key, start, block=1):
     """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``;
-    ``key`` is an int or the ``key`` operand (an array of the module ``xp``, read there)."""
-    return uniforms(xp, shape, key, start) >= p
+    ``key`` is an int or the ``key`` operand (an array of the module ``xp``, read there);
+    each run of ``block`` elements of a sample shares one draw (Dropout2d's channels)."""
+    return uniforms(xp, shape, key, start, block) >= p
 
 
-def uniforms(xp, shape, key, start):
+def uniforms(xp, shape, key, start, block=1):
     """The float64 draws in [0, 1) of a partition of ``shape`` at sample ``start`` (the module
-    docstring's ``u`` of every element); ``key`` as for :func:`keep_mask`."""
+    docstring's ``u``), ``key`` and ``block`` as for :func:`keep_mask`."""
     n, size = shape[0], math.prod(shape[1:])
-    counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(size) \
-        + xp.arange(size, dtype=xp.uint64)
+    units = size // block
+    counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(units) \
+        + xp.arange(size, dtype=xp.uint64) // xp.uint64(block)
     z = counter * xp.uint64(GOLDEN) + xp.asarray(key, dtype=xp.uint64)
     z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_M1)
     z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
@@ -89,17 +99,17 @@ def uniforms(xp, shape, key, start):
     return u.reshape(shape)
 
 
-def _apply_xp(xp, src, dst, key, p, start):
-    keep = keep_mask(xp, src.shape, float(p), key, int(start))
+def _apply_xp(xp, src, dst, key, p, start, block):
+    keep = keep_mask(xp, src.shape, float(p), key, int(start), int(block))
     xp.copyto(dst, xp.where(keep, src * _scale(p, src.dtype), src.dtype.type(0)))
 
 
-def _fwd_ref(x, y, key, *, p, start):
-    _apply_xp(np, x, y, key, p, start)
+def _fwd_ref(x, y, key, *, p, start, block=1):
+    _apply_xp(np, x, y, key, p, start, block)
 
 
-def _fwd_cuda(x, y, key, *, p, start):
-    _apply_xp(array_module(x, y, key), x, y, key, p, start)
+def _fwd_cuda(x, y, key, *, p, start, block=1):
+    _apply_xp(array_module(x, y, key), x, y, key, p, start, block)
 
 
 # --------------------------------------------------------------------------- cpu (Numba)
@@ -114,21 +124,23 @@ def _uniform(counter, key):
 
 
 @jit
-def _apply_cpu(src, dst, p, key, start, scale):
+def _apply_cpu(src, dst, p, key, start, scale, block):
     n, size = src.shape
     zero = dst.dtype.type(0)
+    units = size // block
     for i in range(n):
-        base = (np.uint64(start) + np.uint64(i)) * np.uint64(size)
-        for j in range(size):
-            u = _uniform(base + np.uint64(j), key)
-            dst[i, j] = src[i, j] * scale if u >= p else zero
+        base = (np.uint64(start) + np.uint64(i)) * np.uint64(units)
+        for unit in range(units):
+            keep = _uniform(base + np.uint64(unit), key) >= p
+            for j in range(unit * block, (unit + 1) * block):
+                dst[i, j] = src[i, j] * scale if keep else zero
 
 
-def _apply_cpu_wrapper(src, dst, key, *, p, start):
+def _apply_cpu_wrapper(src, dst, key, *, p, start, block=1):
     require_contiguous("dropout", dst=dst)
     n = src.shape[0]
     _apply_cpu(np.ascontiguousarray(src).reshape(n, -1), dst.reshape(n, -1), float(p),
-               np.uint64(key[0]), np.uint64(start), _scale(p, dst.dtype))
+               np.uint64(key[0]), np.uint64(start), _scale(p, dst.dtype), int(block))
 
 
 # --------------------------------------------------------------------------- codelets
@@ -137,12 +149,17 @@ def _flops(a, *others, **params):
     return float(math.prod(a))
 
 
-dropout_fwd = Codelet(
-    "dropout_fwd", modes=(R, W, R),
-    variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
+_VARIANTS = {"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}
+
+dropout_fwd = Codelet("dropout_fwd", modes=(R, W, R), variants=_VARIANTS, flops=_flops)
 """``y = x * keep / (1 - p)`` (R x, W y, R key); the mask from ``(key[0], start)``."""
 
-dropout_bwd = Codelet(
-    "dropout_bwd", modes=(R, W, R),
-    variants={"ref": _fwd_ref, "cpu": _apply_cpu_wrapper, "cuda": _fwd_cuda}, flops=_flops)
+dropout_bwd = Codelet("dropout_bwd", modes=(R, W, R), variants=_VARIANTS, flops=_flops)
 """``dx = dy * keep / (1 - p)`` (R dy, W dx, R key): the forward's mask, recomputed."""
+
+dropout2d_fwd = Codelet("dropout2d_fwd", modes=(R, W, R), variants=_VARIANTS, flops=_flops)
+"""``y = x * keep / (1 - p)`` with one draw per channel of ``block`` elements (R x, W y,
+R key)."""
+
+dropout2d_bwd = Codelet("dropout2d_bwd", modes=(R, W, R), variants=_VARIANTS, flops=_flops)
+"""``dx = dy * keep / (1 - p)``, the forward's channel mask recomputed (R dy, W dx, R key)."""

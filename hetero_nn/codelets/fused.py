@@ -21,10 +21,12 @@ dense_relu_bwd                 x (R), w (R), y (R), dy (R), dx (W),             
 dense_relu_bwd_params          the same without w and dx (a first layer)
 =============================  ===================================================  ==============
 
-The convolution codelets take ``stride`` and ``padding`` (the convolution's)
-and ``pool_size`` and ``pool_stride`` (the pooling's). ``y`` is the pooled
-output and ``argmax`` its window indices into the convolution's output
-plane, exactly ``maxpool2d_fwd``'s on ``relu(conv2d(x) + b)``.
+The convolution codelets take the convolution's parameters (``stride``,
+``padding``, ``dilation``, ``groups``, ``padding_mode``: ``conv2d_fwd``'s) and the
+pooling's as ``pool_size``, ``pool_stride``, ``pool_padding``, ``pool_dilation``
+and ``pool_ceil_mode`` (``maxpool2d_fwd``'s). ``y`` is the pooled output and
+``argmax`` its window indices into the convolution's output plane, exactly
+``maxpool2d_fwd``'s on ``relu(conv2d(x) + b)``.
 
 Why the backward pass needs neither the convolution's output nor its ReLU:
 the pooling routes each gradient to one position of the ReLU output, whose
@@ -64,11 +66,11 @@ import threading
 
 import numpy as np
 
-from . import conv, dense, pool
+from . import conv, conv_im2col, dense, pool
 from ._checks import require_contiguous
 from ._jit import jit
 from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
-from .conv import _gemm_columns_cpu
+from .conv_im2col import gemm_columns_cpu
 from .codelet import REDUX, R, W, Codelet
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -93,9 +95,9 @@ def _scratch(tag, shape, dtype):
 
     The buffer grows to the largest request and is then reused by every layer and
     partition size (the last partition is often one sample shorter): keyed by exact
-    shape, as ``conv._worker_buffer`` is, the fused chains' scratch arrays would
+    shape, as ``conv_im2col.worker_buffer`` is, the fused chains' scratch arrays would
     double its entries and push the convolutions' own out, reallocated every step.
-    The rules are ``conv._worker_buffer``'s: valid until the variant returns.
+    The rules are ``conv_im2col.worker_buffer``'s: valid until the variant returns.
     """
     buffers = getattr(_thread, "buffers", None)
     if buffers is None:
@@ -110,25 +112,42 @@ def _scratch(tag, shape, dtype):
 
 # --------------------------------------------------------------------------- convolution chain
 
-def _conv_shape(x_shape, w_shape, stride, padding):
-    return conv.conv2d_output_shape(x_shape, w_shape, stride, padding)
+_POOL = {"pool_size": "kernel_size", "pool_stride": "stride", "pool_padding": "padding",
+         "pool_dilation": "dilation", "pool_ceil_mode": "ceil_mode"}
 
 
-def _check_pooled(name, z_shape, y_shape, pool_size, pool_stride):
-    expected = pool.maxpool2d_output_shape(z_shape, pool_size, pool_stride)
+def _split(params):
+    """``(convolution parameters, pooling parameters)`` of a chain task's parameters: the
+    ``pool_*`` ones (``pool_size`` defaults to 2) go to the pooling, the others to the
+    convolution."""
+    conv_kw = {k: v for k, v in params.items() if k not in _POOL}
+    pool_kw = {_POOL[k]: v for k, v in params.items() if k in _POOL}
+    pool_kw.setdefault("kernel_size", 2)
+    return conv_kw, pool_kw
+
+
+def _conv_shape(x_shape, w_shape, conv_kw):
+    return conv.conv2d_output_shape(x_shape, w_shape, **conv_kw)
+
+
+def _pool_geometry(name, z_shape, y_shape, pool_kw):
+    """The pooling geometry, checking that it pools ``z_shape`` to ``y_shape``."""
+    geo = pool.pool2d_geometry(z_shape, **pool_kw)
+    expected = (*z_shape[:2], geo.out_h, geo.out_w)
     if tuple(y_shape) != expected:
-        raise ValueError(f"{name}: convolution output {z_shape} pools to {expected}, "
+        raise ValueError(f"{name}: convolution output {tuple(z_shape)} pools to {expected}, "
                          f"the output is {tuple(y_shape)}")
+    return geo
 
 
-def conv2d_relu_pool_fwd_ref(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
-                             pool_stride=None):
+def conv2d_relu_pool_fwd_ref(x, w, b, y, argmax, **params):
     """``y, argmax = max_pool2d(relu(conv2d(x, w) + b))``."""
-    z = np.empty(_conv_shape(x.shape, w.shape, stride, padding), dtype=y.dtype)
-    _check_pooled("conv2d_relu_pool_fwd", z.shape, y.shape, pool_size, pool_stride)
-    conv.conv2d_fwd_ref(x, w, b, z, stride=stride, padding=padding)
+    conv_kw, pool_kw = _split(params)
+    z = np.empty(_conv_shape(x.shape, w.shape, conv_kw), dtype=y.dtype)
+    _pool_geometry("conv2d_relu_pool_fwd", z.shape, y.shape, pool_kw)
+    conv.conv2d_fwd_ref(x, w, b, z, **conv_kw)
     np.maximum(z, np.zeros((), z.dtype), out=z)
-    pool.maxpool2d_fwd_ref(z, y, argmax, pool_size, pool_stride)
+    pool.maxpool2d_fwd_ref(z, y, argmax, **pool_kw)
 
 
 def _masked_dz_ref(y, argmax, dy, z_shape):
@@ -140,40 +159,39 @@ def _masked_dz_ref(y, argmax, dy, z_shape):
     return dz
 
 
-def conv2d_relu_pool_bwd_ref(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
-                             pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_ref(x, w, y, argmax, dy, dx, dw, db, **params):
     """Gradients of the chain: ``dx`` (written), ``dw`` and ``db`` (added into)."""
-    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, w.shape, stride, padding))
-    conv.conv2d_bwd_params_ref(x, dz, dw, db, stride=stride, padding=padding)
-    conv.conv2d_bwd_input_ref(dz, w, dx, stride=stride, padding=padding)
+    conv_kw, _ = _split(params)
+    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, w.shape, conv_kw))
+    conv.conv2d_bwd_params_ref(x, dz, dw, db, **conv_kw)
+    conv.conv2d_bwd_input_ref(dz, w, dx, **conv_kw)
 
 
-def conv2d_relu_pool_bwd_params_ref(x, y, argmax, dy, dw, db, stride=1, padding=0,
-                                    pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_params_ref(x, y, argmax, dy, dw, db, **params):
     """``conv2d_relu_pool_bwd_ref`` without the input gradient."""
-    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, dw.shape, stride, padding))
-    conv.conv2d_bwd_params_ref(x, dz, dw, db, stride=stride, padding=padding)
+    conv_kw, _ = _split(params)
+    dz = _masked_dz_ref(y, argmax, dy, _conv_shape(x.shape, dw.shape, conv_kw))
+    conv.conv2d_bwd_params_ref(x, dz, dw, db, **conv_kw)
 
 
 def _conv_relu_pool_fwd_cpu(conv_fwd):
     """The Numba forward chain over chunks of samples, convolving with ``conv_fwd``."""
-    def variant(x, w, b, y, argmax, stride=1, padding=0, pool_size=2, pool_stride=None):
-        n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, stride, padding)
-        _check_pooled("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w), y.shape,
-                      pool_size, pool_stride)
+    def variant(x, w, b, y, argmax, **params):
+        conv_kw, pool_kw = _split(params)
+        n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, conv_kw)
+        pool_geo = _pool_geometry("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w),
+                                  y.shape, pool_kw)
         require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
-        kh, kw, sh, sw, _, _ = pool._geometry((n_batch, n_out, out_h, out_w), pool_size,
-                                              pool_stride)
         x = np.ascontiguousarray(x)
         step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
         z = _scratch("z", (step, n_out, out_h, out_w), y.dtype)
         for start in range(0, n_batch, step):
             stop = min(start + step, n_batch)
             zc = z[:stop - start]
-            conv_fwd(x[start:stop], w, b, zc, stride=stride, padding=padding)
+            conv_fwd(x[start:stop], w, b, zc, **conv_kw)
             flat = zc.reshape(-1)
             _relu_fwd_cpu(flat, flat)
-            pool._maxpool2d_fwd_cpu(zc, y[start:stop], argmax[start:stop], kh, kw, sh, sw)
+            pool.maxpool2d_fwd_cpu_kernel(zc, y[start:stop], argmax[start:stop], pool_geo)
     variant.__name__ = f"conv2d_relu_pool_fwd_{conv_fwd.__name__}"
     return variant
 
@@ -184,64 +202,62 @@ def _masked_dz_cpu(y, argmax, dy, z_shape):
     _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
                   masked.reshape(-1))
     dz = _scratch("dz", z_shape, dy.dtype)
-    pool._maxpool2d_bwd_cpu(masked, np.ascontiguousarray(argmax), dz)
+    pool.maxpool2d_bwd_cpu_kernel(masked, np.ascontiguousarray(argmax), dz)
     return dz
 
 
 def _conv_relu_pool_bwd_cpu(bwd_params, bwd_input):
     """The Numba backward chain; the input gradient is skipped when ``bwd_input`` is None."""
-    def run(x, w_shape, y, argmax, dy, dw, db, stride, padding):
-        dz = _masked_dz_cpu(y, argmax, dy, _conv_shape(x.shape, w_shape, stride, padding))
-        bwd_params(x, dz, dw, db, stride=stride, padding=padding)
+    def run(x, w_shape, y, argmax, dy, dw, db, conv_kw):
+        dz = _masked_dz_cpu(y, argmax, dy, _conv_shape(x.shape, w_shape, conv_kw))
+        bwd_params(x, dz, dw, db, **conv_kw)
         return dz
 
     if bwd_input is None:
-        def variant(x, y, argmax, dy, dw, db, stride=1, padding=0, pool_size=2,
-                    pool_stride=None):
-            run(x, dw.shape, y, argmax, dy, dw, db, stride, padding)
+        def variant(x, y, argmax, dy, dw, db, **params):
+            run(x, dw.shape, y, argmax, dy, dw, db, _split(params)[0])
     else:
-        def variant(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0, pool_size=2,
-                    pool_stride=None):
-            dz = run(x, w.shape, y, argmax, dy, dw, db, stride, padding)
-            bwd_input(dz, w, dx, stride=stride, padding=padding)
+        def variant(x, w, y, argmax, dy, dx, dw, db, **params):
+            conv_kw = _split(params)[0]
+            dz = run(x, w.shape, y, argmax, dy, dw, db, conv_kw)
+            bwd_input(dz, w, dx, **conv_kw)
     variant.__name__ = f"conv2d_relu_pool_bwd_{bwd_params.__name__}"
     return variant
 
 
 @jit
-def _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_step, pool_geo):
+def _conv_relu_pool_fwd_im2col_cpu(x, w3, bias, z, y, argmax, cols, xpad, geo, conv_step,
+                                   pool_geo):
     """The forward chain in one call: per chunk of ``z``'s samples, im2col + GEMM into
     ``z``, ReLU in place, pooling into ``y`` and ``argmax``."""
-    out_h, out_w = geo[6], geo[7]
-    pkh, pkw, psh, psw = pool_geo
     n_batch, n_out = y.shape[0], y.shape[1]
     step = z.shape[0]
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
         zc = z[:stop - start]
-        _gemm_columns_cpu(x, start, stop, w2d, zc, cols, xpad, geo, conv_step)
+        gemm_columns_cpu(x, start, stop, w3, bias, zc, cols, xpad, geo, conv_step)
         flat = zc.reshape(-1)
         _relu_fwd_cpu(flat, flat)
-        pool._maxpool2d_fwd_cpu(zc.reshape(stop - start, n_out, out_h, out_w), y[start:stop],
-                                argmax[start:stop], pkh, pkw, psh, psw)
+        pool.maxpool2d_fwd_cpu_kernel(zc.reshape(stop - start, n_out, geo.out_h, geo.out_w),
+                                      y[start:stop], argmax[start:stop], pool_geo)
 
 
-def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
-                                    pool_stride=None):
+def conv2d_relu_pool_fwd_cpu_im2col(x, w, b, y, argmax, **params):
     """The forward chain by the im2col kernels, one Numba call (one round trip through
     the interpreter lock); ``z`` is computed a chunk of samples at a time, so ReLU and
     pooling read it from cache."""
-    n_batch, n_out, out_h, out_w = _conv_shape(x.shape, w.shape, stride, padding)
-    _check_pooled("conv2d_relu_pool_fwd", (n_batch, n_out, out_h, out_w), y.shape, pool_size,
-                  pool_stride)
+    conv_kw, pool_kw = _split(params)
+    geo = conv.conv2d_geometry(x.shape, w.shape, **conv_kw)
+    n_batch, n_out = x.shape[0], w.shape[0]
+    pool_geo = _pool_geometry("conv2d_relu_pool_fwd", (n_batch, n_out, geo.out_h, geo.out_w),
+                              y.shape, pool_kw)
     require_contiguous("conv2d_relu_pool_fwd", y=y, argmax=argmax)
-    pkh, pkw, psh, psw, _, _ = pool._geometry((n_batch, n_out, out_h, out_w), pool_size,
-                                              pool_stride)
-    x, w2d, cols, xpad, geo, conv_step = conv._fwd_operands(x, w, b, y.dtype, stride, padding)
-    step = max(1, min(n_batch, CHUNK_BYTES // (n_out * out_h * out_w * y.itemsize)))
-    z = _scratch("z", (step, n_out, out_h * out_w), y.dtype)
-    _conv_relu_pool_fwd_im2col_cpu(x, w2d, z, y, argmax, cols, xpad, geo, conv_step,
-                                   (pkh, pkw, psh, psw))
+    x, w3, bias, cols, xpad, conv_step = conv_im2col.fwd_operands(x, w, b, y.dtype, geo)
+    area = geo.out_h * geo.out_w
+    step = max(1, min(n_batch, CHUNK_BYTES // (n_out * area * y.itemsize)))
+    z = _scratch("z", (step, n_out, area), y.dtype)
+    _conv_relu_pool_fwd_im2col_cpu(x, w3, bias, z, y, argmax, cols, xpad, geo, conv_step,
+                                   pool_geo)
 
 
 @jit
@@ -249,102 +265,99 @@ def _masked_dz_params_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params):
     """``dz`` = ``dy`` masked by ``y > 0`` and routed through ``argmax``; then the
     convolution's parameter gradients of ``dz`` added into ``dw`` (flat) and ``db``."""
     _relu_bwd_cpu(y.reshape(-1), dy.reshape(-1), masked.reshape(-1))
-    pool._maxpool2d_bwd_cpu(masked, argmax, dz)
+    pool.maxpool2d_bwd_cpu_kernel(masked, argmax, dz)
     total, cols, products, xpad, geo, step = params
-    conv._bwd_params_im2col_cpu(x, dz, dw, db, bias, total, cols, products, xpad, geo, step)
+    conv_im2col.bwd_params_im2col_cpu(x, dz, dw, db, bias, total, cols, products, xpad, geo,
+                                      step)
 
 
 @jit
 def _conv_relu_pool_bwd_im2col_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params,
-                                   w2d_t, dx, bufs, geo, wide, wp, step):
+                                   w3, dx, bufs, geo, wide, step):
     """``_masked_dz_params_cpu``, then the input gradient ``dx`` of ``dz``, in one call."""
     _masked_dz_params_cpu(x, y, argmax, dy, masked, dz, dw, db, bias, params)
     cols, plane, dy_wide = bufs
-    conv._bwd_input_im2col_cpu(dz, w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step)
+    conv_im2col.bwd_input_im2col_cpu(dz, w3, dx, cols, plane, dy_wide, geo, wide, step)
 
 
-def _bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding):
+def _bwd_chain_operands(x, y, argmax, dy, dw, db, geo):
     """The arguments of ``_masked_dz_params_cpu`` (contiguous inputs, the worker's
     buffers for ``masked`` and ``dz``, the parameter kernel's buffers)."""
+    require_contiguous("conv2d_relu_pool_bwd", dw=dw)
     x = np.ascontiguousarray(x)
     dy = np.ascontiguousarray(dy)
     masked = _scratch("masked", dy.shape, dy.dtype)
-    dz = _scratch("dz", _conv_shape(x.shape, dw.shape, stride, padding), dy.dtype)
-    dw_flat, db, bias = conv._params_operands(dw, db)
-    params = conv._bwd_params_operands(x, dw.shape, bias, dw.dtype, stride, padding)
+    dz = _scratch("dz", (x.shape[0], dw.shape[0], geo.out_h, geo.out_w), dy.dtype)
+    dw_flat, db, bias = conv_im2col.params_operands(dw, db)
+    params = conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo)
     return (x, np.ascontiguousarray(y), np.ascontiguousarray(argmax), dy, masked, dz, dw_flat,
             db, bias, params)
 
 
-def conv2d_relu_pool_bwd_cpu_im2col(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
-                                    pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_cpu_im2col(x, w, y, argmax, dy, dx, dw, db, **params):
     """The backward chain by the im2col kernels, one Numba call."""
     require_contiguous("conv2d_relu_pool_bwd", dx=dx)
-    w2d_t, dx, cols, plane, dy_wide, geo, wide, wp, step = conv._bwd_input_operands(
-        w, dx, stride, padding)
-    _conv_relu_pool_bwd_im2col_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride,
-                                                        padding),
-                                   w2d_t, dx, (cols, plane, dy_wide), geo, wide, wp, step)
+    geo = conv.conv2d_geometry(x.shape, w.shape, **_split(params)[0])
+    w3, dx, cols, plane, dy_wide, geo, wide, step = conv_im2col.bwd_input_operands(w, dx, geo)
+    _conv_relu_pool_bwd_im2col_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, geo),
+                                   w3, dx, (cols, plane, dy_wide), geo, wide, step)
 
 
-def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, stride=1, padding=0,
-                                           pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, **params):
     """The parameter gradients of the chain by the im2col kernels, one Numba call."""
-    _masked_dz_params_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, stride, padding))
+    geo = conv.conv2d_geometry(x.shape, dw.shape, **_split(params)[0])
+    _masked_dz_params_cpu(*_bwd_chain_operands(x, y, argmax, dy, dw, db, geo))
 
 
-def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, stride=1, padding=0, pool_size=2,
-                              pool_stride=None):
+def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, **params):
     """The forward chain by the ``cuda`` variants, in ``xp``."""
+    conv_kw, pool_kw = _split(params)
     xp = array_module(x, w, b, y)
-    z = xp.empty(_conv_shape(x.shape, w.shape, stride, padding), dtype=y.dtype)
-    _check_pooled("conv2d_relu_pool_fwd", z.shape, y.shape, pool_size, pool_stride)
-    conv.conv2d_fwd_cuda(x, w, b, z, stride=stride, padding=padding)
+    z = xp.empty(_conv_shape(x.shape, w.shape, conv_kw), dtype=y.dtype)
+    _pool_geometry("conv2d_relu_pool_fwd", z.shape, y.shape, pool_kw)
+    conv.conv2d_fwd_cuda(x, w, b, z, **conv_kw)
     xp.maximum(z, xp.zeros((), z.dtype), out=z)
-    pool.maxpool2d_fwd_cuda(z, y, argmax, pool_size, pool_stride)
+    pool.maxpool2d_fwd_cuda(z, y, argmax, **pool_kw)
 
 
-def _masked_dz_cuda(y, argmax, dy, z_shape, pool_size, pool_stride):
+def _masked_dz_cuda(y, argmax, dy, z_shape, pool_kw):
     xp = array_module(y, argmax, dy)
     masked = xp.where(y <= 0, xp.zeros((), dy.dtype), dy)
     dz = xp.empty(z_shape, dtype=dy.dtype)
-    pool.maxpool2d_bwd_cuda(masked, argmax, dz, pool_size, pool_stride)
+    pool.maxpool2d_bwd_cuda(masked, argmax, dz, **pool_kw)
     return dz
 
 
-def conv2d_relu_pool_bwd_cuda(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0,
-                              pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_cuda(x, w, y, argmax, dy, dx, dw, db, **params):
     """The backward chain by the ``cuda`` variants, in ``xp``."""
-    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, w.shape, stride, padding),
-                         pool_size, pool_stride)
-    conv.conv2d_bwd_params_cuda(x, dz, dw, db, stride=stride, padding=padding)
-    conv.conv2d_bwd_input_cuda(dz, w, dx, stride=stride, padding=padding)
+    conv_kw, pool_kw = _split(params)
+    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, w.shape, conv_kw), pool_kw)
+    conv.conv2d_bwd_params_cuda(x, dz, dw, db, **conv_kw)
+    conv.conv2d_bwd_input_cuda(dz, w, dx, **conv_kw)
 
 
-def conv2d_relu_pool_bwd_params_cuda(x, y, argmax, dy, dw, db, stride=1, padding=0,
-                                     pool_size=2, pool_stride=None):
+def conv2d_relu_pool_bwd_params_cuda(x, y, argmax, dy, dw, db, **params):
     """``conv2d_relu_pool_bwd_cuda`` without the input gradient."""
-    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, dw.shape, stride, padding),
-                         pool_size, pool_stride)
-    conv.conv2d_bwd_params_cuda(x, dz, dw, db, stride=stride, padding=padding)
+    conv_kw, pool_kw = _split(params)
+    dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, dw.shape, conv_kw), pool_kw)
+    conv.conv2d_bwd_params_cuda(x, dz, dw, db, **conv_kw)
 
 
-def _fwd_flops(x, w, b, y, argmax, stride=1, padding=0, pool_size=2, pool_stride=None):
-    z = _conv_shape(x, w, stride, padding)
+def _fwd_flops(x, w, b, y, argmax, **params):
+    conv_kw, pool_kw = _split(params)
+    z = _conv_shape(x, w, conv_kw)
     return (conv._fwd_flops(x, w, b, z) + math.prod(z)
-            + pool._fwd_flops(z, y, argmax, pool_size, pool_stride))
+            + pool._fwd_flops(z, y, argmax, **pool_kw))
 
 
-def _bwd_flops(x, w, y, argmax, dy, dx, dw, db, stride=1, padding=0, pool_size=2,
-               pool_stride=None):
-    z = _conv_shape(x, w, stride, padding)
+def _bwd_flops(x, w, y, argmax, dy, dx, dw, db, **params):
+    z = _conv_shape(x, w, _split(params)[0])
     return (math.prod(dy) + pool._bwd_flops(dy, argmax, z)
             + conv._bwd_params_flops(x, z, dw, db) + conv._bwd_input_flops(z, w, dx))
 
 
-def _bwd_params_flops(x, y, argmax, dy, dw, db, stride=1, padding=0, pool_size=2,
-                      pool_stride=None):
-    z = _conv_shape(x, dw, stride, padding)
+def _bwd_params_flops(x, y, argmax, dy, dw, db, **params):
+    z = _conv_shape(x, dw, _split(params)[0])
     return math.prod(dy) + pool._bwd_flops(dy, argmax, z) + conv._bwd_params_flops(x, z, dw, db)
 
 

@@ -37,7 +37,9 @@ the data of a small float64 operand, ``hyper`` (R), laid out by :func:`sgd_hyper
 :func:`adam_hyper` and read by every variant when the task runs: a captured step
 graph stays valid every step (the optimizer writes the next step's values into it).
 The variants read it as Python floats (``tolist``: on a GPU, one copy of a few bytes
-per task), so the arithmetic is the one PyTorch does with its Python floats. The
+per task), so the arithmetic is the one PyTorch does with its Python floats. An optimizer
+with several parameter groups registers one row per group and gives each task its
+group's row (a ``(1, k)`` child handle, read flat). The
 parameters left are fixed for a run (``dampening``, ``nesterov``, ``eps``,
 ``weight_decay``).
 
@@ -95,7 +97,7 @@ def _flat_operands(name, *arrays):
 
 def _sgd_step_ref(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
                   nesterov=False):
-    lr, momentum, first = hyper.tolist()
+    lr, momentum, first = hyper.ravel().tolist()
     dtype = param.dtype.type
     g = grad
     if weight_decay != 0:
@@ -134,7 +136,7 @@ def _sgd_step_cpu(param, grad, buf, lr_neg, momentum, one_minus_dampening, weigh
 
 def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, hyper, *, dampening=0.0,
                           weight_decay=0.0, nesterov=False):
-    lr, momentum, first = hyper.tolist()
+    lr, momentum, first = hyper.ravel().tolist()
     _check_same_shape("sgd_step", param, grad, momentum_buffer)
     param_flat, buf_flat = _flat_operands("sgd_step", param, momentum_buffer)
     dtype = param.dtype.type
@@ -145,7 +147,7 @@ def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, hyper, *, dampening=0.0,
 
 def _sgd_step_cuda(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
                    nesterov=False):
-    lr, momentum, first = hyper.tolist()
+    lr, momentum, first = hyper.ravel().tolist()
     xp = array_module(param, grad, momentum_buffer)
     dtype = param.dtype.type
     g = grad
@@ -167,7 +169,7 @@ def _sgd_step_plain_ref(param, grad, hyper, *, weight_decay=0.0):
 
 def _no_momentum(hyper):
     """SGD's ``hyper`` with momentum 0 (what ``sgd_step_plain`` runs)."""
-    return sgd_hyper(hyper.tolist()[0])
+    return sgd_hyper(hyper.ravel().tolist()[0])
 
 
 @jit
@@ -183,7 +185,7 @@ def _sgd_step_plain_decay_cpu(param, grad, lr_neg, weight_decay):
 
 
 def _sgd_step_plain_cpu_wrapper(param, grad, hyper, *, weight_decay=0.0):
-    lr = hyper.tolist()[0]
+    lr = hyper.ravel().tolist()[0]
     _check_same_shape("sgd_step_plain", param, grad)
     (param_flat,) = _flat_operands("sgd_step_plain", param)
     grad_flat = np.ascontiguousarray(grad).reshape(-1)
@@ -246,7 +248,7 @@ def _lerp_ref(start, end, weight):
 
 def _adam_step_ref(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
                    decoupled=False):
-    lr, beta1, beta2, step = hyper.tolist()
+    lr, beta1, beta2, step = hyper.ravel().tolist()
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
     g = grad
@@ -284,7 +286,7 @@ def _adam_step_cpu(param, grad, exp_avg, exp_avg_sq, weight_decay, use_weight_de
 
 def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
                            weight_decay=0.0, decoupled=False):
-    lr, beta1, beta2, step = hyper.tolist()
+    lr, beta1, beta2, step = hyper.ravel().tolist()
     _check_same_shape("adam_step", param, grad, exp_avg, exp_avg_sq)
     param_flat, avg_flat, avg_sq_flat = _flat_operands("adam_step", param, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
@@ -301,7 +303,7 @@ def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
 
 def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
                     decoupled=False):
-    lr, beta1, beta2, step = hyper.tolist()
+    lr, beta1, beta2, step = hyper.ravel().tolist()
     xp = array_module(param, grad, exp_avg, exp_avg_sq)
     dtype = param.dtype.type
     step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)

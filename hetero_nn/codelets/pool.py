@@ -1,40 +1,49 @@
 """Max-pooling codelets: 2-D forward pass with argmax, and the gradient routed back.
 
-This module owns two codelets and every variant of them:
+This module owns two codelets, every variant of them, and the pooling geometry
+the average-pooling codelets share:
 
-==============  =============================================  =====================
-codelet         operands (access mode)                          params
-==============  =============================================  =====================
-maxpool2d_fwd   x[N,C,H,W] (R), y[N,C,OH,OW] (W), argmax (W)    kernel_size, stride
-maxpool2d_bwd   dy[N,C,OH,OW] (R), argmax (R), dx[N,C,H,W] (W)  (kernel_size, stride)
-==============  =============================================  =====================
+==============  =============================================
+codelet         operands (access mode)
+==============  =============================================
+maxpool2d_fwd   x[N,C,H,W] (R), y[N,C,OH,OW] (W), argmax (W)
+maxpool2d_bwd   dy[N,C,OH,OW] (R), argmax (R), dx[N,C,H,W] (W)
+==============  =============================================
 
-The backward parameters are optional (``argmax`` says where each gradient
-goes); given the forward's, the ``cuda`` variant routes without a scatter.
+Parameters are ``torch.nn.functional.max_pool2d``'s: ``kernel_size``,
+``stride=None`` (the kernel size), ``padding=0`` (at most half the kernel),
+``dilation=1`` and ``ceil_mode=False``, each size an int or an ``(h, w)`` pair.
+The backward parameters are optional (``argmax`` says where each gradient goes);
+given the forward's, the ``cuda`` variant routes without a scatter.
 
-No padding, floor mode: ``OH = (H - KH) // SH + 1``. ``kernel_size`` and
-``stride`` are an int or an ``(h, w)`` pair; ``stride`` defaults to
-``kernel_size`` as in PyTorch. ``argmax`` is int64, the flat index into the
-``H*W`` input plane, exactly what ``torch.nn.functional.max_pool2d(...,
-return_indices=True)`` returns.
+Output size (PyTorch's ``pooling_output_shape``): ``OH = floor_or_ceil((H + 2*PH -
+DH*(KH-1) - 1) / SH) + 1``; in ceil mode the last window must start inside the
+input or the left padding, else it is dropped. Windows are clipped to the
+input: padding never wins. A geometry where some window holds no input element
+(possible with dilation; PyTorch then returns ``-inf`` and an index outside the
+plane) is refused. ``argmax`` is int64, the flat index into the ``H*W`` input
+plane, exactly what ``max_pool2d(..., return_indices=True)`` returns.
 
 Which element wins a window matters for the gradient, so every variant follows
-PyTorch's CPU kernel to the letter: the window is scanned in row-major order
-starting from ``-inf`` and an element replaces the running maximum when it is
-strictly greater *or is NaN*. Hence among equal maxima the first wins (ReLU
-outputs make ties of zeros common), a NaN always wins and the last NaN of a
-window is the one recorded, and a window of ``-inf`` records its first element.
+PyTorch's CPU kernel to the letter: the window's valid elements are scanned in
+row-major order starting from ``-inf``, with the first of them as the initial
+index, and an element replaces the running maximum when it is strictly greater
+*or is NaN*. Hence among equal maxima the first wins (ReLU outputs make ties of
+zeros common), a NaN always wins and the last NaN of a window is the one
+recorded, and a window of ``-inf`` records its first element.
 
 Variants: ``ref`` (NumPy sliding windows + ``argmax``), ``cpu`` (Numba loops)
-and ``cuda`` (a loop over the ``KH*KW`` window offsets of whole-array strided
-slices, written against the array module: CuPy on a GPU, NumPy in CI; with
-the window parameters the backward pass needs no scatter-add, so no atomics,
-the same sums on every run, and no raw kernel).
+and ``cuda`` (a loop over the window offsets of whole-array strided slices,
+written against the array module: CuPy on a GPU, NumPy in CI; with the window
+parameters the backward pass needs no scatter-add, so no atomics, the same sums
+on every run, and no raw kernel).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import uintp
@@ -45,68 +54,147 @@ from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
 from .xp import array_module
 
-__all__ = ["maxpool2d_fwd", "maxpool2d_bwd", "maxpool2d_output_shape"]
+__all__ = ["maxpool2d_fwd", "maxpool2d_bwd", "maxpool2d_output_shape", "Pool2dGeometry",
+           "pool2d_geometry", "pooled_size"]
 
 
 # --------------------------------------------------------------------------- geometry
 
-def _geometry(x_shape, kernel_size, stride):
-    """Return ``(kh, kw, sh, sw, OH, OW)`` for pooling an ``x_shape`` input."""
-    kh, kw = pair(kernel_size, "kernel_size", "maxpool2d")
-    sh, sw = pair(kernel_size if stride is None else stride, "stride", "maxpool2d")
-    if kh < 1 or kw < 1 or sh < 1 or sw < 1:
-        raise ValueError(f"maxpool2d: kernel_size and stride must be >= 1, "
-                         f"got kernel_size={kernel_size!r}, stride={stride!r}")
+class Pool2dGeometry(NamedTuple):
+    """Kernel, stride, padding and dilation per axis, and the output plane."""
+
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    out_h: int
+    out_w: int
+
+
+def pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
+    """PyTorch's ``pooling_output_shape``: outputs along one axis.
+
+    >>> pooled_size(6, 3, 2, 0, 1, False), pooled_size(6, 3, 2, 0, 1, True)
+    (2, 3)
+    """
+    span = size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)
+    out = span // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window would start in the right padding
+    return out
+
+
+def pool2d_geometry(x_shape, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                    owner="maxpool2d"):
+    """The :class:`Pool2dGeometry` of pooling an ``x_shape`` input, after checking it.
+
+    >>> pool2d_geometry((1, 1, 6, 6), 3, 2, ceil_mode=True).out_h
+    3
+    """
+    def key(v):
+        return tuple(v) if isinstance(v, list) else v
+    return _geometry(tuple(x_shape), key(kernel_size), key(stride), key(padding), key(dilation),
+                     bool(ceil_mode), owner)
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(x_shape, kernel_size, stride, padding, dilation, ceil_mode, owner):
+    kh, kw = pair(kernel_size, "kernel_size", owner)
+    sh, sw = pair(kernel_size if stride is None else stride, "stride", owner)
+    ph, pw = pair(padding, "padding", owner)
+    dh, dw = pair(dilation, "dilation", owner)
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"{owner}: kernel_size, stride and dilation must be >= 1 and padding "
+                         f">= 0, got kernel_size={kernel_size!r}, stride={stride!r}, "
+                         f"padding={padding!r}, dilation={dilation!r}")
+    if 2 * ph > kh or 2 * pw > kw:
+        raise ValueError(f"{owner}: padding {(ph, pw)} must be at most half the kernel size "
+                         f"{(kh, kw)}")
     height, width = x_shape[2], x_shape[3]
-    if kh > height or kw > width:
-        raise ValueError(f"maxpool2d: window {kh}x{kw} larger than the input {height}x{width}")
-    return kh, kw, sh, sw, (height - kh) // sh + 1, (width - kw) // sw + 1
+    out_h = pooled_size(height, kh, sh, ph, dh, ceil_mode)
+    out_w = pooled_size(width, kw, sw, pw, dw, ceil_mode)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"{owner}: window {kh}x{kw} (dilation {dh},{dw}) is larger than the "
+                         f"input {height}x{width} padded by {(ph, pw)}: no output")
+    for size, k, s, p, d, out in ((height, kh, sh, ph, dh, out_h), (width, kw, sw, pw, dw, out_w)):
+        for i in range(out):
+            if not any(0 <= i * s - p + t * d < size for t in range(k)):
+                raise ValueError(f"{owner}: window {i} of kernel {k}, stride {s}, padding {p}, "
+                                 f"dilation {d} holds no element of an input of size {size}")
+    return Pool2dGeometry(kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w)
 
 
-def maxpool2d_output_shape(x_shape, kernel_size, stride=None):
+def maxpool2d_output_shape(x_shape, kernel_size, stride=None, padding=0, dilation=1,
+                           ceil_mode=False):
     """Shape ``(N, C, OH, OW)`` of ``maxpool2d_fwd``'s outputs.
 
     >>> maxpool2d_output_shape((64, 6, 28, 28), 2)
     (64, 6, 14, 14)
     """
-    *_, out_h, out_w = _geometry(x_shape, kernel_size, stride)
-    return (int(x_shape[0]), int(x_shape[1]), out_h, out_w)
+    g = pool2d_geometry(x_shape, kernel_size, stride, padding, dilation, ceil_mode)
+    return (int(x_shape[0]), int(x_shape[1]), g.out_h, g.out_w)
 
 
-def _fwd_flops(x, y, argmax, kernel_size, stride=None):
+def _fwd_flops(x, y, argmax, kernel_size, **params):
     kh, kw = pair(kernel_size, "kernel_size", "maxpool2d")
     return float(math.prod(y) * kh * kw)
 
 
-def _bwd_flops(dy, argmax, dx, kernel_size=None, stride=None):
+def _bwd_flops(dy, argmax, dx, **params):
     return float(math.prod(dx) + math.prod(dy))
+
+
+def _first_valid(out, k, s, p, d, size):
+    """Per output along one axis: the index of the window's first tap inside the input."""
+    return np.array([next(t for t in range(k) if 0 <= i * s - p + t * d < size)
+                     for i in range(out)])
+
+
+def _padded(xp, x, geo, value):
+    """``x`` padded with ``value`` to hold every tap of every window (ceil mode's last
+    windows may reach past the right padding)."""
+    height, width = x.shape[2], x.shape[3]
+    bottom = max(geo.ph, (geo.out_h - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1 - height - geo.ph)
+    right = max(geo.pw, (geo.out_w - 1) * geo.sw + (geo.kw - 1) * geo.dw + 1 - width - geo.pw)
+    return xp.pad(x, ((0, 0), (0, 0), (geo.ph, bottom), (geo.pw, right)), constant_values=value)
 
 
 # --------------------------------------------------------------------------- ref (NumPy)
 
-def maxpool2d_fwd_ref(x, y, argmax, kernel_size, stride=None):
+def maxpool2d_fwd_ref(x, y, argmax, kernel_size, **params):
     """Maximum of each window and its flat input index (PyTorch's tie and NaN rules)."""
-    kh, kw, sh, sw, out_h, out_w = _geometry(x.shape, kernel_size, stride)
-    width = x.shape[3]
-    windows = sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
-    windows = windows[:, :, :out_h, :out_w].reshape(*y.shape, kh * kw)
+    geo = pool2d_geometry(x.shape, kernel_size, **params)
+    kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w = geo
+    height, width = x.shape[2], x.shape[3]
+    extent = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    windows = sliding_window_view(_padded(np, x, geo, -np.inf), extent, axis=(2, 3))
+    windows = windows[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :out_h, :out_w]
+    windows = windows.reshape(*y.shape, kh * kw)
     pos = np.argmax(windows, axis=-1)  # first maximum in row-major scan order
     is_nan = np.isnan(windows)
+    any_nan = is_nan.any(axis=-1)
     last_nan = kh * kw - 1 - np.argmax(is_nan[..., ::-1], axis=-1)
-    pos = np.where(is_nan.any(axis=-1), last_nan, pos)
+    first = (_first_valid(out_h, kh, sh, ph, dh, height).reshape(-1, 1) * kw
+             + _first_valid(out_w, kw, sw, pw, dw, width))
+    best = np.take_along_axis(windows, pos[..., None], axis=-1)[..., 0]
+    pos = np.where(any_nan, last_nan, np.where(best == -np.inf, first, pos))
     y[...] = np.take_along_axis(windows, pos[..., None], axis=-1)[..., 0]
     di, dj = np.divmod(pos, kw)
-    rows = np.arange(out_h).reshape(-1, 1) * sh + di
-    cols = np.arange(out_w) * sw + dj
+    rows = np.arange(out_h).reshape(-1, 1) * sh - ph + di * dh
+    cols = np.arange(out_w) * sw - pw + dj * dw
     argmax[...] = rows * width + cols
 
 
-def maxpool2d_bwd_ref(dy, argmax, dx, kernel_size=None, stride=None):
+def maxpool2d_bwd_ref(dy, argmax, dx, kernel_size=None, **params):
     """``dx`` is ``dy`` routed to each window's argmax; overlapping windows add.
 
     The window geometry is not needed (``argmax`` says where each gradient
-    goes); ``kernel_size`` and ``stride`` are accepted so that the backward
-    task can be submitted with the forward task's parameters.
+    goes); the parameters are accepted so that the backward task can be
+    submitted with the forward task's.
     """
     dx[...] = _scatter_add(np, dy, argmax, dx.shape)
 
@@ -159,40 +247,53 @@ def _maxpool2x2_fwd_cpu(x, y, argmax):
                 af[row + uintp(j)] = where
 
 
+@jit_inline
+def _window(i, stride, pad, dilation, k, size):
+    """Taps ``[lo, hi)`` (step ``dilation``) of window ``i`` that lie inside the input."""
+    lo = i * stride - pad
+    hi = min(lo + (k - 1) * dilation + 1, size)
+    while lo < 0:
+        lo += dilation
+    return lo, hi
+
+
 @jit
-def _maxpool2d_fwd_cpu(x, y, argmax, kh, kw, sh, sw):
+def maxpool2d_fwd_cpu_kernel(x, y, argmax, geo):
     """PyTorch's scan: replace the running maximum when strictly greater or NaN.
 
     Branch-free selects (ReLU outputs make the comparison unpredictable);
     flat views with unsigned offsets (no wraparound checks). Starting from a
-    window's first element is the same as starting from -inf and scanning
-    it, and keeps the running maximum in the input dtype.
+    window's first valid element is the same as starting from -inf with it as
+    the initial index, and keeps the running maximum in the input dtype.
     """
-    if kh == 2 and kw == 2 and sh == 2 and sw == 2:
-        _maxpool2x2_fwd_cpu(x, y, argmax)
-        return
     n_batch, n_chan, height, width = x.shape
     out_h, out_w = y.shape[2], y.shape[3]
+    if (geo.kh == 2 and geo.kw == 2 and geo.sh == 2 and geo.sw == 2 and geo.ph == 0
+            and geo.pw == 0 and geo.dh == 1 and geo.dw == 1 and 2 * out_h <= height
+            and 2 * out_w <= width):
+        _maxpool2x2_fwd_cpu(x, y, argmax)
+        return
     xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
     for plane in range(n_batch * n_chan):
         x0 = uintp(plane * height * width)
         y0 = uintp(plane * out_h * out_w)
         for i in range(out_h):
+            r0, r1 = _window(i, geo.sh, geo.ph, geo.dh, geo.kh, height)
             for j in range(out_w):
-                first = i * sh * width + j * sw
-                best = xf[x0 + uintp(first)]
-                where = first
-                for p in range(kh):
-                    row = first + p * width
-                    for q in range(kw):
-                        best, where = _take(xf[x0 + uintp(row + q)], best, where, row + q)
+                c0, c1 = _window(j, geo.sw, geo.pw, geo.dw, geo.kw, width)
+                where = r0 * width + c0
+                best = xf[x0 + uintp(where)]
+                for r in range(r0, r1, geo.dh):
+                    for c in range(c0, c1, geo.dw):
+                        at = r * width + c
+                        best, where = _take(xf[x0 + uintp(at)], best, where, at)
                 k = y0 + uintp(i * out_w + j)
                 yf[k] = best
                 af[k] = where
 
 
 @jit
-def _maxpool2d_bwd_cpu(dy, argmax, dx):
+def maxpool2d_bwd_cpu_kernel(dy, argmax, dx):
     """Zero ``dx``, then add each ``dy`` at its window's argmax (checked to lie in the plane),
     a plane at a time, so the additions find the zeroed plane in cache."""
     n_batch, n_chan, height, width = dx.shape
@@ -211,64 +312,79 @@ def _maxpool2d_bwd_cpu(dy, argmax, dx):
             dxf[x0 + uintp(where)] += gf[g0 + k]
 
 
-def maxpool2d_fwd_cpu(x, y, argmax, kernel_size, stride=None):
+def maxpool2d_fwd_cpu(x, y, argmax, kernel_size, **params):
     """``maxpool2d_fwd`` by Numba loops."""
-    kh, kw, sh, sw, _, _ = _geometry(x.shape, kernel_size, stride)
+    geo = pool2d_geometry(x.shape, kernel_size, **params)
     require_contiguous("maxpool2d_fwd", y=y, argmax=argmax)
-    _maxpool2d_fwd_cpu(np.ascontiguousarray(x), y, argmax, kh, kw, sh, sw)
+    maxpool2d_fwd_cpu_kernel(np.ascontiguousarray(x), y, argmax, geo)
 
 
-def maxpool2d_bwd_cpu(dy, argmax, dx, kernel_size=None, stride=None):
+def maxpool2d_bwd_cpu(dy, argmax, dx, kernel_size=None, **params):
     """``maxpool2d_bwd`` by Numba loops."""
     require_contiguous("maxpool2d_bwd", dx=dx)
-    _maxpool2d_bwd_cpu(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
+    maxpool2d_bwd_cpu_kernel(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
 
 
 # --------------------------------------------------------------------------- cuda (array module)
 
-def _offset_slices(kh, kw, sh, sw, out_h, out_w):
-    """For each window offset ``(p, q)``: the slices of the input it reads over all windows."""
-    for p in range(kh):
-        for q in range(kw):
-            yield p, q, (slice(None), slice(None), slice(p, p + sh * (out_h - 1) + 1, sh),
-                         slice(q, q + sw * (out_w - 1) + 1, sw))
+def _offset_slices(geo):
+    """For each window offset ``(p, q)``: the slices of the padded input (see ``_padded``)
+    it reads over all windows, and the offset's flat index relative to ``corner``."""
+    for p in range(geo.kh):
+        for q in range(geo.kw):
+            top, left = p * geo.dh, q * geo.dw
+            yield (top, left), (slice(None), slice(None),
+                                slice(top, top + geo.sh * (geo.out_h - 1) + 1, geo.sh),
+                                slice(left, left + geo.sw * (geo.out_w - 1) + 1, geo.sw))
 
 
-def maxpool2d_fwd_cuda(x, y, argmax, kernel_size, stride=None):
-    """``maxpool2d_fwd`` as a running max over the window offsets, in ``xp``."""
+def _corner(xp, geo, width):
+    """Flat input index of each window's ``(0, 0)`` tap (it may lie in the padding)."""
+    return ((xp.arange(geo.out_h).reshape(-1, 1) * geo.sh - geo.ph) * width
+            + xp.arange(geo.out_w) * geo.sw - geo.pw).astype(xp.int64)
+
+
+def maxpool2d_fwd_cuda(x, y, argmax, kernel_size, **params):
+    """``maxpool2d_fwd`` as a running max over the window offsets of the input padded with
+    ``-inf`` (never taken), from each window's first valid element, in ``xp``."""
     xp = array_module(x, y, argmax)
-    kh, kw, sh, sw, out_h, out_w = _geometry(x.shape, kernel_size, stride)
-    width = x.shape[3]
-    corner = (xp.arange(out_h).reshape(-1, 1) * sh * width
-              + xp.arange(out_w) * sw).astype(xp.int64)  # flat index of each window's (0, 0)
+    geo = pool2d_geometry(x.shape, kernel_size, **params)
+    height, width = x.shape[2], x.shape[3]
+    corner = _corner(xp, geo, width)
+    first = xp.asarray(_first_valid(geo.out_h, geo.kh, geo.sh, geo.ph, geo.dh, height)
+                       .reshape(-1, 1) * geo.dh * width
+                       + _first_valid(geo.out_w, geo.kw, geo.sw, geo.pw, geo.dw, width) * geo.dw)
+    padded = _padded(xp, x, geo, -np.inf)
     best = xp.full(y.shape, -np.inf, dtype=x.dtype)
-    where = xp.broadcast_to(corner, y.shape).copy()
-    for p, q, window in _offset_slices(kh, kw, sh, sw, out_h, out_w):
-        v = x[window]
+    where = xp.broadcast_to(corner + first, y.shape).copy()
+    for (top, left), window in _offset_slices(geo):
+        v = padded[window]
         take = (v > best) | xp.isnan(v)
         best = xp.where(take, v, best)
-        where = xp.where(take, corner + (p * width + q), where)
+        where = xp.where(take, corner + (top * width + left), where)
     y[...] = best
     argmax[...] = where
 
 
-def maxpool2d_bwd_cuda(dy, argmax, dx, kernel_size=None, stride=None):
+def maxpool2d_bwd_cuda(dy, argmax, dx, kernel_size=None, **params):
     """``maxpool2d_bwd`` as one masked add per window offset, in ``xp``.
 
     With the window geometry this needs no scatter (so no atomics, and the
-    same sums in the same order on every run); without it, a scatter-add.
+    same sums in the same order on every run); without it, a scatter-add. A
+    tap in the padding may match the index of an input element; its add lands
+    in the padding, which is cropped.
     """
     xp = array_module(dy, argmax, dx)
     if kernel_size is None:
         dx[...] = _scatter_add(xp, dy, argmax, dx.shape)
         return
-    kh, kw, sh, sw, out_h, out_w = _geometry(dx.shape, kernel_size, stride)
-    width = dx.shape[3]
-    corner = (xp.arange(out_h).reshape(-1, 1) * sh * width
-              + xp.arange(out_w) * sw).astype(xp.int64)
-    dx[...] = 0
-    for p, q, window in _offset_slices(kh, kw, sh, sw, out_h, out_w):
-        dx[window] += xp.where(argmax == corner + (p * width + q), dy, 0)
+    geo = pool2d_geometry(dx.shape, kernel_size, **params)
+    height, width = dx.shape[2], dx.shape[3]
+    corner = _corner(xp, geo, width)
+    padded = _padded(xp, xp.zeros_like(dx), geo, 0)
+    for (top, left), window in _offset_slices(geo):
+        padded[window] += xp.where(argmax == corner + (top * width + left), dy, 0)
+    dx[...] = padded[:, :, geo.ph:geo.ph + height, geo.pw:geo.pw + width]
 
 
 # --------------------------------------------------------------------------- codelets

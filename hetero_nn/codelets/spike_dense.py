@@ -46,7 +46,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit
 from .codelet import REDUX, R, W, Codelet
-from .conv import _worker_buffer
+from .conv_im2col import worker_buffer
 from .dense import _check_dense, _dense_bwd_bias_cpu, _matmul_acc_cpu, _rowwise
 from .reduce import add_redux, zero_init
 from .xp import array_module
@@ -121,7 +121,7 @@ def _fwd_cpu(events):
         y[...] = 0 if b is None else b
         x, wt = np.ascontiguousarray(x), np.ascontiguousarray(w.T)
         if events:
-            n = _events_fwd_cpu(x, wt, y, _worker_buffer("spike_dense:index", (x.shape[1],),
+            n = _events_fwd_cpu(x, wt, y, worker_buffer("spike_dense:index", (x.shape[1],),
                                                         np.int64))
         else:
             _matmul_acc_cpu(x, wt, y)
@@ -150,7 +150,7 @@ def _fwd_cuda(x, w, b, y, count, *, rate=None):
 def _params_cpu(events):
     def variant(x, dy, dw, db=None, *, rate=None):
         _check_dense("spike_dense_bwd_params", x, dw, dy, db)
-        gwt = _worker_buffer("spike_dense:gwt", (x.shape[1], dy.shape[1]), dw.dtype)
+        gwt = worker_buffer("spike_dense:gwt", (x.shape[1], dy.shape[1]), dw.dtype)
         gwt[...] = 0
         _grad_wt_cpu(np.ascontiguousarray(x), np.ascontiguousarray(dy), gwt, events)
         dw += gwt.T

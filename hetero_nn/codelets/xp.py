@@ -32,3 +32,16 @@ def cupy_or_none():
     except Exception:
         return None
     return cupy
+
+
+def by_xp(fn):
+    """The ``ref`` (NumPy) and ``cuda`` (the operands' array module) variants of one
+    implementation ``fn(xp, *arrays, **params)`` written against the array module."""
+    def ref(*arrays, **params):
+        fn(np, *arrays, **params)
+
+    def cuda(*arrays, **params):
+        fn(array_module(*arrays), *arrays, **params)
+
+    ref.__name__, cuda.__name__ = f"{fn.__name__}_ref", f"{fn.__name__}_cuda"
+    return ref, cuda

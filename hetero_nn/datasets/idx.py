@@ -45,7 +45,9 @@ def _read_maybe_gzip(path: Path) -> bytes:
         return raw
     try:
         return gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
+    except EOFError:
+        raise _truncated_gzip(path, "a complete gzip-compressed IDX file") from None
+    except (OSError, zlib.error) as exc:
         raise DatasetFormatError(
             f"{path}: corrupt gzip stream ({exc}); expected a complete gzip-compressed "
             f"IDX file. Download it again.") from exc
@@ -176,8 +178,32 @@ def idx_file_count(path: Path, verify: bool = False) -> int:
     size = len(header) + math.prod(dims)
     actual = stored_size if compressed else Path(path).stat().st_size
     if actual != (size % 2**32 if compressed else size):
+        declared = f"{size} bytes for the {' x '.join(map(str, dims))} its header declares"
+        if compressed:  # the trailer is only a size when the stream is whole: read it to know
+            actual = _gzip_size(path)
+            if actual is None:
+                raise _truncated_gzip(path, declared)
         raise DatasetFormatError(
             f"{path}: {'uncompressed ' if compressed else ''}size {actual} bytes, expected "
-            f"{size} for the {' x '.join(map(str, dims))} its header declares "
-            f"(truncated or damaged)")
+            f"{declared} (truncated or damaged)")
     return dims[0]
+
+
+def _truncated_gzip(path, expected: str) -> DatasetFormatError:
+    return DatasetFormatError(f"{path}: truncated gzip file: the compressed stream ends before "
+                              f"its end marker; expected {expected}. Download it again.")
+
+
+def _gzip_size(path) -> int | None:
+    """The uncompressed size of a gzip file, read through; ``None`` when the stream is cut
+    short. Only for a file already known to be damaged: it reads the whole file."""
+    size = 0
+    try:
+        with gzip.open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                size += len(chunk)
+    except EOFError:
+        return None
+    except (OSError, zlib.error) as exc:
+        raise DatasetFormatError(f"{path}: corrupt gzip stream ({exc})") from exc
+    return size

@@ -20,18 +20,76 @@ zeroed by a ``fill_zero`` task and accumulated into, as before.
 Parameters are NumPy arrays owned by the layer (as ``torch.nn.Parameter`` owns
 its tensor); ``bind(rt)`` registers them with a runtime without copying, and
 creates a gradient handle for each.
+
+As a ``torch.nn.Module``: ``layer(x)`` returns the outputs of a NumPy batch (the forward
+tasks on the runtime the layer is bound to, else the package's default runtime),
+``state_dict``/``load_state_dict`` hold every layer's weights and buffers, and each
+layer keeps the arguments it was constructed with (``constructor_args``), which is what
+a checkpoint records to rebuild the model (:mod:`hetero_nn.layers.registry`).
+
+Settings: a captured step graph bakes each task's parameters in, so the trainer's
+step key holds every layer's :meth:`Layer.settings` (and the loss's, through
+:func:`settings_signature`): the current values of the attributes named like the
+constructor's arguments — PyTorch's convention, ``Dropout(p)`` keeps ``self.p`` —
+so ``dropout.p = 0.3`` after a step captures a new graph, and a new layer takes
+part without writing key code. A layer whose graph depends on something else
+extends ``settings()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
+from collections import OrderedDict
 
 import numpy as np
 
 from ..codelets.reduce import fill_zero, overwriting
+from ..errors import CheckpointError, ShapeError
 
 _rng = np.random.default_rng(0)
+_CONSTRUCTOR_NAMES: dict = {}  # class -> names of its __init__'s named arguments
+_MISSING = object()
+
+
+def constructor_names(cls) -> tuple:
+    """The named arguments of ``cls.__init__`` (not ``self``, ``*args``, ``**kwargs``), cached."""
+    names = _CONSTRUCTOR_NAMES.get(cls)
+    if names is None:
+        try:
+            parameters = inspect.signature(cls.__init__).parameters.values()
+        except (TypeError, ValueError):  # a builtin __init__: nothing to read
+            parameters = ()
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names = _CONSTRUCTOR_NAMES[cls] = tuple(
+            p.name for p in parameters if p.kind in kinds and p.name != "self")
+    return names
+
+
+def _hashable(value):
+    if isinstance(value, np.ndarray):  # data, not a setting: only its form counts
+        return ("ndarray", value.shape, value.dtype.str)
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def settings_signature(obj) -> tuple:
+    """``(type, ((name, value), ...))``: ``obj``'s current values of the attributes named
+    like its constructor's arguments (those it keeps), in a hashable form."""
+    values = []
+    for name in constructor_names(type(obj)):
+        value = getattr(obj, name, _MISSING)
+        if value is not _MISSING:
+            values.append((name, _hashable(value)))
+    return type(obj), tuple(values)
 
 
 def manual_seed(seed: int) -> None:
@@ -126,9 +184,24 @@ def keeping_state(model):
 
 
 class Layer:
-    """Base class of every layer; see the module docstring."""
+    """Base class of every layer; see the module docstring.
+
+    A layer remembers the arguments it was constructed with (``__new__`` keeps them),
+    so a model can be recorded as data and rebuilt (:mod:`hetero_nn.layers.registry`).
+    ``layer(x)`` runs the forward pass on a NumPy batch (:meth:`__call__`).
+    """
 
     training = True  # train() / eval() set it per instance, as torch.nn.Module.training
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self._init_args = (args, kwargs)  # the outermost constructor call's, not super()'s
+        return self
+
+    def constructor_args(self) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` that rebuild this layer: those it was constructed with.
+        Containers override it to give their current children."""
+        return self._init_args
 
     step_input = None
     """The handle of per-step data (a mask key, a momentum) the last ``forward``
@@ -146,6 +219,12 @@ class Layer:
         """Advance the per-step state as ``forward`` would, for a step run by a replay, and
         return the data to write into the captured ``step_input``."""
         raise NotImplementedError(f"{type(self).__name__} has no per-step data")
+
+    def settings(self) -> tuple:
+        """What this layer's captured tasks depend on besides data (hashable, part of the
+        trainer's step key): :func:`settings_signature`. Extend it where a graph depends on
+        an attribute not named like a constructor argument."""
+        return settings_signature(self)
 
     def __init__(self):
         self._params: dict[str, Parameter] = {}
@@ -171,9 +250,40 @@ class Layer:
         """Parameters then buffers, in ``torch.nn.Module.state_dict``'s order."""
         return self.named_parameters() + self.named_buffers()
 
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Copies of the weights and buffers under PyTorch's names and shapes."""
+        return OrderedDict((name, np.array(p.host(), copy=True)) for name, p in self.named_state())
+
+    def load_state_dict(self, state, strict: bool = True):
+        """Load arrays by name (shapes checked; values cast to each parameter's or buffer's
+        dtype)."""
+        params = dict(self.named_state())
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for name, p in params.items():
+            if name not in state:
+                continue
+            value = np.asarray(state[name])
+            if value.shape != p.data.shape:
+                raise ShapeError(f"load_state_dict: {name!r} has shape {value.shape}, the model "
+                                 f"expects {p.data.shape}")
+            p.host()  # make the host replica current before overwriting it
+            p.data[...] = value
+            rt = p.runtime
+            p.unbind()  # other replicas are stale: a fresh handle whose host copy is valid
+            if rt is not None and not rt.closed:
+                p.bind(rt)  # a trainer bound to rt keeps training with the loaded values
+
     def named_children(self):
         """The layers this one is made of (Residual's body and shortcut), by name."""
         return []
+
+    def _prefixed(self, method):
+        """``getattr(child, method)()`` of every child, names prefixed ``"<child>."``."""
+        return [(f"{name}.{key}", value) for name, child in self.named_children()
+                for key, value in getattr(child, method)()]
 
     def named_modules(self, prefix=""):
         """``(path, layer)`` for this layer and every layer it is made of, depth first."""
@@ -243,6 +353,42 @@ class Layer:
 
     def backward(self, rt, dys, need_input_grad=True):
         raise NotImplementedError
+
+    # ------------------------------------------------------------ inference
+    def __call__(self, x) -> np.ndarray:
+        """The outputs of a NumPy batch ``x`` of shape ``(N, *sample)``, as ``module(x)``.
+
+        Runs this layer's forward pass in its current mode (``train()``: batch
+        statistics, dropout, running statistics updated; ``eval()``: none of it) as
+        one partition, on the runtime the layer's parameters are bound to (a trainer's),
+        else on the package's default runtime (:mod:`hetero_nn.scheduler.default`).
+        The layer is built for ``x``'s sample shape when it is not yet; ``x`` is cast to
+        the layer's dtype (float32 for a layer not built, float64 when ``x`` is).
+        """
+        x = np.asarray(x)
+        if x.ndim < 2:
+            raise ShapeError(f"{type(self).__name__}(x): expected a batch (N, *sample), got an "
+                             f"array of shape {x.shape}")
+        if self.output_shape is not None:
+            dtype = self.dtype
+        else:
+            dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        if self.input_shape != tuple(x.shape[1:]) or self.output_shape is None:
+            self.build(x.shape[1:], dtype)
+        rt = self._bound_runtime()
+        if rt is None:
+            from ..scheduler.default import default_runtime
+            rt = default_runtime()
+        self.bind(rt)
+        ys = self.forward(rt, [rt.register(np.array(x, dtype=dtype, order="C"), name="x")])
+        return np.concatenate([rt.fetch(y, copy=True) for y in ys])
+
+    def _bound_runtime(self):
+        """The open runtime this layer's parameters and buffers are bound to, or None."""
+        for _, t in self.named_state():
+            if t.runtime is not None and not t.runtime.closed:
+                return t.runtime
+        return None
 
     def extra_repr(self) -> str:
         return ""

@@ -15,10 +15,11 @@ resumed run draws the same masks.
 
 from __future__ import annotations
 
+import math
 import numbers
 
-from ..codelets.dropout import dropout_bwd, dropout_fwd, key_data
-from ..errors import CheckpointError, ConfigError
+from ..codelets.dropout import dropout2d_bwd, dropout2d_fwd, dropout_bwd, dropout_fwd, key_data
+from ..errors import CheckpointError, ConfigError, ShapeError
 from .base import Layer, default_rng
 
 
@@ -44,13 +45,15 @@ def load_dropout_state(model, state: dict, kind=None) -> None:
 
 
 class Dropout(Layer):
-    """``torch.nn.Dropout(p=0.5)``: zero elements with probability ``p``, scale the rest by
-    ``1 / (1 - p)``.
+    """``torch.nn.Dropout(p=0.5, inplace=False)``: zero elements with probability ``p``,
+    scale the rest by ``1 / (1 - p)``.
 
     Parameters
     ----------
     p : float
         Probability of an element being zeroed, in [0, 1].
+    inplace : bool
+        Accepted for PyTorch's signature; the output is a handle of its own.
     seed : int, optional
         The mask's seed; drawn from the generator :func:`hetero_nn.manual_seed` seeds
         when absent. ``steps`` counts the training-mode forward calls so far.
@@ -59,13 +62,17 @@ class Dropout(Layer):
     Dropout(p=0.25)
     """
 
-    def __init__(self, p=0.5, seed=None):
+    fwd, bwd = dropout_fwd, dropout_bwd
+
+    def __init__(self, p=0.5, inplace=False, *, seed=None):
         super().__init__()
+        name = type(self).__name__
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
-            raise ConfigError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
+            raise ConfigError(f"{name}: p must be a probability in [0, 1], got {p!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise ConfigError(f"Dropout: seed must be an integer, got {seed!r}")
+            raise ConfigError(f"{name}: seed must be an integer, got {seed!r}")
         self.p = float(p)
+        self.inplace = bool(inplace)
         self.seed = int(default_rng().integers(2 ** 63)) if seed is None else int(seed)
         self.steps = 0
         self._mask = None
@@ -85,8 +92,9 @@ class Dropout(Layer):
         ys = self.outputs(rt, xs, shape=layout)
         starts = []
         start = 0
+        kw = self._mask_kw(layout)
         for x, y in zip(xs, ys):
-            rt.submit(dropout_fwd, x, y, key, p=self.p, start=start)
+            rt.submit(self.fwd, x, y, key, p=self.p, start=start, **kw)
             starts.append(start)
             start += x.shape[0]
         self._mask = (key, starts, layout)
@@ -99,9 +107,37 @@ class Dropout(Layer):
             return dys
         key, starts, layout = self._mask
         dxs = self.outputs(rt, dys, shape=layout)
+        kw = self._mask_kw(layout)
         for dy, dx, start in zip(dys, dxs, starts):
-            rt.submit(dropout_bwd, dy, dx, key, p=self.p, start=start)
+            rt.submit(self.bwd, dy, dx, key, p=self.p, start=start, **kw)
         return dxs
+
+    def _mask_kw(self, layout):
+        """The codelets' parameters besides ``p`` and ``start``, for samples of ``layout``."""
+        return {}
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+class Dropout2d(Dropout):
+    """``torch.nn.Dropout2d(p=0.5, inplace=False)``: zero whole channels of a sample with
+    probability ``p`` (one draw per channel), scale the rest by ``1 / (1 - p)``.
+
+    Samples are ``(C, H, W)``, or ``(C, L)`` (PyTorch's 3-D input, channel-wise). The
+    mask depends on (seed, step, sample, channel) only, as Dropout's.
+
+    >>> Dropout2d(0.2, seed=0)
+    Dropout2d(p=0.2)
+    """
+
+    fwd, bwd = dropout2d_fwd, dropout2d_bwd
+
+    def infer_shape(self, input_shape):
+        if len(input_shape) not in (2, 3):
+            raise ShapeError(f"Dropout2d: expects samples (C, H, W) or (C, L), got "
+                             f"{tuple(input_shape)}")
+        return input_shape
+
+    def _mask_kw(self, layout):
+        return {"block": math.prod(layout[1:])}

@@ -1,10 +1,13 @@
 """Layer fusion: runs of layers a Sequential submits as one fused task per partition.
 
 Policy: :func:`plan` scans a model's layers for the chains of
-``codelets/fused.py`` -- ``Conv2D`` (with bias), ``ReLU``, ``MaxPool2D`` and
+``codelets/fused.py`` -- ``Conv2d`` (with bias), ``ReLU``, ``MaxPool2d`` and
 ``Dense`` (with bias), ``ReLU`` -- and returns the blocks to run: a fused run
 where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
-class (not a subclass with another slope or function). A fused run owns no
+class (not a subclass with another slope or function). Every option of the
+convolution (stride, padding strings and modes, dilation, groups) and of the
+pooling (padding, dilation, ceil mode) goes through the fused chain, except a
+depthwise convolution (``Conv2d.fusable`` is False: it has codelets of its own). A fused run owns no
 parameters: it submits the fused codelets on its layers' parameters, so
 ``state_dict``, checkpoints and optimizers see the same model fused or not.
 
@@ -23,9 +26,9 @@ from ..codelets.fused import (conv2d_relu_pool_bwd, conv2d_relu_pool_bwd_params,
                               dense_relu_fwd)
 from .activation import ReLU
 from .base import contribution
-from .conv import Conv2D
+from .conv import Conv2d
 from .dense import Dense
-from .pool import MaxPool2D
+from .pool import MaxPool2d
 
 
 class _FusedRun:
@@ -44,12 +47,12 @@ class _FusedRun:
 
 
 class ConvReLUPool(_FusedRun):
-    """``Conv2D`` (bias), ``ReLU``, ``MaxPool2D`` as ``conv2d_relu_pool_fwd``/``_bwd``."""
+    """``Conv2d`` (bias), ``ReLU``, ``MaxPool2d`` as ``conv2d_relu_pool_fwd``/``_bwd``."""
 
     def _kw(self):
-        pool = self.layers[2]._kw
-        return {**self.affine._kw, "pool_size": pool["kernel_size"],
-                "pool_stride": pool["stride"]}
+        pool = self.layers[2]._kw  # kernel_size, stride and the options that are not default
+        return {**self.affine._kw, "pool_size": pool.pop("kernel_size"),
+                **{f"pool_{k}": v for k, v in pool.items()}}
 
     def forward(self, rt, xs):
         pool = self.layers[2]
@@ -103,23 +106,23 @@ class DenseReLU(_FusedRun):
         return dxs
 
 
-_CHAINS = ((ConvReLUPool, (Conv2D, ReLU, MaxPool2D)), (DenseReLU, (Dense, ReLU)))
+_CHAINS = ((ConvReLUPool, (Conv2d, ReLU, MaxPool2d)), (DenseReLU, (Dense, ReLU)))
 
 
 def plan(layers):
     """``[(index of the block's first layer, block)]``: fused runs where a chain occurs.
 
     >>> from hetero_nn.layers import Flatten
-    >>> [type(b).__name__ for _, b in plan([Conv2D(1, 2, 3), ReLU(), MaxPool2D(2), Flatten(),
+    >>> [type(b).__name__ for _, b in plan([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(),
     ...                                     Dense(8, 4), ReLU(), Dense(4, 2)])]
-    ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Dense']
+    ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Linear']
     """
     blocks, i = [], 0
     while i < len(layers):
         for run, chain in _CHAINS:
             window = layers[i:i + len(chain)]
             if (len(window) == len(chain) and all(type(l) is t for l, t in zip(window, chain))
-                    and window[0].bias):
+                    and window[0].bias and getattr(window[0], "fusable", True)):
                 blocks.append((i, run(window)))
                 i += len(chain)
                 break

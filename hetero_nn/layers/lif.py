@@ -105,6 +105,11 @@ class LIF(Layer):
     def threshold(self) -> float:
         return float(self._state("threshold").host())
 
+    def settings(self):
+        """Base's, without ``beta`` and ``threshold``: the tasks read them as data."""
+        kind, values = super().settings()
+        return kind, tuple((k, v) for k, v in values if k not in ("beta", "threshold"))
+
     def named_buffers(self):
         return list(self._buffers.items())
 

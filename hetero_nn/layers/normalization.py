@@ -1,4 +1,8 @@
-"""BatchNorm2D: batch statistics over the whole batch, combined across partitions by REDUX.
+"""BatchNorm2d (alias ``BatchNorm2D``) and BatchNorm1d: batch statistics over the whole
+batch, combined across partitions by REDUX.
+
+Both are one layer, :class:`_BatchNorm`, that differ only in the sample shapes they
+accept (``(C, H, W)``; ``(C,)`` or ``(C, L)``): the codelets see ``(n, C, *spatial)``.
 
 A training-mode forward pass submits, per partition, its per-channel sum (REDUX),
 then one task for the mean; per partition, the squared deviations from it
@@ -11,7 +15,7 @@ statistics replace the batch's, as in PyTorch.
 ``num_batches_tracked`` is counted on the host when a training step is submitted; the
 momentum of that step (``1 / num_batches_tracked`` with ``momentum=None``) reaches
 the running-statistics task as the data of a small handle (``step_input``), so a
-captured step replays every step: :meth:`BatchNorm2D.replayed` counts the batch and
+captured step replays every step: :meth:`_BatchNorm.replayed` counts the batch and
 returns the next momentum for the trainer to write into the captured handle.
 """
 
@@ -30,21 +34,21 @@ from .base import Buffer, Layer
 from ..codelets._checks import positive_int
 
 
-class BatchNorm2D(Layer):
-    """``torch.nn.BatchNorm2d`` with the same arguments, parameters and buffers.
+class _BatchNorm(Layer):
+    """Batch normalisation over the channel axis of samples ``(C, *spatial)``.
 
     ``state_dict`` keys: ``weight``, ``bias`` (with ``affine``), ``running_mean``,
     ``running_var``, ``num_batches_tracked`` (with ``track_running_stats``).
     ``momentum=None`` averages cumulatively, as PyTorch.
-
-    >>> BatchNorm2D(16)
-    BatchNorm2D(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
     """
+
+    sample_dims: tuple[int, ...] = ()  # the lengths of a sample's shape the layer accepts
+    expected = ""  # that shape in words, for the error
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True):
         super().__init__()
-        name = "BatchNorm2D"
+        name = type(self).__name__
         self.num_features = positive_int(num_features, "num_features", name)
         if not isinstance(eps, numbers.Real) or not eps > 0:
             raise ConfigError(f"{name}: eps must be a positive number, got {eps!r}")
@@ -88,9 +92,9 @@ class BatchNorm2D(Layer):
         return super().build(input_shape, dtype)
 
     def infer_shape(self, input_shape):
-        if len(input_shape) != 3 or input_shape[0] != self.num_features:
-            raise ShapeError(f"expects input of shape ({self.num_features}, H, W), "
-                             f"got {input_shape}")
+        if len(input_shape) not in self.sample_dims or input_shape[0] != self.num_features:
+            raise ShapeError(f"expects input of shape {self.expected.format(self.num_features)}"
+                             f" per sample, got {tuple(input_shape)}")
         return input_shape
 
     def bind(self, rt):
@@ -127,9 +131,10 @@ class BatchNorm2D(Layer):
         count = sum(x.shape[0] for x in xs) * math.prod(self.input_shape[1:])
         if batch_stats:
             if count <= 1:
-                raise ShapeError(f"BatchNorm2D: expected more than 1 value per channel when "
-                                 f"training, got input of shape ({xs[0].shape[0]}, "
-                                 f"{', '.join(map(str, self.input_shape))})")
+                n = sum(x.shape[0] for x in xs)
+                raise ShapeError(f"{type(self).__name__}: expected more than 1 value per "
+                                 f"channel when training, got input of shape "
+                                 f"{(n, *self.input_shape)}")
             total = self._temporary(rt, "sum", zero=True)
             for x in xs:
                 rt.submit(bn_sum, x, total)
@@ -177,3 +182,28 @@ class BatchNorm2D(Layer):
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
                 f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm2d(_BatchNorm):
+    """``torch.nn.BatchNorm2d`` with the same arguments, parameters and buffers, over
+    samples ``(C, H, W)``; ``BatchNorm2D`` is the same class.
+
+    >>> BatchNorm2d(16)
+    BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
+    """
+
+    sample_dims, expected = (3,), "({}, H, W)"
+
+
+class BatchNorm1d(_BatchNorm):
+    """``torch.nn.BatchNorm1d`` over samples ``(C,)`` (statistics over the batch) or
+    ``(C, L)`` (over the batch and ``L``), as PyTorch's 2-D and 3-D inputs.
+
+    >>> BatchNorm1d(8, momentum=None)
+    BatchNorm1d(8, eps=1e-05, momentum=None, affine=True, track_running_stats=True)
+    """
+
+    sample_dims, expected = (1, 2), "({0},) or ({0}, L)"
+
+
+BatchNorm2D = BatchNorm2d

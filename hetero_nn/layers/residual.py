@@ -40,13 +40,12 @@ class Residual(Layer):
         self.body = _as_sequential(body, "body")
         self.shortcut = None if shortcut is None else _as_sequential(shortcut, "shortcut")
 
+    def constructor_args(self):
+        return (self.body, self.shortcut), {}
+
     def named_children(self):
         children = [("body", self.body)]
         return children + ([("shortcut", self.shortcut)] if self.shortcut is not None else [])
-
-    def _prefixed(self, method):
-        return [(f"{name}.{key}", value) for name, child in self.named_children()
-                for key, value in getattr(child, method)()]
 
     def named_parameters(self):
         return self._prefixed("named_parameters")

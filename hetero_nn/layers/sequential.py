@@ -16,14 +16,23 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import CheckpointError, ConfigError, ShapeError
+from ..errors import ConfigError, ShapeError
 from . import fused, time
 from .base import Layer
 from .summary import layer_repr, summary
 
 
 class Sequential(Layer):
-    """``torch.nn.Sequential(*layers)``; parameters named ``"<index>.<name>"``.
+    """``torch.nn.Sequential``: layers in order, given as arguments, as one list, or as one
+    ``OrderedDict`` of names to layers (as PyTorch's). Parameters are named
+    ``"<name>.<parameter>"``, the name being the layer's index unless the
+    ``OrderedDict`` gave one; ``model[i]`` and ``model.<name>`` reach a layer.
+
+    >>> from collections import OrderedDict
+    >>> from hetero_nn.layers import Linear, ReLU
+    >>> model = Sequential(OrderedDict(fc=Linear(4, 3), act=ReLU()))
+    >>> [name for name, _ in model.named_parameters()], model.fc is model[0]
+    (['fc.weight', 'fc.bias'], True)
 
     ``build(input_shape, dtype)`` infers and checks every shape; a mismatch
     raises :class:`~hetero_nn.errors.ShapeError` naming the layer, its index and
@@ -42,10 +51,23 @@ class Sequential(Layer):
 
     def __init__(self, *layers, fuse=True):
         super().__init__()
+        names = None
+        if len(layers) == 1 and isinstance(layers[0], dict):
+            names, layers = [str(k) for k in layers[0]], list(layers[0].values())
+            for name in names:
+                if not name or "." in name:
+                    raise ConfigError(f"Sequential: layer name {name!r} must be non-empty and "
+                                      "hold no '.'")
+        elif len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = layers[0]
         for i, layer in enumerate(layers):
             if not isinstance(layer, Layer):
-                raise TypeError(f"Sequential: argument {i} is {type(layer).__name__}, not a Layer")
+                hint = ("; convert a torch module with hn.from_torch(module, input_shape)"
+                        if type(layer).__module__.startswith("torch") else "")
+                raise TypeError(f"Sequential: argument {i} is {type(layer).__name__}, not a "
+                                f"Layer{hint}")
         self.layers = list(layers)
+        self.names = names or [str(i) for i in range(len(self.layers))]
         self.fuse = bool(fuse)
         self._blocks = None
         self._granularities = None
@@ -79,33 +101,44 @@ class Sequential(Layer):
         """``[(first layer index, block)]``: fused runs when ``fuse``, else every layer."""
         return fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
 
+    def constructor_args(self):
+        """The current layers (an ``OrderedDict`` where they have names) and ``fuse``."""
+        if self.names == [str(i) for i in range(len(self.layers))]:
+            return tuple(self.layers), {"fuse": self.fuse}
+        return (OrderedDict(zip(self.names, self.layers)),), {"fuse": self.fuse}
+
     def __len__(self):
         return len(self.layers)
 
     def __getitem__(self, i):
+        if isinstance(i, slice):  # a Sequential of the same layer objects, as PyTorch's
+            return Sequential(dict(zip(self.names[i], self.layers[i])), fuse=self.fuse)
         return self.layers[i]
+
+    def __getattr__(self, name):
+        names = self.__dict__.get("names")
+        if names is not None and name in names:
+            return self.layers[names.index(name)]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     def __iter__(self):
         return iter(self.layers)
 
     # ------------------------------------------------------------ parameters
     def named_parameters(self):
-        return [(f"{i}.{name}", p) for i, layer in enumerate(self.layers)
-                for name, p in layer.named_parameters()]
+        return self._prefixed("named_parameters")
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
     def named_buffers(self):
-        return [(f"{i}.{name}", b) for i, layer in enumerate(self.layers)
-                for name, b in layer.named_buffers()]
+        return self._prefixed("named_buffers")
 
     def named_state(self):
-        return [(f"{i}.{name}", t) for i, layer in enumerate(self.layers)
-                for name, t in layer.named_state()]
+        return self._prefixed("named_state")
 
     def named_children(self):
-        return [(str(i), layer) for i, layer in enumerate(self.layers)]
+        return list(zip(self.names, self.layers))
 
     def reset_parameters(self, rng=None):
         for layer in self.layers:
@@ -118,32 +151,6 @@ class Sequential(Layer):
     def zero_grad(self, rt):
         for layer in self.layers:
             layer.zero_grad(rt)
-
-    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Copies of the weights and buffers under PyTorch's names and shapes."""
-        return OrderedDict((name, np.array(p.host(), copy=True)) for name, p in self.named_state())
-
-    def load_state_dict(self, state, strict: bool = True):
-        """Load arrays by name (shapes checked; values cast to each parameter's or buffer's
-        dtype)."""
-        params = dict(self.named_state())
-        missing = [k for k in params if k not in state]
-        unexpected = [k for k in state if k not in params]
-        if strict and (missing or unexpected):
-            raise CheckpointError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        for name, p in params.items():
-            if name not in state:
-                continue
-            value = np.asarray(state[name])
-            if value.shape != p.data.shape:
-                raise ShapeError(f"load_state_dict: {name!r} has shape {value.shape}, the model "
-                                 f"expects {p.data.shape}")
-            p.host()  # make the host replica current before overwriting it
-            p.data[...] = value
-            rt = p.runtime
-            p.unbind()  # other replicas are stale: a fresh handle whose host copy is valid
-            if rt is not None and not rt.closed:
-                p.bind(rt)  # a trainer bound to rt keeps training with the loaded values
 
     # ------------------------------------------------------------ shapes
     def build(self, input_shape, dtype="float32"):

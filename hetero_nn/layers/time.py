@@ -48,7 +48,7 @@ from .base import Layer, default_rng
 from .dense import Dense, Flatten
 from .dropout import Dropout
 from .events import SpikeInput
-from .normalization import BatchNorm2D
+from .normalization import BatchNorm1d, BatchNorm2d
 from .pool import MaxPool2D
 
 __all__ = ["Repeat", "RateEncode", "Axis", "PerStep", "build_layer", "runtime_for", "stepwise"]
@@ -190,7 +190,7 @@ def build_layer(layer, shape, dtype, axis):
     if axis is None:
         return layer.build(shape, dtype), None
     for module in layer.modules():
-        if isinstance(module, BatchNorm2D):
+        if isinstance(module, (BatchNorm1d, BatchNorm2d)):
             raise ShapeError(f"{type(module).__name__} after the time axis: its batch statistics "
                              f"would pool every time step; spiking networks here apply layers "
                              f"per step")

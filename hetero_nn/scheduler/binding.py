@@ -13,10 +13,8 @@ inside that node's device context, so the copies go on its stream ahead of the
 task's kernels. Every copy between nodes is traced per link and fed to the
 transfer model, from the thread where it ran (a stream's thread for a device).
 
-State
------
-``transfers``: trace records of the copies made (``TransferRecord``), until the
-runtime's trace is cleared.
+Copies go to the runtime's trace (``rt._trace``, a bounded
+:class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer`) as ``TransferRecord``.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ class Binder:
         self.rt = runtime
         self.nodes = runtime.nodes
         self.single_node = len(self.nodes) == 1
-        self.transfers: list = []
         for node in self.nodes:
             node.on_copy = self.copied
 
@@ -62,7 +59,7 @@ class Binder:
         traced per link, and fed to the transfer model."""
         rt = self.rt
         if rt.tracing:
-            self.transfers.append(TransferRecord(src.name, dst.name, nbytes, t0, t1))
+            rt._trace.add_transfer(TransferRecord(src.name, dst.name, nbytes, t0, t1))
         if rt.perfmodel is not None:
             rt.perfmodel.record_transfer(src.name, dst.name, nbytes, t1 - t0)
 

@@ -18,7 +18,9 @@ State
 -----
 ``Graph._segments``: per flush recorded, ``[(task, preds, succ), ...]`` in
 submission order; ``_planned``: whether a static policy may keep its plan (False
-once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision).
+once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
+``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
+graphs bounds.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Graph:
         self._planned = True  # False after fusion: a static policy plans the new tasks
         self.replays = 0
         self.bundles = None  # the BundleReport of fuse_chains, once decided
+        self.nbytes = 0  # its own temporaries' bytes (activations, REDUX partials)
 
     def __enter__(self):
         self.runtime._flushes.capturing = self

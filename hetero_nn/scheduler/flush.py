@@ -34,7 +34,8 @@ topological order), whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: trace records of executed tasks.
+recorded, or None. Trace records go to the runtime's bounded
+:class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer` (``rt._trace``), one unit per flush.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class Flushes:
         self.streaming = False
         self.generation = 0
         self.capturing = None
-        self.records: list = []
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -119,8 +119,10 @@ class Flushes:
         self.generation += 1
         if rt._variants._measured:
             rt._variants.feed()
+        if rt.perfmodel is not None:
+            rt.perfmodel.save_if_due()  # a killed run keeps its calibration (perfmodel.py)
         if rt.tracing:
-            self.records.extend(_record(t) for t in traced(tasks) if t.t_start)  # not cancelled
+            rt._trace.add_flush([_record(t) for t in traced(tasks) if t.t_start])  # not cancelled
         for t in tasks:
             t.done = True
             t.preds = ()

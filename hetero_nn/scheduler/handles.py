@@ -50,7 +50,9 @@ class HandleFactory:
     def temporary(self, shape, dtype="float32", name=None) -> Handle:
         flushes = self.rt._flushes
         if flushes.capturing is not None:  # the captured graph's own: outlives arena resets
-            return Handle(shape, dtype, name, owner=self.rt)
+            h = Handle(shape, dtype, name, owner=self.rt)
+            flushes.capturing.nbytes += h.nbytes
+            return h
         return Handle(shape, dtype, name, owner=self.rt, temporary=True,
                       generation=flushes.generation)
 

@@ -35,10 +35,22 @@ Predictions
 
 Files: ``<cache dir>/perfmodels/<hostname>/<codelet>.json`` (one per codelet,
 loaded lazily the first time the codelet is recorded or predicted) and
-``_transfers.json`` beside them. Each carries ``format`` and ``version``; a
-corrupt or foreign file is reported with a :class:`PerfModelWarning` naming it
-and ignored (it is replaced on the next save). Writes go to a temporary name and
-are renamed, under an advisory file lock (POSIX ``flock``) against other processes.
+``_transfers.json`` beside them. Each carries ``format`` and ``version``.
+
+Durability
+    Writes go to a temporary name, are fsync-ed and renamed, and the folder is
+    fsync-ed (:func:`~hetero_nn.fileio.atomic_write`), under an advisory file lock
+    (POSIX ``flock``) against other processes. The runtime saves at ``close()``,
+    the trainer at every epoch end, and :meth:`PerfModel.save_if_due` (called by
+    the runtime after each flush) every ``save_every`` seconds, so a killed
+    process loses at most that much calibration. A save that fails (a full disk,
+    a folder that cannot be made) warns once with a :class:`PerfModelWarning`
+    naming the file, keeps the measurements in memory and tries again at the next
+    save; it never stops a run.
+    A file that cannot be used (not JSON, not ours, another format version, a bad
+    entry) is *set aside*: renamed ``<name>.corrupt-<time>-<pid>`` under the lock,
+    kept for a post-mortem, with a warning naming both; the codelet's model starts
+    fresh and the next save writes a new file.
 
 >>> import tempfile
 >>> pm = PerfModel(tempfile.mkdtemp())
@@ -60,11 +72,12 @@ import os
 import re
 import socket
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, fsync_directory
 
 try:  # advisory lock between processes saving into the same directory
     import fcntl
@@ -78,6 +91,8 @@ _CODELET_FORMAT = "hetero_nn-perfmodel"
 _TRANSFER_FORMAT = "hetero_nn-transfers"
 _TRANSFERS_FILE = "_transfers.json"
 _LOCK_FILE = ".lock"
+#: Default seconds between the saves :meth:`PerfModel.save_if_due` makes.
+SAVE_EVERY = 60.0
 
 # Defaults before any transfer was measured: (latency s, seconds per byte).
 _HOST_LINK = (1e-6, 1.0 / 10e9)   # host memory to host memory: 1 us + 10 GB/s
@@ -353,6 +368,9 @@ class PerfModel:
         empty; ``save()`` still adds to, never replaces, what is on disk.
     hostname : str, optional
         Whose models to read and write; default this machine's name.
+    save_every : float or None
+        Seconds between the saves :meth:`save_if_due` makes (default
+        :data:`SAVE_EVERY`); ``None``: only explicit ``save()`` calls.
 
     Notes
     -----
@@ -362,7 +380,7 @@ class PerfModel:
     """
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, load: bool = True,
-                 hostname: str | None = None):
+                 hostname: str | None = None, save_every: float | None = SAVE_EVERY):
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.hostname = hostname or socket.gethostname() or "localhost"
         self.directory = root / "perfmodels" / _file_stem(self.hostname)
@@ -378,6 +396,10 @@ class PerfModel:
         self._links_pending: dict[tuple, _LinkStats] = {}
         self._link_fits: dict[tuple, tuple[float, float]] = {}
         self._warned: set[str] = set()
+        self.save_every = save_every
+        self._last_save = time.monotonic()
+        self._save_failing = False   # a save failed and was warned about; reset by a good one
+        self._flock_held = threading.local()
 
     def __repr__(self):
         return f"PerfModel({str(self.directory)!r}, keys={len(self._history)}, links={len(self._links)})"
@@ -553,14 +575,27 @@ class PerfModel:
         """The JSON file of ``codelet``'s model."""
         return self.directory / f"{_file_stem(codelet)}.json"
 
+    def save_if_due(self) -> bool:
+        """:meth:`save` if ``save_every`` seconds passed since the last one; whether it saved.
+
+        The runtime calls it after every flush, from the thread that waited, so
+        a long run keeps its calibration on disk without a thread of its own.
+        """
+        if self.save_every is None or time.monotonic() - self._last_save < self.save_every:
+            return False
+        self.save()
+        return True
+
     def save(self) -> None:
         """Add the measurements not yet saved to the files on disk; thread-safe.
 
         Reads each file again under the directory's lock, merges, writes to a
         temporary name and renames, so concurrent savers lose nothing. Never
-        raises for a file problem: an unwritable directory gives a
-        :class:`PerfModelWarning` and the measurements stay pending.
+        raises for a file problem: the first failure gives a
+        :class:`PerfModelWarning` naming the file (later ones are quiet until a
+        save succeeds again) and the measurements stay pending.
         """
+        self._last_save = time.monotonic()
         with self._lock:
             pending, self._pending = self._pending, {}
             links_pending, self._links_pending = self._links_pending, {}
@@ -582,7 +617,7 @@ class PerfModel:
                     try:
                         _write_json_atomic(path, _codelet_doc(self.hostname, codelet, merged))
                     except OSError as exc:
-                        self._warn(f"could not save perfmodel file {path}: {exc}")
+                        self._save_failed(f"could not save perfmodel file {path}: {exc}")
                         continue
                     saved[codelet] = merged
                 if links_pending:
@@ -594,10 +629,12 @@ class PerfModel:
                         _write_json_atomic(path, _transfers_doc(self.hostname, merged_links))
                         saved_links = merged_links
                     except OSError as exc:
-                        self._warn(f"could not save perfmodel file {path}: {exc}")
+                        self._save_failed(f"could not save perfmodel file {path}: {exc}")
         except OSError as exc:
-            self._warn(f"could not save performance models in {self.directory}: {exc}")
+            self._save_failed(f"could not save performance models in {self.directory}: {exc}")
         with self._lock:
+            if len(saved) == len(by_codelet) and (saved_links is not None or not links_pending):
+                self._save_failing = False
             for codelet, deltas in by_codelet.items():  # put back what did not reach the disk
                 if codelet not in saved:
                     for key, delta in deltas.items():
@@ -656,18 +693,19 @@ class PerfModel:
         for path in paths:
             if path.name == _TRANSFERS_FILE:
                 continue
-            doc = self._read_doc(path, _CODELET_FORMAT)
-            if doc is None:
-                continue
-            codelet = doc.get("codelet")
-            if not isinstance(codelet, str) or self.path_for(codelet) != path:
-                self._warn(f"ignoring perfmodel file {path}: it names codelet {codelet!r}, "
-                           f"whose file would be {self.path_for(codelet) if isinstance(codelet, str) else '?'}")
-                continue
-            if codelet not in self._loaded:
-                self._adopt(codelet, self._parse_codelet(path, doc, codelet))
+            found = self._read_doc(path, _CODELET_FORMAT, lambda doc, path=path: self._named(path, doc))
+            if found is not None and found[0] not in self._loaded:
+                self._adopt(*found)
         if not self._transfers_loaded:
             self._load_transfers()
+
+    def _named(self, path: Path, doc: dict) -> tuple[str, dict]:
+        """``(codelet, entries)`` of a codelet file found by listing the folder."""
+        codelet = doc.get("codelet")
+        if not isinstance(codelet, str) or self.path_for(codelet) != path:
+            where = self.path_for(codelet).name if isinstance(codelet, str) else "?"
+            raise ValueError(f"it names codelet {codelet!r}, whose file would be {where}")
+        return codelet, self._parse_codelet(doc, codelet)
 
     def _load_transfers(self) -> None:
         disk = self._read_transfers_file(self.directory / _TRANSFERS_FILE) if self.load else {}
@@ -680,78 +718,106 @@ class PerfModel:
                 self._link_fits[key] = total.fit(_default_link(*key))
             self._transfers_loaded = True
 
-    def _read_doc(self, path: Path, fmt: str) -> dict | None:
-        """The JSON document at ``path`` if it is ours in this version; ``None`` (warned) otherwise."""
+    def _read_doc(self, path: Path, fmt: str, parse, codelet: str | None = None):
+        """``parse(doc)`` of the JSON document at ``path``; ``None`` when there is none.
+
+        A file that is not ours in this version, names another codelet than
+        ``codelet``, or that ``parse`` refuses (``KeyError``, ``TypeError``,
+        ``ValueError``) is set aside (:meth:`_set_aside`); one that cannot be
+        read is only warned about.
+        """
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except FileNotFoundError:
+            with open(path, "rb") as f:
+                identity = _identity(os.fstat(f.fileno()))
+                raw = f.read()
+        except (FileNotFoundError, NotADirectoryError):  # no model (no folder) yet
             return None
+        except OSError as exc:  # once per folder and cause, not once per codelet
+            self._warn(f"ignoring the perfmodel files in {path.parent}: cannot read them "
+                       f"({exc.strerror or exc})")
+            return None
+        try:
+            doc = json.loads(raw)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        except ValueError as exc:
+            problem = f"not JSON ({exc})"
+        else:
+            if not isinstance(doc, dict) or doc.get("format") != fmt:
+                problem = f"not a {fmt} file"
+            elif doc.get("version") != FORMAT_VERSION:
+                problem = (f"format version {doc.get('version')!r}, this hetero_nn reads "
+                           f"version {FORMAT_VERSION}")
+            elif codelet is not None and doc.get("codelet") != codelet:
+                problem = f"it holds codelet {doc.get('codelet')!r}, not {codelet!r}"
+            else:
+                try:
+                    return parse(doc)
+                except (KeyError, TypeError, ValueError) as exc:
+                    problem = f"bad entry ({exc!r})"
+        self._set_aside(path, identity, problem)
+        return None
+
+    def _set_aside(self, path: Path, identity: tuple, problem: str) -> None:
+        """Rename the unusable file at ``path`` to ``<name>.corrupt-<time>-<pid>`` and warn.
+
+        Under the directory's lock, and only if ``path`` is still the file that
+        was read (``identity``): another process may have replaced it with a
+        good one meanwhile. Where it cannot be renamed, it is only ignored (the
+        next successful save replaces it).
+        """
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        try:
+            with self._file_lock():
+                if _identity(os.stat(path)) != identity:
+                    return  # replaced since it was read: read again on the next touch
+                os.replace(path, aside)
+                fsync_directory(path.parent)
         except OSError as exc:
-            self._warn(f"ignoring perfmodel file {path}: cannot read it ({exc})")
-            return None
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            self._warn(f"ignoring corrupt perfmodel file {path}: {exc}")
-            return None
-        if not isinstance(doc, dict) or doc.get("format") != fmt:
-            self._warn(f"ignoring perfmodel file {path}: not a {fmt} file")
-            return None
-        if doc.get("version") != FORMAT_VERSION:
-            self._warn(f"ignoring perfmodel file {path}: format version {doc.get('version')!r}, "
-                       f"this hetero_nn reads version {FORMAT_VERSION}")
-            return None
-        return doc
+            self._warn(f"ignoring perfmodel file {path}: {problem}; could not set it aside ({exc})")
+            return
+        self._warn(f"perfmodel file {path} is unusable: {problem}; set aside as {aside.name}, "
+                   f"a fresh model starts")
 
     def _read_codelet_file(self, path: Path, codelet: str) -> dict[tuple, _History]:
-        doc = self._read_doc(path, _CODELET_FORMAT)
-        if doc is None:
-            return {}
-        if doc.get("codelet") != codelet:
-            self._warn(f"ignoring perfmodel file {path}: it holds codelet {doc.get('codelet')!r}, "
-                       f"not {codelet!r}")
-            return {}
-        return self._parse_codelet(path, doc, codelet)
+        found = self._read_doc(path, _CODELET_FORMAT, lambda doc: self._parse_codelet(doc, codelet),
+                               codelet)
+        return found if found is not None else {}
 
-    def _parse_codelet(self, path: Path, doc: dict, codelet: str) -> dict[tuple, _History]:
+    @staticmethod
+    def _parse_codelet(doc: dict, codelet: str) -> dict[tuple, _History]:
         out: dict[tuple, _History] = {}
-        try:
-            for row in doc["entries"]:
-                key = (codelet, row["variant"], row["kind"], row["footprint"])
-                if not all(isinstance(k, str) for k in key):
-                    raise ValueError(f"non-string key {key!r}")
-                out[key] = _History.from_json(row).merged(out.get(key))
-        except (KeyError, TypeError, ValueError) as exc:
-            self._warn(f"ignoring corrupt perfmodel file {path}: bad entry ({exc!r})")
-            return {}
+        for row in doc["entries"]:
+            key = (codelet, row["variant"], row["kind"], row["footprint"])
+            if not all(isinstance(k, str) for k in key):
+                raise ValueError(f"non-string key {key!r}")
+            out[key] = _History.from_json(row).merged(out.get(key))
         return out
 
     def _read_transfers_file(self, path: Path) -> dict[tuple, _LinkStats]:
-        doc = self._read_doc(path, _TRANSFER_FORMAT)
-        if doc is None:
-            return {}
-        out: dict[tuple, _LinkStats] = {}
-        try:
-            for row in doc["links"]:
-                key = (row["src"], row["dst"])
-                if not all(isinstance(k, str) for k in key):
-                    raise ValueError(f"non-string link {key!r}")
-                out[key] = _LinkStats.from_json(row).merged(out.get(key))
-        except (KeyError, TypeError, ValueError) as exc:
-            self._warn(f"ignoring corrupt perfmodel file {path}: bad link ({exc!r})")
-            return {}
-        return out
+        found = self._read_doc(path, _TRANSFER_FORMAT, _parse_links)
+        return found if found is not None else {}
 
     @contextlib.contextmanager
     def _file_lock(self):
-        """Exclusive advisory lock on the directory against other savers (no-op without fcntl)."""
-        if fcntl is None:  # pragma: no cover
-            yield
-            return
-        with open(self.directory / _LOCK_FILE, "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        """Exclusive advisory lock on the directory against other savers (no-op without fcntl).
+
+        Re-entrant per thread: a save that finds a corrupt file sets it aside under
+        the lock it holds (a second ``flock`` on a new descriptor would wait forever).
+        """
+        held = self._flock_held
+        if fcntl is None or getattr(held, "depth", 0):
+            held.depth = getattr(held, "depth", 0) + 1
             try:
                 yield
             finally:
+                held.depth -= 1
+            return
+        with open(self.directory / _LOCK_FILE, "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            held.depth = 1
+            try:
+                yield
+            finally:
+                held.depth = 0
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def _warn(self, message: str) -> None:
@@ -761,6 +827,30 @@ class PerfModel:
                 return
             self._warned.add(message)
         warnings.warn(message, PerfModelWarning, stacklevel=3)
+
+    def _save_failed(self, message: str) -> None:
+        """Warn about a failed save once, until a save succeeds again (a timer retries it)."""
+        with self._lock:
+            if self._save_failing:
+                return
+            self._save_failing = True
+        warnings.warn(f"{message}; the measurements stay in memory and the next save tries "
+                      "again", PerfModelWarning, stacklevel=3)
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    """What tells one version of a file from another: inode, size, modification time."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _parse_links(doc: dict) -> dict[tuple, _LinkStats]:
+    out: dict[tuple, _LinkStats] = {}
+    for row in doc["links"]:
+        key = (row["src"], row["dst"])
+        if not all(isinstance(k, str) for k in key):
+            raise ValueError(f"non-string link {key!r}")
+        out[key] = _LinkStats.from_json(row).merged(out.get(key))
+    return out
 
 
 def _codelet_doc(hostname: str, codelet: str, histories: dict[tuple, _History]) -> dict:

@@ -61,6 +61,7 @@ from .handles import HandleFactory
 from .redux import Reductions
 from .task import Task
 from .trace import Trace
+from .trace_buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants
 
 _perf = time.perf_counter
@@ -103,8 +104,14 @@ class Runtime:
         Explore every variant until each footprint has ``calibrate_samples`` runs
         (StarPU's calibration); otherwise ``EXPLORE_SAMPLES`` runs (3) each. It
         implies ``deterministic=False``; asking for both is a ``ConfigError``.
-    trace : bool
-        Keep a record of every executed task (see :meth:`trace`).
+    trace : bool, str or path
+        Keep a record of every executed task (see :meth:`trace`): True keeps the
+        last ``trace_flushes`` flushes in memory; a path also streams every record
+        to that file (JSON Lines, read by ``Trace.from_json``).
+    trace_flushes : int or None
+        Flushes the trace keeps in memory (default ``TRACE_FLUSHES``, 100), so a
+        long run's memory stays flat; None keeps all (for a caller that empties it
+        with ``trace(clear=True)``, as the CLI does every step).
     fuse_chains : bool
         True (the default): a captured :class:`Graph` fuses, before its second
         replay, the chains of tasks the performance model predicts below the
@@ -131,7 +138,8 @@ class Runtime:
     def __init__(self, devices="cpu", policy="eager", executor="local", *, host_nodes: int = 1,
                  device_memory=None,
                  deterministic: bool | None = None, variants=None, perfmodel=None,
-                 calibrate: bool = False, calibrate_samples: int = 10, trace: bool = True,
+                 calibrate: bool = False, calibrate_samples: int = 10, trace=True,
+                 trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True):
         from .policies import make_policy, policy_class
 
@@ -141,6 +149,9 @@ class Runtime:
         elif deterministic and calibrate:
             raise ConfigError("Runtime: calibrate=True explores every variant; it cannot be "
                               "combined with deterministic=True")
+        # the records of executed tasks and copies (bounded); a bad value or trace path
+        # fails here, before any stream thread starts
+        self._trace = TraceBuffer(trace_flushes, None if isinstance(trace, bool) else trace)
         self._lock = threading.Lock()
         self.workers, self.nodes = make_workers(devices, host_nodes, self._lock, device_memory)
         self.devices = devices
@@ -152,6 +163,7 @@ class Runtime:
         self.calibrate_samples = int(calibrate_samples)
         self.seed = seed
         self.tracing = bool(trace)
+        self._trace.workers = [w.name for w in self.workers]
         self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
             from .perfmodel import PerfModel
@@ -346,11 +358,10 @@ class Runtime:
 
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        records, transfers = self._flushes.records, self._binder.transfers
-        t = Trace(list(records), [w.name for w in self.workers], transfers=list(transfers))
+        t = Trace(self._trace.records(), [w.name for w in self.workers],
+                  transfers=self._trace.transfers())
         if clear:
-            records.clear()
-            transfers.clear()
+            self._trace.clear()
         return t
 
     @property
@@ -383,10 +394,7 @@ class Runtime:
                 node.close()
         finally:
             if self.perfmodel is not None:
-                try:
-                    self.perfmodel.save()
-                except OSError:
-                    pass
+                self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
 
     def __enter__(self):

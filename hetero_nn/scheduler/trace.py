@@ -14,7 +14,8 @@ exports them:
 - :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
 - :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
 - :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records (``from_json`` also
-  reads the Chrome trace back);
+  reads the Chrome trace back, and the stream a runtime writes with ``trace=path``,
+  see :mod:`.trace_buffer`);
 - :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
   memory node), from a :class:`TransferRecord` per copy, prefetches and copies
   back to the host included; the Chrome trace shows each copy as an event of
@@ -419,8 +420,8 @@ class Trace:
 
     @classmethod
     def from_json(cls, path) -> "Trace":
-        """Read a trace written by :meth:`to_json` or by :meth:`to_chrome` (what
-        ``hetero-nn train --trace`` writes).
+        """Read a trace written by :meth:`to_json`, by :meth:`to_chrome` (what
+        ``hetero-nn train --trace`` writes), or streamed by ``Runtime(trace=path)``.
 
         From a Chrome trace, times come back relative to the first submit (the file
         keeps no other origin); the metadata the file carries lands in :attr:`metadata`.
@@ -431,6 +432,11 @@ class Trace:
             A file that is not JSON, or JSON that neither method wrote (the message
             names the file).
         """
+        from .trace_buffer import is_stream, read_stream
+
+        if is_stream(path):
+            records, transfers, workers = read_stream(path)
+            return cls(records, workers=workers, transfers=transfers)
         try:
             with open(path, encoding="utf-8") as f:
                 document = json.load(f)

@@ -30,7 +30,15 @@ key                                    value
 ``config``                             the run's options (JSON string, 0-d unicode)
 ``scheduler``                          the learning-rate schedule's ``state_dict``
                                        (JSON string; only when the run has one)
+``architecture``                       the model as data: layer classes and their
+                                       constructor arguments, nested (JSON string,
+                                       :mod:`hetero_nn.layers.registry`), or the
+                                       reason it could not be recorded
 =====================================  =============================================
+
+:func:`load_model` rebuilds the model from ``architecture`` (any model made of the
+package's layers and registered ones), or, for a checkpoint written before that key
+existed, from the built-in model ``config["model"]`` names.
 
 Files are written under a temporary name in the target directory, flushed to
 disk and renamed with :func:`os.replace`, so a reader (or a run killed midway)
@@ -101,6 +109,7 @@ class Checkpoint:
     history: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
     scheduler: dict | None = None
+    architecture: dict | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,7 +144,8 @@ def _text(value) -> np.ndarray:
 
 
 def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, global_step=0,
-                     seed=0, progress=None, history=(), config=None, scheduler=None) -> Path:
+                     seed=0, progress=None, history=(), config=None, scheduler=None,
+                     architecture=None) -> Path:
     """Write a checkpoint atomically (see the module docstring for the layout).
 
     Parameters
@@ -153,6 +163,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
         JSON-serialisable options.
     scheduler : dict, optional
         ``scheduler.state_dict()`` (JSON-serialisable).
+    architecture : dict, optional
+        :func:`model_architecture` of the model.
 
     Returns
     -------
@@ -182,6 +194,8 @@ def write_checkpoint(path, *, model_state, optimizer=None, epoch=0, step=0, glob
     arrays["config"] = _text(json.dumps(config or {}, sort_keys=True))
     if scheduler is not None:
         arrays["scheduler"] = _text(json.dumps(scheduler))
+    if architecture is not None:
+        arrays["architecture"] = _text(json.dumps(architecture))
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise CheckpointError(f"{path}: {key} is an object array, which needs pickle")
@@ -264,7 +278,9 @@ def read_checkpoint(path) -> Checkpoint:
                       global_step=progress.pop("global_step"),
                       seed=int(scalar("rng/seed", "iu")), progress=progress,
                       history=document("history"), config=document("config"),
-                      scheduler=document("scheduler") if "scheduler" in arrays else None)
+                      scheduler=document("scheduler") if "scheduler" in arrays else None,
+                      architecture=document("architecture") if "architecture" in arrays
+                      else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,34 +360,78 @@ def check_optimizer_state(ckpt: Checkpoint, optimizer, model) -> dict | None:
     return {"steps": sd["steps"], "hyper": sd["hyper"], "state": state}
 
 
-def load_model(path, dtype=None):
-    """Rebuild a built-in model from a checkpoint and load its weights.
+def model_architecture(model) -> dict:
+    """What a checkpoint records of ``model``'s architecture: the registry's document, or
+    ``{"error": reason}`` when an argument is not data (the weights are saved anyway)."""
+    from ..layers.registry import architecture
+    try:
+        return architecture(model)
+    except HeteroNNError as exc:
+        return {"error": str(exc)}
 
-    The model's name, input shape and class count come from the checkpoint's
-    ``config["model"]`` (written by :meth:`Trainer.save_checkpoint` for models made
-    with :func:`~hetero_nn.models.build_model`), the dtype from ``config["dtype"]``
-    unless ``dtype`` is given.
+
+def rebuild_model(ckpt: Checkpoint, dtype=None):
+    """The model ``ckpt`` holds, constructed anew, built and given its weights (see
+    :func:`load_model`)."""
+    from ..layers.registry import build as build_architecture
+    from ..models import SPIKING_OPTIONS, build_model
+
+    dtype = dtype or ckpt.config.get("dtype", "float32")
+    doc, spec = ckpt.architecture, ckpt.config.get("model")
+    try:
+        if doc is not None and "error" in doc:
+            raise CheckpointError(f"{ckpt.path}: its model could not be recorded as data "
+                                  f"({doc['error']}); build it yourself and use "
+                                  "Trainer.load_checkpoint")
+        if doc is not None:
+            model = build_architecture(doc)
+            shape = ckpt.config.get("input_shape")
+            if not shape:
+                raise CheckpointError(f"{ckpt.path}: no input_shape in its config to build "
+                                      "the model for")
+            model.build(tuple(shape), dtype)
+        elif isinstance(spec, dict) and "name" in spec:
+            options = {k: spec[k] for k in SPIKING_OPTIONS if k in spec}  # a spiking model's
+            model = build_model(spec["name"], spec["input_shape"], spec["num_classes"],
+                                dtype=dtype, **options)
+        else:
+            raise CheckpointError(f"{ckpt.path}: it records no architecture and no built-in "
+                                  "model; build the model yourself and use "
+                                  "Trainer.load_checkpoint")
+    except CheckpointError:
+        raise
+    except (HeteroNNError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{ckpt.path}: cannot rebuild its model: {exc}") from None
+    if isinstance(spec, dict) and "name" in spec:
+        model.spec = dict(spec)  # still a built-in model: its next checkpoint says so too
+    model.load_state_dict(check_model_state(ckpt, model))
+    load_dropout_state(model, ckpt.config.get("dropout", {}))
+    load_dropout_state(model, ckpt.config.get("rate_encode", {}), RateEncode)
+    return model
+
+
+def load_model(path, dtype=None):
+    """``hn.load_model(path)``: the model a checkpoint holds, rebuilt without its source.
+
+    The layers and their constructor arguments come from the checkpoint's
+    ``architecture`` (custom classes must be registered with
+    :func:`hetero_nn.layers.register` first), the input shape and dtype from its config
+    unless ``dtype`` is given, the weights, buffers and dropout seeds from the file.
+    The model is in training mode, as a model just constructed; call ``model.eval()``
+    to predict.
 
     Returns
     -------
-    (Sequential, Checkpoint)
-    """
-    from ..models import SPIKING_OPTIONS, build_model
+    Sequential (or the recorded model's class)
 
+    Raises
+    ------
+    CheckpointError
+        One line naming the file and what is missing: an unknown layer class (register
+        it), an argument that was not recorded, weights that do not fit.
+    """
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
-    spec = ckpt.config.get("model")
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise CheckpointError(f"{ckpt.path}: its config does not say which built-in model it "
-                              "holds; build the model yourself and use Trainer.load_checkpoint")
-    dtype = dtype or ckpt.config.get("dtype", "float32")
-    try:
-        options = {k: spec[k] for k in SPIKING_OPTIONS if k in spec}  # a spiking model's
-        model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], dtype=dtype,
-                            **options)
-    except (HeteroNNError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{ckpt.path}: cannot rebuild its model {spec!r}: {exc}") from exc
-    model.load_state_dict(check_model_state(ckpt, model))
-    return model, ckpt
+    return rebuild_model(ckpt, dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -429,7 +489,8 @@ def save_trainer(trainer, path, require_finite: bool = False) -> Path:
                             progress=trainer.progress, history=trainer.history,
                             config=trainer_config(trainer),
                             scheduler=None if trainer.scheduler is None
-                            else trainer.scheduler.state_dict())
+                            else trainer.scheduler.state_dict(),
+                            architecture=model_architecture(trainer.model))
     trainer.last_checkpoint = {"path": str(path), "epoch": trainer.epoch,
                                "step": trainer.step_in_epoch, "global_step": trainer.global_step}
     return path

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..layers.base import keeping_state
 from ..scheduler.simulate import Platform, capture, dispatch_gaps, simulate
+from ..scheduler.trace_buffer import TraceBuffer
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -217,24 +218,28 @@ def _calibrate(trainer, x, y, platform, gaps):
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
     kinds = [k for k, n in platform.workers.items() if n]
     tracing, rt.tracing = rt.tracing, True
+    # the calibration's records in a buffer of their own, unbounded (the runtime's keeps
+    # only its last flushes); they join the runtime's trace afterwards if it is on
+    kept, rt._trace = rt._trace, TraceBuffer(None, workers=rt._trace.workers)
     try:
         model, rt.perfmodel = rt.perfmodel, None
         try:  # capture, compilation (Numba compiles per signature), first touch: unrecorded
             trainer.train_step(x, y)
         finally:
             rt.perfmodel = model
-        timed_from = len(rt.trace().records)
+        timed_from = len(rt._trace)
         steps = 1
         while steps < MAX_CALIBRATION_STEPS:
             trainer.train_step(x, y)
             steps += 1
             if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
                 break
-        records = rt.trace().records[timed_from:]
+        records = rt._trace.records()[timed_from:]
     finally:
+        calibration, rt._trace = rt._trace, kept
         rt.tracing = tracing
-        if not tracing:
-            rt.trace(clear=True)
+        if tracing:
+            kept.extend(calibration)
     gaps += dispatch_gaps(records)
     return steps
 

@@ -9,9 +9,16 @@ The rule (:meth:`StepCache.replays`): a step of kind ``what`` (the optimizer's
 :meth:`~hetero_nn.optim.Optimizer.replay_key` for a train step, ``"eval"`` for an
 eval step; None: never) is replayed when the trainer's ``replay`` is on and every
 layer of the model is ``replayable``. Its *step key* (:meth:`StepCache.key`) is the
-batch shape, dtype, granularity, ``what``, the layers' train/eval modes, the model's
-``fuse`` and ``granularities``, and the spike rates its spike-fed Dense layers choose
-their variants at (:func:`~hetero_nn.layers.events.rate_key`).
+batch shape, dtype, granularity, ``what``, every layer's train/eval mode and
+:meth:`~hetero_nn.layers.base.Layer.settings` (the current values of its constructor's
+arguments: ``Dropout.p``, a LeakyReLU's slope, the model's ``fuse``...), the loss's
+settings (:func:`~hetero_nn.layers.base.settings_signature`: its reduction, label
+smoothing), the gradient clipping norm, the model's ``granularities``, and the spike
+rates its spike-fed Dense layers choose their variants at
+(:func:`~hetero_nn.layers.events.rate_key`). So any change to one of them after a step
+captures a new graph for the next step, and a new
+layer takes part without key code of its own; what the optimizer's schedule changes
+(lr, momentum, betas) is a step input instead, written before every replay.
 
 The first step of each key is captured with
 :meth:`Runtime.capture <hetero_nn.scheduler.runtime.Runtime.capture>` into a graph
@@ -25,21 +32,29 @@ captured (``step_input``) is asked before every replay for the next values
 (``replayed()``, which also counts the step on the host as a submission would),
 written into its captured handle.
 
-State: ``_steps``, step key -> :class:`CapturedStep`, at most :data:`MAX_GRAPHS`
-(the oldest dropped); ``captured``, the graphs captured since the trainer was made.
-Rebinding the model (a new runtime, a rebuilt model) clears it: the graphs hold the
-handles of the previous binding.
+Memory: a captured graph owns its activations, REDUX partials and a copy of the
+batch. The cache keeps graphs up to ``max_bytes`` of those in all (default
+:data:`MAX_BYTES`), dropping the least recently run first; the graph just run is
+always kept, so a step larger than the budget still replays. Counted in bytes, not
+graphs, so a long run that meets many keys (an odd last batch, eval, a changed
+setting) holds a bounded amount whatever its model.
+
+State: ``_steps``, step key -> :class:`CapturedStep`, least recently run first;
+``nbytes``, what they own in all; ``captured``, the graphs captured since the trainer
+was made. Rebinding the model (a new runtime, a rebuilt model) clears it: the graphs
+hold the handles of the previous binding.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..layers.base import settings_signature
 from ..layers.events import rate_key
 
-__all__ = ["MAX_GRAPHS", "CapturedStep", "StepCache"]
+__all__ = ["MAX_BYTES", "CapturedStep", "StepCache"]
 
-MAX_GRAPHS = 6  # captured steps kept (oldest dropped)
+MAX_BYTES = 256 << 20  # bytes of captured graphs kept (least recently run dropped first)
 
 
 class CapturedStep:
@@ -51,14 +66,20 @@ class CapturedStep:
     def __init__(self, graph, x, y, results, inputs):
         self.graph, self.x, self.y, self.results, self.inputs = graph, x, y, results, inputs
 
+    @property
+    def nbytes(self) -> int:
+        """What this step holds alone: its graph's temporaries and its batch copies."""
+        return self.graph.nbytes + self.x.nbytes + self.y.nbytes
+
 
 class StepCache:
     """The captured steps of ``trainer`` (a Trainer), by step key (module docstring)."""
 
-    def __init__(self, trainer, max_graphs: int = MAX_GRAPHS):
+    def __init__(self, trainer, max_bytes: int = MAX_BYTES):
         self.trainer = trainer
-        self.max_graphs = max_graphs
+        self.max_bytes = max_bytes
         self._steps: dict = {}
+        self.nbytes = 0
         #: Graphs captured so far (a replay does not count).
         self.captured = 0
 
@@ -74,12 +95,13 @@ class StepCache:
         t = self.trainer
         if not self.replays(what):
             return None
-        modes = tuple(layer.training for _, layer in t.model.named_modules())
         x = np.ascontiguousarray(x, dtype=t.dtype)
         if t.granularity is None:
             t.tune_granularity(x, y)
         t.prepare(x)
-        return (x.shape, np.shape(y), t.dtype, t.granularity, what, modes,
+        layers = tuple((layer.training, layer.settings()) for _, layer in t.model.named_modules())
+        return (x.shape, np.shape(y), t.dtype, t.granularity, what, layers,
+                settings_signature(t.loss), t.clip_grad_norm,
                 getattr(t.model, "fuse", None), getattr(t.model, "granularities", None),
                 rate_key(t.model))
 
@@ -87,8 +109,9 @@ class StepCache:
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
         the first time, capture ``submit(xs, ys)`` on the graph's own copies of the batch.
         Returns ``submit``'s result handles."""
-        step = self._steps.get(key)
+        step = self._steps.pop(key, None)
         if step is not None:
+            self._steps[key] = step  # now the most recently run
             step.graph.write(step.x, x)
             step.graph.write(step.y, y)
             for owner, handle in step.inputs:
@@ -105,9 +128,10 @@ class StepCache:
         with rt.capture() as graph:
             results = submit(t.split(xh), t.split(yh))
         inputs = [(owner, owner.step_input) for owner in owners if owner.step_input is not None]
-        if len(self._steps) >= self.max_graphs:
-            del self._steps[next(iter(self._steps))]
-        self._steps[key] = CapturedStep(graph, xh, yh, results, inputs)
+        step = self._steps[key] = CapturedStep(graph, xh, yh, results, inputs)
+        self.nbytes += step.nbytes
+        while self.nbytes > self.max_bytes and len(self._steps) > 1:
+            self.nbytes -= self._steps.pop(next(iter(self._steps))).nbytes
         self.captured += 1
         return results
 
@@ -119,3 +143,4 @@ class StepCache:
     def clear(self) -> None:
         """Drop every captured graph (they hold the handles of the binding they ran on)."""
         self._steps.clear()
+        self.nbytes = 0

@@ -505,6 +505,8 @@ class Trainer:
             record = self._end_epoch(val)
             if ckdir is not None:
                 self.save_checkpoint(ckdir / CHECKPOINT_NAME, require_finite=True)
+            if self.runtime.perfmodel is not None:  # a killed run keeps its calibration
+                self.runtime.perfmodel.save()
             if verbose >= 1:
                 print_epoch(record, epochs)
             if on_epoch_end is not None:
