@@ -19,9 +19,10 @@ import math
 import numpy as np
 
 from .errors import ConfigError, ShapeError
-from .layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, ReLU,
-                     Residual, Sequential)
+from .layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, RateEncode,
+                     ReLU, Residual, Sequential)
 from .layers.base import default_rng
+from .snn_models import OPTIONS as SPIKING_OPTIONS, SPIKING_MODELS
 
 
 def _features_out(layers, input_shape) -> int:
@@ -74,11 +75,11 @@ def resnet_small(input_shape, num_classes=10) -> list:
 
 #: Model name -> builder ``(input_shape, num_classes) -> list of layers``.
 MODELS = {"dahl-basic": dahl_basic, "lenet5": lenet5, "cifar-small": cifar_small,
-          "resnet-small": resnet_small}
+          "resnet-small": resnet_small, **SPIKING_MODELS}
 
 
 def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
-                seed: int | None = None) -> Sequential:
+                seed: int | None = None, **options) -> Sequential:
     """Build the built-in model ``name`` for samples of ``input_shape``.
 
     Parameters
@@ -92,6 +93,10 @@ def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
         Draw the initial weights from ``numpy.random.default_rng(seed)``; without it
         they come from the generator :func:`hetero_nn.manual_seed` seeds. Either way
         they are drawn in ``dtype`` with PyTorch's default distributions.
+    **options
+        The spiking models' (:mod:`hetero_nn.snn_models`): ``time_steps`` (25),
+        ``encoding`` (``"direct"`` or ``"rate"``) and ``rate_seed`` (the RateEncode's seed;
+        derived from ``seed`` when absent).
 
     Returns
     -------
@@ -114,11 +119,23 @@ def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
             or num_classes < 2:
         raise ConfigError(f"model {name!r}: num_classes must be an integer >= 2, got {num_classes!r}")
+    allowed = SPIKING_OPTIONS if name in SPIKING_MODELS else ()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(f"model {name!r} takes no option {unknown[0]!r}" + (
+            f" (its options: {', '.join(allowed)})" if allowed else ""))
+    if name in SPIKING_MODELS and options.get("rate_seed") is None and seed is not None:
+        options["rate_seed"] = int(np.random.default_rng([seed, 1]).integers(2 ** 63))
     try:
-        model = Sequential(*builder(shape, int(num_classes)))
+        model = Sequential(*builder(shape, int(num_classes), **options))
         model.build(shape, dtype)
     except ShapeError as exc:
         raise ShapeError(f"model {name!r} does not fit input of shape {shape}: {exc}") from None
     model.reset_parameters(np.random.default_rng(seed) if seed is not None else default_rng())
     model.spec = {"name": name, "input_shape": list(shape), "num_classes": int(num_classes)}
+    if name in SPIKING_MODELS:
+        encoder = next(layer for layer in model if getattr(layer, "makes_time", False))
+        rate = isinstance(encoder, RateEncode)
+        model.spec.update(time_steps=encoder.time_steps, encoding="rate" if rate else "direct",
+                          rate_seed=encoder.seed if rate else None)
     return model

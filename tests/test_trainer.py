@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
+from hetero_nn.snn_models import SPIKING_MODELS
 from hetero_nn.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from twins import torch_twin
 
@@ -55,9 +56,10 @@ def _rel(a, b):
 
 # --------------------------------------------------------------------------- models
 
-@pytest.mark.parametrize("name", list(hn.MODELS))
+@pytest.mark.parametrize("name", [n for n in hn.MODELS if n not in SPIKING_MODELS])
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
 def test_builtin_models_equal_their_torch_twins(torch, name, shape):
+    """The CNNs (the spiking models' twins are in test_spiking_vs_snntorch.py)."""
     model = hn.build_model(name, shape, 10, dtype="float64", seed=3)
     assert model.input_shape == shape and model.output_shape == (10,)
     assert model.spec == {"name": name, "input_shape": list(shape), "num_classes": 10}

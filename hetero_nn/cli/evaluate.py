@@ -15,6 +15,7 @@ import json
 import time
 
 from ..errors import ConfigError, HeteroNNError
+from ..snn_models import intensities, spiking_loss
 from . import options
 from .connect import dask_client, make_runtime
 from .options import dataset_error
@@ -57,6 +58,9 @@ def command(args) -> int:
                     limit=args.limit)
     except HeteroNNError as exc:
         raise dataset_error(name, exc) from None
+    loss = spiking_loss(ckpt.config.get("model", {}).get("name"))
+    if loss is not None:  # a spiking model reads intensities in [0, 1]
+        intensities(data)
     stats = ckpt.config.get("normalize")
     if stats:  # the run standardised its channels (--normalize): evaluate the same way
         from ..transforms import Normalize, NormalizedData
@@ -75,7 +79,7 @@ def command(args) -> int:
         rt = make_runtime(args.devices, args.policy, client or args.executor,
                           deterministic=run.get("deterministic", True))
         stack.callback(rt.close)
-        trainer = Trainer(model, runtime=rt, batch_size=batch_size,
+        trainer = Trainer(model, loss, runtime=rt, batch_size=batch_size,
                           granularity=min(g, batch_size))
         t0 = time.perf_counter()
         with Interrupts(defer=False):

@@ -52,14 +52,15 @@ def sample_shape(dataset="mnist", image_size=None) -> tuple:
 
 def _trainer(model, shape, batch_size, granularity, dtype, runtime, seed=0):
     from ..models import build_model
+    from ..snn_models import spiking_loss
     from ..training import Trainer
 
     net = build_model(model, shape, dtype=dtype, seed=seed)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch_size, *shape)).astype(dtype)
     y = rng.integers(0, 10, batch_size)
-    trainer = Trainer(net, runtime=runtime, batch_size=batch_size, granularity=granularity,
-                      dtype=dtype)
+    trainer = Trainer(net, spiking_loss(model), runtime=runtime, batch_size=batch_size,
+                      granularity=granularity, dtype=dtype)
     return trainer, x, y
 
 

@@ -7,6 +7,7 @@ summary printed at the end; the output folder is :mod:`hetero_nn.cli.run_folder`
     hetero-nn train                       # lenet5 on MNIST, 3 epochs, SGD(0.02, momentum 0.9)
     hetero-nn train --dataset cifar10 --model cifar-small --epochs 5 --out runs/c10
     hetero-nn train --out runs/c10 --resume               # continue a killed run
+    hetero-nn train --model snn-conv --time-steps 25 --encoding rate --optimizer adam --lr 5e-4
 
 Reproducibility: by default the runtime runs one fixed variant per codelet and
 device kind (``Runtime()``'s default, the table ``codelets/pinned.py``: the
@@ -36,6 +37,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import ConfigError, HeteroNNError
+from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
@@ -71,6 +73,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       help="use only the first N samples of each split")
     model = train.add_argument_group("model and optimisation")
     model.add_argument("--model", choices=list(MODELS), default=UNSET, help="default: lenet5")
+    model.add_argument("--time-steps", type=options.positive_int, default=UNSET, metavar="T",
+                       help="spiking models (snn-*): time steps per sample (default: 25)")
+    model.add_argument("--encoding", choices=ENCODINGS, default=UNSET,
+                       help="spiking models: 'direct' feeds the image at every step, 'rate' "
+                            "Bernoulli spikes of its intensities (default: direct)")
     model.add_argument("--epochs", type=options.positive_int, default=UNSET, help="default: 3")
     model.add_argument("--batch-size", type=options.positive_int, default=UNSET, help="default: 64")
     model.add_argument("--granularity", type=options.granularity, default=UNSET,
@@ -172,7 +179,8 @@ _RESULT_OPTIONS = (("dataset", "--dataset", "mnist"), ("model", "--model", "lene
                    ("schedule_interval", "--schedule-interval", None),
                    ("step_size", "--step-size", None), ("gamma", "--gamma", None),
                    ("t_max", "--t-max", None), ("max_lr", "--max-lr", None),
-                   ("augment", "--augment", False), ("normalize", "--normalize", False))
+                   ("augment", "--augment", False), ("normalize", "--normalize", False),
+                   ("time_steps", "--time-steps", None), ("encoding", "--encoding", None))
 
 
 def _resolve_run_options(args) -> tuple[dict, object]:
@@ -223,6 +231,7 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         if run[key] is None:
             run[key] = value
     _check_training_options(run)
+    _check_spiking_options(run)
     if args.calibrate:
         if args.deterministic is True:
             raise ConfigError("--calibrate explores every variant: it cannot be combined with "
@@ -254,6 +263,24 @@ def _check_training_options(run):
         run["schedule_interval"] = "step" if run["schedule"] == "onecycle" else "epoch"
     if run["schedule"] == "onecycle" and run["max_lr"] is None:
         run["max_lr"] = run["lr"]
+
+
+def _check_spiking_options(run):
+    """``--time-steps`` and ``--encoding``: the spiking models' options, and their defaults."""
+    if run["model"] not in SPIKING_MODELS:
+        for key in ("time_steps", "encoding"):
+            if run[key] is not None:
+                raise ConfigError(f"--{key.replace('_', '-')} applies to the spiking models "
+                                  f"({', '.join(SPIKING_MODELS)}), not {run['model']}")
+        return
+    run["time_steps"] = run["time_steps"] or 25
+    run["encoding"] = run["encoding"] or "direct"
+    if run["label_smoothing"]:
+        raise ConfigError(f"--label-smoothing: {run['model']} trains with MembraneCrossEntropy, "
+                          "which has none")
+    if run["normalize"] or run["augment"]:
+        raise ConfigError(f"--{'normalize' if run['normalize'] else 'augment'}: {run['model']} "
+                          "reads pixel intensities in [0, 1] as they are")
 
 
 def make_schedule(run, optimizer, steps_per_epoch):
@@ -395,9 +422,13 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     # A diverging run overflows before its loss turns NaN; the error says so in one line.
     warnings.filterwarnings("ignore", category=RuntimeWarning,
                             message="(overflow|invalid value|divide by zero) encountered")
+    spiking = {"time_steps": run["time_steps"], "encoding": run["encoding"]} \
+        if run["model"] in SPIKING_MODELS else {}
+    if spiking:
+        intensities(train, test)
     train, test, transforms = _transformed_data(run, train, test)
     model = build_model(run["model"], train.input_shape, train.num_classes, dtype=run["dtype"],
-                        seed=run["seed"])
+                        seed=run["seed"], **spiking)
     hyper = {"lr": run["lr"]}
     if run["optimizer"] == "sgd":
         hyper.update(momentum=run["momentum"], nesterov=bool(run.get("nesterov")))
@@ -412,7 +443,7 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     granularity = run["granularity"]
     if ckpt is not None and isinstance(ckpt.config.get("granularity"), int):
         granularity = ckpt.config["granularity"]  # what the run used, 'auto' resolved
-    trainer = Trainer(model, loss=SoftmaxCrossEntropy(
+    trainer = Trainer(model, loss=spiking_loss(run["model"]) or SoftmaxCrossEntropy(
                           label_smoothing=run.get("label_smoothing") or 0.0),
                       optimizer=optimizer, runtime=rt, batch_size=run["batch_size"],
                       granularity=granularity, seed=run["seed"],  # dtype: the model's

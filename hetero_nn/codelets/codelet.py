@@ -88,13 +88,18 @@ class Codelet:
         What besides the operands' shapes and dtypes sets a task's cost (StarPU's
         ``footprint`` callback): tasks whose values differ keep apart histories in
         the performance model, e.g. ``footprint=lambda x, iterations: iterations``
-        so a 64-iteration and a 4-million-iteration task do not share one mean.
+        so a 64-iteration and a 4-million-iteration task do not share one mean, or a
+        measured property of the data passed as a parameter (a spike rate).
         Without it the footprint is the operands' shapes and dtypes only.
+    same_bits : sequence of str, optional
+        Variants that give the same bits on every input: a pinned runtime lets the
+        performance model choose among the pinned variant and these.
     """
 
     def __init__(self, name: str, modes, variants: Mapping[str, Callable], *,
                  init: Callable | None = None, redux: Callable | None = None,
-                 flops: Callable | None = None, footprint: Callable | None = None):
+                 flops: Callable | None = None, footprint: Callable | None = None,
+                 same_bits=()):
         self.name = str(name)
         self.modes = None if modes is None else tuple(AccessMode(m) for m in modes)
         if self.modes is not None and not self.modes:
@@ -112,6 +117,7 @@ class Codelet:
         self.redux = redux
         self.flops = flops
         self.footprint = footprint
+        self.same_bits = tuple(same_bits)
 
     def check_operands(self, n: int) -> None:
         if n != len(self.modes):

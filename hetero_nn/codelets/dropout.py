@@ -47,7 +47,7 @@ from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["dropout_fwd", "dropout_bwd", "dropout2d_fwd", "dropout2d_bwd", "dropout_key", "key_data",
-           "keep_mask"]
+           "keep_mask", "uniforms"]
 
 _MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -83,6 +83,12 @@ def keep_mask(xp, shape, p, key, start, block=1):
     """Boolean mask of the elements kept, for a partition of ``shape`` at sample ``start``;
     ``key`` is an int or the ``key`` operand (an array of the module ``xp``, read there);
     each run of ``block`` elements of a sample shares one draw (Dropout2d's channels)."""
+    return uniforms(xp, shape, key, start, block) >= p
+
+
+def uniforms(xp, shape, key, start, block=1):
+    """The float64 draws in [0, 1) of a partition of ``shape`` at sample ``start`` (the module
+    docstring's ``u``), ``key`` and ``block`` as for :func:`keep_mask`."""
     n, size = shape[0], math.prod(shape[1:])
     units = size // block
     counter = (xp.arange(n, dtype=xp.uint64).reshape(-1, 1) + xp.uint64(start)) * xp.uint64(units) \
@@ -92,7 +98,7 @@ def keep_mask(xp, shape, p, key, start, block=1):
     z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
     z = z ^ (z >> xp.uint64(31))
     u = (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
-    return (u >= p).reshape(shape)
+    return u.reshape(shape)
 
 
 def _apply_xp(xp, src, dst, key, p, start, block):

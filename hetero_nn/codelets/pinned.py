@@ -8,7 +8,10 @@ the CLI unless ``--no-deterministic``) runs, per codelet and device kind, the
 first variant of this table the codelet has, and its first declared variant for
 a kind the table names none of. A derived codelet (``"<name>.overwrite"``,
 see :func:`~hetero_nn.codelets.reduce.overwriting`) follows its base's entry, so
-every contribution to one gradient runs the same kernel. With REDUX trees whose
+every contribution to one gradient runs the same kernel. A codelet whose variants give
+the same bits (``Codelet.same_bits``: the dense and event-driven variants of the dense
+layer on spikes) keeps those beside its pinned one, and the performance model chooses
+among them. With REDUX trees whose
 shape does not depend on the schedule, runs then give the same bits whatever the
 policy, the worker count or the executor.
 
@@ -20,7 +23,9 @@ the Numba loops of their ``cpu`` variants on LeNet-5's layers,
 variants are their NumPy references' operations in one Numba kernel (BLAS through
 Numba's ``np.dot``), so a replayed step runs them in the engine's compiled loop; with
 the BLAS of NumPy's and SciPy's wheels they give the references' bits
-(``benchmarks/blas_bits.py``), which they replaced as the pinned variant.
+(``benchmarks/blas_bits.py``), which they replaced as the pinned variant. The dense
+layers fed by spikes pin their event-driven variant (their ``cpu`` variant, which
+gives the same bits, stays a candidate for the performance model).
 Changing an entry changes the last bits of every training run (and of a resumed one
 against its checkpoint): do it deliberately.
 """
@@ -33,4 +38,7 @@ PINNED_VARIANTS = {
     **{name: ("cpu:blas", "cuda") for name in (
         "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
         "dense_bwd_weight", "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},
+    **{name: ("cpu:events", "cuda") for name in (
+        "spike_dense_fwd", "spike_dense_fwd_nobias", "spike_dense_bwd_params",
+        "spike_dense_bwd_weight")},
 }

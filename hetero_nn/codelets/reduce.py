@@ -127,7 +127,8 @@ def overwriting(codelet: Codelet) -> Codelet:
         twin = Codelet(f"{codelet.name}.overwrite",
                        modes=tuple(W if m is REDUX else m for m in codelet.modes),
                        variants={name: wrap(v) for name, v in codelet.variants.items()},
-                       flops=codelet.flops)
+                       flops=codelet.flops, footprint=codelet.footprint,
+                       same_bits=codelet.same_bits)
         _OVERWRITING[codelet] = twin
     return twin
 

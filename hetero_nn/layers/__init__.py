@@ -28,3 +28,9 @@ __all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Checkpoint", "Conv2D", "Dense"
            "manual_seed", "AdaptiveAvgPool2d", "AvgPool2d", "Conv2d", "MaxPool2d"]
 __all__ += ["BatchNorm1d", "BatchNorm2d", "Dropout2d", "Hardswish", "Identity", "LayerNorm",
             "Linear", "ReLU6", "SiLU", "Softmax", "register"]
+
+# spiking networks: the time axis (layers/time.py) and the neuron (layers/lif.py)
+from .lif import LIF  # noqa: E402
+from .time import RateEncode, Repeat  # noqa: E402
+
+__all__ += ["LIF", "RateEncode", "Repeat"]

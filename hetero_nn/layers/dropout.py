@@ -23,19 +23,23 @@ from ..errors import CheckpointError, ConfigError, ShapeError
 from .base import Layer, default_rng
 
 
-def dropout_state(model) -> dict:
+def dropout_state(model, kind=None) -> dict:
     """``{path: [seed, steps]}`` of every Dropout in ``model``: what a checkpoint keeps so
-    a resumed run draws the masks the uninterrupted run would have (JSON-serialisable)."""
+    a resumed run draws the masks the uninterrupted run would have (JSON-serialisable).
+    ``kind``: another class of layers drawing from a seed and a step count (RateEncode)."""
+    kind = kind or Dropout
     return {path: [layer.seed, layer.steps] for path, layer in model.named_modules()
-            if isinstance(layer, Dropout)}
+            if isinstance(layer, kind)}
 
 
-def load_dropout_state(model, state: dict) -> None:
-    """Give every Dropout in ``model`` the seed and step count ``state`` holds for its path."""
-    layers = {path: layer for path, layer in model.named_modules() if isinstance(layer, Dropout)}
+def load_dropout_state(model, state: dict, kind=None) -> None:
+    """Give every Dropout (or ``kind``) layer of ``model`` the seed and step count ``state``
+    holds for its path."""
+    kind = kind or Dropout
+    layers = {path: layer for path, layer in model.named_modules() if isinstance(layer, kind)}
     if set(layers) != set(state):
-        raise CheckpointError(f"dropout state for layers {sorted(state)}, the model has Dropout "
-                              f"layers {sorted(layers)}")
+        raise CheckpointError(f"{kind.__name__} state for layers {sorted(state)}, the model has "
+                              f"{kind.__name__} layers {sorted(layers)}")
     for path, (seed, steps) in state.items():
         layers[path].seed, layers[path].steps = int(seed), int(steps)
 

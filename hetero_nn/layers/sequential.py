@@ -23,7 +23,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
-from . import fused
+from . import fused, time
 from .base import Layer
 from .summary import layer_repr, summary
 
@@ -165,9 +165,10 @@ class Sequential(Layer):
             raise ValueError(f"Sequential.build: dtype must be float32 or float64, got {dtype}")
         shape = tuple(int(d) for d in input_shape)
         self.input_shape, self.dtype = shape, dtype
+        axis = None  # the time axis, once a Repeat or RateEncode made one
         for i, layer in enumerate(self.layers):
             try:
-                shape = layer.build(shape, dtype)
+                shape, axis = time.build_layer(layer, shape, dtype, axis)
             except ShapeError as exc:
                 raise ShapeError(f"layer {i} ({layer!r}): {exc}") from None
         self.output_shape = shape
@@ -187,7 +188,7 @@ class Sequential(Layer):
             if per_block is not None:
                 xs = regroup(xs, per_block[i])
             self._parts.append(len(xs))
-            xs = block.forward(rt, xs)
+            xs = block.forward(time.runtime_for(rt, block), xs)
             self._outputs.append(xs[0].root)
         return regroup(xs, given)
 
@@ -197,12 +198,20 @@ class Sequential(Layer):
         kept = {self._outputs[-1], dys[0].root}
         for (i, block), parts, output in zip(
                 reversed(self._blocks), reversed(self._parts), reversed(self._outputs)):
+            need = need_input_grad or self.needs_input_grad(i)
             incoming = dys
-            dys = block.backward(rt, regroup(dys, parts),
-                                 need_input_grad=(i > 0 or need_input_grad))
+            dys = block.backward(time.runtime_for(rt, block), regroup(dys, parts),
+                                 need_input_grad=need)
             release_dead(rt, [output, incoming[0].root], kept, dys)
             kept.add(output)
+            if not need:
+                return None
         return None if dys is None else regroup(dys, given)
+
+    def needs_input_grad(self, i) -> bool:
+        """Whether the block starting at layer ``i`` passes an input gradient back: only
+        where a layer before it has parameters (the caller may ask for it regardless)."""
+        return any(layer.parameters() for layer in self.layers[:i])
 
     def summary(self, input_shape=None, dtype=None) -> str:
         """Each layer's output shape and parameter count, as torchsummary prints them.

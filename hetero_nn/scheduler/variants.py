@@ -15,8 +15,12 @@ with the lowest predicted time.
 A task's footprint, as StarPU's default one, covers its operands' shapes and
 dtypes only: parameters such as a learning rate or a step count change every step
 without changing the cost (stride and kernel size show in the output's shape). A
-codelet whose cost depends on a parameter says so with its ``footprint`` callback
-(StarPU's), whose value joins the footprint (``"64:<f8|taskbench=64"``).
+codelet whose cost depends on a parameter, or on its data, says so with its
+``footprint`` callback (StarPU's), whose value joins the footprint
+(``"64:<f8|taskbench=64"``; a spike rate, say). A runtime pinned by the default
+table keeps, beside its pinned variant, the variants the codelet declares to give the
+same bits (``Codelet.same_bits``), and the model chooses among those; a table given
+with ``variants=`` is taken as it is.
 
 Measurements: a worker keeps each finished task's run time in a list of its own;
 every ``FEED_EVERY`` runs, and at the end of a flush, they go to the model in one
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import threading
 
+from ..codelets.pinned import PINNED_VARIANTS
 from .bundle import Bundle
 
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
@@ -53,6 +58,7 @@ class Variants:
     def __init__(self, runtime, preferred, deterministic, calibrate, calibrate_samples):
         self.rt = runtime
         self.preferred = preferred
+        self._default_table = preferred == PINNED_VARIANTS  # not a table given by the user
         self.deterministic = deterministic
         self.calibrate = calibrate
         self.calibrate_samples = calibrate_samples
@@ -77,6 +83,8 @@ class Variants:
             c = preferred if preferred else names
             if self.deterministic or preferred:
                 c = c[:1]
+                if self._default_table and c and c[0] in codelet.same_bits:
+                    c += tuple(n for n in names if n != c[0] and n in codelet.same_bits)
             self._candidates[key] = c
         return c
 

@@ -62,6 +62,7 @@ import numpy as np
 from ..errors import CheckpointError, HeteroNNError, TrainingDiverged
 from ..fileio import atomic_write
 from ..layers.dropout import dropout_state, load_dropout_state
+from ..layers.time import RateEncode
 from .progress import new_progress, position
 
 FORMAT = "hetero_nn.checkpoint/1"
@@ -389,7 +390,7 @@ def rebuild_model(ckpt: Checkpoint, dtype=None):
     """The model ``ckpt`` holds, constructed anew, built and given its weights (see
     :func:`load_model`)."""
     from ..layers.registry import build as build_architecture
-    from ..models import build_model
+    from ..models import SPIKING_OPTIONS, build_model
 
     dtype = dtype or ckpt.config.get("dtype", "float32")
     doc, spec = ckpt.architecture, ckpt.config.get("model")
@@ -406,8 +407,9 @@ def rebuild_model(ckpt: Checkpoint, dtype=None):
                                       "the model for")
             model.build(tuple(shape), dtype)
         elif isinstance(spec, dict) and "name" in spec:
+            options = {k: spec[k] for k in SPIKING_OPTIONS if k in spec}  # a spiking model's
             model = build_model(spec["name"], spec["input_shape"], spec["num_classes"],
-                                dtype=dtype)
+                                dtype=dtype, **options)
         else:
             raise CheckpointError(f"{ckpt.path}: it records no architecture and no built-in "
                                   "model; build the model yourself and use "
@@ -420,6 +422,7 @@ def rebuild_model(ckpt: Checkpoint, dtype=None):
         model.spec = dict(spec)  # still a built-in model: its next checkpoint says so too
     model.load_state_dict(check_model_state(ckpt, model))
     load_dropout_state(model, ckpt.config.get("dropout", {}))
+    load_dropout_state(model, ckpt.config.get("rate_encode", {}), RateEncode)
     return model
 
 
@@ -470,6 +473,7 @@ def trainer_config(trainer) -> dict:
     if spec is not None:
         cfg["model"] = dict(spec)
     cfg["dropout"] = dropout_state(model)  # seeds and steps: the masks after resume
+    cfg["rate_encode"] = dropout_state(model, RateEncode)  # and the spikes
     if trainer.scheduler is not None:
         cfg["scheduler"] = {"repr": repr(trainer.scheduler),
                             "interval": trainer.scheduler_interval}
@@ -521,6 +525,7 @@ def load_trainer(trainer, path) -> Checkpoint:
     opt_state = check_optimizer_state(ckpt, trainer.optimizer, model)
     model.load_state_dict(state)
     load_dropout_state(model, ckpt.config.get("dropout", {}))
+    load_dropout_state(model, ckpt.config.get("rate_encode", {}), RateEncode)
     if opt_state is not None:
         trainer.optimizer.load_state_dict(opt_state)
     if (ckpt.scheduler is None) != (scheduler is None):

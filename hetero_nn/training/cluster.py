@@ -415,4 +415,9 @@ def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
     if getattr(model, "granularities", None) is not None:
         raise ConfigError("cluster: the model has per-layer granularities; a cluster "
                           "worker runs its share at the trainer's granularity")
+    from ..layers import RateEncode
+    if any(isinstance(m, RateEncode) for m in model.modules()):  # draws per whole batch
+        raise ConfigError("cluster: the model has RateEncode layers, whose random draws "
+                          "count the samples of the whole batch, not one worker's block; "
+                          "train it with --devices")
     return connect(spec), not isinstance(spec, Cluster)

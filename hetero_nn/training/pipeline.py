@@ -136,6 +136,7 @@ class Pipeline:
         rt.replay_engine = "executor"
         self.blocks = [block for _, block in self.model._plan()]
         firsts = [i for i, _ in self.model._plan()]
+        self.needs = [self.model.needs_input_grad(i) for i in firsts]  # as Sequential's
         groups = self._worker_groups(rt)
         if isinstance(self.spec, int):
             bounds, predicted = self._balance(trainer, x, y, groups)
@@ -254,8 +255,10 @@ class Pipeline:
             stage = self.stages[s]
             with rt.placing(stage.workers) as tasks:
                 for i in reversed(range(stage.first, stage.end)):
+                    if dys is None:  # no block before has parameters
+                        break
                     incoming = dys
-                    dys = self.blocks[i].backward(rt, dys, need_input_grad=i > 0)
+                    dys = self.blocks[i].backward(rt, dys, need_input_grad=self.needs[i])
                     release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
                     kept.add(outputs[i])
             backward[s] = tasks
@@ -342,8 +345,11 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
                 per_block[i] += tasks
             _, _, dys = trainer.loss(rt, xs, ys)
             for i in reversed(range(len(pipeline.blocks))):
+                if dys is None:  # no block before has parameters
+                    break
                 with rt.placing(rt.workers) as tasks:
-                    dys = pipeline.blocks[i].backward(rt, dys, need_input_grad=i > 0)
+                    dys = pipeline.blocks[i].backward(rt, dys,
+                                                      need_input_grad=pipeline.needs[i])
                 per_block[i] += tasks
             rt.wait()
             return per_block

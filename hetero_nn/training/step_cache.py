@@ -13,8 +13,10 @@ batch shape, dtype, granularity, ``what``, every layer's train/eval mode and
 :meth:`~hetero_nn.layers.base.Layer.settings` (the current values of its constructor's
 arguments: ``Dropout.p``, a LeakyReLU's slope, the model's ``fuse``...), the loss's
 settings (:func:`~hetero_nn.layers.base.settings_signature`: its reduction, label
-smoothing), the gradient clipping norm, and the model's ``granularities``. So any
-change to one of them after a step captures a new graph for the next step, and a new
+smoothing), the gradient clipping norm, the model's ``granularities``, and the spike
+rates its spike-fed Dense layers choose their variants at
+(:func:`~hetero_nn.layers.events.rate_key`). So any change to one of them after a step
+captures a new graph for the next step, and a new
 layer takes part without key code of its own; what the optimizer's schedule changes
 (lr, momentum, betas) is a step input instead, written before every replay.
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers.base import settings_signature
+from ..layers.events import rate_key
 
 __all__ = ["MAX_BYTES", "CapturedStep", "StepCache"]
 
@@ -99,7 +102,8 @@ class StepCache:
         layers = tuple((layer.training, layer.settings()) for _, layer in t.model.named_modules())
         return (x.shape, np.shape(y), t.dtype, t.granularity, what, layers,
                 settings_signature(t.loss), t.clip_grad_norm,
-                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None))
+                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None),
+                rate_key(t.model))
 
     def run(self, key, x, y, submit):
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,

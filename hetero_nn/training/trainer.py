@@ -49,6 +49,7 @@ import numpy as np
 from ..arena.arena import ArenaPair
 from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..layers.base import evaluating
+from ..layers.events import measure_rates
 from ..layers.loss import SoftmaxCrossEntropy
 from ..optim import SGD, LRScheduler, submit_clip_grad_norm
 from ..energy import EnergyMeter
@@ -299,6 +300,7 @@ class Trainer:
         self.last_correct = int(rt.fetch(correct))
         if norm_sq is not None:
             self.last_grad_norm = float(np.sqrt(rt.fetch(norm_sq)))
+        measure_rates(self.model, rt)  # the spike rates the next steps' variants are chosen at
         return value
 
     @property
