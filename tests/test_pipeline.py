@@ -97,6 +97,17 @@ def test_stages_on_a_cpu_and_an_emulated_gpu():
         np.testing.assert_allclose(first["state"][key], value, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("policy", ["eager", "ws"])
+def test_every_policy_keeps_a_stage_on_its_workers(lenet_reference, policy):
+    """Runtime.placing gives each task of a stage worker= its stage's workers: the
+    placement constraint every policy honours, eager and ws among workers of one kind."""
+    run = train("lenet5", "cpu:2", policy=policy,
+                pipeline=lambda layers: [layers[:3], layers[3:]])
+    assert_bits(lenet_reference, run)
+    workers = [{r.worker for r in records} for records in stage_of_records(run)]
+    assert workers == [{"cpu0"}, {"cpu1"}]
+
+
 def test_given_stages_and_the_schedule_order_on_each_stage(lenet_reference):
     for schedule in ("gpipe", "1f1b"):
         model = hn.build_model("lenet5", SHAPES["lenet5"], 10, seed=0, dtype="float64")
@@ -150,10 +161,6 @@ def test_bad_options_are_one_line():
             with hn.Trainer(model, runtime=rt, batch_size=8, **options) as t:
                 with pytest.raises(ConfigError, match=message):
                     t.train_step(x, y)
-    with hn.Runtime(devices="cpu:2", policy="eager", perfmodel=False) as rt:
-        with hn.Trainer(model, runtime=rt, batch_size=8, pipeline=2) as t:
-            with pytest.raises(ConfigError, match="'eager' policy does not yet keep"):
-                t.train_step(x, y)
 
 
 @settings(max_examples=60, deadline=None)

@@ -126,10 +126,6 @@ class Pipeline:
         """Give every stage its workers and blocks (balancing ``pipeline=P`` from the
         models on the batch ``(x, y)``): at the first step, or when the runtime changes."""
         rt = trainer.runtime
-        if rt.policy_name in ("eager", "ws") and len({w.kind for w in rt.workers}) == 1:
-            raise ConfigError(f"pipeline: the {rt.policy_name!r} policy does not yet keep a "
-                              "stage's tasks on its workers when they are all of one kind; "
-                              "use policy 'dmda', 'heft' or 'random'")
         self.runtime = rt
         # replays through the executor: it keeps each stage's workers and the schedule's
         # order, which the compiled engine's fixed shares (in submission order) do not
