@@ -7,13 +7,13 @@ the display lives in :mod:`hetero_nn.cli.perfmodel`).
 
 State, all behind one lock (``PerfModel._lock``):
 
-``_history``   {(codelet, variant, kind, footprint): _History}
+``_history``   {(codelet, variant, kind, footprint): History}
     Every measurement since the model was created, plus what was on disk when the
     codelet was first touched: count, mean and M2 (Welford), and the mean size.
 ``_pending``   same keys: only the measurements not yet saved. ``save()`` adds these
     to what is on disk *now*, so two processes never erase or double-count each
     other's measurements.
-``_groups``    {(codelet, variant, kind): {footprint: _History}} (same objects as
+``_groups``    {(codelet, variant, kind): {footprint: History}} (same objects as
     ``_history``), the points of the regression on size.
 ``_fits``      {(codelet, variant, kind): Regression or None}, fitted lazily and
     dropped when a footprint appears or when a footprint's count reaches a power
@@ -74,19 +74,20 @@ import socket
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..fileio import atomic_write_text, fsync_directory
+from .history import History, LinkStats, Regression, default_link, fit_regression
 
 try:  # advisory lock between processes saving into the same directory
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "FORMAT_VERSION"]
+__all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "fit_regression",
+           "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _CODELET_FORMAT = "hetero_nn-perfmodel"
@@ -95,10 +96,6 @@ _TRANSFERS_FILE = "_transfers.json"
 _LOCK_FILE = ".lock"
 #: Default seconds between the saves :meth:`PerfModel.save_if_due` makes.
 SAVE_EVERY = 60.0
-
-# Defaults before any transfer was measured: (latency s, seconds per byte).
-_HOST_LINK = (1e-6, 1.0 / 10e9)   # host memory to host memory: 1 us + 10 GB/s
-_CUDA_LINK = (10e-6, 1.0 / 20e9)  # anything involving a GPU: 10 us + 20 GB/s
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _MISSING = object()
@@ -128,233 +125,6 @@ def _file_stem(name: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._")[:80] or "x"
     digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:10]
     return f"{safe}-{digest}"
-
-
-class _History:
-    """Running statistics of one key: count, mean and M2 of the time (Welford), mean size."""
-
-    __slots__ = ("count", "mean", "m2", "size")
-
-    def __init__(self, count=0, mean=0.0, m2=0.0, size=0.0):
-        self.count = count
-        self.mean = mean
-        self.m2 = m2
-        self.size = size
-
-    def add(self, size: float, seconds: float) -> None:
-        """Mutates: adds one measurement."""
-        self.count += 1
-        n = self.count
-        delta = seconds - self.mean
-        self.mean += delta / n
-        self.m2 += delta * (seconds - self.mean)
-        self.size += (size - self.size) / n
-
-    def absorb(self, other: "_History") -> None:
-        """Mutates: adds every measurement of ``other`` (see :meth:`merged`)."""
-        m = self.merged(other)
-        self.count, self.mean, self.m2, self.size = m.count, m.mean, m.m2, m.size
-
-    @classmethod
-    def of(cls, size: float, seconds: list) -> "_History":
-        """The statistics of a batch of runs of one size."""
-        n = len(seconds)
-        mean = math.fsum(seconds) / n
-        return cls(n, mean, math.fsum([(t - mean) * (t - mean) for t in seconds]), size)
-
-    def merged(self, other: "_History | None") -> "_History":
-        """A new history holding both sets of measurements (Chan et al.'s pairwise formula)."""
-        if other is None or other.count == 0:
-            return _History(self.count, self.mean, self.m2, self.size)
-        if self.count == 0:
-            return _History(other.count, other.mean, other.m2, other.size)
-        n = self.count + other.count
-        delta = other.mean - self.mean
-        mean = self.mean + delta * other.count / n
-        m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / n
-        size = self.size + (other.size - self.size) * other.count / n
-        return _History(n, mean, m2, size)
-
-    @property
-    def variance(self) -> float:
-        """Sample variance (0 with a single measurement)."""
-        return self.m2 / (self.count - 1) if self.count > 1 else 0.0
-
-    def to_json(self) -> dict:
-        return {"size": self.size, "count": self.count, "mean": self.mean, "m2": self.m2}
-
-    @classmethod
-    def from_json(cls, row: dict) -> "_History":
-        count, mean, m2, size = row["count"], row["mean"], row["m2"], row["size"]
-        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
-            raise ValueError(f"bad count {count!r}")
-        for label, value in (("mean", mean), ("m2", m2), ("size", size)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"bad {label} {value!r}")
-        return cls(count, float(mean), float(m2), float(size))
-
-
-class _LinkStats:
-    """Weighted running sums of one link's transfers, for ``t = latency + nbytes * spb``.
-
-    Weights are ``1 / t**2`` (relative error), so a 64 MiB copy does not drown
-    the latency that small copies measure. Weighted means and co-moments are
-    updated incrementally (West 1979) and merge pairwise.
-    """
-
-    __slots__ = ("count", "weight", "mean_x", "mean_y", "cxx", "cxy")
-
-    def __init__(self, count=0, weight=0.0, mean_x=0.0, mean_y=0.0, cxx=0.0, cxy=0.0):
-        self.count = count
-        self.weight = weight
-        self.mean_x = mean_x
-        self.mean_y = mean_y
-        self.cxx = cxx
-        self.cxy = cxy
-
-    def add(self, nbytes: float, seconds: float) -> None:
-        """Mutates: adds one transfer."""
-        w = 1.0 / max(seconds, 1e-9) ** 2
-        self.count += 1
-        self.weight += w
-        r = w / self.weight
-        dx = nbytes - self.mean_x
-        self.mean_x += r * dx
-        self.mean_y += r * (seconds - self.mean_y)
-        self.cxx += w * dx * (nbytes - self.mean_x)
-        self.cxy += w * dx * (seconds - self.mean_y)
-
-    def merged(self, other: "_LinkStats | None") -> "_LinkStats":
-        """A new set of sums holding both."""
-        if other is None or other.count == 0:
-            return _LinkStats(self.count, self.weight, self.mean_x, self.mean_y, self.cxx, self.cxy)
-        if self.count == 0:
-            return _LinkStats(other.count, other.weight, other.mean_x, other.mean_y,
-                              other.cxx, other.cxy)
-        weight = self.weight + other.weight
-        dx = other.mean_x - self.mean_x
-        dy = other.mean_y - self.mean_y
-        f = self.weight * other.weight / weight
-        return _LinkStats(self.count + other.count, weight,
-                          self.mean_x + dx * other.weight / weight,
-                          self.mean_y + dy * other.weight / weight,
-                          self.cxx + other.cxx + dx * dx * f,
-                          self.cxy + other.cxy + dx * dy * f)
-
-    def fit(self, default: tuple[float, float]) -> tuple[float, float]:
-        """(latency s, seconds per byte) by weighted least squares, kept physical.
-
-        Too little spread in sizes to see a slope: the defaults scaled to match
-        the measured mean. A negative latency: a fit through the origin.
-        """
-        lat0, spb0 = default
-        spread = self.cxx / self.weight if self.weight else 0.0
-        if self.count >= 2 and spread > (1e-6 * max(self.mean_x, 1.0)) ** 2:
-            spb = self.cxy / self.cxx
-            if spb > 0:
-                latency = self.mean_y - spb * self.mean_x
-                if latency >= 0:
-                    return latency, spb
-                sxx = self.cxx + self.weight * self.mean_x ** 2
-                sxy = self.cxy + self.weight * self.mean_x * self.mean_y
-                if sxy > 0:
-                    return 0.0, sxy / sxx
-        scale = self.mean_y / (lat0 + spb0 * self.mean_x)
-        return lat0 * scale, spb0 * scale
-
-    def to_json(self) -> dict:
-        return {"count": self.count, "weight": self.weight, "mean_bytes": self.mean_x,
-                "mean_seconds": self.mean_y, "cxx": self.cxx, "cxy": self.cxy}
-
-    @classmethod
-    def from_json(cls, row: dict) -> "_LinkStats":
-        count = row["count"]
-        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
-            raise ValueError(f"bad count {count!r}")
-        values = [row[k] for k in ("weight", "mean_bytes", "mean_seconds", "cxx", "cxy")]
-        for v in values:
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise ValueError(f"bad value {v!r}")
-        if values[0] <= 0 or values[3] < 0:
-            raise ValueError("bad weight or co-moment")
-        return cls(count, *(float(v) for v in values))
-
-
-def _default_link(src: str, dst: str) -> tuple[float, float]:
-    """Defaults by node kind, read from the names: any ``cuda*`` end, else host to host."""
-    if src.startswith("cuda") or dst.startswith("cuda"):
-        return _CUDA_LINK
-    return _HOST_LINK
-
-
-@dataclass(frozen=True, slots=True)
-class Regression:
-    """``t = a * size**b + c`` fitted over the footprints of one (codelet, variant, kind)."""
-
-    a: float
-    b: float
-    c: float
-    points: int        # footprints the fit used
-    min_size: float
-    max_size: float
-
-    def __call__(self, size: float) -> float:
-        return self.a * size ** self.b + self.c
-
-
-def _power_fit(log_sizes, times, c):
-    """Least squares of ``log(t - c)`` on ``log size``: (a, b) and the error in ``log t``."""
-    ys = [math.log(t - c) for t in times]
-    n = len(ys)
-    mx = sum(log_sizes) / n
-    my = sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in log_sizes)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(log_sizes, ys))
-    b = sxy / sxx
-    a = math.exp(my - b * mx)
-    err = 0.0
-    for x, t in zip(log_sizes, times):
-        pred = a * math.exp(b * x) + c
-        err += (math.log(pred) - math.log(t)) ** 2 if pred > 0 else math.inf
-    return a, b, err
-
-
-def fit_regression(points) -> Regression | None:
-    """Fit StarPU's non-linear model to ``(size, seconds)`` points; ``None`` below 2 sizes.
-
-    ``c`` (a fixed cost per task) is searched on a grid over ``[0, min t)`` then
-    refined by golden section, minimising the squared error in ``log t``; it
-    needs at least 3 distinct sizes, else ``c = 0`` (a plain power law).
-    """
-    pts = [(s, t) for s, t in points if s > 0 and t > 0]
-    sizes = {s for s, _ in pts}
-    if len(sizes) < 2:
-        return None
-    log_sizes = [math.log(s) for s, _ in pts]
-    times = [t for _, t in pts]
-    a, b, err = _power_fit(log_sizes, times, 0.0)
-    best = (err, a, b, 0.0)
-    if len(sizes) >= 3 and err > 1e-24:
-        t_min = min(times)
-        steps = 16
-        grid = [t_min * k / steps for k in range(steps)]
-        errs = [(_power_fit(log_sizes, times, c)[2], c) for c in grid[1:]]
-        _, c_best = min(errs)
-        lo, hi = max(c_best - t_min / steps, 0.0), min(c_best + t_min / steps, t_min * 0.999)
-        golden = (math.sqrt(5) - 1) / 2
-        for _ in range(30):  # golden section inside the best grid cell's neighbourhood
-            c1, c2 = hi - golden * (hi - lo), lo + golden * (hi - lo)
-            if _power_fit(log_sizes, times, c1)[2] < _power_fit(log_sizes, times, c2)[2]:
-                hi = c2
-            else:
-                lo = c1
-        c = (lo + hi) / 2
-        a_c, b_c, err_c = _power_fit(log_sizes, times, c)
-        if err_c < best[0]:
-            best = (err_c, a_c, b_c, c)
-    _, a, b, c = best
-    return Regression(a, b, c, len(pts), min(sizes), max(sizes))
 
 
 class PerfModel:
@@ -389,13 +159,13 @@ class PerfModel:
         self.load = bool(load)
         self._lock = threading.RLock()
         self._loaded: set[str] = set()
-        self._history: dict[tuple, _History] = {}
-        self._pending: dict[tuple, _History] = {}
-        self._groups: dict[tuple, dict[str, _History]] = {}
+        self._history: dict[tuple, History] = {}
+        self._pending: dict[tuple, History] = {}
+        self._groups: dict[tuple, dict[str, History]] = {}
         self._fits: dict[tuple, Regression | None] = {}
         self._transfers_loaded = False
-        self._links: dict[tuple, _LinkStats] = {}
-        self._links_pending: dict[tuple, _LinkStats] = {}
+        self._links: dict[tuple, LinkStats] = {}
+        self._links_pending: dict[tuple, LinkStats] = {}
         self._link_fits: dict[tuple, tuple[float, float]] = {}
         self._warned: set[str] = set()
         self.save_every = save_every
@@ -438,7 +208,7 @@ class PerfModel:
             if batch is None:
                 batch = batches[key] = (size, [])
             batch[1].append(seconds)
-        self._absorb({key: _History.of(size, seconds) for key, (size, seconds) in batches.items()})
+        self._absorb({key: History.of(size, seconds) for key, (size, seconds) in batches.items()})
 
     def record_array(self, codelet: str, variant: str, kind: str, footprint: str, size: float,
                      seconds) -> None:
@@ -454,10 +224,10 @@ class PerfModel:
         mean = float(seconds.mean())
         m2 = float(((seconds - mean) ** 2).sum())
         self._absorb({(codelet, variant, kind, footprint):
-                      _History(len(seconds), mean, m2, float(size))})
+                      History(len(seconds), mean, m2, float(size))})
 
     def _absorb(self, batches) -> None:
-        """Merge ``{key: _History of new runs}`` into the model under its lock."""
+        """Merge ``{key: History of new runs}`` into the model under its lock."""
         for codelet in {key[0] for key in batches}:
             if codelet not in self._loaded:
                 self._load_codelet(codelet)
@@ -465,7 +235,7 @@ class PerfModel:
             for key, runs in batches.items():
                 history = self._history.get(key)
                 if history is None:
-                    history = self._history[key] = _History()
+                    history = self._history[key] = History()
                     self._groups.setdefault(key[:3], {})[key[3]] = history
                 before = history.count
                 history.absorb(runs)
@@ -473,7 +243,7 @@ class PerfModel:
                     self._fits.pop(key[:3], None)  # new footprint or count passed a power of two
                 pending = self._pending.get(key)
                 if pending is None:
-                    pending = self._pending[key] = _History()
+                    pending = self._pending[key] = History()
                 pending.absorb(runs)
 
     def predict(self, codelet: str, variant: str, kind: str, footprint: str,
@@ -512,12 +282,12 @@ class PerfModel:
         with self._lock:
             stats = self._links.get(key)
             if stats is None:
-                stats = self._links[key] = _LinkStats()
+                stats = self._links[key] = LinkStats()
             stats.add(float(nbytes), seconds)
-            self._link_fits[key] = stats.fit(_default_link(src, dst))
+            self._link_fits[key] = stats.fit(default_link(src, dst))
             pending = self._links_pending.get(key)
             if pending is None:
-                pending = self._links_pending[key] = _LinkStats()
+                pending = self._links_pending[key] = LinkStats()
             pending.add(float(nbytes), seconds)
 
     def predict_transfer(self, src: str, dst: str, nbytes: int) -> float:
@@ -528,7 +298,7 @@ class PerfModel:
             self._load_transfers()
         fit = self._link_fits.get((src, dst))
         if fit is None:  # cache the default; a record's fit replaces it (setdefault is atomic)
-            fit = self._link_fits.setdefault((src, dst), _default_link(src, dst))
+            fit = self._link_fits.setdefault((src, dst), default_link(src, dst))
         return fit[0] + nbytes * fit[1]
 
     # -- regression and display ------------------------------------------------------
@@ -550,7 +320,7 @@ class PerfModel:
         """(latency s, bandwidth bytes/s) used for ``src -> dst``: fitted, else the default."""
         if not self._transfers_loaded:
             self._load_transfers()
-        latency, spb = self._link_fits.get((src, dst)) or _default_link(src, dst)
+        latency, spb = self._link_fits.get((src, dst)) or default_link(src, dst)
         return latency, (1.0 / spb if spb > 0 else math.inf)
 
     def codelets(self) -> list[str]:
@@ -569,7 +339,7 @@ class PerfModel:
         elif codelet not in self._loaded:
             self._load_codelet(codelet)
         with self._lock:
-            items = [(k, _History(h.count, h.mean, h.m2, h.size)) for k, h in self._history.items()
+            items = [(k, History(h.count, h.mean, h.m2, h.size)) for k, h in self._history.items()
                      if codelet is None or k[0] == codelet]
         rows = []
         items.sort(key=lambda kv: (kv[0][:3], kv[1].size, kv[0][3]))  # by size within a group
@@ -622,11 +392,11 @@ class PerfModel:
             links_pending, self._links_pending = self._links_pending, {}
         if not pending and not links_pending:
             return
-        by_codelet: dict[str, dict[tuple, _History]] = {}
+        by_codelet: dict[str, dict[tuple, History]] = {}
         for key, delta in pending.items():
             by_codelet.setdefault(key[0], {})[key] = delta
-        saved: dict[str, dict[tuple, _History]] = {}
-        saved_links: dict[tuple, _LinkStats] | None = None
+        saved: dict[str, dict[tuple, History]] = {}
+        saved_links: dict[tuple, LinkStats] | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             with self._file_lock():
@@ -670,9 +440,9 @@ class PerfModel:
                     for key, stats in saved_links.items():
                         total = stats.merged(self._links_pending.get(key))
                         self._links[key] = total
-                        self._link_fits[key] = total.fit(_default_link(*key))
+                        self._link_fits[key] = total.fit(default_link(*key))
 
-    def _replace_codelet(self, codelet: str, merged: dict[tuple, _History]) -> None:
+    def _replace_codelet(self, codelet: str, merged: dict[tuple, History]) -> None:
         """Under the lock: the totals of ``codelet`` become ``merged`` plus what is pending now."""
         for key in [k for k in self._history if k[0] == codelet]:
             del self._history[key]
@@ -682,7 +452,7 @@ class PerfModel:
         keys = set(merged) | {k for k in self._pending if k[0] == codelet}
         for key in keys:
             base = merged.get(key)
-            total = (base or _History()).merged(self._pending.get(key))
+            total = (base or History()).merged(self._pending.get(key))
             self._history[key] = total
             self._groups.setdefault(key[:3], {})[key[3]] = total
             self._fits.pop(key[:3], None)
@@ -692,7 +462,7 @@ class PerfModel:
         disk = self._read_codelet_file(self.path_for(codelet), codelet) if self.load else {}
         self._adopt(codelet, disk)
 
-    def _adopt(self, codelet: str, disk: dict[tuple, _History]) -> None:
+    def _adopt(self, codelet: str, disk: dict[tuple, History]) -> None:
         with self._lock:
             if codelet in self._loaded:
                 return
@@ -736,7 +506,7 @@ class PerfModel:
             for key, stats in disk.items():
                 total = stats.merged(self._links.get(key))
                 self._links[key] = total
-                self._link_fits[key] = total.fit(_default_link(*key))
+                self._link_fits[key] = total.fit(default_link(*key))
             self._transfers_loaded = True
 
     def _read_doc(self, path: Path, fmt: str, parse, codelet: str | None = None):
@@ -798,22 +568,22 @@ class PerfModel:
         self._warn(f"perfmodel file {path} is unusable: {problem}; set aside as {aside.name}, "
                    f"a fresh model starts")
 
-    def _read_codelet_file(self, path: Path, codelet: str) -> dict[tuple, _History]:
+    def _read_codelet_file(self, path: Path, codelet: str) -> dict[tuple, History]:
         found = self._read_doc(path, _CODELET_FORMAT, lambda doc: self._parse_codelet(doc, codelet),
                                codelet)
         return found if found is not None else {}
 
     @staticmethod
-    def _parse_codelet(doc: dict, codelet: str) -> dict[tuple, _History]:
-        out: dict[tuple, _History] = {}
+    def _parse_codelet(doc: dict, codelet: str) -> dict[tuple, History]:
+        out: dict[tuple, History] = {}
         for row in doc["entries"]:
             key = (codelet, row["variant"], row["kind"], row["footprint"])
             if not all(isinstance(k, str) for k in key):
                 raise ValueError(f"non-string key {key!r}")
-            out[key] = _History.from_json(row).merged(out.get(key))
+            out[key] = History.from_json(row).merged(out.get(key))
         return out
 
-    def _read_transfers_file(self, path: Path) -> dict[tuple, _LinkStats]:
+    def _read_transfers_file(self, path: Path) -> dict[tuple, LinkStats]:
         found = self._read_doc(path, _TRANSFER_FORMAT, _parse_links)
         return found if found is not None else {}
 
@@ -864,27 +634,27 @@ def _identity(stat: os.stat_result) -> tuple:
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def _parse_links(doc: dict) -> dict[tuple, _LinkStats]:
-    out: dict[tuple, _LinkStats] = {}
+def _parse_links(doc: dict) -> dict[tuple, LinkStats]:
+    out: dict[tuple, LinkStats] = {}
     for row in doc["links"]:
         key = (row["src"], row["dst"])
         if not all(isinstance(k, str) for k in key):
             raise ValueError(f"non-string link {key!r}")
-        out[key] = _LinkStats.from_json(row).merged(out.get(key))
+        out[key] = LinkStats.from_json(row).merged(out.get(key))
     return out
 
 
-def _codelet_doc(hostname: str, codelet: str, histories: dict[tuple, _History]) -> dict:
+def _codelet_doc(hostname: str, codelet: str, histories: dict[tuple, History]) -> dict:
     entries = [{"variant": k[1], "kind": k[2], "footprint": k[3], **h.to_json()}
                for k, h in sorted(histories.items(), key=lambda kv: kv[0])]
     return {"format": _CODELET_FORMAT, "version": FORMAT_VERSION, "hostname": hostname,
             "codelet": codelet, "entries": entries}
 
 
-def _transfers_doc(hostname: str, links: dict[tuple, _LinkStats]) -> dict:
+def _transfers_doc(hostname: str, links: dict[tuple, LinkStats]) -> dict:
     rows = []
     for (src, dst), stats in sorted(links.items()):
-        latency, spb = stats.fit(_default_link(src, dst))
+        latency, spb = stats.fit(default_link(src, dst))
         rows.append({"src": src, "dst": dst, **stats.to_json(),
                      "latency_s": latency, "bandwidth_Bps": 1.0 / spb if spb > 0 else None})
     return {"format": _TRANSFER_FORMAT, "version": FORMAT_VERSION, "hostname": hostname,
