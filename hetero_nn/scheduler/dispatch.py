@@ -18,11 +18,19 @@ Counters
 --------
 An edge between two workers is a counter: ``done[t]`` holds the number of the
 last replay (its *epoch*) in which task ``t`` finished, so nothing is reset
-between replays. A waiter spins a little (``SPIN`` checks with the processor's
-pause hint), then sleeps on the counter with a futex (``WAIT_NS`` at most, so it
+between replays. A waiter spins (checks with the processor's pause hint) for at most
+``spin_ns``, then sleeps on the counter with a futex (``WAIT_NS`` at most, so it
 also sees an abort), counting itself in ``sleepers``; a publisher stores the
 epoch and, only when someone sleeps, wakes the sleepers of that counter. Tasks
 no other worker waits for publish nothing.
+
+How long to spin (:func:`spin_budget`): a futex sleep and its wake-up cost tens of
+microseconds, so a worker that sleeps whenever its predecessor on another worker takes
+longer than the spin makes every task of that size pay them (Task Bench showed a floor
+of about 20 us per task with a 10 us spin). Where every thread of the replay has a core
+of its own, a waiter spins ``SPIN_NS`` (100 us): it takes nothing from anyone. Where the
+workers outnumber the cores, a spinning worker would take the core of the one it waits
+for, so it spins ``SHORT_SPIN_NS`` (10 us) and sleeps.
 
 State of one share (arrays, built by :mod:`~hetero_nn.scheduler.replay`)
 -----------------------------------------------------------------------
@@ -41,24 +49,42 @@ Return value of :func:`run_compiled`: ``len(order)`` when the share is done;
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import njit
 
 from .intrinsics import (atomic_add, atomic_load, atomic_store, call_pointer, cpu_pause,
                          futex_wait, futex_wake, monotonic_ns)
 
-SPIN = 1000          # checks of a counter before sleeping on it
-WAIT_NS = 1_000_000  # longest futex sleep: how late at worst an abort is seen
+SPIN_NS = 100_000        # spin before sleeping, where every thread has a core
+SHORT_SPIN_NS = 10_000   # spin before sleeping, where workers outnumber the cores
+WAIT_NS = 1_000_000      # longest futex sleep: how late at worst an abort is seen
 ABORTED = -1
 
 
+def spin_budget(threads: int) -> int:
+    """Nanoseconds a waiter spins when ``threads`` threads run a replay's shares (module
+    docstring): ``SPIN_NS`` where the process may use as many cores, else
+    ``SHORT_SPIN_NS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return SPIN_NS if threads <= cores else SHORT_SPIN_NS
+
+
 @njit(nogil=True, cache=True)
-def wait_done(done, t, epoch, sleepers, abort):
+def wait_done(done, t, epoch, sleepers, abort, spin_ns):
     """Block until ``done[t] >= epoch``; False if the replay was aborted meanwhile."""
-    for _ in range(SPIN):
-        if atomic_load(done, t) >= epoch:
-            return True
-        cpu_pause()
+    deadline = monotonic_ns() + spin_ns
+    while True:
+        for _ in range(64):
+            if atomic_load(done, t) >= epoch:
+                return True
+            cpu_pause()
+        if monotonic_ns() >= deadline:
+            break
     atomic_add(sleepers, 0, np.int32(1))
     ok = True
     while True:
@@ -97,7 +123,7 @@ def now_ns():
 
 @njit(nogil=True, cache=True)
 def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
-                 notify, done, times, epoch, sleepers, abort):
+                 notify, done, times, epoch, sleepers, abort, spin_ns):
     """Run the share from position ``k0``; see the module docstring for the result."""
     n = order.shape[0]
     for k in range(k0, n):
@@ -105,7 +131,7 @@ def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start
         if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
             return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):
-            if not wait_done(done, waits[j], epoch, sleepers, abort):
+            if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns):
                 return ABORTED
         if python[k]:
             return k

@@ -63,7 +63,7 @@ from ..codelets.prepared import WorkerBuffers
 from .bound import BoundTransfer, bind_task
 from .data_plan import plan_data
 from .bundle import Bundle
-from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, wait_done
+from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
 from .policies import UNKNOWN_COST
 from .schedule import check_orders, fixed_orders
@@ -106,6 +106,7 @@ class CompiledSegment:
         self.multinode = len(rt.nodes) > 1
         n = self.n_tasks = len(self.tasks)
         workers = self.workers = rt.workers
+        self.spin_ns = spin_budget(len(workers))  # one thread per worker's share
         costs_ns = None if previous is None else \
             previous.times[:n, 1] - previous.times[:n, 0]
         self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
@@ -228,7 +229,7 @@ class CompiledSegment:
         while True:
             r = run_compiled(k, share.order, share.python, share.entry_start, share.trampolines,
                              share.blocks, share.wait_start, share.waits, share.notify, done,
-                             times, epoch, sleepers, abort)
+                             times, epoch, sleepers, abort, self.spin_ns)
             if r == n or r == ABORTED:
                 return None
             if r >= 0:  # a Python task, its predecessors done
@@ -310,7 +311,7 @@ def _run_stream_share(seg, share, epoch):
         for k in range(len(share.order)):
             t = int(share.order[k])
             for j in range(share.wait_start[k], share.wait_start[k + 1]):
-                if not wait_done(done, share.waits[j], epoch, sleepers, abort):
+                if not wait_done(done, share.waits[j], epoch, sleepers, abort, seg.spin_ns):
                     return None  # another share failed: its error is the flush's
             try:
                 if t >= seg.n_tasks:  # a planned copy into or out of this device
