@@ -34,6 +34,7 @@ import numpy as np
 
 from ._checks import require_contiguous
 from ._jit import jit
+from .prepared import from_calls
 from .codelet import R, W, Codelet
 from .dropout import _uniform, uniforms
 from .xp import array_module
@@ -72,24 +73,44 @@ def _repeat_bwd_cpu(dy, dx):
                 dx[i, f] += dy[i, t, f]
 
 
-def _repeat_bwd_cpu_wrapper(dy, dx):
+@jit
+def _repeat_fwd_cpu(x, y):
+    n, T, F = y.shape
+    for i in range(n):
+        for t in range(T):
+            for f in range(F):
+                y[i, t, f] = x[i, f]
+
+
+@from_calls
+def repeat_fwd_cpu(view, x, y):
+    """``repeat_fwd``'s one Numba call (a copy: NumPy's bits); compiled in a replay."""
+    _check("repeat_fwd", x, y)
+    require_contiguous("repeat_fwd", y=y)
+    n, T = y.shape[:2]
+    return [(_repeat_fwd_cpu, (view(x).reshape(n, -1), y.reshape(n, T, -1)))]
+
+
+@from_calls
+def repeat_bwd_cpu(view, dy, dx):
+    """``repeat_bwd``'s one Numba call; compiled in a replay."""
     _check("repeat_bwd", dx, dy)
     require_contiguous("repeat_bwd", dx=dx)
     n, T = dy.shape[:2]
-    _repeat_bwd_cpu(np.ascontiguousarray(dy).reshape(n, T, -1), dx.reshape(n, -1))
+    return [(_repeat_bwd_cpu, (view(dy).reshape(n, T, -1), dx.reshape(n, -1)))]
 
 
 repeat_fwd = Codelet(
     "repeat_fwd", modes=(R, W),
     variants={"ref": lambda x, y: _repeat_fwd_xp(np, x, y),
-              "cpu": lambda x, y: _repeat_fwd_xp(np, x, y),
+              "cpu": repeat_fwd_cpu,
               "cuda": lambda x, y: _repeat_fwd_xp(array_module(x, y), x, y)},
     flops=lambda x, y, **params: float(math.prod(y)))
-"""``y[:, t] = x`` for every step ``t`` (R x, W y): a broadcast copy (NumPy's own on CPU)."""
+"""``y[:, t] = x`` for every step ``t`` (R x, W y): a broadcast copy."""
 
 repeat_bwd = Codelet(
     "repeat_bwd", modes=(R, W),
-    variants={"ref": lambda dy, dx: _repeat_bwd_xp(np, dy, dx), "cpu": _repeat_bwd_cpu_wrapper,
+    variants={"ref": lambda dy, dx: _repeat_bwd_xp(np, dy, dx), "cpu": repeat_bwd_cpu,
               "cuda": lambda dy, dx: _repeat_bwd_xp(array_module(dy, dx), dy, dx)},
     flops=lambda dy, dx, **params: float(math.prod(dy)))
 """``dx = sum_t dy[:, t]``, the last step first (R dy, W dx)."""

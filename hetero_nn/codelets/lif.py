@@ -62,6 +62,7 @@ import numpy as np
 from ._checks import require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import REDUX, R, W, Codelet
+from .prepared import from_calls
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -278,22 +279,39 @@ def _bwd_cpu(x, s, dy, b, thr, slope, dx, subtract, spikes, k, sums):
     sums[1] += st.sum()
 
 
-def _fwd_cpu_wrapper(inp, beta, threshold, out, states, *, reset="subtract", recompute=1):
+@jit
+def _fwd_cpu_operands(x, beta, threshold, y, s, subtract, spikes, k):
+    """:func:`_fwd_cpu` with beta and threshold read from their operands (one element
+    each) as :func:`_scalars` reads them: a replay binds the arrays, not their values."""
+    zero, one = y.dtype.type(0), y.dtype.type(1)
+    b = y.dtype.type(np.float64(beta[0]))
+    if b < zero:
+        b = zero
+    elif b > one:
+        b = one
+    _fwd_cpu(x, b, y.dtype.type(np.float64(threshold[0])), y, s, subtract, spikes, k)
+
+
+@from_calls
+def lif_fwd_cpu(view, inp, beta, threshold, out, states, *, reset="subtract", recompute=1):
+    """``lif_fwd``'s one Numba call; compiled in a replay."""
     _check_params(reset, recompute)
     _check("lif_fwd", inp, out, states=states, recompute=recompute)
     require_contiguous("lif_fwd", out=out, states=states)
-    b, thr, _ = _scalars(beta, threshold, out.dtype)
-    _fwd_cpu(_seq(np.ascontiguousarray(inp)), b, thr, _seq(out), _seq(states),
-             reset == "subtract", True, int(recompute))
+    return [(_fwd_cpu_operands, (_seq(view(inp)), view(beta).reshape(1),
+                                 view(threshold).reshape(1), _seq(out), _seq(states),
+                                 reset == "subtract", True, int(recompute)))]
 
 
-def _fwd_membrane_cpu_wrapper(inp, beta, threshold, out, *, reset="subtract", recompute=1):
+@from_calls
+def lif_fwd_membrane_cpu(view, inp, beta, threshold, out, *, reset="subtract", recompute=1):
+    """``lif_fwd_membrane``'s one Numba call; compiled in a replay."""
     _check_params(reset, 1)
     _check("lif_fwd_membrane", inp, out)
     require_contiguous("lif_fwd_membrane", out=out)
-    b, thr, _ = _scalars(beta, threshold, out.dtype)
-    _fwd_cpu(_seq(np.ascontiguousarray(inp)), b, thr, _seq(out),
-             np.empty((0, 0, 0), out.dtype), reset == "subtract", False, 1)
+    return [(_fwd_cpu_operands, (_seq(view(inp)), view(beta).reshape(1),
+                                 view(threshold).reshape(1), _seq(out),
+                                 np.empty((0, 0, 0), out.dtype), reset == "subtract", False, 1))]
 
 
 def _bwd_cpu_sums(inp, states, dout, beta, threshold, dinp, sums, reset, recompute, output,
@@ -316,12 +334,12 @@ def _scan_flops(inp, *others, **params):
 
 lif_fwd = Codelet(
     "lif_fwd", modes=(R, R, R, W, W),
-    variants={"ref": _fwd_ref, "cpu": _fwd_cpu_wrapper, "cuda": _fwd_cuda}, flops=_scan_flops)
+    variants={"ref": _fwd_ref, "cpu": lif_fwd_cpu, "cuda": _fwd_cuda}, flops=_scan_flops)
 """The forward scan, spikes out, membranes kept every ``recompute`` steps."""
 
 lif_fwd_membrane = Codelet(
     "lif_fwd_membrane", modes=(R, R, R, W),
-    variants={"ref": _fwd_membrane_ref, "cpu": _fwd_membrane_cpu_wrapper,
+    variants={"ref": _fwd_membrane_ref, "cpu": lif_fwd_membrane_cpu,
               "cuda": _fwd_membrane_cuda}, flops=_scan_flops)
 """The forward scan with the membrane as output (a readout layer)."""
 

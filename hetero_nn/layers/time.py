@@ -42,6 +42,7 @@ from ..codelets._checks import positive_int
 from ..codelets.codelet import Codelet
 from ..codelets.dropout import key_data
 from ..codelets.encode import rate_encode, repeat_bwd, repeat_fwd
+from ..codelets.prepared import calls_of
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
 from .base import Layer, default_rng
@@ -274,13 +275,20 @@ def stepwise(codelet: Codelet, fold) -> Codelet:
     if twin is not None:
         return twin
 
+    def folded(arrays):
+        arrays = list(arrays)
+        for i in fold:
+            arrays[i] = _folded(arrays[i])
+        return arrays
+
     def wrap(variant):
         def per_step(*arrays, **params):
-            arrays = list(arrays)
-            for i in fold:
-                arrays[i] = _folded(arrays[i])
-            return variant(*arrays, **params)
+            return variant(*folded(arrays), **params)
+
+        def prepare(buffers, *arrays, **params):  # a replay runs the inner variant's calls
+            return calls_of(variant, buffers, folded(arrays), params)
         per_step.__name__ = getattr(variant, "__name__", "variant")
+        per_step.prepare = prepare
         return per_step
 
     def folded_shape(i, s):
