@@ -1,6 +1,7 @@
 """Helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,26 @@ def load_script(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def within(seconds, fn, *args):
+    """``fn(*args)`` in a thread; fails (rather than hangs) when it takes longer than
+    ``seconds``, re-raises what it raised, returns what it returned."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            out["error"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"hung: {getattr(fn, '__name__', fn)} did not return within " \
+                             f"{seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
 
 
 def central_differences(loss, x, eps):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from test_replay_engine import AXPY, BOOM, CPU_FIRST, SCALE, _within
+from helpers import within
+from test_replay_engine import AXPY, BOOM, CPU_FIRST, SCALE
 
 
 def _train(devices, host_nodes, policy, replay, steps=4):
@@ -120,12 +121,12 @@ def test_a_failed_replay_leaves_every_node_coherent():
         assert graph._compiled.segments[0].data.transfers
         graph.write(x, np.array([1.0, 1, 1, 1, 50, 50, 1, 1]))  # the third part fails
         with pytest.raises(hn.TaskError, match="engine_boom"):
-            _within(60, graph.replay)
+            within(60, graph.replay)
         _coherent(rt, x)
         _coherent(rt, y)
         left = rt.fetch(y).copy()
         graph.write(x, np.ones(8))
-        _within(60, graph.replay)
+        within(60, graph.replay)
         np.testing.assert_array_equal(rt.fetch(x), np.full(8, 3.0))
         np.testing.assert_array_equal(rt.fetch(y), left + 6.0)
         _coherent(rt, x)

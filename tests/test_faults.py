@@ -22,27 +22,9 @@ import hetero_nn as hn
 from hetero_nn import RW, W
 from hetero_nn.scheduler.perfmodel import PerfModel
 from hetero_nn.scheduler.policies import POLICIES, Dmda, Eager, Heft, WorkStealing
+from helpers import within
 
 BOUND = 60.0  # seconds: a test that takes longer hung
-
-
-def bounded(fn, seconds=BOUND):
-    """Run ``fn()`` in a thread; fail (instead of hanging) when it does not return in time."""
-    out = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            out["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"hung: did not return within {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def _add_one(x):
@@ -122,7 +104,7 @@ def test_a_policy_hook_that_raises_fails_the_flush_and_the_next_one_runs(
                 rt.wait()
             _check_next_flush(rt)
 
-    bounded(scenario)
+    within(BOUND, scenario)
 
 
 def test_a_push_that_raises_while_releasing_successors_names_the_releasing_task(monkeypatch):
@@ -139,7 +121,7 @@ def test_a_push_that_raises_while_releasing_successors_names_the_releasing_task(
                 rt.wait()
             _check_next_flush(rt)
 
-    bounded(scenario)
+    within(BOUND, scenario)
 
 
 class FaultyModel(PerfModel):
@@ -174,7 +156,7 @@ def test_a_performance_model_update_that_raises_is_not_the_codelets_failure(tmp_
             pm.armed = False
             _check_next_flush(rt)
 
-    bounded(scenario)
+    within(BOUND, scenario)
 
 
 def test_the_completion_callback_of_a_stream_cannot_strand_its_worker(tmp_path):
@@ -193,7 +175,7 @@ def test_the_completion_callback_of_a_stream_cannot_strand_its_worker(tmp_path):
             pm.armed = False
             _check_next_flush(rt)
 
-    bounded(scenario)
+    within(BOUND, scenario)
 
 
 def test_measurements_from_several_workers_are_all_kept(tmp_path):
@@ -209,7 +191,7 @@ def test_measurements_from_several_workers_are_all_kept(tmp_path):
         fp = "1:<f8"
         return pm.count("fault_fill", "ref", "cpu", fp)
 
-    assert bounded(scenario) == 399
+    assert within(BOUND, scenario) == 399
 
 
 def test_two_workers_binding_children_of_one_unallocated_root_share_one_buffer():
@@ -284,4 +266,4 @@ def test_waiting_on_a_task_an_aborted_flush_dropped_raises_instead_of_hanging(mo
                 rt.wait()
             _check_next_flush(rt)
 
-    bounded(scenario)
+    within(BOUND, scenario)

@@ -22,7 +22,7 @@ from hetero_nn.codelets.dropout import dropout2d_bwd, dropout2d_fwd, dropout_key
 from hetero_nn.codelets.layernorm import (layer_norm_bwd_input, layer_norm_bwd_params,
                                           layer_norm_bwd_weight, layer_norm_fwd)
 from hetero_nn.codelets.softmax import softmax_bwd, softmax_fwd
-from helpers import rel_err
+from helpers import central_differences, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks need it")
 F = torch.nn.functional
@@ -293,21 +293,9 @@ def test_layer_backward_matches_central_differences(kind):
             ys = layer.forward(rt, [rt.register(x.copy())])
             return float(np.sum(rt.fetch(ys[0]) * dy))
 
-        def numeric(array):
-            out = np.empty_like(array)
-            for i in np.ndindex(array.shape):
-                saved = array[i]
-                array[i] = saved + eps
-                plus = loss()
-                array[i] = saved - eps
-                minus = loss()
-                array[i] = saved
-                out[i] = (plus - minus) / (2 * eps)
-            return out
-
-        assert rel_err(dx, numeric(x)) <= 1e-7
+        assert rel_err(dx, central_differences(loss, x, eps)) <= 1e-7
         for name, p in layer.named_parameters():
-            assert rel_err(grads[name], numeric(p.data)) <= 1e-7, name
+            assert rel_err(grads[name], central_differences(loss, p.data, eps)) <= 1e-7, name
 
 
 # --------------------------------------------------------------------------- construction

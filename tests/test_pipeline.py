@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import hetero_nn as hn
 from hetero_nn.errors import ConfigError
 from hetero_nn.training.pipeline import balanced_cut
+from helpers import within
 
 SHAPES = {"lenet5": (1, 28, 28), "resnet-small": (3, 12, 12)}
 
@@ -223,8 +224,6 @@ def test_a_checkpointed_block_in_an_ordered_pipeline_keeps_its_temporaries():
     dependencies they add could close a cycle with the schedule's. A step of a model
     whose blocks release (Checkpoint, Sequential) finishes, bit-identical (in a daemon
     thread, so a deadlock fails the test instead of hanging the suite)."""
-    import threading
-
     from hetero_nn.layers import Checkpoint
 
     def model():
@@ -249,10 +248,7 @@ def test_a_checkpointed_block_in_an_ordered_pipeline_keeps_its_temporaries():
         run("plain")
         run("piped", pipeline=2, pipeline_schedule="1f1b")
 
-    thread = threading.Thread(target=both, daemon=True)
-    thread.start()
-    thread.join(120)
-    assert not thread.is_alive(), "the pipelined step did not finish (a dependency cycle?)"
+    within(120, both)  # a dependency cycle would hang the pipelined step
     assert results["plain"][0] == results["piped"][0]
     for key, value in results["plain"][1].items():
         np.testing.assert_array_equal(results["piped"][1][key], value)

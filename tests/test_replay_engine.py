@@ -26,27 +26,10 @@ from hetero_nn.scheduler.perfmodel import PerfModel
 from hetero_nn.scheduler.replay import unavailable
 from hetero_nn.scheduler.schedule import check_orders, from_assignment, plan
 from hetero_nn.scheduler.trampoline import CompiledCall
+from helpers import within
 from test_runtime_property import CODELETS as PROP, handle_named, programs, run_reference
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")
-
-
-def _within(seconds, fn, *args):
-    """``fn(*args)`` in a thread; fails (rather than hangs) when it takes longer."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            out["error"] = exc
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} did not return within {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -223,7 +206,7 @@ def test_numba_tasks_replay_compiled_with_records_and_measurements(shape, tmp_pa
         fp, _ = rt.footprint(graph._segments[0][0][0])
         measured = pm.count("engine_axpy", "cpu", "cpu", fp)  # the capture's run (warmed up)
         for _ in range(3):
-            _within(60, graph.replay)
+            within(60, graph.replay)
         expected = np.full(n, 2.0) if shape == "wide" else np.full(1, 0.5 * n * 4)
         np.testing.assert_array_equal(rt.fetch(h)[:len(expected)], expected)
         (seg,) = _segments(graph)
@@ -259,7 +242,7 @@ def test_python_and_compiled_tasks_mix_across_three_workers():
             before = rt.fetch(acc, copy=True)
             new = rng.standard_normal((9, 4))
             graph.write(x, new)
-            _within(60, graph.replay)
+            within(60, graph.replay)
             filled = [np.full((3, 4), 2.0 * new[i:i + 3].max()) for i in (0, 3, 6)]
             partials = [f * f for f in filled]
             np.testing.assert_array_equal(rt.fetch(x), np.vstack(filled))
@@ -287,12 +270,12 @@ def test_a_failing_task_names_itself_and_leaves_runtime_and_graph_usable(variant
         graph.replay()
         graph.write(h, np.full(8, 10.0))
         with pytest.raises(hn.TaskError, match="engine_boom.*above") as info:
-            _within(60, graph.replay)
+            within(60, graph.replay)
         assert info.value.codelet == "engine_boom" and f"variant '{variant}'" in str(info.value)
         failed = [r for r in rt.trace().records if r.error]
         assert failed and all(r.codelet == "engine_boom" for r in failed)
         graph.write(h, np.ones(8))
-        _within(60, graph.replay)  # the graph replays again
+        within(60, graph.replay)  # the graph replays again
         np.testing.assert_array_equal(rt.fetch(h), np.full(8, 2.0))
         rt.submit(SCALE, h, factor=0.5)
         np.testing.assert_array_equal(rt.fetch(h), np.ones(8))  # and the runtime submits
@@ -448,7 +431,7 @@ def test_random_programs_replayed_with_new_inputs_match_sequential_numpy(engine_
         for new, want in zip(inputs, expected):
             for h, a in zip(handles, new):
                 graph.write(h, a)
-            _within(60, graph.replay)
+            within(60, graph.replay)
             for i, (h, e) in enumerate(zip(handles, want)):
                 np.testing.assert_array_equal(rt.fetch(h), e, err_msg=f"{label}: root {i}")
         assert graph._compiled is not None
@@ -541,7 +524,7 @@ def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
         assert copies == {("host", "cuda", "cuda-emu0"), ("cuda", "host", "cuda-emu0")}
         rt.trace(clear=True)
         graph.write(x, np.ones(12))
-        _within(60, graph.replay)
+        within(60, graph.replay)
         np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))
         trace = rt.trace()
         records = trace.records
@@ -551,9 +534,9 @@ def test_a_cuda_worker_s_share_is_enqueued_on_its_stream():
                                                              ("cuda-emu0", "host0")}
         graph.write(x, np.full(12, 1e10))
         with pytest.raises(hn.TaskError, match="engine_device_boom.*on the device"):
-            _within(60, graph.replay)
+            within(60, graph.replay)
         graph.write(x, np.ones(12))
-        _within(60, graph.replay)  # usable again
+        within(60, graph.replay)  # usable again
         np.testing.assert_array_equal(rt.fetch(x), np.full(12, 2.0))
 
 
@@ -609,9 +592,9 @@ def test_a_fault_of_the_engine_itself_is_a_task_error_and_nothing_hangs(monkeypa
         monkeypatch.setattr(CompiledSegment, "run_share", broken)
         with pytest.raises(hn.TaskError, match="replay engine failed: RuntimeError: engine "
                                                "fault"):
-            _within(60, graph.replay)
+            within(60, graph.replay)
         monkeypatch.setattr(CompiledSegment, "run_share", run_share)
         graph.write(h, np.ones(12))
-        _within(60, graph.replay)
+        within(60, graph.replay)
         np.testing.assert_array_equal(rt.fetch(h), np.full(12, 8.0))
         assert rt._engine._threads == threads and all(t.is_alive() for t in threads)
