@@ -51,6 +51,24 @@ def within(seconds, fn, *args):
     return out.get("value")
 
 
+def torch_sgd_losses(model, batches, lr, momentum):
+    """PyTorch's side of a training cross-check: ``model`` (a ``torch.nn.Module``) trained
+    by SGD with momentum under the cross-entropy on ``batches`` of NumPy ``(x, y)``; the
+    losses, one per batch (torch imported here: the helpers import without it)."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def central_differences(loss, x, eps):
     """``d loss() / d x`` by central differences, one element at a time: ``loss`` reads
     ``x``, which is changed in place and restored."""

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from helpers import REPO, rel_err
+from helpers import REPO, rel_err, torch_sgd_losses
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; from_torch needs it")
 nn = torch.nn
@@ -247,16 +247,8 @@ def torch_state_of(model, hn_model, targets):
 
 
 def torch_train(model, data):
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    losses = []
     model.train()
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return torch_sgd_losses(model, data, LR, MOMENTUM)
 
 
 def hn_train(hn_model, data, held_out, g, policy):

@@ -15,7 +15,7 @@ from hetero_nn.codelets.activation import relu_bwd, relu_fwd
 from hetero_nn.codelets.reduce import add_redux, overwriting, zero_init
 from hetero_nn.layers import Layer
 from hetero_nn.layers.fused import ConvReLUPool, DenseReLU, plan
-from helpers import assert_ulp, rel_err
+from helpers import assert_ulp, rel_err, torch_sgd_losses
 from twins import torch_twin
 
 torch = pytest.importorskip("torch")
@@ -404,14 +404,7 @@ def test_fused_and_unfused_steps_agree_and_equal_torch(g):
     model.build((1, 28, 28), "float64")
     model.load_state_dict(start)
     twin = torch_twin(model, "float64")
-    opt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
-    ref_losses = []
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        ref_losses.append(loss.item())
+    ref_losses = torch_sgd_losses(twin, data, 0.05, 0.9)
     for fuse, (losses, state) in results.items():
         assert rel_err(losses, ref_losses) <= 1e-9, fuse
         for name, value in twin.state_dict().items():

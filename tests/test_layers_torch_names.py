@@ -22,7 +22,7 @@ from hetero_nn.codelets.dropout import dropout2d_bwd, dropout2d_fwd, dropout_key
 from hetero_nn.codelets.layernorm import (layer_norm_bwd_input, layer_norm_bwd_params,
                                           layer_norm_bwd_weight, layer_norm_fwd)
 from hetero_nn.codelets.softmax import softmax_bwd, softmax_fwd
-from helpers import central_differences, rel_err
+from helpers import central_differences, rel_err, torch_sgd_losses
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks need it")
 F = torch.nn.functional
@@ -352,16 +352,9 @@ def test_training_on_cuda_emu_runs_the_cuda_variants_and_equals_torch():
     for p in model.parameters():  # LayerNorm and BatchNorm away from 1 and 0
         p.data[...] += np.random.default_rng(1).standard_normal(p.data.shape) * 0.1
     twin = hn.to_torch(model)
-    opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
     rng = np.random.default_rng(2)
     data = [(rng.standard_normal((6, 2, 6, 6)), rng.integers(0, 5, 6)) for _ in range(3)]
-    expected = []
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        expected.append(loss.item())
+    expected = torch_sgd_losses(twin, data, 0.1, 0.9)
     with hn.Runtime(devices="cuda-emu:1", perfmodel=False) as rt:
         trainer = hn.Trainer(model, optimizer=hn.optim.SGD(lr=0.1, momentum=0.9), runtime=rt,
                              batch_size=6, granularity=3)

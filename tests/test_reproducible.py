@@ -24,6 +24,7 @@ import pytest
 import hetero_nn as hn
 from hetero_nn.codelets.pinned import PINNED_VARIANTS
 from hetero_nn.models import build_model
+from helpers import torch_sgd_losses
 
 STEPS, BATCH, GRANULARITY, SEED = 4, 8, 2, 7
 CONFIGS = [(policy, workers) for policy in ("eager", "dmda", "heft") for workers in (1, 2)]
@@ -89,16 +90,12 @@ def test_every_policy_and_worker_count_gives_the_same_bits(policy, workers):
 
 
 def test_equal_to_pytorch():
-    torch = pytest.importorskip("torch", reason="the PyTorch cross-check needs torch")
+    pytest.importorskip("torch", reason="the PyTorch cross-check needs torch")
     from test_training_vs_torch import torch_twin
 
     model = initial_model()
     twin = torch_twin(model, "float64")
-    optimizer = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
-    for x, y in batches():
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-        optimizer.step()
+    torch_sgd_losses(twin, batches(), 0.05, 0.9)
     expected = {k: v.detach().numpy() for k, v in twin.state_dict().items()}
     weights, _ = run("dmda", 2)
     start = model.state_dict()
