@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -58,6 +57,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from step_timing import Local, Parser, figures, interleave, utilisation_text  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
 
 from hetero_nn.cli.options import positive_int  # noqa: E402
 
@@ -424,15 +426,8 @@ def main(argv=None) -> int:
         for path in plot(args.document, args.plots):
             print(f"wrote {path}")
         return 0
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("granularity.py: error: PyTorch is not installed; the study compares with it",
-              file=sys.stderr)
+    if _results.torch_missing("granularity.py", "the study compares with it"):
         return 2
-
-    from hetero_nn.cli.run_folder import environment
-    from hetero_nn.fileio import atomic_write_text
 
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -440,17 +435,9 @@ def main(argv=None) -> int:
         args.cache = cache  # a private performance-model cache for the run
         rows, skipped = sweep(args)
     options = {k: v for k, v in vars(args).items() if k not in ("cache", "document")}
-    document = {"experiment": "granularity", "started_utc": started.isoformat(timespec="seconds"),
-                "command": [sys.executable, *(sys.argv if argv is None else [__file__, *argv])],
-                **environment(), "options": options,
-                "load_average": os.getloadavg(), "wall_seconds": time.perf_counter() - t0,
-                "rows": rows, "skipped": skipped}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"granularity-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    text = json.dumps(document, indent=1) + "\n"
-    atomic_write_text(path, text)
-    atomic_write_text(results / "granularity-latest.json", text)
+    document = {**_results.head("granularity", started, argv, options),
+                "wall_seconds": time.perf_counter() - t0, "rows": rows, "skipped": skipped}
+    path = _results.write(document, args.results, "granularity", started)
     print(f"wrote {path}")
     for png in plot(document, args.plots):
         print(f"wrote {png}")

@@ -135,23 +135,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
-    from hetero_nn.cli.run_folder import environment
-    from hetero_nn.fileio import atomic_write_text
+    sys.path.insert(0, str(HERE))
+    import _results
 
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="hetero_nn-spiking-")
     started = datetime.now(timezone.utc)
     runs = [run_one(name, RUNS[name], args) for name in (args.only or RUNS)]
-    document = {"experiment": "spiking", "started_utc": started.isoformat(timespec="seconds"),
-                **environment(), "recipe": {**RECIPE, "lr": LR}, "options": vars(args),
-                "runs": runs,
+    document = {**_results.head("spiking", started, argv, vars(args)),
+                "recipe": {**RECIPE, "lr": LR}, "runs": runs,
                 "all_passed": all(r["passed"] for r in runs)}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"spiking-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    text = json.dumps(document, indent=2) + "\n"
-    atomic_write_text(path, text)
-    atomic_write_text(results / "spiking-latest.json", text)
+    path = _results.write(document, args.results, "spiking", started)
     print(f"\n{'run':16s} {'test acc':>9s} {'target':>7s} {'wall s':>7s}  result")
     for r in runs:
         acc, target = r.get("test_accuracy"), r["target_test_accuracy"]
