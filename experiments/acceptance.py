@@ -29,16 +29,16 @@ Example (about 10 minutes on 2 cores)::
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
+
 RUNS = {
     "mnist-lenet5": dict(dataset="mnist", model="lenet5", epochs=3, batch_size=64, target=0.985),
     "fmnist-dahl": dict(dataset="fashion-mnist", model="dahl-basic", epochs=3, batch_size=64,
@@ -69,43 +69,21 @@ def run_one(name, spec, args) -> dict:
     if out.exists():
         shutil.rmtree(out)
     cmd = _command(spec, args, out)
-    print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    print(proc.stdout, end="", flush=True)
-    result = {"name": name, "command": cmd[1:], "returncode": proc.returncode,
-              "wall_seconds": wall, "target_test_accuracy": spec["target"], "out": str(out)}
-    metrics_path = out / "metrics.json"
-    if metrics_path.is_file():
-        metrics = json.loads(metrics_path.read_text())
+    result, metrics, stderr = _results.train_through_cli(name, cmd, out, spec["target"])
+    if metrics is not None:
         history = metrics["epochs"]
         seconds = sum(r["seconds"] for r in history)
         images = sum(r["samples"] for r in history)
-        result.update(config=metrics["config"], devices=metrics["devices"],
-                      granularity=metrics["granularity"], epochs=history,
-                      status=metrics["status"], test_accuracy=metrics["test_accuracy"],
-                      test_loss=metrics["test_loss"], train_seconds=seconds,
+        result.update(train_seconds=seconds,
                       images_per_second=images / seconds if seconds else None,
                       images_per_second_last_epoch=history[-1]["images_per_second"]
                       if history else None)
-    else:
-        result.update(status="failed", test_accuracy=None)
     if args.trace:
         # the CLI prints the per-codelet statistics table on stderr after the summary
-        stats = proc.stderr[proc.stderr.find("codelet "):] if "codelet " in proc.stderr else ""
+        stats = stderr[stderr.find("codelet "):] if "codelet " in stderr else ""
         result["codelet_stats"] = stats
         (out / "trace-stats.txt").write_text(stats)
-    if proc.returncode != 0:
-        result["stderr_tail"] = proc.stderr[-2000:]
-        print(proc.stderr[-2000:], file=sys.stderr)
-    acc = result.get("test_accuracy")
-    result["passed"] = proc.returncode == 0 and acc is not None and acc >= spec["target"]
-    verdict = "PASS" if result["passed"] else "FAIL"
-    shown = f"{acc:.2%}" if acc is not None else "-"
-    print(f"== {name}: test accuracy {shown} (target {spec['target']:.1%}) {verdict}; "
-          f"{wall:.0f} s wall", flush=True)
-    return result
+    return _results.verdict(result)
 
 
 def main(argv=None) -> int:
@@ -126,21 +104,13 @@ def main(argv=None) -> int:
                         help="where the summary JSON goes")
     args = parser.parse_args(argv)
 
-    from hetero_nn.cli.run_folder import environment
-
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="hetero_nn-acceptance-")
     started = datetime.now(timezone.utc)
     runs = [run_one(name, RUNS[name], args) for name in (args.only or RUNS)]
-    document = {"experiment": "acceptance", "started_utc": started.isoformat(timespec="seconds"),
-                **environment(), "options": vars(args), "runs": runs,
+    document = {**_results.head("acceptance", started, argv, vars(args)), "runs": runs,
                 "all_passed": all(r["passed"] for r in runs)}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    path = results / f"acceptance-{stamp}.json"
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    shutil.copyfile(path, results / "acceptance-latest.json")
+    path = _results.write(document, args.results, "acceptance", started)
     print(f"\n{'run':15s} {'test acc':>9s} {'target':>7s} {'wall s':>7s} {'img/s':>7s}  result")
     for r in runs:
         acc = r.get("test_accuracy")

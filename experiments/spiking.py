@@ -37,18 +37,18 @@ Example (hours on 2 cores; ``--only`` picks runs)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
+
 RECIPE = {"epochs": 3, "batch_size": 128, "time_steps": 25, "optimizer": "adam",
           "schedule": "cosine"}
 LR = {"snn-mlp": 5e-4, "snn-conv": 2e-3}  # the peak of the cosine schedule
@@ -88,34 +88,11 @@ def run_one(name, spec, args) -> dict:
         cmd = [*cmd[:cmd.index("train") + 1], "--out", str(out), "--resume"]
     elif out.exists():
         shutil.rmtree(out)
-    print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.perf_counter() - t0
-    print(proc.stdout, end="", flush=True)
-    result = {"name": name, "command": cmd[1:], "returncode": proc.returncode,
-              "wall_seconds": wall, "target_test_accuracy": spec["target"], "out": str(out)}
-    metrics_path = out / "metrics.json"
-    if metrics_path.is_file():
-        metrics = json.loads(metrics_path.read_text())
-        result.update(config=metrics["config"], devices=metrics["devices"],
-                      granularity=metrics["granularity"], epochs=metrics["epochs"],
-                      status=metrics["status"], test_accuracy=metrics["test_accuracy"],
-                      test_loss=metrics["test_loss"], variants_run=metrics.get("variants_run"))
-    else:
-        result.update(status="failed", test_accuracy=None)
-    if proc.returncode != 0:
-        result["stderr_tail"] = proc.stderr[-2000:]
-        print(proc.stderr[-2000:], file=sys.stderr)
-    acc, target = result.get("test_accuracy"), spec["target"]
-    result["passed"] = proc.returncode == 0 and acc is not None and (
-        target is None or acc >= target)
-    shown = f"{acc:.2%}" if acc is not None else "-"
-    goal = f"target {target:.0%}" if target is not None else "reported"
-    print(f"== {name}: test accuracy {shown} ({goal}) {'PASS' if result['passed'] else 'FAIL'}; "
-          f"{wall:.0f} s wall", flush=True)
-    return result
+    result, metrics, _ = _results.train_through_cli(
+        name, cmd, out, spec["target"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if metrics is not None:
+        result["variants_run"] = metrics.get("variants_run")
+    return _results.verdict(result)
 
 
 def main(argv=None) -> int:
@@ -135,8 +112,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(HERE))
-    import _results
 
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="hetero_nn-spiking-")
