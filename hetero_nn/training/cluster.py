@@ -349,12 +349,14 @@ class Cluster(Group):
 
 
 def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
-            worker_grace=WORKER_GRACE) -> Cluster:
+            worker_grace=WORKER_GRACE, cls=None) -> Cluster:
     """A :class:`Cluster` from a ``distributed.Client``, ``"local:N"`` or a scheduler address.
 
     ``"local:N"`` starts a ``LocalCluster`` of ``N`` worker processes with one Dask
     thread each (its runtime uses ``threads`` cores); an address (``tcp://HOST:PORT``)
-    joins a running scheduler within ``timeout`` seconds.
+    joins a running scheduler within ``timeout`` seconds. ``cls``: the class made
+    (default :class:`Cluster`; a pipeline's is
+    :class:`~hetero_nn.training.stage_cluster.StageCluster`).
 
     Raises
     ------
@@ -364,6 +366,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     """
     if isinstance(spec, Cluster):
         return spec
+    cls = cls or Cluster
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ConfigError(f"cluster threads must be a positive integer, got {threads!r}")
     if devices is not None:
@@ -374,7 +377,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     except ImportError:
         raise ConfigError("cluster: the 'distributed' package is not installed") from None
     if isinstance(spec, distributed.Client):
-        return Cluster(spec, threads=threads, devices=devices, worker_grace=worker_grace)
+        return cls(spec, threads=threads, devices=devices, worker_grace=worker_grace)
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"cluster: expected 'local:N', an address such as "
                           f"'tcp://HOST:PORT' or a distributed.Client, got {spec!r}")
@@ -386,8 +389,8 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
             n_workers=int(count), threads_per_worker=1, processes=True,
             dashboard_address=":0", silence_logs=logging.ERROR)
         client = distributed.Client(cluster)
-        return Cluster(client, threads=threads, devices=devices, cluster=cluster,
-                       own_client=True, worker_grace=worker_grace, spec=spec)
+        return cls(client, threads=threads, devices=devices, cluster=cluster,
+                   own_client=True, worker_grace=worker_grace, spec=spec)
     if "://" not in spec and ":" not in spec:
         raise ConfigError(f"cluster {spec!r}: expected 'local:N' or an address such as "
                           "'tcp://HOST:PORT'")
@@ -396,8 +399,8 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     except (OSError, TimeoutError, ValueError) as exc:
         raise ConfigError(f"cluster {spec}: cannot reach a Dask scheduler within "
                           f"{timeout:g} s ({type(exc).__name__})") from None
-    return Cluster(client, threads=threads, devices=devices, own_client=True,
-                   worker_grace=worker_grace, spec=spec)
+    return cls(client, threads=threads, devices=devices, own_client=True,
+               worker_grace=worker_grace, spec=spec)
 
 
 def _has_bokeh() -> bool:
@@ -420,4 +423,7 @@ def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
         raise ConfigError("cluster: the model has RateEncode layers, whose random draws "
                           "count the samples of the whole batch, not one worker's block; "
                           "train it with --devices")
+    if trainer.pipeline is not None:  # a stage per worker
+        from .stage_cluster import connect_stages
+        return connect_stages(trainer, spec)
     return connect(spec), not isinstance(spec, Cluster)

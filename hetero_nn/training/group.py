@@ -177,13 +177,12 @@ class Group:
         that die meanwhile are left out."""
         from distributed import wait
 
-        from .rank import Rank
-
         new = {}
+        rank_class = self._rank_class()
         for w in workers:
             if w not in self._ranks:
                 new[w] = self.client.submit(
-                    Rank, self.run_id, spec, data_future, actor=True, workers=[w],
+                    rank_class, self.run_id, spec, data_future, actor=True, workers=[w],
                     allow_other_workers=False, pure=False,
                     key=f"hetero_nn-rank-{self.run_id}-{next(_keys)}")
         if not new:
@@ -207,6 +206,11 @@ class Group:
                 future.release()
                 continue
             self._ranks[w] = RankRef(w, future, address)
+
+    def _rank_class(self):
+        """The actor class of the ranks (a subclass may run another share of a step)."""
+        from .rank import Rank
+        return Rank
 
     def _data_future(self, data):
         """The training set on the cluster (scattered once), or None."""

@@ -448,7 +448,10 @@ def make_pipeline(model, pipeline, stage_devices, schedule, cluster):
         if stage_devices is not None:
             raise ConfigError("stage_devices is given without pipeline=")
         return None
-    if cluster is not None:
-        raise ConfigError("pipeline: stages across Dask workers (cluster=) are not built yet; "
-                          "give the stages devices of this runtime")
+    if cluster is not None:  # a stage per Dask worker (stage_cluster.py)
+        if stage_devices is not None:
+            raise ConfigError("stage_devices: with cluster= each stage runs on one Dask "
+                              "worker's runtime; give its devices with --cluster-devices")
+        from .stage_cluster import StagePipeline
+        return StagePipeline(model, pipeline, schedule)
     return Pipeline(model, pipeline, stage_devices, schedule)
