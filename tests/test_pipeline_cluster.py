@@ -1,0 +1,164 @@
+"""Pipeline stages across Dask workers (training/stage_rank.py, stage_cluster.py): one stage
+per worker process, activations and gradients sent point to point; GPipe and 1F1B
+bit-identical to a local ``cpu:1`` trainer without a pipeline at the same granularity
+(LeNet-5 and resnet-small, float64), the state pulled back from every stage, the bubble
+per stage in metrics.json, one-line refusals, and a SIGKILLed stage worker that fails
+the step with a ClusterError instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+
+import hetero_nn as hn  # noqa: E402
+from hetero_nn.errors import ClusterError, ConfigError  # noqa: E402
+from hetero_nn.training.cluster import connect  # noqa: E402
+from helpers import within  # noqa: E402
+
+SHAPES = {"lenet5": (1, 28, 28), "resnet-small": (3, 12, 12)}
+LIMIT = 180  # seconds any one run below may take before the test fails as hung
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two single-core worker processes shared by the tests (starting them costs seconds)."""
+    with connect("local:2") as c:
+        yield c
+
+
+def train(name, g=4, steps=3, cluster=None, replay=True, **options):
+    """Float64 SGD steps on a seeded batch: on a local ``cpu:1`` runtime, or with the
+    stages on ``cluster``'s workers. Returns the state (pulled), losses and the pipeline."""
+    model = hn.build_model(name, SHAPES[name], 10, seed=0, dtype="float64")
+    if callable(options.get("pipeline")):  # stages given from the model's layers
+        options["pipeline"] = options["pipeline"](model.layers)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, *SHAPES[name]))
+    y = rng.integers(0, 10, 16)
+    if cluster is not None:
+        options["cluster"] = cluster
+    with (hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=16, granularity=g, replay=replay,
+                     optimizer=hn.optim.SGD(lr=0.05, momentum=0.9), **options) as trainer):
+        losses = [trainer.train_step(x, y) for _ in range(steps)]
+        trainer.sync()
+        return {"state": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                "losses": losses, "pipeline": trainer.pipeline}
+
+
+def assert_bits(a, b):
+    assert list(a["state"]) == list(b["state"])
+    for key in a["state"]:
+        assert np.array_equal(a["state"][key], b["state"][key]), key
+    for key, buffers in a["optimizer"]["state"].items():
+        for name, value in buffers.items():
+            assert np.array_equal(value, b["optimizer"]["state"][key][name]), (key, name)
+    assert a["losses"] == b["losses"]
+
+
+@pytest.fixture(scope="module")
+def lenet_reference():
+    return within(LIMIT, train, "lenet5")
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_lenet_two_stages_on_two_workers_is_bit_identical(cluster, lenet_reference, schedule):
+    run = within(LIMIT, lambda: train("lenet5", cluster=cluster.client, pipeline=2,
+                                      pipeline_schedule=schedule))
+    assert_bits(lenet_reference, run)
+    pipe = run["pipeline"]
+    described = pipe.describe()
+    assert described["schedule_run"] == schedule and described["across"] == "dask workers"
+    workers = [s["workers"] for s in described["stages"]]
+    assert sorted(w for ws in workers for w in ws) == cluster.workers  # a stage per worker
+    for stage in described["stages"]:
+        assert 0 <= stage["bubble"] < 1
+    bubble = pipe.bubble()
+    assert bubble["ideal"] == 1 / 5 and bubble["micro_batches"] == 4
+    assert 0 <= bubble["bubble"] < 1 and len(bubble["stage_bubbles"]) == 2
+
+
+def test_given_stages_and_submitted_steps_are_bit_identical(cluster, lenet_reference):
+    run = within(LIMIT, lambda: train("lenet5", cluster=cluster.client, replay=False,
+                                      pipeline=lambda layers: [layers[:6], layers[6:]]))
+    assert_bits(lenet_reference, run)
+    assert [s["blocks"][0] for s in run["pipeline"].describe()["stages"]] == \
+        ["ConvReLUPool", "Flatten"]
+
+
+def test_resnet_small_leaves_the_order_to_batch_norm_and_is_bit_identical(cluster):
+    reference = within(LIMIT, train, "resnet-small", 2)
+    run = within(LIMIT, lambda: train("resnet-small", 2, cluster=cluster.client, pipeline=2))
+    assert_bits(reference, run)
+    assert run["pipeline"].schedule_run.startswith("dataflow (batch norm in stage 0")
+
+
+def test_cli_pipeline_on_a_cluster_records_the_bubble_per_stage(cluster, tmp_path):
+    from hetero_nn.cli import main
+
+    run = ["train", "--dataset", "synthetic", "--limit", "64", "--batch-size", "16",
+           "--granularity", "4", "--epochs", "1", "--quiet"]
+    local, staged = tmp_path / "local", tmp_path / "staged"
+    assert within(LIMIT, main, [*run, "--devices", "cpu:1", "--out", str(local)]) == 0
+    address = cluster.client.scheduler.address
+    assert within(LIMIT, main, [*run, "--cluster", address, "--pipeline", "2",
+                                "--pipeline-schedule", "gpipe", "--out", str(staged)]) == 0
+    with np.load(local / "checkpoint-final.npz") as a, \
+            np.load(staged / "checkpoint-final.npz") as b:
+        keys = [k for k in a.files if k.startswith(("model/", "optimizer/"))]
+        assert keys and all(np.array_equal(a[k], b[k]) for k in keys)
+    pipeline = json.loads((staged / "metrics.json").read_text())["pipeline"]
+    assert pipeline["schedule_run"] == "gpipe" and pipeline["ideal_bubble"] == 0.2
+    assert 0 <= pipeline["bubble"] < 1 and pipeline["steps_measured"] == 3
+    assert all(0 <= s["bubble"] < 1 for s in pipeline["stages"])
+
+
+def test_what_the_stages_cannot_train_is_refused_in_one_line(cluster):
+    model = hn.build_model("lenet5", SHAPES["lenet5"], 10, seed=0)
+    cases = [({"pipeline": 3}, "3 stages need 3 Dask workers"),
+             ({"pipeline": 2, "stage_devices": ["cpu:1", "cpu:1"]}, "stage_devices"),
+             ({"pipeline": 2, "clip_grad_norm": 1.0}, "clip_grad_norm"),
+             ({"pipeline": 2, "granularity": "auto"}, "granularity='auto'")]
+    for options, words in cases:
+        options = {"granularity": 4, **options}
+        with hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt:
+            with pytest.raises(ConfigError) as info:
+                within(LIMIT, lambda: hn.Trainer(model, runtime=rt, batch_size=16,
+                                                 cluster=cluster.client, **options))
+        message = str(info.value)
+        assert words in message and "\n" not in message, message
+
+
+def test_sigkilled_stage_worker_fails_the_step_with_a_cluster_error(tmp_path):
+    """Its own two workers: one of them is killed."""
+    data = hn.datasets.load("synthetic", "train", image_size=28, num_samples=160)
+    model = hn.build_model("lenet5", data.input_shape, data.num_classes, seed=0)
+    killed = []
+
+    def on_step(trainer, _loss):
+        if trainer.global_step == 3:  # the last stage's worker dies while step 4 runs
+            address = trainer.pipeline.stages[-1].workers[0]
+            pid = trainer.cluster.client.run(os.getpid, workers=[address])[address]
+            killed.append(pid)
+            threading.Timer(0.01, os.kill, (pid, signal.SIGKILL)).start()
+
+    def fit():
+        with (connect("local:2") as c,
+              hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt,
+              hn.Trainer(model, runtime=rt, batch_size=16, granularity=4, cluster=c,
+                         pipeline=2) as trainer):
+            trainer.fit(data, epochs=3, verbose=0, on_step=on_step, checkpoint_dir=tmp_path,
+                        checkpoint_every=2)
+
+    with pytest.raises(ClusterError) as info:
+        within(LIMIT, fit)
+    message = str(info.value)
+    assert killed and "pipeline stage(s) [1] lost in step 4" in message, message
+    assert f"the last good checkpoint is {tmp_path / 'checkpoint.npz'}" in message, message
