@@ -12,6 +12,13 @@ from the trace (``Pipeline.bubble``: idle share of the stage workers over the
 pipeline's span) beside the ideal ``(P - 1) / (M + P - 1)``, and the cut's predicted
 imbalance (slowest stage over the mean) is recorded.
 
+With ``--cluster SPEC`` (``local:N`` or a scheduler address) the sides run on the Dask
+workers instead: data parallelism is ``Trainer(cluster=...)`` over the workers, a
+pipeline is ``Trainer(cluster=..., pipeline=P)`` with stage ``s`` in worker ``s``'s
+process (activations and gradients sent point to point), each worker's runtime on
+``cpu:1``; the bubble is measured by the stages from their own traces (the rows' ``
+stage_bubbles``). ``P`` must not exceed the workers.
+
 Output: ``experiments/results/pipeline-<UTC time>.json`` (and ``pipeline-latest.json``)
 with the provenance and one row per side. ``docs/pipeline.md`` says how to read it.
 
@@ -19,6 +26,7 @@ Examples::
 
     python experiments/pipeline.py                      # lenet5, 2 and 3 stages, g 4 8 16
     python experiments/pipeline.py --models lenet5 --stages 2 --granularities 4 --steps 2
+    python experiments/pipeline.py --cluster local:2 --stages 2   # across 2 Dask workers
 """
 
 from __future__ import annotations
@@ -40,14 +48,18 @@ from step_timing import LR, MOMENTUM, Parser, synthetic_batches  # noqa: E402
 from hetero_nn.cli.options import positive_int  # noqa: E402
 
 
-def run_side(name, stages, g, schedule, args) -> dict:
-    """One side's row: ``schedule`` None is data parallelism on the same workers."""
+def run_side(name, stages, g, schedule, args, client=None) -> dict:
+    """One side's row: ``schedule`` None is data parallelism on the same workers (the
+    runtime's ``cpu:P``, or the Dask workers of ``client``)."""
     import hetero_nn as hn
 
     model = hn.build_model(name, SHAPES[name], 10, seed=0)
     x, y = next(synthetic_batches(SHAPES[name], args.batch, 1, 3))
     pipeline = {} if schedule is None else {"pipeline": stages, "pipeline_schedule": schedule}
-    with (hn.Runtime(devices=f"cpu:{stages}", policy="dmda", perfmodel=args.cache) as rt,
+    if client is not None:
+        pipeline["cluster"] = client
+    devices = "cpu:1" if client is not None else f"cpu:{stages}"  # the client's: unused
+    with (hn.Runtime(devices=devices, policy="dmda", perfmodel=args.cache) as rt,
           hn.Trainer(model, runtime=rt, batch_size=args.batch, granularity=g,
                      optimizer=hn.optim.SGD(lr=LR, momentum=MOMENTUM), **pipeline) as trainer):
         for _ in range(args.warmup):
@@ -64,15 +76,22 @@ def run_side(name, stages, g, schedule, args) -> dict:
         step = statistics.median(times)
         row = {"model": name, "stages": stages, "g": g, "batch": args.batch,
                "side": "data-parallel" if schedule is None else f"pipeline {schedule}",
-               "step_ms": 1e3 * step, "images_per_s": args.batch / step}
+               "cluster": args.cluster, "step_ms": 1e3 * step, "images_per_s": args.batch / step}
         if trainer.pipeline is not None:
-            measured = [b["bubble"] for b in bubbles if b is not None]
+            measured = [b for b in bubbles if b is not None]
             described = trainer.pipeline.describe()
-            row.update(bubble=statistics.median(measured) if measured else None,
+            row.update(bubble=_median([b["bubble"] for b in measured]),
                        ideal_bubble=(stages - 1) / (g + stages - 1),
                        imbalance=described["imbalance"], schedule_run=described["schedule_run"],
                        cut=described["stages"])
+            if client is not None:
+                row["stage_bubbles"] = [_median([b["stage_bubbles"][s] for b in measured])
+                                        for s in range(stages)]
     return row
+
+
+def _median(values):
+    return statistics.median(values) if values else None
 
 
 def parse(argv):
@@ -85,25 +104,52 @@ def parse(argv):
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per side")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps per side")
     p.add_argument("--results", default=str(HERE / "results"), help="where the JSON goes")
+    p.add_argument("--cluster", metavar="SPEC",
+                   help="run every side on these Dask workers ('local:N' or an address); "
+                        "a stage per worker")
     args = p.parse_args(argv)
     if max(args.granularities) > args.batch:
         p.error(f"--granularities {max(args.granularities)} is larger than --batch {args.batch}")
+    count = (args.cluster or "").partition("local:")[2]
+    if count.isdigit() and max(args.stages) > int(count):
+        p.error(f"--stages {max(args.stages)}: --cluster {args.cluster} has {count} workers, "
+                "one per stage")
     return args
 
 
+def _put_back(name, value):
+    import os
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def main(argv=None) -> int:
+    import contextlib
+    import os
     import tempfile
 
     args = parse(argv)
     started = datetime.now(timezone.utc)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="hetero_nn-pipeline-") as cache:
-        args.cache = cache
+    with contextlib.ExitStack() as stack:
+        cache = args.cache = stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="hetero_nn-pipeline-"))
+        client = None
+        if args.cluster:
+            from hetero_nn.training.cluster import connect
+
+            saved = os.environ.get("HETERO_NN_CACHE")  # local workers' models: here, not
+            os.environ["HETERO_NN_CACHE"] = cache      # in ~/.cache (they inherit it)
+            stack.callback(_put_back, "HETERO_NN_CACHE", saved)
+            client = stack.enter_context(connect(args.cluster)).client
         for name in args.models:
             for stages in args.stages:
                 for g in args.granularities:
                     for schedule in (None, *args.schedules):
-                        row = run_side(name, stages, g, schedule, args)
+                        row = run_side(name, stages, g, schedule, args, client)
                         rows.append(row)
                         bubble = row.get("bubble")
                         print(f"{name} P={stages} g={g} {row['side']}: "

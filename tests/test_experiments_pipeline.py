@@ -17,3 +17,16 @@ def test_tiny_run_writes_rows(tmp_path):
         assert r["images_per_s"] > 0 and r["stages"] == 2 and r["g"] == 4
     for r in doc["rows"][1:]:
         assert 0 <= r["bubble"] < 1 and r["ideal_bubble"] == 0.2 and r["imbalance"] >= 1
+
+
+def test_tiny_run_on_two_dask_workers_compares_with_data_parallelism(tmp_path):
+    study = load_script("experiments/pipeline.py")
+    argv = ["--cluster", "local:2", "--stages", "2", "--granularities", "4", "--batch", "8",
+            "--steps", "1", "--warmup", "1", "--schedules", "gpipe", "--results", str(tmp_path)]
+    assert study.main(argv) == 0
+    doc = json.loads((tmp_path / "pipeline-latest.json").read_text())
+    assert [r["side"] for r in doc["rows"]] == ["data-parallel", "pipeline gpipe"]
+    assert all(r["cluster"] == "local:2" and r["images_per_s"] > 0 for r in doc["rows"])
+    staged = doc["rows"][1]
+    assert 0 <= staged["bubble"] < 1 and staged["ideal_bubble"] == 0.2
+    assert len(staged["stage_bubbles"]) == 2 and len(staged["cut"]) == 2
