@@ -1,7 +1,7 @@
 """Pipeline stages across Dask workers (training/stage_rank.py, stage_cluster.py): one stage
 per worker process, activations and gradients sent point to point; GPipe and 1F1B
 bit-identical to a local ``cpu:1`` trainer without a pipeline at the same granularity
-(LeNet-5 and resnet-small, float64), the state pulled back from every stage, the bubble
+(LeNet-5 and resnet-small, float64, 2 and 3 stages), the state pulled back from every stage, the bubble
 per stage in metrics.json, one-line refusals, and a SIGKILLed stage worker that fails
 the step with a ClusterError instead of hanging."""
 
@@ -98,6 +98,18 @@ def test_resnet_small_leaves_the_order_to_batch_norm_and_is_bit_identical(cluste
     run = within(LIMIT, lambda: train("resnet-small", 2, cluster=cluster.client, pipeline=2))
     assert_bits(reference, run)
     assert run["pipeline"].schedule_run.startswith("dataflow (batch norm in stage 0")
+
+
+def test_three_stages_on_three_workers_are_bit_identical(lenet_reference):
+    """A middle stage receives activations and sends gradients both ways."""
+    resnet = within(LIMIT, train, "resnet-small", 2)
+    with connect("local:3") as three:
+        lenet = within(LIMIT, lambda: train("lenet5", cluster=three.client, pipeline=3))
+        staged = within(LIMIT, lambda: train("resnet-small", 2, cluster=three.client,
+                                             pipeline=3, pipeline_schedule="gpipe"))
+    assert_bits(lenet_reference, lenet)
+    assert_bits(resnet, staged)
+    assert len(lenet["pipeline"].stages) == 3 == len(staged["pipeline"].stages)
 
 
 def test_cli_pipeline_on_a_cluster_records_the_bubble_per_stage(cluster, tmp_path):
