@@ -125,7 +125,8 @@ def add_pipeline_options(parser):
     group = parser.add_argument_group("pipeline (stages on their own workers; see "
                                       "docs/pipeline.md)")
     group.add_argument("--pipeline", type=positive_int, metavar="P",
-                       help="cut the model into P stages balanced from the performance models")
+                       help="cut the model into P stages balanced from the performance models "
+                            "(with --cluster: a stage per Dask worker)")
     group.add_argument("--stage-devices", metavar="LIST",
                        type=lambda text: [part.strip() for part in text.split(",")],
                        help="each stage's devices, e.g. 'cpu:1,cuda-emu:1' (default: the "

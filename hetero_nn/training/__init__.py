@@ -6,7 +6,8 @@ cache with the one replay rule (:mod:`.step_cache`), the batch loader
 (:mod:`.checkpoint`), the ``granularity="auto"`` decision (:mod:`.granularity`) and
 data-parallel training over Dask (:mod:`.cluster`, with :mod:`.group`, :mod:`.rank`,
 :mod:`.exchange`, :mod:`.endpoint`, :mod:`.cluster_io`, and its simulation,
-:mod:`.planner`). It builds on layers, the scheduler
+:mod:`.planner`), and pipelines (:mod:`.pipeline`; across Dask workers,
+:mod:`.stage_cluster` and :mod:`.stage_rank`). It builds on layers, the scheduler
 and the optimizers, and knows nothing of argument parsing (that is :mod:`hetero_nn.cli`).
 """
 

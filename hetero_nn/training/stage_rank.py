@@ -317,8 +317,10 @@ class StageRank(Rank):
         """``(x, y)`` of the step's graph: the samples on the first stage (augmented),
         the labels on the last; a blank batch and zero labels elsewhere."""
         t, n = self.trainer, int(m["n"])
-        if m.get("indices") is not None:
-            x, y = self._batch(m)
+        if m.get("indices") is not None and plan.first:
+            x, y = self._batch(m)  # augmented
+        elif m.get("indices") is not None:
+            x, y = self.data.batch(np.asarray(m["indices"], dtype=np.int64), dtype=t.dtype)
         else:
             x = None if m.get("x") is None else np.ascontiguousarray(m["x"], dtype=t.dtype)
             y = None if m.get("y") is None else np.asarray(m["y"], dtype=np.int64)
