@@ -143,7 +143,6 @@ def test_bad_options_are_one_line():
         x, y = np.zeros((8, 1, 28, 28), np.float32), np.zeros(8, np.int64)
         cases = [
             (dict(pipeline=2, pipeline_schedule="zigzag"), "pipeline_schedule must be one of"),
-            (dict(pipeline=2, pipeline_schedule="pipedream"), "is not built yet"),
             (dict(pipeline="two"), "pipeline must be a number of stages"),
             (dict(stage_devices=["cpu:1"]), "stage_devices is given without pipeline="),
             (dict(pipeline=2, stage_devices=["cpu:1"]), "stage_devices: 1 entries for 2 stages"),
