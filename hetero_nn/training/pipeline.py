@@ -58,14 +58,15 @@ of ``k``. Batch norm normalises each micro-batch by its own statistics (as PipeD
 and GPipe implementations do); every update, Dropout mask and batch-norm momentum is
 a step input of its own, so the step replays. Gradient clipping is refused (one norm
 would span several updates).
-A step whose order is added keeps its temporaries to its end
-(:meth:`Runtime.keeping_temporaries`): their bytes are laid out by submission order,
-which the schedule contradicts (a backward before a later forward), and sharing them
-would add dependencies that close a cycle with the schedule's.
 
-A pipelined trainer's runtime replays through the executor (``replay_engine=
-"executor"``): the compiled replay engine runs each worker's share in submission
-order, which a schedule's added order contradicts (its replays hung).
+A pipelined step keeps its temporaries to its end (:meth:`Runtime.keeping_temporaries`):
+sharing the bytes of one micro-batch's dead temporaries with a later one's adds a
+dependency between them that neither the data nor the schedule asks for, and would
+hold a stage back from running ahead. A schedule's dependencies point against
+submission order (a backward before a later forward): the flush then hands its tasks
+over in a topological order (:func:`~hetero_nn.scheduler.flush.topological`), so the
+arena's layout, a capture and the compiled replay engine's fixed shares follow the
+schedule; the engine's plan keeps every task on its stage's workers.
 
 *Bubble*: from a traced step, per stage the busy seconds of its tasks over its
 workers' share of the pipeline's span (the first stage task's start to the last's
@@ -143,9 +144,6 @@ class Pipeline:
         models on the batch ``(x, y)``): at the first step, or when the runtime changes."""
         rt = trainer.runtime
         self.runtime = rt
-        # replays through the executor: it keeps each stage's workers and the schedule's
-        # order, which the compiled engine's fixed shares (in submission order) do not
-        rt.replay_engine = "executor"
         self.blocks = [block for _, block in self.model._plan()]
         firsts = [i for i, _ in self.model._plan()]
         self.needs = [self.model.needs_input_grad(i) for i in firsts]  # as Sequential's
