@@ -217,6 +217,7 @@ def test_cli_records_the_stages_and_the_measured_bubble(tmp_path):
     assert [s["workers"] for s in pipeline["stages"]] == [["cpu0"], ["cpu1"]]
     assert pipeline["schedule_run"] == "gpipe" and pipeline["ideal_bubble"] == 0.2
     assert 0 <= pipeline["bubble"] < 1 and pipeline["steps_measured"] == 7
+    assert 0 <= pipeline["overhead_free_bubble"] < 1 and pipeline["stage_imbalance"] >= 1
 
 
 def test_a_checkpointed_block_in_an_ordered_pipeline_keeps_its_temporaries():
@@ -294,3 +295,31 @@ def test_pipelined_steps_replay_on_the_compiled_engine(lenet_reference, schedule
     assert workers == [{"cpu0"}, {"cpu1"}]
     if schedule != "pipedream":
         assert_bits(lenet_reference, run)
+
+
+@settings(max_examples=30, deadline=None)
+@given(stages=st.integers(1, 5), micro=st.integers(1, 10), schedule=st.sampled_from(
+    ["gpipe", "1f1b", "pipedream"]), forward=st.floats(0.1, 5), ratio=st.floats(0.5, 3))
+def test_the_overhead_free_bubble_of_equal_stages_is_the_ideal(stages, micro, schedule,
+                                                                forward, ratio):
+    """With equal stages the overhead-free span gives (P-1)/(M+P-1), for every schedule."""
+    from hetero_nn.training.pipeline import schedule_span
+
+    seconds = [[[forward] * micro, [forward * ratio] * micro] for _ in range(stages)]
+    span = schedule_span(schedule, seconds)
+    busy = stages * micro * forward * (1 + ratio)
+    assert 1 - busy / (stages * span) == pytest.approx((stages - 1) / (micro + stages - 1))
+
+
+def test_the_overhead_free_bubble_counts_an_unequal_cut():
+    """A stage twice as slow: the overhead-free span is the slow stage's work after the
+    fill; a real step reports it beside the measured bubble."""
+    from hetero_nn.training.pipeline import schedule_span
+
+    seconds = [[[1.0] * 4, [2.0] * 4], [[2.0] * 4, [4.0] * 4]]
+    span = schedule_span("1f1b", seconds)
+    assert span == pytest.approx(3 + 4 * 6)  # stage 0's first forward, then stage 1 busy
+    run = train("lenet5", pipeline=lambda layers: [layers[:3], layers[3:]],
+                pipeline_schedule="1f1b")
+    bubble = run["bubble"]
+    assert 0 <= bubble["overhead_free"] < 1 and bubble["stage_imbalance"] >= 1

@@ -349,8 +349,12 @@ class Pipeline:
 
     # ------------------------------------------------------------ the bubble
     def bubble(self, trace) -> dict | None:
-        """The measured and ideal bubble fractions of the last step in ``trace`` (its
-        stage tasks by their current ids), or None if the trace does not hold it."""
+        """The bubble fractions of the last step in ``trace`` (its stage tasks by their
+        current ids), or None if the trace does not hold it: ``bubble`` measured,
+        ``ideal`` (equal stages), ``overhead_free`` (the schedule run on these stages'
+        measured operation times with no overhead, :func:`schedule_span`; None where
+        the order is left to the data) and ``stage_imbalance`` (the busiest stage's
+        seconds over the mean)."""
         ids = [{t.id for ops in stage_ops for op in ops for t in op}
                for stage_ops in self.ops]
         by_id = {r.task_id: r for r in trace}
@@ -361,11 +365,19 @@ class Pipeline:
         end = max(r.end for rs in records for r in rs)
         span = end - start
         busy = [sum(r.end - r.start for r in rs) for rs in records]
-        slots = sum(len(st.workers) for st in self.stages) * span
+        width = sum(len(st.workers) for st in self.stages)
         count, micro = len(self.stages), len(self.ops[0][0])
-        return {"bubble": 1 - sum(busy) / slots if slots > 0 else None,
-                "ideal": (count - 1) / (micro + count - 1), "span_seconds": span,
-                "busy_seconds": busy, "micro_batches": micro}
+        free = None
+        if not self.schedule_run.startswith("dataflow"):
+            seconds = [[[sum(by_id[t.id].end - by_id[t.id].start for t in op if t.id in by_id)
+                         / len(st.workers) for op in ops] for ops in stage_ops]
+                       for st, stage_ops in zip(self.stages, self.ops)]
+            least = schedule_span(self.schedule, seconds)
+            free = 1 - sum(busy) / (width * least) if least else None
+        return {"bubble": 1 - sum(busy) / (width * span) if span > 0 else None,
+                "ideal": (count - 1) / (micro + count - 1), "overhead_free": free,
+                "stage_imbalance": max(busy) / (sum(busy) / count) if sum(busy) else None,
+                "span_seconds": span, "busy_seconds": busy, "micro_batches": micro}
 
     def describe(self) -> dict:
         """What ``metrics.json`` records of the pipeline."""
@@ -541,6 +553,37 @@ def schedule_order(schedule, stage, count, fops, bops) -> list:
     for k in range(micro - warm):
         order += [fops[warm + k], bops[k]]
     return order + bops[micro - warm:]
+
+
+def schedule_span(schedule, seconds) -> float | None:
+    """The span of ``schedule`` run with no overhead: ``seconds[s]`` is stage ``s``'s
+    ``(F, B)`` operation times per micro-batch; stage ``s``'s ``F k`` follows ``F k`` on
+    ``s - 1``, its ``B k`` follows ``B k`` on ``s + 1``, and each stage runs its operations
+    in the schedule's order (pipedream's data allows 1F1B's). The bubble this gives is
+    what the schedule itself costs on these stages (imbalance, fill and drain), at the
+    grain of whole operations: a real step may start a stage's backward as soon as the
+    input gradient it needs is out, before the stage after it finishes its operation."""
+    count = len(seconds)
+    micro = len(seconds[0][0])
+    labels = [("F", k) for k in range(micro)], [("B", k) for k in range(micro)]
+    orders = [schedule_order("gpipe" if schedule == "gpipe" else "1f1b", s, count, *labels)
+              for s in range(count)]
+    end, free, at = {}, [0.0] * count, [0] * count
+    moved = True
+    while moved:
+        moved = False
+        for s in range(count):
+            while at[s] < len(orders[s]):
+                kind, k = orders[s][at[s]]
+                before = ((kind, k, s - 1) if kind == "F" and s > 0 else
+                          (kind, k, s + 1) if kind == "B" and s < count - 1 else None)
+                if before is not None and before not in end:
+                    break
+                begin = max(free[s], end[before] if before else 0.0)
+                end[(kind, k, s)] = free[s] = begin + seconds[s][kind == "B"][k]
+                at[s] += 1
+                moved = True
+    return max(free) if all(a == len(o) for a, o in zip(at, orders)) else None
 
 
 def _chain(rt, ops):
