@@ -24,6 +24,7 @@ restores them, so groups and schedules survive checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -33,7 +34,7 @@ from .codelets.optim import (adam_hyper, adam_step, adamw_step, clip_scale, sgd_
                               sgd_step_plain, sum_squares)
 from .codelets.reduce import fill_zero
 from .errors import CheckpointError, ConfigError
-from .layers.base import Parameter
+from .layers.base import Parameter, note_step_input
 
 
 def _check(value, name, owner, minimum=0.0, maximum=None, open_max=False):
@@ -136,7 +137,7 @@ class Optimizer:
         self._handles: dict = {}
         self._rt = None
         self.steps = 0
-        self.step_input = None  # the hyper handle the last ``step`` registered
+        self.step_inputs = None  # the hyper handles registered while a step is captured
 
     def _check_options(self, options, owner) -> dict:
         """``options`` checked and normalised (a ConfigError names the option)."""
@@ -203,9 +204,11 @@ class Optimizer:
                 for h in hs:
                     self._rt.fetch(h)
 
-    def step(self, rt=None):
+    def step(self, rt=None, place=None):
         """Submit one update task per parameter, each reading its group's row of this step's
-        hyper handle (``rt``: the runtime the parameters are bound to when not given)."""
+        hyper handle (``rt``: the runtime the parameters are bound to when not given).
+        ``place(parameter)``, where given, is the context each parameter's update is
+        submitted in (a pipeline stage's ``rt.placing(workers)``), or None for none."""
         if rt is None:
             rt = next((p.runtime for g in self.param_groups for p in g["params"]
                        if p.runtime is not None), None)
@@ -217,11 +220,12 @@ class Optimizer:
             self._sync()
             self.bind(self.params or None, rt)
         self.steps += 1
-        self.step_input = hyper = rt.register(self.hyper_values(), name="optimizer.hyper")
+        hyper = note_step_input(self, rt.register(self.hyper_values(), name="optimizer.hyper"))
         rows = [hyper] if len(hyper.shape) == 1 else list(hyper.split(0, hyper.shape[0]))
         for name, p in self.params:
             gi = self._group_of[name]
-            self._submit(rt, p, self._handles[name], rows[gi], self.param_groups[gi], gi)
+            with (place and place(p)) or contextlib.nullcontext():
+                self._submit(rt, p, self._handles[name], rows[gi], self.param_groups[gi], gi)
         self._stepped()
 
     def _submit(self, rt, p, buffers, hyper, group, index):

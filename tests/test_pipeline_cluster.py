@@ -83,6 +83,7 @@ def test_lenet_two_stages_on_two_workers_is_bit_identical(cluster, lenet_referen
     bubble = pipe.bubble()
     assert bubble["ideal"] == 1 / 5 and bubble["micro_batches"] == 4
     assert 0 <= bubble["bubble"] < 1 and len(bubble["stage_bubbles"]) == 2
+    assert bubble["overhead_free"] <= bubble["bubble"] and bubble["stage_imbalance"] >= 1
 
 
 def test_given_stages_and_submitted_steps_are_bit_identical(cluster, lenet_reference):
@@ -129,6 +130,7 @@ def test_cli_pipeline_on_a_cluster_records_the_bubble_per_stage(cluster, tmp_pat
     pipeline = json.loads((staged / "metrics.json").read_text())["pipeline"]
     assert pipeline["schedule_run"] == "gpipe" and pipeline["ideal_bubble"] == 0.2
     assert 0 <= pipeline["bubble"] < 1 and pipeline["steps_measured"] == 3
+    assert 0 <= pipeline["overhead_free_bubble"] <= pipeline["bubble"]
     assert all(0 <= s["bubble"] < 1 for s in pipeline["stages"])
 
 

@@ -131,8 +131,11 @@ def add_pipeline_options(parser):
                        type=lambda text: [part.strip() for part in text.split(",")],
                        help="each stage's devices, e.g. 'cpu:1,cuda-emu:1' (default: the "
                             "workers in equal groups)")
-    group.add_argument("--pipeline-schedule", choices=("1f1b", "gpipe"), default="1f1b",
-                       help="order of each stage's micro-batches (default: 1f1b)")
+    group.add_argument("--pipeline-schedule", choices=("1f1b", "gpipe", "pipedream"),
+                       default="1f1b",
+                       help="order of each stage's micro-batches (default: 1f1b); pipedream: "
+                            "asynchronous, an update per micro-batch, weight stashing (not "
+                            "equal to synchronous training)")
 
 
 def add_cluster_options(parser):

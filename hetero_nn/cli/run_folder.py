@@ -215,11 +215,17 @@ class RunFiles:
         pipeline = self.trainer.pipeline
         if pipeline is None:
             return None
-        measured = [b["bubble"] for b in self.bubbles[1:] or self.bubbles]
-        return {**pipeline.describe(),
-                "bubble": statistics.median(measured) if measured else None,
+        kept = self.bubbles[1:] or self.bubbles
+
+        def median(key):
+            values = [b[key] for b in kept if b[key] is not None]
+            return statistics.median(values) if values else None
+
+        return {**pipeline.describe(), "bubble": median("bubble"),
                 "ideal_bubble": self.bubbles[-1]["ideal"] if self.bubbles else None,
-                "steps_measured": len(measured)}
+                "overhead_free_bubble": median("overhead_free"),
+                "stage_imbalance": median("stage_imbalance"),
+                "steps_measured": len(kept)}
 
     def write_metrics_after(self, exc) -> None:
         """The metrics of a run that ``exc`` ended (diverged, interrupted, failed); a

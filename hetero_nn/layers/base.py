@@ -102,6 +102,15 @@ def default_rng() -> np.random.Generator:
     return _rng
 
 
+def note_step_input(owner, handle):
+    """Record ``handle``, per-step data its owner (a layer, an optimizer) registered, in
+    ``owner.step_inputs`` while a step is captured (the step cache writes each in turn,
+    from ``owner.replayed()``, before a replay); returns ``handle``."""
+    if owner.step_inputs is not None:
+        owner.step_inputs.append(handle)
+    return handle
+
+
 class Parameter:
     """A trainable array, its handle in a runtime and its gradient handle."""
 
@@ -157,6 +166,21 @@ class Buffer(Parameter):
 
 
 @contextlib.contextmanager
+def temporarily(objects, name, values):
+    """Set attribute ``name`` of each of ``objects`` to its value in ``values`` for the
+    block's duration, then put the previous values back."""
+    objects = list(objects)
+    before = [getattr(o, name) for o in objects]
+    for o, v in zip(objects, values):
+        setattr(o, name, v)
+    try:
+        yield
+    finally:
+        for o, v in zip(objects, before):
+            setattr(o, name, v)
+
+
+@contextlib.contextmanager
 def evaluating(layer):
     """``layer.eval()`` for the duration of the block, then its previous mode back."""
     was_training = layer.training
@@ -208,16 +232,17 @@ class Layer:
         Containers override it to give their current children."""
         return self._init_args
 
-    step_input = None
-    """The handle of per-step data (a mask key, a momentum) the last ``forward``
-    registered and its tasks read, or None; see :meth:`replayed`."""
+    step_inputs = None
+    """While a step is captured, the handles of per-step data (a mask key, a momentum)
+    each ``forward`` registered and its tasks read, in order; None otherwise. See
+    :meth:`replayed` and :func:`note_step_input`."""
 
     @property
     def replayable(self) -> bool:
         """Whether this layer's tasks are the same every step, so a captured step graph
         may be replayed (see ``Runtime.capture``). Values that change per step go into
-        ``step_input``'s data, not into task parameters; a layer that cannot do so
-        returns False."""
+        a step input's data (:func:`note_step_input`), not into task parameters; a
+        layer that cannot do so returns False."""
         return True
 
     batch_span = None
@@ -233,7 +258,7 @@ class Layer:
 
     def replayed(self):
         """Advance the per-step state as ``forward`` would, for a step run by a replay, and
-        return the data to write into the captured ``step_input``."""
+        return the data to write into the next of the captured ``step_inputs``."""
         raise NotImplementedError(f"{type(self).__name__} has no per-step data")
 
     def settings(self) -> tuple:

@@ -4,7 +4,7 @@ Each training-mode forward call is one *step* of the layer; its mask comes from
 :func:`hetero_nn.codelets.dropout.dropout_key` of the layer's seed and that step,
 and from every element's position in the whole batch, so the same elements drop
 whatever the granularity, worker or policy, and a run is reproducible from its
-seed. The key reaches the tasks as the data of a small handle (``step_input``,
+seed. The key reaches the tasks as the data of a small handle (a step input,
 registered by each training-mode forward), so a captured step replays every step:
 :meth:`Dropout.replayed` counts the step as ``forward`` would and returns the next
 key for the trainer to write into the captured handle. In eval mode (or with
@@ -20,7 +20,7 @@ import numbers
 
 from ..codelets.dropout import dropout2d_bwd, dropout2d_fwd, dropout_bwd, dropout_fwd, key_data
 from ..errors import CheckpointError, ConfigError, ShapeError
-from .base import Layer, default_rng
+from .base import Layer, default_rng, note_step_input
 
 
 def dropout_state(model, kind=None) -> dict:
@@ -90,7 +90,7 @@ class Dropout(Layer):
         if self.recomputing and self._mask is not None:  # the step's mask again
             key = self._mask[0]
         else:
-            key = self.step_input = rt.register(self.replayed(), name="dropout.key")
+            key = note_step_input(self, rt.register(self.replayed(), name="dropout.key"))
         layout = xs[0].shape[1:]  # the input's own (after a Flatten: unflattened)
         ys = self.outputs(rt, xs, shape=layout)
         starts = []

@@ -7,7 +7,11 @@ its share, and the balanced tree makes the sum independent of the schedule;
 ``SoftmaxCrossEntropy``'s first partition writes them in place instead, with the
 codelet's ``overwriting`` twin, so they need no ``fill_zero`` task),
 ``doutputs`` the partitions of the loss's gradient with respect to the model's
-outputs. The mean is over the *whole* batch, whatever the partitioning.
+outputs. The mean is over the *whole* batch, whatever the partitioning:
+``batch=`` gives its sample count where a call sees only some of its partitions (a
+cluster rank's, a pipeline's micro-batch), and ``accumulate=True`` adds into the
+scalars the previous call left instead of starting them (a pipeline's micro-batches
+after the first, each submitted by its own call).
 
 ``reduction`` is ``"mean"`` (PyTorch's default) or ``"sum"``; ``"none"`` (a loss
 per sample) has no scalar to differentiate and the trainer needs one, so it
@@ -50,6 +54,12 @@ class _Loss:
             rt.submit(fill_zero, h[1])
         return h
 
+    @staticmethod
+    def _writer(codelet, index, accumulate):
+        """The codelet partition ``index`` submits: the first one of a call that starts the
+        loss writes it in place (``overwriting``), the others add (REDUX)."""
+        return codelet if index or accumulate else overwriting(codelet)
+
     def _divisor(self, outputs, per_sample=False, batch=None):
         """What the sum is divided by; ``batch``: the batch's sample count when
         ``outputs`` are only some of its partitions (a cluster worker's)."""
@@ -88,8 +98,11 @@ class SoftmaxCrossEntropy(_Loss):
                               f"{label_smoothing!r}")
         self.label_smoothing = eps
 
-    def __call__(self, rt, logits, labels, *, grad=True, batch=None):
-        """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``."""
+    def __call__(self, rt, logits, labels, *, grad=True, batch=None, accumulate=False):
+        """Submit the loss over partitions; returns ``(loss, correct, dlogits or None)``.
+        ``batch``: the divisor's sample count when ``logits`` are part of a batch;
+        ``accumulate``: add into the loss and count the previous call left (a pipeline's
+        later micro-batches) instead of starting them."""
         batch = self._divisor(logits, batch=batch)
         dtype = logits[0].dtype
         loss, correct = self._handles(rt, dtype, zero=False)
@@ -97,12 +110,12 @@ class SoftmaxCrossEntropy(_Loss):
         # the first partition writes loss and count in place; the others add (REDUX)
         if not grad:
             for i, (lg, y) in enumerate(zip(logits, labels)):
-                codelet = softmax_xent_eval if i else overwriting(softmax_xent_eval)
+                codelet = self._writer(softmax_xent_eval, i, accumulate)
                 rt.submit(codelet, lg, y, loss, correct, batch=batch, label_smoothing=eps)
             return loss, correct, None
         dlogits = _like_batch(rt, logits, logits[0].shape[1:], dtype, "dlogits")
         for i, (lg, y, dl) in enumerate(zip(logits, labels, dlogits)):
-            codelet = softmax_xent if i else overwriting(softmax_xent)
+            codelet = self._writer(softmax_xent, i, accumulate)
             rt.submit(codelet, lg, y, dl, loss, correct, batch=batch, label_smoothing=eps)
         return loss, correct, dlogits
 
@@ -119,9 +132,9 @@ class NLLLoss(_Loss):
     """``torch.nn.NLLLoss(reduction="mean")`` over log-probabilities ``(n, K)`` (a model
     ending with :class:`LogSoftmax`) and int labels."""
 
-    def __call__(self, rt, logp, labels, *, grad=True, batch=None):
+    def __call__(self, rt, logp, labels, *, grad=True, batch=None, accumulate=False):
         batch = self._divisor(logp, batch=batch)
-        loss, correct = self._handles(rt, logp[0].dtype)
+        loss, correct = self._handles(rt, logp[0].dtype, zero=not accumulate)
         dlogp = _like_batch(rt, logp, logp[0].shape[1:], logp[0].dtype, "dlogp")
         for lp, y, dl in zip(logp, labels, dlogp):
             rt.submit(nll_loss, lp, y, dl, loss, batch=batch)
@@ -138,10 +151,10 @@ class MSELoss(_Loss):
     and also count the correct argmaxes (0 with float targets).
     """
 
-    def __call__(self, rt, outputs, targets, *, grad=True, batch=None):
+    def __call__(self, rt, outputs, targets, *, grad=True, batch=None, accumulate=False):
         numel = self._divisor(outputs, per_sample=True, batch=batch)
         dtype = outputs[0].dtype
-        loss, correct = self._handles(rt, dtype)
+        loss, correct = self._handles(rt, dtype, zero=not accumulate)
         labels = targets[0].dtype.kind in "iu"
         if labels:
             onehot = _like_batch(rt, outputs, outputs[0].shape[1:], dtype, "target")

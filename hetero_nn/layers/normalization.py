@@ -14,7 +14,7 @@ statistics replace the batch's, as in PyTorch.
 
 ``num_batches_tracked`` is counted on the host when a training step is submitted; the
 momentum of that step (``1 / num_batches_tracked`` with ``momentum=None``) reaches
-the running-statistics task as the data of a small handle (``step_input``), so a
+the running-statistics task as the data of a small handle (a step input), so a
 captured step replays every step: :meth:`_BatchNorm.replayed` counts the batch and
 returns the next momentum for the trainer to write into the captured handle.
 """
@@ -30,7 +30,7 @@ from ..codelets.batchnorm import (bn_bwd_input, bn_bwd_sums, bn_fwd, bn_mean, bn
                                   bn_running, bn_sqdev, bn_sum, bn_var)
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
-from .base import Buffer, Layer
+from .base import Buffer, Layer, note_step_input
 from ..codelets._checks import positive_int
 
 
@@ -148,7 +148,7 @@ class _BatchNorm(Layer):
             var = self._temporary(rt, "var")
             rt.submit(bn_var, sqdev, var, count=count)
             if self.training and self.track_running_stats and not self.recomputing:
-                momentum = self.step_input = rt.register(self.replayed(), name="bn.momentum")
+                momentum = note_step_input(self, rt.register(self.replayed(), name="bn.momentum"))
                 rt.submit(bn_running, mean, sqdev, self._buffers["running_mean"].handle,
                           self._buffers["running_var"].handle, momentum, count=count)
         else:

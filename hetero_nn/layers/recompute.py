@@ -26,21 +26,15 @@ from __future__ import annotations
 
 import contextlib
 
-from .base import Layer
+from .base import Layer, temporarily
 
 
 @contextlib.contextmanager
 def recomputing(block):
     """Mark every layer of ``block`` as recomputing its forward for the block's duration."""
-    layers = block.modules()
-    before = [layer.recomputing for layer in layers]  # nested Checkpoints mark them too
-    for layer in layers:
-        layer.recomputing = True
-    try:
+    layers = block.modules()  # nested Checkpoints mark them too: their values come back
+    with temporarily(layers, "recomputing", [True] * len(layers)):
         yield
-    finally:
-        for layer, value in zip(layers, before):
-            layer.recomputing = value
 
 
 def _release_made(rt, made, keep):

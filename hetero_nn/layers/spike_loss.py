@@ -14,7 +14,6 @@ import numbers
 
 import numpy as np
 
-from ..codelets.reduce import overwriting
 from ..codelets.spike_loss import (membrane_xent, membrane_xent_eval, spike_count_argmax,
                                    spike_count_xent, spike_count_xent_eval)
 from ..errors import ConfigError
@@ -30,7 +29,7 @@ class _SpikeLoss(_Loss):
     def _kw(self):
         return {}
 
-    def __call__(self, rt, outputs, labels, *, grad=True, batch=None):
+    def __call__(self, rt, outputs, labels, *, grad=True, batch=None, accumulate=False):
         """Submit the loss over partitions; returns ``(loss, correct, doutputs or None)``."""
         if len(outputs[0].shape) != 3:
             raise ConfigError(f"{type(self).__name__}: expects the output layer's record "
@@ -40,12 +39,12 @@ class _SpikeLoss(_Loss):
         kw = {"batch": batch, **self._kw()}
         if not grad:
             for i, (out, y) in enumerate(zip(outputs, labels)):
-                codelet = self.eval_fwd if i else overwriting(self.eval_fwd)
+                codelet = self._writer(self.eval_fwd, i, accumulate)
                 rt.submit(codelet, out, y, loss, correct, **kw)
             return loss, correct, None
         douts = _like_batch(rt, outputs, outputs[0].shape[1:], outputs[0].dtype, "doutput")
         for i, (out, y, dout) in enumerate(zip(outputs, labels, douts)):
-            codelet = self.fwd if i else overwriting(self.fwd)
+            codelet = self._writer(self.fwd, i, accumulate)
             rt.submit(codelet, out, y, dout, loss, correct, **kw)
         return loss, correct, douts
 

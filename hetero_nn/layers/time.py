@@ -45,7 +45,7 @@ from ..codelets.encode import rate_encode, repeat_bwd, repeat_fwd
 from ..codelets.prepared import calls_of
 from ..codelets.reduce import fill_zero
 from ..errors import ConfigError, ShapeError
-from .base import Layer, default_rng
+from .base import Layer, default_rng, note_step_input
 from .dense import Dense, Flatten
 from .dropout import Dropout
 from .events import SpikeInput
@@ -135,7 +135,7 @@ class RateEncode(Layer):
 
     def forward(self, rt, xs):
         if self.training:
-            key = self.step_input = rt.register(self.replayed(), name="rate.key")
+            key = note_step_input(self, rt.register(self.replayed(), name="rate.key"))
         else:  # a constant of the graph: nothing to write before a replay
             key = rt.register(key_data(self.seed, self.EVAL_STEP), name="rate.key")
         ys = self.outputs(rt, xs)

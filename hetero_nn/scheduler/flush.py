@@ -31,7 +31,10 @@ executed tasks become trace records.
 State
 -----
 ``pending``: tasks submitted since the last flush, in submission order (a
-topological order), whether they have run or not. ``streaming``: whether this
+topological order, unless ``Runtime.add_dependency`` made a task wait for one
+submitted after it: then ``reordered`` is set and ``wait`` hands the executor, the
+arena's layout and a capture the tasks in :func:`topological` order instead),
+whether they have run or not. ``streaming``: whether this
 flush's tasks go to the executor as they are submitted. ``generation``: number of
 flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
@@ -64,6 +67,7 @@ class Flushes:
         self.capturing = None
         self.records: list = []  # this flush's trace records (tuples), one list for its life
         self.memory: deque = deque(maxlen=runtime._trace.flushes)
+        self.reordered = False  # a dependency on a task submitted later (add_dependency)
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -102,6 +106,13 @@ class Flushes:
         if not self.open:
             return
         tasks, self.pending = self.pending, []
+        if self.reordered:
+            self.reordered = False
+            try:
+                tasks = topological(tasks)
+            except TaskError:
+                self.end(tasks, failed=True)
+                raise
         if self.streaming:
             try:
                 self.rt.executor.drain()
@@ -194,3 +205,30 @@ def record_of(t) -> tuple:
 
 
 _task_id = attrgetter("id")
+
+
+def topological(tasks) -> list:
+    """``tasks`` (one flush, closed) in a topological order of their dependencies that
+    keeps submission order wherever the dependencies allow (each step takes the earliest
+    submitted task whose predecessors are all placed); TaskError on a cycle."""
+    import heapq
+
+    index = {t: i for i, t in enumerate(tasks)}
+    waiting = [sum(1 for p in t.preds if p in index) for t in tasks]
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        t = tasks[heapq.heappop(ready)]
+        out.append(t)
+        for s in t.succ:
+            j = index.get(s)
+            if j is not None:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    heapq.heappush(ready, j)
+    if len(out) < len(tasks):
+        stuck = [t for t, n in zip(tasks, waiting) if n > 0][:3]
+        raise TaskError(f"add_dependency closed a cycle: {len(tasks) - len(out)} tasks wait "
+                        f"for each other (among them {', '.join(map(repr, stuck))})")
+    return out

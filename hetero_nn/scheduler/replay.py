@@ -283,6 +283,8 @@ def _run_segment(rt, seg, epoch, threads):
         seg.copies_done(bool(failures))
     rt._flushes.generation += 1
     if rt.tracing:
+        for i, t in enumerate(seg.tasks):  # the ids its records carry, as the executor's
+            t.id = base + i  # replay rearms them: a record is found from its task
         rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                           failures[0] if failures else None,
                                           seg.bytes_in.copy() if seg.multinode else None))

@@ -351,7 +351,8 @@ class Runtime:
         if self.streaming:
             raise SubmitError("add_dependency: this flush streams its tasks to the executor "
                               "as they are submitted; order tasks inside a capture")
-        link(before, after)
+        if link(before, after) and before.id > after.id:  # against submission order
+            self._flushes.reordered = True
 
     # ------------------------------------------------------------------ submission
     def submit(self, codelet: Codelet, *handles, priority=0, after=(), callback=None,

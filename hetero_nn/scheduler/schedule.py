@@ -15,7 +15,9 @@ other workers run. The schedule comes from one of two places:
   where it finishes first; on a tie, to the worker that ran the predecessor
   finishing last (its data is in that core's cache), then to the lowest index.
   So a chain stays on one worker unless moving it lets it finish earlier by more
-  than the handoff (StarPU's locality-aware policies make the same trade).
+  than the handoff (StarPU's locality-aware policies make the same trade). A unit
+  with a placement constraint (``worker=``, ``Runtime.placing``: a pipeline stage)
+  goes only to the workers it allows.
 
 Either way every worker's order is a subsequence of one topological order of
 the segment (upward ranks decrease along edges; ties go by position, which is
@@ -49,11 +51,13 @@ def upward_ranks(costs, preds) -> list:
     return rank
 
 
-def plan(costs, preds, workers: int, handoff: float = HANDOFF):
+def plan(costs, preds, workers: int, handoff: float = HANDOFF, allowed=None):
     """``(worker_of, orders)``: each unit's worker index and each worker's units in order.
 
-    See the module docstring; ``costs[u]`` is unit ``u``'s run time in seconds.
+    See the module docstring; ``costs[u]`` is unit ``u``'s run time in seconds;
+    ``allowed[u]``, where given, the worker indices unit ``u`` may run on (None: any).
     """
+    every = range(workers)
     n = len(costs)
     rank = upward_ranks(costs, preds)
     worker_of = [-1] * n
@@ -67,7 +71,7 @@ def plan(costs, preds, workers: int, handoff: float = HANDOFF):
             if finish[p] > last_pred_finish:
                 last_pred_finish, last_pred_worker = finish[p], worker_of[p]
         best, best_eft = 0, None
-        for w in range(workers):
+        for w in (allowed[u] or every) if allowed is not None else every:
             ready = 0.0
             for p in ps:
                 f = finish[p] if worker_of[p] == w else finish[p] + handoff
@@ -91,11 +95,13 @@ def from_assignment(worker_of, priority, workers: int):
     return list(worker_of), orders
 
 
-def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallback=None):
+def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallback=None,
+                 allowed=None):
     """``(worker_of, orders)`` of a segment's units: the given assignment (``heft``'s:
     worker indices and upward ranks) when it can run; else ``fallback`` (another
     ``(assigned, priority)`` known to run: an assignment in submission order) or
-    :func:`plan` on ``costs`` (a callable: only planning asks for them)."""
+    :func:`plan` on ``costs`` (a callable: only planning asks for them) and the
+    ``allowed`` workers of each unit."""
     if assigned is not None:
         worker_of, orders = from_assignment(assigned, priority, workers)
         try:
@@ -105,7 +111,7 @@ def fixed_orders(preds, workers: int, costs, assigned=None, priority=None, fallb
             pass  # ranks that tie across an edge: plan here instead
     if fallback is not None:
         return from_assignment(*fallback, workers)
-    return plan(costs(), preds, workers)
+    return plan(costs(), preds, workers, allowed=allowed)
 
 
 def check_orders(orders, preds) -> list:

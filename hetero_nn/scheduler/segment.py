@@ -426,10 +426,13 @@ def _schedule(rt, segment, units, unit_preds, costs_ns, tasks):
                             [t.rank for t in heads] if planned else
                             [-u for u in range(len(heads))],
                             fallback=(placed, [-u for u in range(len(heads))]))
+    every = len(rt.workers)
+    allowed = [None if len(t.eligible) == every else [index[w] for w in t.eligible]
+               for t in heads]  # placement constraints (a pipeline's stages)
     return fixed_orders(unit_preds, len(rt.workers),
                         lambda: _unit_costs(rt, units, tasks, costs_ns),
                         [index[t.assigned] for t in heads] if planned else None,
-                        [t.rank for t in heads])
+                        [t.rank for t in heads], allowed=allowed)
 
 
 def _unit_costs(rt, units, tasks, costs_ns):

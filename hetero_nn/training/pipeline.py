@@ -38,15 +38,35 @@ one DAG (a captured step, the trainer's default):
 A stage with layers that couple the micro-batches (a training-mode ``BatchNorm2D``:
 its statistics span the batch) cannot run one micro-batch's operation before
 another's is complete: there the order is left to the data (``schedule_run`` says
-``"dataflow"`` and why). ``"pipedream"`` (asynchronous, weight stashing) is not built.
-A step whose order is added keeps its temporaries to its end
-(:meth:`Runtime.keeping_temporaries`): their bytes are laid out by submission order,
-which the schedule contradicts (a backward before a later forward), and sharing them
-would add dependencies that close a cycle with the schedule's.
+``"dataflow"`` and why).
 
-A pipelined trainer's runtime replays through the executor (``replay_engine=
-"executor"``): the compiled replay engine runs each worker's share in submission
-order, which a schedule's added order contradicts (its replays hung).
+``"pipedream"`` is PipeDream's asynchronous schedule with weight stashing (Narayanan
+et al., SOSP 2019), with the trainer's step as the flush: it is *not* synchronous
+training. Each micro-batch is a PipeDream minibatch with its own update: its loss is
+its share of the batch's mean (``loss(batch=n)``, so the step's loss is still the
+batch's mean and SGD moves about as far per step as a synchronous step), and after its
+backward every stage applies the optimizer to that share at once. Stage ``s`` of
+``P`` runs the forward of micro-batch ``k`` with its weights after ``max(0, k - (P - 1
+- s))`` of the step's updates, as 1F1B's steady state has them (the last stage uses
+the newest weights, the first is ``P - 1`` updates behind), and the backward of ``k``
+with the *same* version (weight stashing: a copy of the stage's weights kept until the
+backward that needs it), while the updates apply to the live weights. The step is
+submitted micro-batch by micro-batch (``F k`` on every stage, the loss, ``B k`` on
+every stage, the updates); the order comes from the data alone: a stage's forward of
+``k + 1`` reads a stashed version, so it does not wait for the later stages' backward
+of ``k``. Batch norm normalises each micro-batch by its own statistics (as PipeDream
+and GPipe implementations do); every update, Dropout mask and batch-norm momentum is
+a step input of its own, so the step replays. Gradient clipping is refused (one norm
+would span several updates).
+
+A pipelined step keeps its temporaries to its end (:meth:`Runtime.keeping_temporaries`):
+sharing the bytes of one micro-batch's dead temporaries with a later one's adds a
+dependency between them that neither the data nor the schedule asks for, and would
+hold a stage back from running ahead. A schedule's dependencies point against
+submission order (a backward before a later forward): the flush then hands its tasks
+over in a topological order (:func:`~hetero_nn.scheduler.flush.topological`), so the
+arena's layout, a capture and the compiled replay engine's fixed shares follow the
+schedule; the engine's plan keeps every task on its stage's workers.
 
 *Bubble*: from a traced step, per stage the busy seconds of its tasks over its
 workers' share of the pipeline's span (the first stage task's start to the last's
@@ -67,7 +87,7 @@ import contextlib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..layers.base import keeping_state
+from ..layers.base import keeping_state, temporarily
 from ..layers.normalization import BatchNorm2D
 from ..layers.sequential import release_dead
 
@@ -92,9 +112,6 @@ class Pipeline:
         if schedule not in SCHEDULES:
             raise ConfigError(f"pipeline_schedule must be one of {', '.join(SCHEDULES)}, "
                               f"got {schedule!r}")
-        if schedule == "pipedream":
-            raise ConfigError("pipeline_schedule='pipedream' (asynchronous, weight stashing) "
-                              "is not built yet; use '1f1b' or 'gpipe'")
         if getattr(model, "granularities", None) is not None:
             raise ConfigError("pipeline: the model has per-layer granularities; a pipeline "
                               "runs every stage at the trainer's granularity")
@@ -127,9 +144,6 @@ class Pipeline:
         models on the batch ``(x, y)``): at the first step, or when the runtime changes."""
         rt = trainer.runtime
         self.runtime = rt
-        # replays through the executor: it keeps each stage's workers and the schedule's
-        # order, which the compiled engine's fixed shares (in submission order) do not
-        rt.replay_engine = "executor"
         self.blocks = [block for _, block in self.model._plan()]
         firsts = [i for i, _ in self.model._plan()]
         self.needs = [self.model.needs_input_grad(i) for i in firsts]  # as Sequential's
@@ -145,8 +159,11 @@ class Pipeline:
         coupled = [s for s, st in enumerate(self.stages)
                    if any(isinstance(m, BatchNorm2D) and m.training
                           for b in self.blocks[st.first:st.end] for m in _modules(b))]
-        self.schedule_run = self.schedule if not coupled else (
+        self.schedule_run = self.schedule if not coupled or self.schedule == "pipedream" else (
             f"dataflow (batch norm in stage {coupled[0]} couples the micro-batches)")
+        if self.schedule == "pipedream" and trainer.clip_grad_norm is not None:
+            raise ConfigError("pipeline_schedule='pipedream' updates once per micro-batch: "
+                              "clip_grad_norm (one norm per step) cannot apply; leave it unset")
 
     def _worker_groups(self, rt) -> list[tuple]:
         workers = list(rt.workers)
@@ -217,6 +234,8 @@ class Pipeline:
         workers, the schedule's order added; returns the trainer's result handles."""
         from ..optim import submit_clip_grad_norm
 
+        if self.schedule == "pipedream":
+            return self._submit_pipedream(trainer, xs, ys)
         rt, model = trainer.runtime, trainer.model
         model.zero_grad(rt)
         ordered = not rt.streaming and not self.schedule_run.startswith("dataflow")
@@ -260,10 +279,82 @@ class Pipeline:
             backward[s] = tasks
         return loss, correct, forward, backward
 
+    def _submit_pipedream(self, trainer, xs, ys):
+        """Submit one step of PipeDream with weight stashing (module docstring): per
+        micro-batch, its forward on every stage with the stage's version of the weights,
+        the loss, its backward with the same versions, then every stage's update."""
+        from ..codelets.reduce import copy
+
+        rt, count, micro = trainer.runtime, len(self.stages), len(xs)
+        n = sum(x.shape[0] for x in xs)
+        params = [_unique(p for b in self.blocks[st.first:st.end] for m in _modules(b)
+                          for p in m.parameters()) for st in self.stages]
+        stage_of = {id(p): s for s, ps in enumerate(params) for p in ps}
+        self.ops = [([], []) for _ in self.stages]
+
+        @contextlib.contextmanager
+        def place(p):  # an update: on its stage's workers, part of its backward operation
+            s = stage_of[id(p)]
+            with rt.placing(self.stages[s].workers) as tasks:
+                yield
+            self.ops[s][1][-1].extend(tasks)
+
+        def stash(s, into):  # a copy of stage s's live weights, for the micro-batches behind
+            with rt.placing(self.stages[s].workers) as tasks:
+                handles = [rt.empty(p.shape, p.data.dtype, name=f"{p.name}.stash")
+                           for p in params[s]]
+                for p, h in zip(params[s], handles):
+                    rt.submit(copy, p.handle, h)
+            into.extend(tasks)
+            return handles
+
+        with rt.keeping_temporaries():
+            first = [[] for _ in self.stages]  # the version-0 copies: part of F 0
+            versions = [{0: stash(s, first[s])} if _stashed(0, s, count, micro) else {}
+                        for s in range(count)]
+            for k in range(micro):
+                used = [max(0, k - (count - 1 - s)) for s in range(count)]
+                weights = [versions[s].get(used[s]) for s in range(count)]  # None: live
+                x, outputs = [xs[k]], []
+                for s, stage in enumerate(self.stages):
+                    with _weights(params[s], weights[s]), rt.placing(stage.workers) as tasks:
+                        for block in self.blocks[stage.first:stage.end]:
+                            x = block.forward(rt, x)
+                            outputs.append(x[0].root)
+                        if s == count - 1:
+                            loss, correct, dys = trainer.loss(rt, x, [ys[k]], batch=n,
+                                                              accumulate=k > 0)
+                    self.ops[s][0].append(first[s] + tasks if k == 0 else tasks)
+                kept = {outputs[-1], dys[0].root}
+                for s in reversed(range(count)):
+                    stage = self.stages[s]
+                    with _weights(params[s], weights[s]), rt.placing(stage.workers) as tasks:
+                        for block in self.blocks[stage.first:stage.end]:
+                            for layer in getattr(block, "layers", (block,)):
+                                layer.zero_grad(rt)
+                        for i in reversed(range(stage.first, stage.end)):
+                            if dys is None:  # no block before has parameters
+                                break
+                            incoming = dys
+                            dys = self.blocks[i].backward(rt, dys,
+                                                          need_input_grad=self.needs[i])
+                            release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
+                            kept.add(outputs[i])
+                    self.ops[s][1].append(tasks)
+                trainer.optimizer.step(rt, place=place)
+                for s in range(count):
+                    if _stashed(k + 1, s, count, micro):
+                        versions[s][k + 1] = stash(s, self.ops[s][1][-1])
+        return loss, correct, None
+
     # ------------------------------------------------------------ the bubble
     def bubble(self, trace) -> dict | None:
-        """The measured and ideal bubble fractions of the last step in ``trace`` (its
-        stage tasks by their current ids), or None if the trace does not hold it."""
+        """The bubble fractions of the last step in ``trace`` (its stage tasks by their
+        current ids), or None if the trace does not hold it: ``bubble`` measured,
+        ``ideal`` (equal stages), ``overhead_free`` (the schedule run on these stages'
+        measured operation times with no overhead, :func:`schedule_span`; None where
+        the order is left to the data) and ``stage_imbalance`` (the busiest stage's
+        seconds over the mean)."""
         ids = [{t.id for ops in stage_ops for op in ops for t in op}
                for stage_ops in self.ops]
         by_id = {r.task_id: r for r in trace}
@@ -274,11 +365,19 @@ class Pipeline:
         end = max(r.end for rs in records for r in rs)
         span = end - start
         busy = [sum(r.end - r.start for r in rs) for rs in records]
-        slots = sum(len(st.workers) for st in self.stages) * span
+        width = sum(len(st.workers) for st in self.stages)
         count, micro = len(self.stages), len(self.ops[0][0])
-        return {"bubble": 1 - sum(busy) / slots if slots > 0 else None,
-                "ideal": (count - 1) / (micro + count - 1), "span_seconds": span,
-                "busy_seconds": busy, "micro_batches": micro}
+        free = None
+        if not self.schedule_run.startswith("dataflow"):
+            seconds = [[[sum(by_id[t.id].end - by_id[t.id].start for t in op if t.id in by_id)
+                         / len(st.workers) for op in ops] for ops in stage_ops]
+                       for st, stage_ops in zip(self.stages, self.ops)]
+            least = schedule_span(self.schedule, seconds)
+            free = 1 - sum(busy) / (width * least) if least else None
+        return {"bubble": 1 - sum(busy) / (width * span) if span > 0 else None,
+                "ideal": (count - 1) / (micro + count - 1), "overhead_free": free,
+                "stage_imbalance": max(busy) / (sum(busy) / count) if sum(busy) else None,
+                "span_seconds": span, "busy_seconds": busy, "micro_batches": micro}
 
     def describe(self) -> dict:
         """What ``metrics.json`` records of the pipeline."""
@@ -287,6 +386,32 @@ class Pipeline:
                             "predicted_seconds": st.predicted_seconds} for st in self.stages],
                 "schedule": self.schedule, "schedule_run": self.schedule_run,
                 "imbalance": self.imbalance}
+
+
+def _unique(params) -> list:
+    """``params`` without repeats (a parameter shared by two layers updates once)."""
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _stashed(version, stage, count, micro) -> bool:
+    """Whether pipedream's micro-batches read ``version`` of ``stage``'s weights after a
+    later update has replaced it live (so it must be stashed): micro-batch ``k`` reads
+    version ``max(0, k - (count - 1 - stage))`` when ``k`` updates have been submitted."""
+    lag = count - 1 - stage
+    readers = range(0, min(lag, micro - 1) + 1) if version == 0 else [version + lag]
+    return any(k > version and k < micro for k in readers)
+
+
+def _weights(params, handles):
+    """Submit with ``params`` read from ``handles`` (a stashed version of the stage's
+    weights) instead of their live handles; ``handles`` None: the live ones."""
+    return contextlib.nullcontext() if handles is None else temporarily(params, "handle",
+                                                                        handles)
 
 
 def _modules(block):
@@ -428,6 +553,37 @@ def schedule_order(schedule, stage, count, fops, bops) -> list:
     for k in range(micro - warm):
         order += [fops[warm + k], bops[k]]
     return order + bops[micro - warm:]
+
+
+def schedule_span(schedule, seconds) -> float | None:
+    """The span of ``schedule`` run with no overhead: ``seconds[s]`` is stage ``s``'s
+    ``(F, B)`` operation times per micro-batch; stage ``s``'s ``F k`` follows ``F k`` on
+    ``s - 1``, its ``B k`` follows ``B k`` on ``s + 1``, and each stage runs its operations
+    in the schedule's order (pipedream's data allows 1F1B's). The bubble this gives is
+    what the schedule itself costs on these stages (imbalance, fill and drain), at the
+    grain of whole operations: a real step may start a stage's backward as soon as the
+    input gradient it needs is out, before the stage after it finishes its operation."""
+    count = len(seconds)
+    micro = len(seconds[0][0])
+    labels = [("F", k) for k in range(micro)], [("B", k) for k in range(micro)]
+    orders = [schedule_order("gpipe" if schedule == "gpipe" else "1f1b", s, count, *labels)
+              for s in range(count)]
+    end, free, at = {}, [0.0] * count, [0] * count
+    moved = True
+    while moved:
+        moved = False
+        for s in range(count):
+            while at[s] < len(orders[s]):
+                kind, k = orders[s][at[s]]
+                before = ((kind, k, s - 1) if kind == "F" and s > 0 else
+                          (kind, k, s + 1) if kind == "B" and s < count - 1 else None)
+                if before is not None and before not in end:
+                    break
+                begin = max(free[s], end[before] if before else 0.0)
+                end[(kind, k, s)] = free[s] = begin + seconds[s][kind == "B"][k]
+                at[s] += 1
+                moved = True
+    return max(free) if all(a == len(o) for a, o in zip(at, orders)) else None
 
 
 def _chain(rt, ops):

@@ -29,11 +29,14 @@ from the stage that owns its layer.
 *Bubble.* Per step, from the stages' answers: the span from the first stage task's
 start to the last one's end (``time.monotonic``: one machine's clock), per stage ``1 -
 busy / (workers * span)``, and for the pipeline ``1 - sum(busy) / (sum(workers) *
-span)`` beside the ideal ``(P - 1) / (M + P - 1)``, as in one process
+span)`` beside the ideal ``(P - 1) / (M + P - 1)`` and the overhead-free bubble (the
+schedule run on the stages' measured operation times,
+:func:`~hetero_nn.training.pipeline.schedule_span`), as in one process
 (:meth:`Pipeline.bubble <hetero_nn.training.pipeline.Pipeline.bubble>`).
 
 *Refused* (one line, when the trainer is made): ``stage_devices`` (a stage is one
-worker's runtime: ``--cluster-devices``), ``clip_grad_norm`` (the norm spans every
+worker's runtime: ``--cluster-devices``), ``pipeline_schedule="pipedream"``,
+``clip_grad_norm`` (the norm spans every
 stage's gradients), ``granularity="auto"``, spiking models with a time axis. *Faults*: a
 stage's weights live only on its worker, so a lost stage worker (or a step that failed
 after some stages had updated theirs) ends the run with a
@@ -57,7 +60,7 @@ from ..errors import ClusterError, ConfigError
 from ..layers.normalization import BatchNorm2D
 from .cluster import Cluster, connect
 from .cluster_io import DatasetBatch, RankLost, load_run_state, partition_starts, step_terms
-from .pipeline import Pipeline, Stage, _modules
+from .pipeline import Pipeline, Stage, _modules, schedule_span
 
 __all__ = ["StagePipeline", "StageCluster", "connect_stages", "merge_states"]
 
@@ -67,6 +70,9 @@ class StagePipeline(Pipeline):
     ``describe`` answer as a :class:`~hetero_nn.training.pipeline.Pipeline`'s."""
 
     def __init__(self, model, pipeline, schedule="1f1b"):
+        if schedule == "pipedream":
+            raise ConfigError("pipeline across Dask workers: pipeline_schedule='pipedream' is "
+                              "not built; use '1f1b' or 'gpipe'")
         super().__init__(model, pipeline, None, schedule)
         self.measured = None
         self.stage_bubbles: list[list[float]] = []
@@ -107,12 +113,17 @@ class StagePipeline(Pipeline):
         per_stage = [1 - b["seconds"] / (b["workers"] * span) for b in busy]
         for history, value in zip(self.stage_bubbles, per_stage):
             history.append(value)
-        count = len(busy)
+        count, seconds = len(busy), [b["seconds"] for b in busy]
+        width = sum(b["workers"] for b in busy)
+        free = None
+        if not self.schedule_run.startswith("dataflow"):
+            least = schedule_span(self.schedule, [b["ops"] for b in busy])
+            free = 1 - sum(seconds) / (width * least) if least else None
         self.measured = {
-            "bubble": 1 - sum(b["seconds"] for b in busy) / (sum(b["workers"] for b in busy)
-                                                            * span),
-            "ideal": (count - 1) / (micro + count - 1), "span_seconds": span,
-            "busy_seconds": [b["seconds"] for b in busy], "stage_bubbles": per_stage,
+            "bubble": 1 - sum(seconds) / (width * span),
+            "ideal": (count - 1) / (micro + count - 1), "overhead_free": free,
+            "stage_imbalance": max(seconds) / (sum(seconds) / count) if sum(seconds) else None,
+            "span_seconds": span, "busy_seconds": seconds, "stage_bubbles": per_stage,
             "micro_batches": micro}
 
     def bubble(self, trace=None) -> dict | None:

@@ -392,15 +392,20 @@ class StageRank(Rank):
             opt.bind(named, self.runtime)
 
     def _busy(self) -> dict | None:
-        """The seconds the stage's forward and backward tasks of the last step ran, and
-        the first start and last end, on ``time.monotonic`` (module docstring)."""
+        """The seconds the stage's forward and backward tasks of the last step ran (in all,
+        and per operation ``(F, B)`` over the stage's workers), and the first start and
+        last end, on ``time.monotonic`` (module docstring)."""
         offset = time.monotonic() - time.perf_counter()
-        ids = {task.id for ops in self.ops for op in ops for task in op
-               if task.codelet.name not in _COMMS}
-        records = [r for r in self.runtime.trace(clear=True) if r.task_id in ids]
+        by_id = {r.task_id: r for r in self.runtime.trace(clear=True)}
+        ops = [[[by_id[task.id] for task in op
+                 if task.codelet.name not in _COMMS and task.id in by_id] for op in kind]
+               for kind in self.ops]
+        records = [r for kind in ops for op in kind for r in op]
         if not records:
             return None
+        workers = len(self.runtime.workers)
         return {"seconds": sum(r.end - r.start for r in records),
                 "first": min(r.start for r in records) + offset,
-                "last": max(r.end for r in records) + offset,
-                "workers": len(self.runtime.workers)}
+                "last": max(r.end for r in records) + offset, "workers": workers,
+                "ops": [[sum(r.end - r.start for r in op) / workers for op in kind]
+                        for kind in ops]}

@@ -28,9 +28,11 @@ same as submitting. What changes every step lives in the data of small *step inp
 that the captured tasks read: the optimizer's hyper handle (lr, momentum or betas,
 step count: so Adam, AdamW and schedules stepped per step replay), a Dropout's mask
 key, a BatchNorm2D's momentum. Each object that registered one while the step was
-captured (``step_input``) is asked before every replay for the next values
-(``replayed()``, which also counts the step on the host as a submission would),
-written into its captured handle.
+captured (``step_inputs``: one per registration, several where a step runs a forward
+or an update more than once, as ``pipeline_schedule="pipedream"`` does per
+micro-batch) is asked before every replay for the next values of each in turn
+(``replayed()``, which also counts on the host as a submission would), written into
+the captured handle.
 
 Memory: a captured graph owns its activations, REDUX partials and a copy of the
 batch. The cache keeps graphs up to ``max_bytes`` of those in all (default
@@ -124,10 +126,14 @@ class StepCache:
         yh = rt.register(t.labels(xh, y).copy(), name="y")
         owners = [t.optimizer, *t.model.modules()]
         for owner in owners:
-            owner.step_input = None
-        with rt.capture() as graph:
-            results = submit(t.split(xh), t.split(yh))
-        inputs = [(owner, owner.step_input) for owner in owners if owner.step_input is not None]
+            owner.step_inputs = []
+        try:
+            with rt.capture() as graph:
+                results = submit(t.split(xh), t.split(yh))
+            inputs = [(owner, h) for owner in owners for h in owner.step_inputs]
+        finally:
+            for owner in owners:
+                owner.step_inputs = None
         step = self._steps[key] = CapturedStep(graph, xh, yh, results, inputs)
         self.nbytes += step.nbytes
         while self.nbytes > self.max_bytes and len(self._steps) > 1:
