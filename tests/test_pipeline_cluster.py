@@ -174,5 +174,8 @@ def test_sigkilled_stage_worker_fails_the_step_with_a_cluster_error(tmp_path):
     with pytest.raises(ClusterError) as info:
         within(LIMIT, fit)
     message = str(info.value)
-    assert killed and "pipeline stage(s) [1] lost in step 4" in message, message
+    # lost while step 4 runs, or, where step 4 ended first, while the checkpoint after it
+    # pulls the state: either way the run stops naming the checkpoint before
+    assert killed and ("pipeline stage(s) [1] lost in step 4" in message
+                       or "a pipeline stage's worker was lost" in message), message
     assert f"the last good checkpoint is {tmp_path / 'checkpoint.npz'}" in message, message
