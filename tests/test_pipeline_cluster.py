@@ -150,6 +150,22 @@ def test_what_the_stages_cannot_train_is_refused_in_one_line(cluster):
         assert words in message and "\n" not in message, message
 
 
+def test_a_task_failing_on_the_last_stage_fails_the_step_not_the_first_stage_wait(cluster):
+    """Labels out of range fail the loss on the last stage: the first stage, waiting for
+    gradients, is told and gives up; the step raises the loss's error, and the next step
+    (the client still held the run) trains."""
+    from hetero_nn.errors import TaskError
+
+    model = hn.build_model("lenet5", SHAPES["lenet5"], 10, seed=0)
+    x = np.zeros((16, *SHAPES["lenet5"]), np.float32)
+    with (hn.Runtime(devices="cpu:1", perfmodel=False, trace=False) as rt,
+          hn.Trainer(model, runtime=rt, batch_size=16, granularity=4, cluster=cluster.client,
+                     pipeline=2) as trainer):
+        with pytest.raises(TaskError, match=r"label 12 of row 0 is outside \[0, 10\)"):
+            within(LIMIT, trainer.train_step, x, np.full(16, 12))
+        assert np.isfinite(within(LIMIT, trainer.train_step, x, np.zeros(16, np.int64)))
+
+
 def test_sigkilled_stage_worker_fails_the_step_with_a_cluster_error(tmp_path):
     """Its own two workers: one of them is killed."""
     data = hn.datasets.load("synthetic", "train", image_size=28, num_samples=160)

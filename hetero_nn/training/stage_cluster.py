@@ -191,6 +191,8 @@ class StageCluster(Cluster):
         pipe = trainer.pipeline
         if not pipe.stages:
             self._cut(trainer, x, y, g)
+        for stage, worker in zip(pipe.stages, self._group):  # as the group formed
+            stage.workers = (worker,)
         addresses = self._addresses()
         hyper = trainer.optimizer.hyper()
         common = {"op": "step", "gen": self._generation, "step": step, "epoch": trainer.epoch,
@@ -281,6 +283,12 @@ class StageCluster(Cluster):
                        merge_states(trainer.model, trainer.pipeline, states))
         trainer.step_cache.clear()  # its graphs hold the handles the load replaced
         self._stale = False
+
+    def invalidate(self):
+        """The client's state was replaced (a checkpoint loaded): every stage gets it at
+        the next step, whatever an earlier failed step left on them."""
+        super().invalidate()
+        self._broken = None
 
     def tune(self, trainer, x, y=None):
         raise ConfigError("pipeline across Dask workers: granularity='auto' is not built; "
