@@ -260,10 +260,7 @@ class StageRank(Rank):
 
     def __init__(self, run_id, spec, data=None):
         super().__init__(run_id, spec, data)
-        # the compiled engine runs a worker's share in submission order, which a
-        # schedule contradicts (as in one process); the bubble is read from the trace
-        self.runtime.replay_engine = "executor"
-        self.runtime.tracing = True
+        self.runtime.tracing = True  # the bubble is read from the trace
 
     # ------------------------------------------------------------ messages (loop thread)
     def _on_message(self, peer, message):
