@@ -604,10 +604,7 @@ def make_pipeline(model, pipeline, stage_devices, schedule, cluster):
         if stage_devices is not None:
             raise ConfigError("stage_devices is given without pipeline=")
         return None
-    if cluster is not None:  # a stage per Dask worker (stage_cluster.py)
-        if stage_devices is not None:
-            raise ConfigError("stage_devices: with cluster= each stage runs on one Dask "
-                              "worker's runtime; give its devices with --cluster-devices")
+    if cluster is not None:  # a stage per Dask worker
         from .stage_cluster import StagePipeline
-        return StagePipeline(model, pipeline, schedule)
+        return StagePipeline(model, pipeline, schedule, stage_devices)
     return Pipeline(model, pipeline, stage_devices, schedule)

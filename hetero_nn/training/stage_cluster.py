@@ -69,7 +69,10 @@ class StagePipeline(Pipeline):
     """The stages of a pipelined cluster run (module docstring); ``bubble`` and
     ``describe`` answer as a :class:`~hetero_nn.training.pipeline.Pipeline`'s."""
 
-    def __init__(self, model, pipeline, schedule="1f1b"):
+    def __init__(self, model, pipeline, schedule="1f1b", stage_devices=None):
+        if stage_devices is not None:
+            raise ConfigError("stage_devices: with cluster= each stage runs on one Dask "
+                              "worker's runtime; give its devices with --cluster-devices")
         if schedule == "pipedream":
             raise ConfigError("pipeline across Dask workers: pipeline_schedule='pipedream' is "
                               "not built; use '1f1b' or 'gpipe'")

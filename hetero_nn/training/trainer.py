@@ -119,8 +119,7 @@ class Trainer:
         partitions as micro-batches, ordered by ``pipeline_schedule`` (``"1f1b"`` or
         ``"gpipe"``: bit-identical weights; ``"pipedream"``: PipeDream's asynchronous
         schedule with weight stashing, an update per micro-batch, not equal to
-        synchronous training). See :mod:`hetero_nn.training.pipeline`; with ``cluster``,
-        a stage per Dask worker (:mod:`hetero_nn.training.stage_cluster`).
+        synchronous training). See :mod:`hetero_nn.training.pipeline`.
 
     Examples
     --------
