@@ -79,11 +79,13 @@ def connect_cluster(args, stack):
             raise ConfigError("--cluster-threads and --cluster-devices need --cluster")
         return None
     from ..training.cluster import connect
+    from ..training.stage_cluster import StageCluster
 
     try:
-        with ignoring_sigint():
+        with ignoring_sigint():  # --pipeline: a stage per worker
             cluster = connect(args.cluster, threads=args.cluster_threads,
-                              devices=args.cluster_devices, timeout=args.connect_timeout)
+                              devices=args.cluster_devices, timeout=args.connect_timeout,
+                              cls=StageCluster if getattr(args, "pipeline", None) else None)
     except ConfigError as exc:
         raise ConfigError(f"--cluster: {exc}") from None
     stack.callback(cluster.close)

@@ -159,6 +159,9 @@ class StageCluster(Cluster):
         return StageRank
 
     def train_step(self, trainer, x, y) -> float:
+        if not isinstance(trainer.pipeline, StagePipeline):
+            raise ConfigError("cluster: a StageCluster runs pipeline stages; give the trainer "
+                              "pipeline=, or train data-parallel on a Cluster")
         if self._broken is not None:
             raise ClusterError(self._broken)
         try:
@@ -325,8 +328,10 @@ def merge_states(model, pipeline, states) -> dict:
 
 def connect_stages(trainer, spec) -> tuple[StageCluster, bool]:
     """``(cluster, owned)`` for ``Trainer(cluster=spec, pipeline=...)``: refuses what the
-    stages cannot train as one process does, then connects (a
-    :class:`~hetero_nn.training.cluster.Cluster` given is used through its client)."""
+    stages cannot train as one process does, then connects (a :class:`StageCluster`
+    given is used as it is, the caller closing it; another
+    :class:`~hetero_nn.training.cluster.Cluster` through its client, the trainer closing
+    what it made)."""
     model, pipe = trainer.model, trainer.pipeline
     if trainer.clip_grad_norm is not None:
         raise ConfigError("pipeline across Dask workers: clip_grad_norm needs the norm of "
@@ -337,14 +342,18 @@ def connect_stages(trainer, spec) -> tuple[StageCluster, bool]:
     if any(getattr(m, "makes_time", False) for m in model.modules()):
         raise ConfigError("pipeline across Dask workers: spiking models (a time axis) are "
                           "not built; train them with --devices")
-    if isinstance(spec, Cluster):
+    owned = not isinstance(spec, StageCluster)
+    if not owned:
+        cluster = spec
+    elif isinstance(spec, Cluster):  # its client and workers' devices; closed by the trainer
         cluster = StageCluster(spec.client, devices=spec.worker_devices,
                                worker_grace=spec.worker_grace, spec=spec.spec)
     else:
         cluster = connect(spec, cls=StageCluster)
     workers = len(cluster.workers)
     if workers < pipe.num_stages:
-        cluster.close()
+        if owned:
+            cluster.close()
         raise ConfigError(f"pipeline: {pipe.num_stages} stages need {pipe.num_stages} Dask "
                           f"workers (one per stage); cluster {cluster.spec} has {workers}")
-    return cluster, True
+    return cluster, owned
