@@ -116,13 +116,17 @@ def test_three_stages_on_three_workers_are_bit_identical(lenet_reference):
 def test_cli_pipeline_on_a_cluster_records_the_bubble_per_stage(cluster, tmp_path):
     from hetero_nn.cli import main
 
+    """Straight through on cpu:1; on the cluster, one epoch, then resumed for the second
+    (the state pulled into the checkpoint, pushed back to the stages)."""
     run = ["train", "--dataset", "synthetic", "--limit", "64", "--batch-size", "16",
-           "--granularity", "4", "--epochs", "1", "--quiet"]
+           "--granularity", "4", "--quiet"]
     local, staged = tmp_path / "local", tmp_path / "staged"
-    assert within(LIMIT, main, [*run, "--devices", "cpu:1", "--out", str(local)]) == 0
-    address = cluster.client.scheduler.address
-    assert within(LIMIT, main, [*run, "--cluster", address, "--pipeline", "2",
-                                "--pipeline-schedule", "gpipe", "--out", str(staged)]) == 0
+    assert within(LIMIT, main, [*run, "--epochs", "2", "--devices", "cpu:1",
+                                "--out", str(local)]) == 0
+    stages = ["--cluster", cluster.client.scheduler.address, "--pipeline", "2",
+              "--pipeline-schedule", "gpipe", "--out", str(staged)]
+    assert within(LIMIT, main, [*run, "--epochs", "1", *stages]) == 0
+    assert within(LIMIT, main, ["train", "--resume", "--epochs", "2", "--quiet", *stages]) == 0
     with np.load(local / "checkpoint-final.npz") as a, \
             np.load(staged / "checkpoint-final.npz") as b:
         keys = [k for k in a.files if k.startswith(("model/", "optimizer/"))]
