@@ -225,8 +225,6 @@ class StageCluster(Cluster):
             return
         messages[first]["x"] = self.links.array(x)
         messages[last]["y"] = self.links.array(y)
-        if first == last:
-            messages[first]["x"] = self.links.array(x)
 
     def _cut(self, trainer, x, y, g):
         """The stages: the given lists, or ``pipeline=P`` balanced on stage 0's worker."""

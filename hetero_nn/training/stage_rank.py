@@ -94,9 +94,8 @@ class StageLink:
         """Start step ``step``: drop what earlier steps left."""
         with self._cond:
             self.step, self.waited = step, 0.0
-            for store in (self._inbox, self.failed):
-                for key in [k for k in store if (k[0] if isinstance(k, tuple) else k) < step]:
-                    del store[key]
+            self._inbox = {key: v for key, v in self._inbox.items() if key[0] >= step}
+            self.failed = {s: why for s, why in self.failed.items() if s >= step}
 
     def fail(self, why, step=None):
         """Fail step ``step`` (None: every step from now on, the group is broken)."""
