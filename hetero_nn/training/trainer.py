@@ -116,10 +116,8 @@ class Trainer:
     pipeline : int or list of lists of layers, optional
         Cut the model into stages, each on its own workers (``stage_devices``, e.g.
         ``["cpu:1", "cuda-emu:1"]``; default: the runtime's workers in equal groups), the
-        partitions as micro-batches, ordered by ``pipeline_schedule`` (``"1f1b"`` or
-        ``"gpipe"``: bit-identical weights; ``"pipedream"``: PipeDream's asynchronous
-        schedule with weight stashing, an update per micro-batch, not equal to
-        synchronous training). See :mod:`hetero_nn.training.pipeline`.
+        partitions as micro-batches, ordered by ``pipeline_schedule`` (``"1f1b"``, ``"gpipe"``:
+        bit-identical weights; ``"pipedream"``: asynchronous). See :mod:`.pipeline`.
 
     Examples
     --------
