@@ -9,8 +9,16 @@ at the same g). Every side takes ``--warmup`` untimed steps then ``--steps`` tim
 ones on the same seeded synthetic batch (float32, SGD with momentum, capture and
 replay); a side's step time is the median. Per pipelined step the bubble is measured
 from the trace (``Pipeline.bubble``: idle share of the stage workers over the
-pipeline's span) beside the ideal ``(P - 1) / (M + P - 1)``, and the cut's predicted
-imbalance (slowest stage over the mean) is recorded.
+pipeline's span) beside the ideal ``(P - 1) / (M + P - 1)`` and the overhead-free
+bubble (the schedule run on the step's measured operation times, no overhead), with
+the cut's predicted imbalance and the measured one (slowest stage over the mean).
+
+The built-in models fuse into a few unequal blocks that no cut balances, so
+``--models`` also offers ``mlp-uniform``, a study model with a cut that does:
+``Flatten, Linear(784, 512), ReLU``, then eight ``Linear(512, 512), ReLU`` blocks and
+``Linear(512, 10)`` on MNIST-shaped input (the first block, with no input gradient,
+costs about half of the others). ``--schedules`` may add ``pipedream``
+(asynchronous: its rows' speed is not that of the same training).
 
 With ``--cluster SPEC`` (``local:N`` or a scheduler address) the sides run on the Dask
 workers instead: data parallelism is ``Trainer(cluster=...)`` over the workers, a
@@ -37,15 +45,33 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
-from _results import SHAPES  # noqa: E402
+from _results import SHAPES as BUILT_IN  # noqa: E402
 from step_timing import LR, MOMENTUM, Parser, synthetic_batches  # noqa: E402
 
 from hetero_nn.cli.options import positive_int  # noqa: E402
+
+SHAPES = {**BUILT_IN, "mlp-uniform": (1, 28, 28)}
+
+
+def build(name):
+    """The model ``name``: a built-in one, or the study's ``mlp-uniform`` (docstring)."""
+    import hetero_nn as hn
+
+    if name != "mlp-uniform":
+        return hn.build_model(name, SHAPES[name], 10, seed=0)
+    hidden = [layer for _ in range(8) for layer in (hn.Linear(512, 512), hn.ReLU())]
+    model = hn.Sequential([hn.Flatten(), hn.Linear(784, 512), hn.ReLU(), *hidden,
+                           hn.Linear(512, 10)])
+    model.build(SHAPES[name], "float32")
+    model.reset_parameters(np.random.default_rng(0))
+    return model
 
 
 def run_side(name, stages, g, schedule, args, client=None) -> dict:
@@ -53,7 +79,7 @@ def run_side(name, stages, g, schedule, args, client=None) -> dict:
     runtime's ``cpu:P``, or the Dask workers of ``client``)."""
     import hetero_nn as hn
 
-    model = hn.build_model(name, SHAPES[name], 10, seed=0)
+    model = build(name)
     x, y = next(synthetic_batches(SHAPES[name], args.batch, 1, 3))
     pipeline = {} if schedule is None else {"pipeline": stages, "pipeline_schedule": schedule}
     if client is not None:
@@ -82,6 +108,10 @@ def run_side(name, stages, g, schedule, args, client=None) -> dict:
             described = trainer.pipeline.describe()
             row.update(bubble=_median([b["bubble"] for b in measured]),
                        ideal_bubble=(stages - 1) / (g + stages - 1),
+                       overhead_free_bubble=_median([b["overhead_free"] for b in measured
+                                                     if b.get("overhead_free") is not None]),
+                       stage_imbalance=_median([b["stage_imbalance"] for b in measured
+                                                if b.get("stage_imbalance") is not None]),
                        imbalance=described["imbalance"], schedule_run=described["schedule_run"],
                        cut=described["stages"])
             if client is not None:
@@ -94,12 +124,18 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _shown(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
 def parse(argv):
     p = Parser(prog="pipeline.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["lenet5"], choices=list(SHAPES))
+    p.add_argument("--models", nargs="+", default=["lenet5"],
+                   choices=list(SHAPES))
     p.add_argument("--stages", nargs="+", type=positive_int, default=[2, 3])
     p.add_argument("--granularities", nargs="+", type=positive_int, default=[4, 8, 16])
-    p.add_argument("--schedules", nargs="+", choices=("1f1b", "gpipe"), default=["1f1b", "gpipe"])
+    p.add_argument("--schedules", nargs="+", choices=("1f1b", "gpipe", "pipedream"),
+                   default=["1f1b", "gpipe"])
     p.add_argument("--batch", type=positive_int, default=256)
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per side")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps per side")
@@ -155,7 +191,9 @@ def main(argv=None) -> int:
                         print(f"{name} P={stages} g={g} {row['side']}: "
                               f"{row['images_per_s']:.0f} images/s"
                               + ("" if bubble is None else
-                                 f", bubble {bubble:.2f} (ideal {row['ideal_bubble']:.2f})"))
+                                 f", bubble {bubble:.2f} (ideal {row['ideal_bubble']:.2f}, "
+                                 f"overhead-free {_shown(row['overhead_free_bubble'])}, "
+                                 f"stage imbalance {_shown(row['stage_imbalance'])})"))
     options = {k: v for k, v in vars(args).items() if k != "cache"}
     document = {**_results.head("pipeline", started, argv, options), "rows": rows}
     print(f"wrote {_results.write(document, args.results, 'pipeline', started)}")
