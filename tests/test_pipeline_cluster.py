@@ -199,3 +199,11 @@ def test_sigkilled_stage_worker_fails_the_step_with_a_cluster_error(tmp_path):
     assert killed and ("pipeline stage(s) [1] lost in step 4" in message
                        or "a pipeline stage's worker was lost" in message), message
     assert f"the last good checkpoint is {tmp_path / 'checkpoint.npz'}" in message, message
+
+
+def test_a_stage_ending_in_a_view_layer_sends_its_unflattened_batch(cluster, lenet_reference):
+    """A cut right after Flatten: the stage sends the batch in the layout the next layer
+    reads it in one process, and takes its gradient back in its own."""
+    run = within(LIMIT, lambda: train("lenet5", cluster=cluster.client,
+                                      pipeline=lambda layers: [layers[:7], layers[7:]]))
+    assert_bits(lenet_reference, run)

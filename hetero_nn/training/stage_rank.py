@@ -158,7 +158,9 @@ def _send_variant(x, *, link, what, k):
 
 
 def _recv_variant(out, *, link, what, k):
-    out[...] = link.take(what, k)
+    # a view layer (Flatten) passes its input's handle on: a stage ending in one sends
+    # the unflattened batch, the next stage's buffer has the flat shape (and back)
+    out[...] = link.take(what, k).reshape(out.shape)
 
 
 STAGE_SEND = Codelet("stage_send", modes=(R,), variants={"ref": _send_variant})
@@ -228,8 +230,8 @@ def submit_stage(trainer, link, plan, xs, ys):
             if not plan.last:
                 dys = None
                 if needs[b]:  # the next stage passes input gradients back
-                    dys = _receive(rt, link, "grad", (n, *model.layers[hi - 1].output_shape),
-                                   dtype, g, after=() if ordered else sends)
+                    dys = _receive(rt, link, "grad", (n, *xs[0].shape[1:]), dtype, g,
+                                   after=() if ordered else sends)
             kept = {outputs[-1]} | ({dys[0].root} if dys else set())
             for i in reversed(range(a, b)):
                 if dys is None:  # no block before has parameters
