@@ -24,7 +24,9 @@ would span several updates).
 Why a module of its own: the synchronous schedules submit the step as without a
 pipeline and add an order; this one submits another step (an update per micro-batch,
 weight versions), so it keeps its submission here and shares only the stages
-(:class:`~hetero_nn.training.pipeline.Pipeline`) and the bubble.
+(:class:`~hetero_nn.training.pipeline.Pipeline`) and the bubble. Its pieces for one
+stage (:class:`WeightStash`: the version rule and the stash; :func:`submit_forward`,
+:func:`submit_backward`: a stage's blocks on one micro-batch) are functions of their own.
 """
 
 from __future__ import annotations
@@ -35,20 +37,19 @@ from ..layers.base import temporarily
 from ..layers.sequential import release_dead
 from .pipeline import _modules
 
-__all__ = ["submit_pipedream"]
+__all__ = ["submit_pipedream", "WeightStash", "stage_parameters", "submit_forward",
+           "submit_backward"]
 
 
 def submit_pipedream(pipeline, trainer, xs, ys):
     """Submit one step of PipeDream with weight stashing (module docstring): per
     micro-batch, its forward on every stage with the stage's version of the weights,
     the loss, its backward with the same versions, then every stage's update."""
-    from ..codelets.reduce import copy
-
     rt, count, micro = trainer.runtime, len(pipeline.stages), len(xs)
     n = sum(x.shape[0] for x in xs)
-    params = [_unique(p for b in pipeline.blocks[st.first:st.end] for m in _modules(b)
-                      for p in m.parameters()) for st in pipeline.stages]
-    stage_of = {id(p): s for s, ps in enumerate(params) for p in ps}
+    stashes = [WeightStash(rt, stage_parameters(pipeline.blocks[st.first:st.end]), s, count,
+                           micro, st.workers) for s, st in enumerate(pipeline.stages)]
+    stage_of = {id(p): s for s, stash in enumerate(stashes) for p in stash.params}
     pipeline.ops = [([], []) for _ in pipeline.stages]
 
     @contextlib.contextmanager
@@ -58,63 +59,109 @@ def submit_pipedream(pipeline, trainer, xs, ys):
             yield
         pipeline.ops[s][1][-1].extend(tasks)
 
-    def stash(s, into):  # a copy of stage s's live weights, for the micro-batches behind
-        with rt.placing(pipeline.stages[s].workers) as tasks:
-            handles = [rt.empty(p.shape, p.data.dtype, name=f"{p.name}.stash")
-                       for p in params[s]]
-            for p, h in zip(params[s], handles):
-                rt.submit(copy, p.handle, h)
-        into.extend(tasks)
-        return handles
-
     with rt.keeping_temporaries():
-        first = [[] for _ in pipeline.stages]  # the version-0 copies: part of F 0
-        versions = [{0: stash(s, first[s])} if _stashed(0, s, count, micro) else {}
-                    for s in range(count)]
+        first = [stash.keep(0) for stash in stashes]  # the version-0 copies: part of F 0
         for k in range(micro):
-            used = [max(0, k - (count - 1 - s)) for s in range(count)]
-            weights = [versions[s].get(used[s]) for s in range(count)]  # None: live
-            x, outputs = [xs[k]], []
+            x, outputs = [xs[k]], {}
             for s, stage in enumerate(pipeline.stages):
-                with _weights(params[s], weights[s]), rt.placing(stage.workers) as tasks:
-                    for block in pipeline.blocks[stage.first:stage.end]:
-                        x = block.forward(rt, x)
-                        outputs.append(x[0].root)
+                with stashes[s].weights(k), rt.placing(stage.workers) as tasks:
+                    x = submit_forward(rt, pipeline.blocks, stage.first, stage.end, x, outputs)
                     if s == count - 1:
                         loss, correct, dys = trainer.loss(rt, x, [ys[k]], batch=n,
                                                           accumulate=k > 0)
                 pipeline.ops[s][0].append(first[s] + tasks if k == 0 else tasks)
-            kept = {outputs[-1], dys[0].root}
+            kept = {outputs[len(pipeline.blocks) - 1], dys[0].root}
             for s in reversed(range(count)):
                 stage = pipeline.stages[s]
-                with _weights(params[s], weights[s]), rt.placing(stage.workers) as tasks:
-                    for block in pipeline.blocks[stage.first:stage.end]:
-                        for layer in getattr(block, "layers", (block,)):
-                            layer.zero_grad(rt)
-                    for i in reversed(range(stage.first, stage.end)):
-                        if dys is None:  # no block before has parameters
-                            break
-                        incoming = dys
-                        dys = pipeline.blocks[i].backward(rt, dys,
-                                                          need_input_grad=pipeline.needs[i])
-                        release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
-                        kept.add(outputs[i])
+                with stashes[s].weights(k), rt.placing(stage.workers) as tasks:
+                    dys = submit_backward(rt, pipeline.blocks, pipeline.needs, stage.first,
+                                          stage.end, dys, outputs, kept)
                 pipeline.ops[s][1].append(tasks)
             trainer.optimizer.step(rt, place=place)
-            for s in range(count):
-                if _stashed(k + 1, s, count, micro):
-                    versions[s][k + 1] = stash(s, pipeline.ops[s][1][-1])
+            for s, stash in enumerate(stashes):
+                pipeline.ops[s][1][-1].extend(stash.keep(k + 1))
     return loss, correct, None
 
 
-def _unique(params) -> list:
-    """``params`` without repeats (a parameter shared by two layers updates once)."""
+class WeightStash:
+    """The weight versions of stage ``stage`` of ``count`` over one step of ``micro``
+    micro-batches (module docstring): micro-batch ``k`` runs its forward and backward
+    with version :meth:`version` ``(k)``, the stage's weights after that many of the
+    step's updates. A version is copied (on ``workers``) when it is made, where a later
+    micro-batch reads it after another update has replaced it live.
+
+    ``params``: the stage's parameters (:func:`stage_parameters`); ``versions``:
+    version -> the handles of its copy."""
+
+    def __init__(self, rt, params, stage, count, micro, workers):
+        self.rt, self.params, self.workers = rt, list(params), workers
+        self.stage, self.count, self.micro = stage, count, micro
+        self.versions: dict = {}
+
+    def version(self, k) -> int:
+        """The version of the weights micro-batch ``k`` reads."""
+        return max(0, k - (self.count - 1 - self.stage))
+
+    def weights(self, k):
+        """The context to submit micro-batch ``k``'s forward or backward in: the stage's
+        parameters read from its version (the live handles where no copy was needed).
+        Not the updates': they write the live weights."""
+        return _weights(self.params, self.versions.get(self.version(k)))
+
+    def keep(self, version) -> list:
+        """Submit a copy of the live weights, which are ``version`` (after that many
+        updates), where a later micro-batch reads it; returns the copy tasks."""
+        from ..codelets.reduce import copy
+
+        if not _stashed(version, self.stage, self.count, self.micro):
+            return []
+        rt = self.rt
+        with rt.placing(self.workers) as tasks:
+            handles = [rt.empty(p.shape, p.data.dtype, name=f"{p.name}.stash")
+                       for p in self.params]
+            for p, h in zip(self.params, handles):
+                rt.submit(copy, p.handle, h)
+        self.versions[version] = handles
+        return tasks
+
+
+def stage_parameters(blocks) -> list:
+    """The parameters of a stage's ``blocks``, each once (a parameter shared by two
+    layers updates once)."""
     seen, out = set(), []
-    for p in params:
+    for p in (p for b in blocks for m in _modules(b) for p in m.parameters()):
         if id(p) not in seen:
             seen.add(id(p))
             out.append(p)
     return out
+
+
+def submit_forward(rt, blocks, first, end, xs, outputs):
+    """Submit blocks ``[first, end)``'s forward of the partitions ``xs``; records each
+    block's output in ``outputs`` (block index -> root handle); returns the last one."""
+    for i in range(first, end):
+        xs = blocks[i].forward(rt, xs)
+        outputs[i] = xs[0].root
+    return xs
+
+
+def submit_backward(rt, blocks, needs, first, end, dys, outputs, kept):
+    """Zero the gradients of blocks ``[first, end)`` (an update per micro-batch), then
+    submit their backward from ``dys``, the gradient of their output, releasing the
+    activations no later task reads as ``Sequential.backward`` does (``outputs`` from
+    :func:`submit_forward`; ``kept``: handles never released, grown with each output
+    passed). Returns the input gradient (None where no block before has parameters)."""
+    for block in blocks[first:end]:
+        for layer in getattr(block, "layers", (block,)):
+            layer.zero_grad(rt)
+    for i in reversed(range(first, end)):
+        if dys is None:  # no block before has parameters
+            break
+        incoming = dys
+        dys = blocks[i].backward(rt, dys, need_input_grad=needs[i])
+        release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
+        kept.add(outputs[i])
+    return dys
 
 
 def _stashed(version, stage, count, micro) -> bool:

@@ -137,6 +137,15 @@ class Pipeline:
         else:
             bounds, predicted = self._given(firsts), [None] * len(groups)
         self.stages = [Stage(a, b, g, p) for (a, b), g, p in zip(bounds, groups, predicted)]
+        self._cut_made(predicted)
+        if self.schedule == "pipedream" and trainer.clip_grad_norm is not None:
+            raise ConfigError("pipeline_schedule='pipedream' updates once per micro-batch: "
+                              "clip_grad_norm (one norm per step) cannot apply; leave it unset")
+
+    def _cut_made(self, predicted):
+        """Set ``imbalance`` from the stages' ``predicted`` seconds and ``schedule_run``
+        (``"dataflow"`` where a batch norm couples a synchronous schedule's micro-batches;
+        pipedream normalises each by its own statistics)."""
         known = [p for p in predicted if p is not None]
         self.imbalance = (max(known) / (sum(known) / len(known))
                           if known and len(known) == len(predicted) and sum(known) else None)
@@ -145,9 +154,6 @@ class Pipeline:
                           for b in self.blocks[st.first:st.end] for m in _modules(b))]
         self.schedule_run = self.schedule if not coupled or self.schedule == "pipedream" else (
             f"dataflow (batch norm in stage {coupled[0]} couples the micro-batches)")
-        if self.schedule == "pipedream" and trainer.clip_grad_norm is not None:
-            raise ConfigError("pipeline_schedule='pipedream' updates once per micro-batch: "
-                              "clip_grad_norm (one norm per step) cannot apply; leave it unset")
 
     def _worker_groups(self, rt) -> list[tuple]:
         workers = list(rt.workers)

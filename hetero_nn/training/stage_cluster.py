@@ -57,10 +57,9 @@ import statistics
 import time
 
 from ..errors import ClusterError, ConfigError
-from ..layers.normalization import BatchNorm2D
 from .cluster import Cluster, connect
 from .cluster_io import DatasetBatch, RankLost, load_run_state, partition_starts, step_terms
-from .pipeline import Pipeline, Stage, _modules, schedule_span
+from .pipeline import Pipeline, Stage, schedule_span
 
 __all__ = ["StagePipeline", "StageCluster", "connect_stages", "merge_states"]
 
@@ -84,14 +83,7 @@ class StagePipeline(Pipeline):
         """Take the stages ``bounds`` (blocks ``(first, end)``) with their predicted
         seconds, stage ``s`` on ``workers[s]``; decides whether the order is added."""
         self.stages = [Stage(a, b, (w,), p) for (a, b), w, p in zip(bounds, workers, predicted)]
-        known = [p for p in predicted if p is not None]
-        self.imbalance = (max(known) / (sum(known) / len(known))
-                          if known and len(known) == len(predicted) and sum(known) else None)
-        coupled = [s for s, st in enumerate(self.stages)
-                   if any(isinstance(m, BatchNorm2D) and m.training
-                          for b in self.blocks[st.first:st.end] for m in _modules(b))]
-        self.schedule_run = self.schedule if not coupled else (
-            f"dataflow (batch norm in stage {coupled[0]} couples the micro-batches)")
+        self._cut_made(predicted)
         self.stage_bubbles = [[] for _ in self.stages]
 
     @property
