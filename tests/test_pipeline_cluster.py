@@ -3,7 +3,8 @@ per worker process, activations and gradients sent point to point; GPipe and 1F1
 bit-identical to a local ``cpu:1`` trainer without a pipeline at the same granularity
 (LeNet-5 and resnet-small, float64, 2 and 3 stages), the state pulled back from every stage, the bubble
 per stage in metrics.json, one-line refusals, and a SIGKILLed stage worker that fails
-the step with a ClusterError instead of hanging."""
+the step with a ClusterError instead of hanging; ``pipeline_schedule="pipedream"``
+equal to the in-process pipedream run, through a checkpoint resumed by a new trainer."""
 
 from __future__ import annotations
 
@@ -207,3 +208,71 @@ def test_a_stage_ending_in_a_view_layer_sends_its_unflattened_batch(cluster, len
     run = within(LIMIT, lambda: train("lenet5", cluster=cluster.client,
                                       pipeline=lambda layers: [layers[:7], layers[7:]]))
     assert_bits(lenet_reference, run)
+
+
+def pipedream(kind, replay, cluster=None, path=None, resume_at=None):
+    """LeNet-5 with a Dropout before its last layer, float64, ``pipeline_schedule=
+    "pipedream"`` on the stages ``[layers[:3], layers[3:]]``, 3 steps of SGD with momentum
+    or Adam: in one process on ``cpu:2`` (a stage per worker), or a stage per worker of
+    ``cluster``, where a checkpoint at ``path`` after ``resume_at`` steps is resumed by a
+    new trainer. Returns the state, losses, pipeline and the Dropout's count."""
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((16, *SHAPES["lenet5"])), rng.integers(0, 10, 16))
+               for _ in range(3)]
+    bounds, losses = [0, *([resume_at] if resume_at else []), 3], []
+    for first, end in zip(bounds, bounds[1:]):
+        layers = hn.build_model("lenet5", SHAPES["lenet5"], 10, seed=0, dtype="float64").layers
+        model = hn.Sequential([*layers[:-1], hn.Dropout(0.2, seed=3), layers[-1]])
+        model.build(SHAPES["lenet5"], "float64")
+        optimizer = (hn.optim.SGD(lr=0.05, momentum=0.9) if kind == "sgd"
+                     else hn.optim.Adam(lr=1e-3))
+        options = {} if cluster is None else {"cluster": cluster}
+        with (hn.Runtime(devices="cpu:2" if cluster is None else "cpu:1", perfmodel=False,
+                         trace=False) as rt,
+              hn.Trainer(model, runtime=rt, batch_size=16, granularity=4, replay=replay,
+                         optimizer=optimizer, dtype="float64", pipeline_schedule="pipedream",
+                         pipeline=[model.layers[:3], model.layers[3:]], **options) as trainer):
+            if first:
+                trainer.load_checkpoint(path)
+            losses += [trainer.train_step(x, y) for x, y in batches[first:end]]
+            if path is not None:
+                trainer.save_checkpoint(path)  # the state pulled from the stages
+            trainer.sync()
+    return {"state": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+            "losses": losses, "pipeline": trainer.pipeline, "dropout": model.layers[-2].steps}
+
+
+@pytest.mark.parametrize("kind,replay", [("sgd", True), ("adam", False)])
+def test_pipedream_across_workers_equals_one_process(cluster, tmp_path, kind, replay):
+    """Each stage runs its micro-batches with the versions one process stashes and
+    updates its own weights per micro-batch: the weights, optimizer buffers and losses
+    equal the in-process run's to the bit; the checkpoint taken after the first step
+    brings back the stages' step counts (Adam's bias correction reads them) and the
+    Dropout's (its masks), so the new trainer resuming it goes on as one run."""
+    one = within(LIMIT, pipedream, kind, replay)
+    run = within(LIMIT, pipedream, kind, replay, cluster.client, tmp_path / "run.npz", 1)
+    assert_bits(one, run)
+    assert run["optimizer"]["steps"] == one["optimizer"]["steps"] == 3 * 4  # per micro-batch
+    assert run["dropout"] == one["dropout"] == 3 * 4  # a forward per micro-batch
+    pipe = run["pipeline"]
+    assert pipe.schedule_run == "pipedream" and len(pipe.stages) == 2
+    bubble = pipe.bubble()
+    assert bubble["micro_batches"] == 4 and 0 <= bubble["bubble"] < 1
+
+
+def test_cli_pipedream_on_a_cluster_resumes_with_the_stages_step_counts(cluster, tmp_path):
+    """``--pipeline-schedule pipedream`` across the workers, resumed after one epoch: the
+    checkpoint counts an optimizer step per micro-batch (2 epochs of 4 steps of 4)."""
+    from hetero_nn.cli import main
+
+    run = ["train", "--dataset", "synthetic", "--limit", "64", "--batch-size", "16",
+           "--granularity", "4", "--quiet"]
+    stages = ["--cluster", cluster.client.scheduler.address, "--pipeline", "2",
+              "--pipeline-schedule", "pipedream", "--out", str(tmp_path)]
+    assert within(LIMIT, main, [*run, "--epochs", "1", *stages]) == 0
+    assert within(LIMIT, main, ["train", "--resume", "--epochs", "2", "--quiet", *stages]) == 0
+    with np.load(tmp_path / "checkpoint-final.npz") as saved:
+        assert int(saved["optimizer/steps"]) == 2 * 4 * 4
+    pipeline = json.loads((tmp_path / "metrics.json").read_text())["pipeline"]
+    assert pipeline["schedule_run"] == "pipedream" and pipeline["across"] == "dask workers"
+    assert 0 <= pipeline["bubble"] < 1

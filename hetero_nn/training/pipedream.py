@@ -26,7 +26,8 @@ pipeline and add an order; this one submits another step (an update per micro-ba
 weight versions), so it keeps its submission here and shares only the stages
 (:class:`~hetero_nn.training.pipeline.Pipeline`) and the bubble. Its pieces for one
 stage (:class:`WeightStash`: the version rule and the stash; :func:`submit_forward`,
-:func:`submit_backward`: a stage's blocks on one micro-batch) are functions of their own.
+:func:`submit_backward`: a stage's blocks on one micro-batch) serve the stages across
+Dask workers too (:func:`~hetero_nn.training.stage_rank.submit_pipedream_stage`).
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ schedule run on the stages' measured operation times,
 (:meth:`Pipeline.bubble <hetero_nn.training.pipeline.Pipeline.bubble>`).
 
 *Refused* (one line, when the trainer is made): ``stage_devices`` (a stage is one
-worker's runtime: ``--cluster-devices``), ``pipeline_schedule="pipedream"``,
-``clip_grad_norm`` (the norm spans every
-stage's gradients), ``granularity="auto"``, spiking models with a time axis. *Faults*: a
+worker's runtime: ``--cluster-devices``), ``clip_grad_norm`` (the norm spans every
+stage's gradients), ``granularity="auto"``, spiking models with a time axis.
+``pipeline_schedule="pipedream"`` runs (each stage updates per micro-batch:
+:func:`~hetero_nn.training.stage_rank.submit_pipedream_stage`). *Faults*: a
 stage's weights live only on its worker, so a lost stage worker (or a step that failed
 after some stages had updated theirs) ends the run with a
 :class:`~hetero_nn.errors.ClusterError` naming the last checkpoint; where the client
@@ -72,9 +73,6 @@ class StagePipeline(Pipeline):
         if stage_devices is not None:
             raise ConfigError("stage_devices: with cluster= each stage runs on one Dask "
                               "worker's runtime; give its devices with --cluster-devices")
-        if schedule == "pipedream":
-            raise ConfigError("pipeline across Dask workers: pipeline_schedule='pipedream' is "
-                              "not built; use '1f1b' or 'gpipe'")
         super().__init__(model, pipeline, None, schedule)
         self.measured = None
         self.stage_bubbles: list[list[float]] = []

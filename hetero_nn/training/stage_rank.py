@@ -32,6 +32,17 @@ thread, so a stage whose order is not added (a batch norm couples its micro-batc
 ``dataflow``; a streamed step) receives no gradient before every activation is sent --
 GPipe's order at the links, with which no two stages can wait on each other.
 
+``"pipedream"`` (:func:`submit_pipedream_stage`) submits micro-batch by micro-batch as
+one process does (:mod:`~hetero_nn.training.pipedream`), with the versions of the
+stage's weights that process's :class:`~hetero_nn.training.pipedream.WeightStash` keeps:
+``F k`` receives activation ``k``, runs the forward with version ``max(0, k - (P - 1 -
+s))``, sends (the loss's share on the last stage); ``B k`` receives gradient ``k``, runs
+the backward with the same version, sends the input gradient, then applies the stage's
+update for ``k`` and stashes the new version where a later micro-batch reads it. A
+captured step adds 1F1B's order (pipedream's data allows it); a streamed one makes each
+receive wait for the stage's send before it, which keeps the links from waiting in a
+circle. The weights equal the in-process run's at the same cut and granularity.
+
 Sends copy the micro-batch and return at once (the endpoint's writer sends it); a
 message carries the group's generation and the step, and a receive waits for its own.
 A step that fails on a stage tells the stages beside it, whose waits then fail too, so
@@ -63,10 +74,11 @@ import numpy as np
 from ..codelets.codelet import Codelet, R, W
 from ..layers.sequential import release_dead
 from .exchange import GroupBroken
+from .pipedream import WeightStash, stage_parameters, submit_backward, submit_forward
 from .pipeline import _chain, _operations, balanced_cut, block_costs, schedule_order
 from .rank import Rank, _clock, _set_hyper
 
-__all__ = ["StageRank", "StageLink", "StagePlan", "submit_stage"]
+__all__ = ["StageRank", "StageLink", "StagePlan", "submit_stage", "submit_pipedream_stage"]
 
 #: Seconds a stage waits for a neighbour's micro-batch before giving the step up.
 WAIT_LIMIT = 600.0
@@ -192,17 +204,24 @@ def _layer_range(model, a, b):
 
 def _receive(rt, link, what, shape, dtype, g, after=()):
     """A buffer of ``shape`` written by one ``stage_recv`` per micro-batch: its partitions."""
-    h = rt.register(np.zeros(shape, dtype), name=f"stage.{what}")
-    parts = list(h.split(0, g)) if g > 1 else [h]
+    parts = _inbox_buffer(rt, what, shape, dtype, g)
     for k, part in enumerate(parts):
         rt.submit(STAGE_RECV, part, after=after, link=link, what=what, k=k)
     return parts
+
+
+def _inbox_buffer(rt, what, shape, dtype, g):
+    """The partitions of a buffer of ``shape`` that the ``stage_recv`` tasks write."""
+    h = rt.register(np.zeros(shape, dtype), name=f"stage.{what}")
+    return list(h.split(0, g)) if g > 1 else [h]
 
 
 def submit_stage(trainer, link, plan, xs, ys):
     """Submit stage ``plan.stage``'s share of a step on the partitions ``xs`` (the batch:
     read by the first stage only) and ``ys`` (the labels: the last stage's); returns
     ``(loss, correct, ops)`` (None, None on a stage before the last)."""
+    if plan.schedule == "pipedream":
+        return submit_pipedream_stage(trainer, link, plan, xs, ys)
     rt, model = trainer.runtime, trainer.model
     blocks = [b for _, b in model._plan()]
     a, b = plan.bounds[plan.stage]
@@ -248,6 +267,62 @@ def submit_stage(trainer, link, plan, xs, ys):
         _chain(rt, schedule_order(plan.schedule, plan.stage, plan.count, *ops))
     trainer.optimizer.step(rt)
     return loss, correct, ops
+
+
+def submit_pipedream_stage(trainer, link, plan, xs, ys):
+    """Submit stage ``plan.stage``'s share of a ``"pipedream"`` step (module docstring;
+    the versions are :class:`~hetero_nn.training.pipedream.WeightStash`'s, as in one
+    process); returns ``(loss, correct, ops)`` as :func:`submit_stage`."""
+    rt, model = trainer.runtime, trainer.model
+    blocks = [b for _, b in model._plan()]
+    a, b = plan.bounds[plan.stage]
+    lo, _ = _layer_range(model, a, b)
+    needs = [model.needs_input_grad(i) for i, _ in model._plan()]
+    g, n, dtype = len(ys), ys[0].root.shape[0], trainer.dtype
+    ordered = not rt.streaming
+    stash = WeightStash(rt, stage_parameters(blocks[a:b]), plan.stage, plan.count, g,
+                        rt.workers)
+    acts = grads = None
+    if not plan.first:
+        acts = _inbox_buffer(rt, "act", (n, *model.layers[lo].input_shape), dtype, g)
+    fops, bops, sent = [], [], ()
+    loss = correct = None
+    with rt.keeping_temporaries():
+        first = stash.keep(0)
+        for k in range(g):  # unordered, each receive waits for the send before it
+            with stash.weights(k), rt.placing(rt.workers) as forward:
+                x = [xs[k]]
+                if acts is not None:
+                    x = [acts[k]]
+                    rt.submit(STAGE_RECV, x[0], after=() if ordered else sent, link=link,
+                              what="act", k=k)
+                outputs = {}
+                x = submit_forward(rt, blocks, a, b, x, outputs)
+                if plan.last:
+                    loss, correct, dys = trainer.loss(rt, x, [ys[k]], batch=n,
+                                                      accumulate=k > 0)
+                else:
+                    sent = [rt.submit(STAGE_SEND, x[0], link=link, what="act", k=k)]
+                    if k == 0 and needs[b]:  # the next stage passes input gradients back
+                        grads = _inbox_buffer(rt, "grad", (n, *x[0].shape[1:]), dtype, g)
+            fops.append(first + forward if k == 0 else forward)
+            with rt.placing(rt.workers) as backward:
+                with stash.weights(k):
+                    if not plan.last:
+                        dys = None if grads is None else [grads[k]]
+                        if dys is not None:
+                            rt.submit(STAGE_RECV, dys[0], after=() if ordered else sent,
+                                      link=link, what="grad", k=k)
+                    kept = {outputs[b - 1]} | ({dys[0].root} if dys else set())
+                    dys = submit_backward(rt, blocks, needs, a, b, dys, outputs, kept)
+                    if not plan.first and dys is not None:
+                        sent = [rt.submit(STAGE_SEND, dys[0], link=link, what="grad", k=k)]
+                trainer.optimizer.step(rt)  # the live weights
+                stash.keep(k + 1)
+            bops.append(backward)
+    if ordered:
+        _chain(rt, schedule_order(plan.schedule, plan.stage, plan.count, fops, bops))
+    return loss, correct, (fops, bops)
 
 
 class StageRank(Rank):
