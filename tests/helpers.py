@@ -9,11 +9,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def rel_err(actual, expected) -> float:
-    """Largest absolute difference relative to the largest magnitude of ``expected``."""
+def rel_err(actual, expected, floor=0.0) -> float:
+    """Largest absolute difference relative to the largest magnitude of ``expected``, or
+    to ``floor`` where that is larger: the size of the terms that cancel into
+    ``expected`` (a normalization's input gradient over two values is rounding of terms
+    of order ``|dy| |w| rstd``, and its own magnitude says nothing)."""
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), floor, 1e-300)
     return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
 
 
