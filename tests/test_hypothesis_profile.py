@@ -26,6 +26,12 @@ from hypothesis import given, settings, strategies as st
 def test_draws(value):
     with open(os.environ["DRAWS"], "a") as f:
         f.write(json.dumps(value) + "\\n")
+
+@settings(max_examples=5)
+@given(st.integers(0, 2**60))
+def test_own_budget(value):
+    with open(os.environ["DRAWS"], "a") as f:
+        f.write(json.dumps(-1 - value) + "\\n")
 '''
 
 
@@ -43,7 +49,8 @@ def test_the_slow_run_draws_fresh_examples_with_a_fixed_budget(tmp_path):
         shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_draws.py").write_text(PROPERTY_TEST)
     first, second = _run(tmp_path, "default-1"), _run(tmp_path, "default-2")
-    assert len(first) == 7 and first == second  # derandomized: its own budget, same examples
+    assert len(first) == 12 and first == second  # derandomized: its own budget, same examples
+    assert len([v for v in first if v < 0]) == 5  # one that set no derandomize: the ci profile
     slow_1 = _run(tmp_path, "slow-1", "-m", "slow")
     slow_2 = _run(tmp_path, "slow-2", "-m", "slow")
     assert len(slow_1) >= RANDOM_EXAMPLES and len(slow_2) >= RANDOM_EXAMPLES
