@@ -25,8 +25,8 @@ Why a module of its own: the synchronous schedules submit the step as without a
 pipeline and add an order; this one submits another step (an update per micro-batch,
 weight versions), so it keeps its submission here and shares only the stages
 (:class:`~hetero_nn.training.pipeline.Pipeline`) and the bubble. Its pieces for one
-stage (:class:`WeightStash`: the version rule and the stash; :func:`submit_forward`,
-:func:`submit_backward`: a stage's blocks on one micro-batch) serve the stages across
+stage (:class:`WeightStash`: the version rule and the stash; :func:`zero_stage_grads`;
+a stage's blocks through ``pipeline.submit_forward``/``submit_backward``) serve the stages across
 Dask workers too (:func:`~hetero_nn.training.stage_rank.submit_pipedream_stage`).
 """
 
@@ -35,11 +35,9 @@ from __future__ import annotations
 import contextlib
 
 from ..layers.base import temporarily
-from ..layers.sequential import release_dead
-from .pipeline import _modules
+from .pipeline import _modules, submit_backward, submit_forward
 
-__all__ = ["submit_pipedream", "WeightStash", "stage_parameters", "submit_forward",
-           "submit_backward"]
+__all__ = ["submit_pipedream", "WeightStash", "stage_parameters", "zero_stage_grads"]
 
 
 def submit_pipedream(pipeline, trainer, xs, ys):
@@ -75,6 +73,7 @@ def submit_pipedream(pipeline, trainer, xs, ys):
             for s in reversed(range(count)):
                 stage = pipeline.stages[s]
                 with stashes[s].weights(k), rt.placing(stage.workers) as tasks:
+                    zero_stage_grads(rt, pipeline.blocks[stage.first:stage.end])
                     dys = submit_backward(rt, pipeline.blocks, pipeline.needs, stage.first,
                                           stage.end, dys, outputs, kept)
                 pipeline.ops[s][1].append(tasks)
@@ -137,32 +136,12 @@ def stage_parameters(blocks) -> list:
     return out
 
 
-def submit_forward(rt, blocks, first, end, xs, outputs):
-    """Submit blocks ``[first, end)``'s forward of the partitions ``xs``; records each
-    block's output in ``outputs`` (block index -> root handle); returns the last one."""
-    for i in range(first, end):
-        xs = blocks[i].forward(rt, xs)
-        outputs[i] = xs[0].root
-    return xs
-
-
-def submit_backward(rt, blocks, needs, first, end, dys, outputs, kept):
-    """Zero the gradients of blocks ``[first, end)`` (an update per micro-batch), then
-    submit their backward from ``dys``, the gradient of their output, releasing the
-    activations no later task reads as ``Sequential.backward`` does (``outputs`` from
-    :func:`submit_forward`; ``kept``: handles never released, grown with each output
-    passed). Returns the input gradient (None where no block before has parameters)."""
-    for block in blocks[first:end]:
+def zero_stage_grads(rt, blocks):
+    """Zero the gradients of a stage's ``blocks`` (before each micro-batch's backward:
+    an update per micro-batch)."""
+    for block in blocks:
         for layer in getattr(block, "layers", (block,)):
             layer.zero_grad(rt)
-    for i in reversed(range(first, end)):
-        if dys is None:  # no block before has parameters
-            break
-        incoming = dys
-        dys = blocks[i].backward(rt, dys, need_input_grad=needs[i])
-        release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
-        kept.add(outputs[i])
-    return dys
 
 
 def _stashed(version, stage, count, micro) -> bool:

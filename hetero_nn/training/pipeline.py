@@ -246,27 +246,20 @@ class Pipeline:
         workers, activations released as ``Sequential.backward`` releases them; returns
         the loss's handles and per stage its forward and backward tasks."""
         rt = trainer.runtime
-        forward, outputs = [], []
+        forward, outputs = [], {}
         for s, stage in enumerate(self.stages):
             with rt.placing(stage.workers) as tasks:
-                for block in self.blocks[stage.first:stage.end]:
-                    xs = block.forward(rt, xs)
-                    outputs.append(xs[0].root)
+                xs = submit_forward(rt, self.blocks, stage.first, stage.end, xs, outputs)
                 if s == len(self.stages) - 1:
                     loss, correct, dys = trainer.loss(rt, xs, ys)
             forward.append(tasks)
         backward = [None] * len(self.stages)
-        kept = {outputs[-1], dys[0].root}  # as Sequential.backward releases activations
+        kept = {outputs[len(self.blocks) - 1], dys[0].root}  # as Sequential.backward's
         for s in reversed(range(len(self.stages))):
             stage = self.stages[s]
             with rt.placing(stage.workers) as tasks:
-                for i in reversed(range(stage.first, stage.end)):
-                    if dys is None:  # no block before has parameters
-                        break
-                    incoming = dys
-                    dys = self.blocks[i].backward(rt, dys, need_input_grad=self.needs[i])
-                    release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
-                    kept.add(outputs[i])
+                dys = submit_backward(rt, self.blocks, self.needs, stage.first, stage.end, dys,
+                                      outputs, kept)
             backward[s] = tasks
         return loss, correct, forward, backward
 
@@ -309,6 +302,31 @@ class Pipeline:
                             "predicted_seconds": st.predicted_seconds} for st in self.stages],
                 "schedule": self.schedule, "schedule_run": self.schedule_run,
                 "imbalance": self.imbalance}
+
+
+def submit_forward(rt, blocks, first, end, xs, outputs):
+    """Submit blocks ``[first, end)``'s forward of the partitions ``xs``; records each
+    block's output in ``outputs`` (block index -> root handle); returns the last one."""
+    for i in range(first, end):
+        xs = blocks[i].forward(rt, xs)
+        outputs[i] = xs[0].root
+    return xs
+
+
+def submit_backward(rt, blocks, needs, first, end, dys, outputs, kept):
+    """Submit blocks ``[first, end)``'s backward from ``dys``, the gradient of their
+    output, releasing the activations no later task reads as ``Sequential.backward``
+    does (``outputs`` from :func:`submit_forward`; ``kept``: handles never released,
+    grown with each output passed). Returns the input gradient (None where no block
+    before has parameters)."""
+    for i in reversed(range(first, end)):
+        if dys is None:  # no block before has parameters
+            break
+        incoming = dys
+        dys = blocks[i].backward(rt, dys, need_input_grad=needs[i])
+        release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
+        kept.add(outputs[i])
+    return dys
 
 
 def _modules(block):

@@ -72,10 +72,10 @@ import time
 import numpy as np
 
 from ..codelets.codelet import Codelet, R, W
-from ..layers.sequential import release_dead
 from .exchange import GroupBroken
-from .pipedream import WeightStash, stage_parameters, submit_backward, submit_forward
-from .pipeline import _chain, _operations, balanced_cut, block_costs, schedule_order
+from .pipedream import WeightStash, stage_parameters, zero_stage_grads
+from .pipeline import (_chain, _operations, balanced_cut, block_costs, schedule_order,
+                       submit_backward, submit_forward)
 from .rank import Rank, _clock, _set_hyper
 
 __all__ = ["StageRank", "StageLink", "StagePlan", "submit_stage", "submit_pipedream_stage"]
@@ -236,10 +236,8 @@ def submit_stage(trainer, link, plan, xs, ys):
         with rt.placing(rt.workers) as forward:
             if not plan.first:
                 xs = _receive(rt, link, "act", (n, *model.layers[lo].input_shape), dtype, g)
-            outputs = []
-            for block in blocks[a:b]:
-                xs = block.forward(rt, xs)
-                outputs.append(xs[0].root)
+            outputs = {}
+            xs = submit_forward(rt, blocks, a, b, xs, outputs)
             if plan.last:
                 loss, correct, dys = trainer.loss(rt, xs, ys)
             else:
@@ -251,14 +249,8 @@ def submit_stage(trainer, link, plan, xs, ys):
                 if needs[b]:  # the next stage passes input gradients back
                     dys = _receive(rt, link, "grad", (n, *xs[0].shape[1:]), dtype, g,
                                    after=() if ordered else sends)
-            kept = {outputs[-1]} | ({dys[0].root} if dys else set())
-            for i in reversed(range(a, b)):
-                if dys is None:  # no block before has parameters
-                    break
-                incoming = dys
-                dys = blocks[i].backward(rt, dys, need_input_grad=needs[i])
-                release_dead(rt, [outputs[i - a], incoming[0].root], kept, dys)
-                kept.add(outputs[i - a])
+            kept = {outputs[b - 1]} | ({dys[0].root} if dys else set())
+            dys = submit_backward(rt, blocks, needs, a, b, dys, outputs, kept)
             if not plan.first and dys is not None:
                 for k, dx in enumerate(dys):
                     rt.submit(STAGE_SEND, dx, link=link, what="grad", k=k)
@@ -314,6 +306,7 @@ def submit_pipedream_stage(trainer, link, plan, xs, ys):
                             rt.submit(STAGE_RECV, dys[0], after=() if ordered else sent,
                                       link=link, what="grad", k=k)
                     kept = {outputs[b - 1]} | ({dys[0].root} if dys else set())
+                    zero_stage_grads(rt, blocks[a:b])
                     dys = submit_backward(rt, blocks, needs, a, b, dys, outputs, kept)
                     if not plan.first and dys is not None:
                         sent = [rt.submit(STAGE_SEND, dys[0], link=link, what="grad", k=k)]
