@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.scheduler.perfmodel import PerfModel
+from hetero_nn.scheduler.perfmodel.model import PerfModel
 
 WARMUP = 4
 

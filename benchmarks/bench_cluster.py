@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.training.cluster import connect
+from hetero_nn.training.cluster.client import connect
 
 MODELS = {"dahl-basic": (1, 28), "lenet5": (1, 28), "cifar-small": (3, 32),
           "resnet-small": (3, 32)}

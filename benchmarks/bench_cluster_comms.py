@@ -43,7 +43,7 @@ class Pinger:
     def __init__(self, name):
         from distributed import get_worker
 
-        from hetero_nn.training.endpoint import Endpoint
+        from hetero_nn.training.cluster.endpoint import Endpoint
 
         self.name = name
         self.reply = threading.Event()

@@ -23,7 +23,7 @@ import statistics
 import sys
 
 from hetero_nn.cli.simulate import calibrate
-from hetero_nn.training.planner import (local_platform, measure_cluster_step,
+from hetero_nn.training.cluster.planner import (local_platform, measure_cluster_step,
                                         measure_network, predict_cluster_step)
 
 MODELS = {"lenet5": (1, 28, 28), "cifar-small": (3, 32, 32)}

@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.scheduler.replay import CompiledGraph
+from hetero_nn.scheduler.engine.replay import CompiledGraph
 
 _ENGINE_RUNS: dict = {}  # runtime -> its TimedTrainer
 _engine_run = CompiledGraph.run

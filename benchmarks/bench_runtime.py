@@ -75,7 +75,7 @@ import numba
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.scheduler.graph import build_graph
+from hetero_nn.scheduler.executors.dask_graph import build_graph
 
 
 def _noop(x):
@@ -356,7 +356,7 @@ def time_handles(repeat, calls=5_000):
 
 def time_perfmodel_calls(calls=20_000):
     """Nanoseconds per call of the performance model's hot methods (history of two sizes)."""
-    from hetero_nn.scheduler.perfmodel import PerfModel
+    from hetero_nn.scheduler.perfmodel.model import PerfModel
 
     key = ("bench_codelet", "ref", "cpu")
     with tempfile.TemporaryDirectory() as tmp:

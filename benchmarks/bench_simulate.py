@@ -68,7 +68,7 @@ PLATFORMS = {
 
 
 def what_if(args):
-    from hetero_nn.scheduler.simulate import Platform
+    from hetero_nn.simulation.simulate import Platform
     from hetero_nn.cli.simulate import calibrate, measure_step, sample_shape, simulate_step
 
     links = {"host-cuda": (10e-6, 12e9), "cuda-cuda": (10e-6, 50e9)}

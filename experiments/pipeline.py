@@ -175,7 +175,7 @@ def main(argv=None) -> int:
             tempfile.TemporaryDirectory(prefix="hetero_nn-pipeline-"))
         client = None
         if args.cluster:
-            from hetero_nn.training.cluster import connect
+            from hetero_nn.training.cluster.client import connect
 
             saved = os.environ.get("HETERO_NN_CACHE")  # local workers' models: here, not
             os.environ["HETERO_NN_CACHE"] = cache      # in ~/.cache (they inherit it)

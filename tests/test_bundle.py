@@ -18,8 +18,8 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn import R, REDUX, RW, W
-from hetero_nn.scheduler.bundle import Bundle
-from hetero_nn.scheduler.perfmodel import PerfModel
+from hetero_nn.scheduler.executors.bundle import Bundle
+from hetero_nn.scheduler.perfmodel.model import PerfModel
 from test_replay import _copy, _square_rows, _sum_into, _zero
 
 POLICIES = ("eager", "random", "ws", "dmda", "heft")

@@ -430,7 +430,7 @@ def test_datasets_download_takes_mirrors_and_list_checks_sizes_and_checksums(tmp
 
 def test_perfmodel_shows_the_models_and_exits_1_for_a_codelet_without_one(tmp_path, capsys):
     from hetero_nn.cli.perfmodel import format_perfmodel
-    from hetero_nn.scheduler.perfmodel import PerfModel
+    from hetero_nn.scheduler.perfmodel.model import PerfModel
 
     pm = PerfModel(tmp_path)
     assert "no performance model yet" in format_perfmodel(pm)

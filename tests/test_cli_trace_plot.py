@@ -11,7 +11,7 @@ import pytest
 
 from hetero_nn.cli import main
 from hetero_nn.cli.plot import figure, read_run
-from hetero_nn.scheduler.trace import Trace
+from hetero_nn.scheduler.trace.views import Trace
 
 pytest.importorskip("matplotlib")
 
@@ -133,7 +133,7 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     import subprocess
     import sys
 
-    from hetero_nn.scheduler.trace import TaskRecord
+    from hetero_nn.scheduler.trace.views import TaskRecord
 
     records = [TaskRecord(i, f"codelet_{i:04d}", "cpu", "cpu0", "cpu", "host0", 0.0, 0.0,
                           1e-4 * i, 1e-4 * i + 5e-5) for i in range(2000)]

@@ -24,7 +24,7 @@ pytest.importorskip("distributed")
 import hetero_nn as hn  # noqa: E402
 from helpers import same_bytes, small_run  # noqa: E402
 from hetero_nn.cli import main  # noqa: E402
-from hetero_nn.training.cluster import (WORKER_REFRESH, blocks, connect,  # noqa: E402
+from hetero_nn.training.cluster.client import (WORKER_REFRESH, blocks, connect,  # noqa: E402
                                         partition_starts)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"

@@ -20,10 +20,10 @@ pytest.importorskip("distributed")
 import hetero_nn as hn  # noqa: E402
 from hetero_nn.codelets.codelet import REDUX, R, Codelet  # noqa: E402
 from hetero_nn.codelets.reduce import add_redux, fill_zero, overwriting, zero_init  # noqa: E402
-from hetero_nn.training import exchange as ex_mod  # noqa: E402
-from hetero_nn.training.cluster_io import partition_starts  # noqa: E402
-from hetero_nn.training.endpoint import Endpoint  # noqa: E402
-from hetero_nn.training.exchange import Exchange, GroupBroken, tree_ops  # noqa: E402
+from hetero_nn.training.cluster import exchange as ex_mod  # noqa: E402
+from hetero_nn.training.cluster.messages import partition_starts  # noqa: E402
+from hetero_nn.training.cluster.endpoint import Endpoint  # noqa: E402
+from hetero_nn.training.cluster.exchange import Exchange, GroupBroken, tree_ops  # noqa: E402
 
 
 def _accumulate(v, h):
@@ -186,7 +186,7 @@ def test_the_tasks_that_wait_are_chained_in_submission_order():
     depend on the one submitted before it, so every schedule -- the replay engine's plan
     included -- runs them in the same order on every rank (two ranks waiting each on the
     other's other reduction would never wake; seen under the engine before the chain)."""
-    from hetero_nn.training.planner import capture_share
+    from hetero_nn.training.cluster.planner import capture_share
 
     steps, rt = capture_share("resnet-small", (3, 8, 8), 16, 4, 2, rank=1)
     try:

@@ -20,8 +20,8 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn import RW, W
-from hetero_nn.scheduler.perfmodel import PerfModel
-from hetero_nn.scheduler.policies import POLICIES, Dmda, Eager, Heft, WorkStealing
+from hetero_nn.scheduler.perfmodel.model import PerfModel
+from hetero_nn.scheduler.policies.policies import POLICIES, Dmda, Eager, Heft, WorkStealing
 from helpers import within
 
 BOUND = 60.0  # seconds: a test that takes longer hung

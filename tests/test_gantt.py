@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import hetero_nn as hn  # noqa: E402
-from hetero_nn.scheduler.gantt import IDLE, TRANSFER, gantt_figure  # noqa: E402
-from hetero_nn.scheduler.trace import TaskRecord, Trace, TransferRecord  # noqa: E402
+from hetero_nn.scheduler.trace.gantt import IDLE, TRANSFER, gantt_figure  # noqa: E402
+from hetero_nn.scheduler.trace.views import TaskRecord, Trace, TransferRecord  # noqa: E402
 
 
 def synthetic(workers, codelets, tasks=1500, links=1, seed=0):

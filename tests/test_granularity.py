@@ -15,8 +15,8 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn.cli import main
-from hetero_nn.scheduler.perfmodel import PerfModel
-from hetero_nn.scheduler.simulate import capture
+from hetero_nn.scheduler.perfmodel.model import PerfModel
+from hetero_nn.simulation.simulate import capture
 
 SHAPE = (1, 12, 12)
 BATCH = 8

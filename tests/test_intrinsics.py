@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from numba import carray, cfunc, njit, types
 
-from hetero_nn.scheduler.intrinsics import (HAVE_FUTEX, array_view, atomic_add, atomic_load,
+from hetero_nn.scheduler.engine.intrinsics import (HAVE_FUTEX, array_view, atomic_add, atomic_load,
                                             atomic_store, call_native, call_pointer,
                                             clock_offset, cpu_pause, futex_wait, futex_wake,
                                             monotonic_ns)
-from hetero_nn.scheduler.trampoline import native_entry
+from hetero_nn.scheduler.engine.trampoline import native_entry
 
 
 def _in_threads(targets, timeout=60):

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 import hetero_nn as hn
 from hetero_nn import RW, W
-from hetero_nn.scheduler.policies import POLICIES, Eager
+from hetero_nn.scheduler.policies.policies import POLICIES, Eager
 from test_runtime_property import programs, run_runtime
 
 TIMEOUT = 10.0  # seconds: bounds a failure, never reached when the runtime is right
@@ -299,7 +299,7 @@ def test_the_executor_state_says_where_each_unfinished_task_is(policy):
 def test_a_stalled_flush_is_logged_with_the_state(monkeypatch, caplog):
     """drain() logs the state when nothing finishes for STALL_REPORT_SECONDS, and goes
     on waiting: the flush still completes once the task is let go."""
-    import hetero_nn.scheduler.local as local
+    import hetero_nn.scheduler.executors.local as local
 
     monkeypatch.setattr(local, "STALL_REPORT_SECONDS", 0.05)
     log = []

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from hetero_nn.scheduler.perfmodel import (FORMAT_VERSION, PerfModel, PerfModelWarning,
+from hetero_nn.scheduler.perfmodel.model import (FORMAT_VERSION, PerfModel, PerfModelWarning,
                                            default_cache_dir, fit_regression)
 
 KEY = ("conv2d_fwd", "cpu", "cpu")

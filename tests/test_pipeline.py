@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import hetero_nn as hn
 from hetero_nn.errors import ConfigError
-from hetero_nn.training.pipeline import balanced_cut
+from hetero_nn.training.pipeline.stages import balanced_cut
 from helpers import within
 
 SHAPES = {"lenet5": (1, 28, 28), "resnet-small": (3, 12, 12)}
@@ -284,7 +284,7 @@ def test_an_order_against_submission_runs_and_a_cycle_is_one_error():
 def test_pipelined_steps_replay_on_the_compiled_engine(lenet_reference, schedule):
     """Every schedule replays through the compiled engine (no fallback), each stage's
     tasks on its worker; 1f1b and gpipe keep the bits."""
-    from hetero_nn.scheduler.replay import unavailable
+    from hetero_nn.scheduler.engine.replay import unavailable
 
     run = within(180, lambda: train("lenet5", pipeline=lambda layers: [layers[:3], layers[3:]],
                                     pipeline_schedule=schedule))
@@ -303,7 +303,7 @@ def test_pipelined_steps_replay_on_the_compiled_engine(lenet_reference, schedule
 def test_the_overhead_free_bubble_of_equal_stages_is_the_ideal(stages, micro, schedule,
                                                                 forward, ratio):
     """With equal stages the overhead-free span gives (P-1)/(M+P-1), for every schedule."""
-    from hetero_nn.training.pipeline import schedule_span
+    from hetero_nn.training.pipeline.stages import schedule_span
 
     seconds = [[[forward] * micro, [forward * ratio] * micro] for _ in range(stages)]
     span = schedule_span(schedule, seconds)
@@ -314,7 +314,7 @@ def test_the_overhead_free_bubble_of_equal_stages_is_the_ideal(stages, micro, sc
 def test_the_overhead_free_bubble_counts_an_unequal_cut():
     """A stage twice as slow: the overhead-free span is the slow stage's work after the
     fill; a real step reports it beside the measured bubble."""
-    from hetero_nn.training.pipeline import schedule_span
+    from hetero_nn.training.pipeline.stages import schedule_span
 
     seconds = [[[1.0] * 4, [2.0] * 4], [[2.0] * 4, [4.0] * 4]]
     span = schedule_span("1f1b", seconds)

@@ -19,7 +19,7 @@ pytest.importorskip("distributed")
 
 import hetero_nn as hn  # noqa: E402
 from hetero_nn.errors import ClusterError, ConfigError  # noqa: E402
-from hetero_nn.training.cluster import connect  # noqa: E402
+from hetero_nn.training.cluster.client import connect  # noqa: E402
 from helpers import within  # noqa: E402
 
 SHAPES = {"lenet5": (1, 28, 28), "resnet-small": (3, 12, 12)}

@@ -15,8 +15,8 @@ import pytest
 
 from hetero_nn.cli import main
 from hetero_nn.errors import ConfigError
-from hetero_nn.scheduler.platforms import Device, load_platform
-from hetero_nn.training.planner import predict_cluster_step
+from hetero_nn.simulation.platforms import Device, load_platform
+from hetero_nn.training.cluster.planner import predict_cluster_step
 
 REPO = Path(__file__).resolve().parents[1]
 PLATFORMS = REPO / "examples" / "platforms"

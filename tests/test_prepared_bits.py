@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hetero_nn.codelets import batchnorm, dense, dropout, optim
 from hetero_nn.codelets.dense import _column_sums_acc_cpu
 from hetero_nn.codelets.prepared import WorkerBuffers, calls_of
-from hetero_nn.scheduler.trampoline import CompiledCall
+from hetero_nn.scheduler.engine.trampoline import CompiledCall
 
 
 @settings(max_examples=200, deadline=None)

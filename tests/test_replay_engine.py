@@ -21,11 +21,11 @@ import hetero_nn as hn
 from hetero_nn import R, REDUX, RW, SCRATCH, W
 from hetero_nn.codelets._jit import jit
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from hetero_nn.scheduler.bundle import Bundle
-from hetero_nn.scheduler.perfmodel import PerfModel
-from hetero_nn.scheduler.replay import unavailable
-from hetero_nn.scheduler.schedule import check_orders, from_assignment, plan
-from hetero_nn.scheduler.trampoline import CompiledCall
+from hetero_nn.scheduler.executors.bundle import Bundle
+from hetero_nn.scheduler.perfmodel.model import PerfModel
+from hetero_nn.scheduler.engine.replay import unavailable
+from hetero_nn.scheduler.policies.list_scheduling import check_orders, from_assignment, plan
+from hetero_nn.scheduler.engine.trampoline import CompiledCall
 from helpers import within
 from test_runtime_property import CODELETS as PROP, handle_named, programs, run_reference
 
@@ -479,7 +479,7 @@ def test_a_compiled_replay_makes_no_python_call_per_task(shape, host_nodes, tmp_
 
 def test_array_types_are_numbas():
     from numba import typeof
-    from hetero_nn.scheduler.trampoline import argument_types
+    from hetero_nn.scheduler.engine.trampoline import argument_types
     base = np.zeros((4, 6), dtype=np.float32)
     readonly = np.zeros(3)
     readonly.flags.writeable = False
@@ -572,7 +572,7 @@ def test_a_fault_of_the_engine_itself_is_a_task_error_and_nothing_hangs(monkeypa
     """Fault injection: a share whose runner raises (not a task: the engine) fails the
     replay with a TaskError, the other shares stop at their next task, no engine thread
     is lost (the next replays run on the same threads)."""
-    from hetero_nn.scheduler.segment import CompiledSegment
+    from hetero_nn.scheduler.engine.segment import CompiledSegment
 
     with hn.Runtime(devices="cpu:3", perfmodel=False, variants=CPU_FIRST) as rt:
         h = rt.register(np.zeros(12))

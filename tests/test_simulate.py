@@ -8,8 +8,8 @@ import pytest
 import hetero_nn as hn
 from hetero_nn import R, RW, W
 from hetero_nn.cli import main as cli_main
-from hetero_nn.scheduler.policies import make_policy
-from hetero_nn.scheduler.simulate import (Platform, SimHandle, SimTask, _Machine, capture,
+from hetero_nn.scheduler.policies.policies import make_policy
+from hetero_nn.simulation.simulate import (Platform, SimHandle, SimTask, _Machine, capture,
                                           simulate_graph)
 
 

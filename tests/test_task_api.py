@@ -18,7 +18,7 @@ import pytest
 import hetero_nn as hn
 from hetero_nn import R, REDUX, RW, W
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from hetero_nn.scheduler.policies import POLICIES
+from hetero_nn.scheduler.policies.policies import POLICIES
 
 TIMEOUT = 10.0
 
@@ -273,7 +273,7 @@ def test_worker_is_honoured_on_emulated_devices_and_refused_when_no_variant_fits
 
 def test_worker_constraints_reach_the_simulator(tmp_path):
     """A captured graph keeps worker=: the simulator places those tasks there too."""
-    from hetero_nn.scheduler.simulate import Platform, capture, simulate
+    from hetero_nn.simulation.simulate import Platform, capture, simulate
 
     pm = hn.PerfModel(tmp_path, load=False)
     with hn.Runtime(devices="cpu:2", perfmodel=pm) as rt:

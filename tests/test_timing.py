@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from hetero_nn.scheduler import timing
+from hetero_nn.scheduler.executors import timing
 
 HOLD = 1.0  # seconds the main thread keeps the interpreter lock (the kernel takes ~20 ms)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_nn.scheduler.trace import TaskRecord, Trace
+from hetero_nn.scheduler.trace.views import TaskRecord, Trace
 
 T0 = 1234.5   # an arbitrary perf_counter origin: every export is relative to it
 MS = 1e-3
@@ -237,7 +237,7 @@ def _same_up_to_origin(a, b, origin):
 
 
 def test_from_json_reads_the_chrome_trace_back(tmp_path):
-    from hetero_nn.scheduler.trace import TransferRecord
+    from hetero_nn.scheduler.trace.views import TransferRecord
 
     trace = diamond()
     trace.records[3].error = "ValueError: boom"

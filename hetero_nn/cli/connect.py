@@ -78,8 +78,8 @@ def connect_cluster(args, stack):
         if args.cluster_devices is not None or args.cluster_threads != 1:
             raise ConfigError("--cluster-threads and --cluster-devices need --cluster")
         return None
-    from ..training.cluster import connect
-    from ..training.stage_cluster import StageCluster
+    from ..training.cluster.client import connect
+    from ..training.pipeline.stage_cluster import StageCluster
 
     try:
         with ignoring_sigint():  # --pipeline: a stage per worker

@@ -25,7 +25,7 @@ from .run_folder import Interrupts
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the subcommands ``sub``."""
     from ..datasets import DATASETS
-    from ..scheduler.policies import POLICIES
+    from ..scheduler.policies.policies import POLICIES
 
     ev = sub.add_parser("evaluate", help="loss and accuracy of a checkpoint on a dataset",
                         description="Evaluate a checkpoint; the model and dtype come from it.")

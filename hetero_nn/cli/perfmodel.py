@@ -26,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """``hetero-nn perfmodel``: the performance models, like ``starpu_perfmodel_display``."""
-    from ..scheduler.perfmodel import PerfModel
+    from ..scheduler.perfmodel.model import PerfModel
 
     model = PerfModel(args.cache_dir, hostname=args.host)
     if args.list:

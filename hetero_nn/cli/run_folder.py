@@ -204,7 +204,7 @@ class RunFiles:
         """Keep the bubble fraction of a pipelined step from its task records."""
         pipeline = self.trainer.pipeline
         if pipeline is not None and pipeline.ops:
-            from ..scheduler.trace import Trace
+            from ..scheduler.trace.views import Trace
             bubble = pipeline.bubble(Trace(records))
             if bubble is not None:
                 self.bubbles.append(bubble)

@@ -24,9 +24,9 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
-from ..scheduler.paths import PathCosts, engine_serves, step_path
-from ..scheduler.platforms import load_platform
-from ..scheduler.simulate import Platform, capture, format_result, simulate
+from ..simulation.paths import PathCosts, engine_serves, step_path
+from ..simulation.platforms import load_platform
+from ..simulation.simulate import Platform, capture, format_result, simulate
 from . import options
 
 __all__ = ["SAMPLE_SHAPES", "sample_shape", "simulate_step", "measure_step", "calibrate",
@@ -144,7 +144,7 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``simulate`` to the subcommands ``sub``."""
     from ..models import MODELS
-    from ..scheduler.policies import POLICIES
+    from ..scheduler.policies.policies import POLICIES
 
     p = sub.add_parser(
         "simulate", help="predict a training step's time on a platform",
@@ -234,7 +234,7 @@ def command(args) -> int:
 def cluster_command(args, shape) -> int:
     """``--cluster-workers``: the cluster path's step on each worker count, by
     :mod:`hetero_nn.training.planner`; with ``--measure``, real steps on ``local:N`` beside."""
-    from ..training.planner import (format_scaling, local_platform, measure_cluster_step,
+    from ..training.cluster.planner import (format_scaling, local_platform, measure_cluster_step,
                                     scaling, shares)
 
     workers = args.cluster_workers

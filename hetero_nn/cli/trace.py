@@ -51,7 +51,7 @@ class StepTraces:
 
     def merged(self):
         """One Trace of every step kept (and the tail), with ``global_steps`` metadata."""
-        from ..scheduler.trace import Trace
+        from ..scheduler.trace.views import Trace
 
         parts = [t for _, t in self.steps] + ([self.tail] if self.tail is not None else [])
         trace = Trace([r for t in parts for r in t.records], self.workers,
@@ -103,7 +103,7 @@ def _window(text):
 
 def read(path):
     """The trace at ``path`` (a run folder or a trace file), and the run folder or None."""
-    from ..scheduler.trace import Trace
+    from ..scheduler.trace.views import Trace
 
     path = Path(path)
     folder = None

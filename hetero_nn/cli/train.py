@@ -60,7 +60,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``train`` to the subcommands ``sub``."""
     from ..datasets import DATASETS
     from ..models import MODELS
-    from ..scheduler.policies import POLICIES
+    from ..scheduler.policies.policies import POLICIES
 
     train = sub.add_parser("train", help="train a built-in model on a dataset",
                            description="Train a built-in model. Without options: lenet5 on "

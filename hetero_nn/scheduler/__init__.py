@@ -1,11 +1,11 @@
 """The scheduler: task submission, dependencies, the Dask graph, executors, policies,
 performance models and traces."""
 
-from .perfmodel import PerfModel
-from .policies import POLICIES
+from .perfmodel.model import PerfModel
+from .policies.policies import POLICIES
 from .capture import Graph
 from .runtime import Runtime
 from .task import Task
-from .trace import TaskRecord, Trace
+from .trace.views import TaskRecord, Trace
 
 __all__ = ["Graph", "PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]

@@ -47,8 +47,8 @@ import numpy as np
 from ..arena.arena import Arena
 from ..arena.handle import Handle
 from ..errors import SubmitError
-from .bundle import Bundle, BundleReport, fuse_chains
-from .replay import ENGINE_FUSES, CompiledGraph, set_params, step_param, unavailable
+from .executors.bundle import Bundle, BundleReport, fuse_chains
+from .engine.replay import ENGINE_FUSES, CompiledGraph, set_params, step_param, unavailable
 
 _perf = time.perf_counter
 

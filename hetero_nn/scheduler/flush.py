@@ -51,7 +51,7 @@ from collections import deque
 from operator import attrgetter
 
 from ..errors import TaskError
-from .bundle import Bundle
+from .executors.bundle import Bundle
 
 
 class Flushes:

@@ -67,8 +67,8 @@ from .handles import HandleFactory
 from .lifetimes import Temporaries
 from .redux import Reductions
 from .task import Task, link
-from .trace import Trace
-from .trace_buffer import TRACE_FLUSHES, TraceBuffer
+from .trace.views import Trace
+from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants
 
 _perf = time.perf_counter
@@ -162,7 +162,7 @@ class Runtime:
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
                  arenas: bool = True, replay_engine: str = "compiled"):
-        from .policies import make_policy, policy_class
+        from .policies.policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
         if replay_engine not in ("compiled", "executor"):
@@ -192,10 +192,10 @@ class Runtime:
         self._trace.workers = [w.name for w in self.workers]
         self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
-            from .perfmodel import PerfModel
+            from .perfmodel.model import PerfModel
             perfmodel = PerfModel()
         elif perfmodel is not False and not hasattr(perfmodel, "record"):
-            from .perfmodel import PerfModel
+            from .perfmodel.model import PerfModel
             perfmodel = PerfModel(perfmodel)
         self.perfmodel = perfmodel or None
         self._single_node = len(self.nodes) == 1
@@ -223,14 +223,14 @@ class Runtime:
     # ------------------------------------------------------------------ executors
     def _make_executor(self, executor, make_policy):
         if isinstance(executor, str) and executor == "local":
-            from .local import LocalExecutor
+            from .executors.local import LocalExecutor
             self.executor_name = "local"
             return LocalExecutor(self, make_policy(self.policy_name, self))
         if isinstance(executor, str) and executor == "sync":
-            from .sync import SyncExecutor
+            from .executors.sync import SyncExecutor
             self.executor_name = "sync"
             return SyncExecutor(self)
-        from .dask_executor import DaskExecutor
+        from .executors.dask import DaskExecutor
         if isinstance(executor, str):
             name, _, address = executor.partition("=")
             if name not in ("dask", "distributed"):

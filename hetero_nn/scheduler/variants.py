@@ -46,7 +46,7 @@ from __future__ import annotations
 import threading
 
 from ..codelets.pinned import PINNED_VARIANTS
-from .bundle import Bundle
+from .executors.bundle import Bundle
 
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'

@@ -61,9 +61,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..layers.base import keeping_state
-from ..scheduler.paths import PathCosts, step_path
-from ..scheduler.simulate import Platform, capture, simulate
-from ..scheduler.trace_buffer import TraceBuffer
+from ..simulation.paths import PathCosts, step_path
+from ..simulation.simulate import Platform, capture, simulate
+from ..scheduler.trace.buffer import TraceBuffer
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -320,7 +320,7 @@ def _models_for(rt):
     if rt.perfmodel is not None:
         yield rt.perfmodel
         return
-    from ..scheduler.perfmodel import PerfModel
+    from ..scheduler.perfmodel.model import PerfModel
     rt.perfmodel = PerfModel(load=False)  # never saved: only this decision reads it
     try:
         yield rt.perfmodel

@@ -21,7 +21,7 @@ import pytest
 
 from harness import TRAIN, hetero_nn, temporaries, train_args, with_tmpfs
 from hetero_nn.training.checkpoint import read_checkpoint
-from hetero_nn.scheduler.perfmodel import PerfModel
+from hetero_nn.scheduler.perfmodel.model import PerfModel
 
 
 def _only_line(stderr: str) -> str:

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from helpers import same_bytes, small_run  # noqa: E402
-from hetero_nn.training.cluster import connect  # noqa: E402
+from hetero_nn.training.cluster.client import connect  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ with hn.Trainer(model, batch_size=32, granularity=2, cluster=cluster) as trainer
 def test_workers_drop_a_run_whose_client_died(cluster):
     """A client SIGKILLed mid-run: each worker's rank of that run closes (no model,
     runtime or threads left behind) within seconds."""
-    from hetero_nn.training.rank import live_ranks
+    from hetero_nn.training.cluster.rank import live_ranks
 
     proc = subprocess.Popen([sys.executable, "-c", CLIENT, cluster.client.scheduler.address],
                             stdout=subprocess.PIPE, text=True,

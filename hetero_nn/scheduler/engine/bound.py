@@ -1,0 +1,198 @@
+"""Bound tasks: a captured task resolved once for the replays of its graph.
+
+A submitted task is resolved every time it runs: the runtime picks its variant
+(``choose_variant``), acquires its operands (``bind``, ``Handle.replica``, the
+root's lock), the variant's wrapper computes its geometry and looks up its
+buffers. In a replayed graph all of that gives the same answer every step, so
+:func:`bind_task` does it once, for the worker the task's fixed schedule puts
+it on:
+
+- the variant (``Runtime.choose_variant`` on that worker's kind: the pinned one,
+  or the model's choice at binding time, bound again while the model explores);
+- the operand arrays: the replicas of its handles on the worker's memory node
+  (graph-owned or registered buffers, stable across replays), a ``SCRATCH``
+  operand as one of the worker's buffers;
+- its calls (:func:`~hetero_nn.codelets.prepared.calls_of`): the ``init`` of each
+  ``REDUX`` partial, then the variant's own, each a
+  :class:`~hetero_nn.scheduler.trampoline.CompiledCall`. A task whose variant or
+  ``init`` has no calls (NumPy code), or whose arguments no trampoline can
+  carry, keeps ``calls = None`` and runs as Python (:meth:`BoundTask.run_python`);
+- the performance model's key (codelet, variant, kind, footprint, size).
+
+A replay then runs a compiled task by its calls' trampolines alone; parameters
+declared as step parameters (:mod:`~hetero_nn.scheduler.replay`) are the only
+thing that may change, and :meth:`BoundTask.rebind` prepares the task again
+when they do.
+
+On a runtime with several memory nodes the segment's data plan
+(:mod:`~hetero_nn.scheduler.data_plan`) fixes the copies between nodes, so a task
+binds to the replicas on its worker's node as on one node (a device worker's replicas
+and ``SCRATCH`` buffers allocated on its device, its tasks launched on its stream by
+:meth:`~hetero_nn.scheduler.segment.CompiledSegment.run_stream_share`), and each
+planned copy is a :class:`BoundTransfer`. Where no plan can be made, a task is bound
+*dynamic*: its variant only, its operands acquired on its node at every run
+(``Runtime.bind``), so it runs as Python.
+"""
+
+from __future__ import annotations
+
+from ...codelets.codelet import REDUX, SCRATCH
+from ...codelets.prepared import calls_of
+from ...codelets.reduce import _copy_calls
+from .trampoline import CompiledCall
+
+
+class BoundTask:
+    """A task resolved for one worker (see the module docstring).
+
+    Attributes
+    ----------
+    task : Task
+        The captured task.
+    worker : Worker
+    variant : str
+    fn : callable
+        The variant.
+    arrays : list of arrays
+        Its operands, in order.
+    calls : list of CompiledCall, or None
+        Its compiled work, or None when it runs as Python.
+    why : str
+        Why it runs as Python ("" when compiled).
+    model_key : tuple
+        ``(codelet, variant, kind, footprint, size)`` for the performance model (the
+        codelet itself, as the runtime's warm-up set keys it).
+    """
+
+    __slots__ = ("task", "worker", "variant", "fn", "arrays", "redux", "calls", "why",
+                 "model_key", "buffers", "binder")
+
+    def __init__(self, task, worker, variant, arrays, buffers, binder=None):
+        self.task = task
+        self.worker = worker
+        self.variant = variant
+        self.fn = task.codelet.variants[variant]
+        self.arrays = arrays
+        self.redux = [i for i, m in enumerate(task.modes) if m is REDUX]
+        self.buffers = buffers
+        self.binder = binder  # the runtime, for a dynamic task (arrays None)
+        self.calls = None
+        self.why = ""
+        self.model_key = None
+        self.rebind()
+
+    def rebind(self):
+        """Prepare the calls again from the task's current parameters."""
+        if self.arrays is None:
+            self.calls, self.why = None, "dynamic: operands made coherent at every run"
+            return
+        if self.worker.stream is not None:
+            self.calls, self.why = None, "launched on its device's stream"
+            return
+        self.calls, self.why = _compiled_calls(self.task, self.fn, self.arrays, self.redux,
+                                               self.buffers)
+
+    def run_python(self):
+        """Run the task as the executor would: bind a dynamic task's operands, ``init``
+        its REDUX partials (``bind`` does for a dynamic one), call the variant."""
+        if self.arrays is None:
+            self.fn(*self.binder.bind(self.task, self.worker), **self.task.params)
+            return
+        init = self.task.codelet.init
+        for i in self.redux:
+            init(self.arrays[i])
+        self.fn(*self.arrays, **self.task.params)
+
+    def __repr__(self):
+        how = f"{len(self.calls)} calls" if self.calls is not None else f"Python: {self.why}"
+        return f"BoundTask({self.task.codelet.name}#{self.task.id}, {self.variant!r}, " \
+               f"{self.worker.name}, {how})"
+
+
+def _compiled_calls(task, fn, arrays, redux, buffers):
+    """``(calls, why)``: the task's CompiledCalls, or ``(None, reason)``."""
+    prepared = []
+    init = task.codelet.init
+    try:
+        for i in redux:
+            c = calls_of(init, buffers, [arrays[i]], {})
+            if c is None:
+                return None, f"the REDUX init {getattr(init, '__name__', init)!r} has no prepare"
+            prepared += c
+        c = calls_of(fn, buffers, arrays, task.params)
+        if c is None:
+            return None, f"variant {getattr(fn, '__name__', fn)!r} has no prepare"
+        prepared += c
+        return [CompiledCall(kernel, args) for kernel, args in prepared], ""
+    except Exception as exc:  # noqa: BLE001 - a check that fails, an argument no slot
+        # carries: the task runs as Python, where the variant raises (a TaskError) or runs
+        return None, f"prepare raised {type(exc).__name__}: {exc}"
+
+
+def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
+    """Resolve ``task`` for ``worker``: its replicas on the worker's node are its arrays
+    (a device's allocated in its context); ``dynamic``, its operands are acquired at
+    every run."""
+    node = worker.node
+    variant = rt.choose_variant(task, worker.kind)
+    arrays = None
+    if not dynamic:
+        arrays = []
+        with node.context():
+            for i, (h, m) in enumerate(zip(task.handles, task.modes)):
+                if m is not SCRATCH:
+                    arrays.append(h.replica(node))
+                elif worker.stream is not None:
+                    arrays.append(node.empty(h.shape, h.dtype))
+                else:
+                    arrays.append(buffers(("scratch", i), h.shape, h.dtype))
+    bound = BoundTask(task, worker, variant, arrays, buffers, rt if dynamic else None)
+    if rt.perfmodel is not None:
+        fp, size = rt.footprint(task)
+        bound.model_key = (task.codelet, variant, worker.kind, fp, size)
+    return bound
+
+
+class BoundTransfer:
+    """A planned copy between memory nodes (:class:`~hetero_nn.scheduler.data_plan.Transfer`)
+    bound for the worker that runs it: host to host, one compiled copy per pair (its
+    ``calls``); to or from a device, enqueued on the device's stream (:meth:`enqueue`,
+    by the device worker's share). Shares the attributes the engine reads of a
+    :class:`BoundTask`."""
+
+    __slots__ = ("transfer", "worker", "calls", "why", "model_key", "arrays")
+
+    def __init__(self, transfer, worker):
+        self.transfer = transfer
+        self.worker = worker
+        self.model_key = None
+        self.arrays = ()
+        self.calls, self.why = None, "a copy on a device's stream"
+        if transfer.src.kind != "cuda" and transfer.dst.kind != "cuda":
+            try:
+                calls = [c for d, s in transfer.pairs for c in _copy_calls(None, s, d)]
+                self.calls, self.why = [CompiledCall(k, a) for k, a in calls], ""
+            except Exception as exc:  # noqa: BLE001 - a dtype no slot carries: np.copyto
+                self.calls, self.why = None, f"{type(exc).__name__}: {exc}"
+
+    def run_python(self):
+        """The copies from Python (a host copy no kernel could take)."""
+        x = self.transfer
+        for d, s in x.pairs:
+            x.dst.copy(d, s, x.src)
+
+    def enqueue(self):
+        """Enqueue the copies on the device's stream: into a device, as the node copies
+        in; out of one, asynchronously on its stream."""
+        x = self.transfer
+        if x.dst.kind == "cuda":
+            with x.dst.context():
+                for d, s in x.pairs:
+                    x.dst.copy(d, s, x.src)
+        else:
+            for d, s in x.pairs:
+                x.dst.copy_from_device_async(d, s, x.src)
+
+    def __repr__(self):
+        how = f"{len(self.calls)} calls" if self.calls is not None else self.why
+        return f"BoundTransfer({self.transfer.name}, {self.worker.name}, {how})"

@@ -1,0 +1,367 @@
+"""The replay engine: a captured graph run through bound tasks, fixed schedules and a
+compiled dispatch loop.
+
+Policy
+------
+``graph.replay()`` on a runtime the engine serves (:func:`unavailable` says which:
+the local executor, with workers of one kind or under ``heft``) runs each recorded
+flush (*segment*) as follows. At the first replay, and once more after the first one
+measured its own tasks (one memory node), the segment is *compiled*
+(:mod:`~hetero_nn.scheduler.segment`):
+
+1. a fixed schedule (:mod:`~hetero_nn.scheduler.schedule`): ``heft``'s plan when
+   the policy is ``heft``, else list scheduling on the costs known (the last
+   compiled run's times; before one, the performance model's predictions, or the
+   capture run's times with each (codelet, footprint)'s median standing for all of
+   them, so a first run's compilation does not count);
+2. with several memory nodes, its copies between them planned
+   (:mod:`~hetero_nn.scheduler.data_plan`); every task bound for its worker
+   (:mod:`~hetero_nn.scheduler.bound`; *dynamic*, its operands acquired at every run,
+   where no plan can be made);
+3. per worker a *share*: its tasks in order, with their trampolines, argument
+   blocks, the predecessors to wait for on other workers and whether another
+   worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`); a CUDA worker's
+   share is enqueued on its stream.
+
+With ``deterministic=False`` a task's variant is the performance model's choice: while
+the model still explores (a candidate with fewer runs than exploration asks), each
+replay first binds again the tasks whose choice changed; once every choice is settled
+no replay looks at variants again.
+
+A replay then resets the node arenas, runs the shares at once (the calling
+thread runs worker 0's, one engine thread per other worker runs the others),
+a CPU worker's through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without
+the interpreter lock, Python tasks in between, a CUDA worker's on its stream, and
+ends the flush as ``wait()`` does (the nodes' streams synchronized). On several
+memory nodes the data plan's inputs are made valid first and the roots get the
+coherence state the replay leaves after; a plan made on cells a later split has cut
+again is made again first. No task object, policy hook, variant choice, handle lock or dependency
+count is touched per task.
+
+Measurement: the loop stamps each task's start and end into the segment's
+``times``. After the run, the performance model gets one batch per model key
+(the first run of a key in the process is a warm-up and is dropped, as
+``Runtime`` does), each worker's ``busy`` time grows, and the trace gets one
+:class:`ReplayRecords`: the records are made from the stamps when the trace is
+read.
+
+Failures: a task that raises (in its kernel or in Python) stops its share and
+sets ``abort``, which every other share sees before its next task or in its wait
+(a futex sleep lasts at most ``WAIT_NS``), so what has not started is cancelled; the first failure is raised as the flush's
+``TaskError`` naming the task, codelet, variant and worker. A compiled kernel's
+exception cannot cross the loop, so the task is run once more in Python to name
+it. The runtime and the graph stay usable.
+
+Step parameters
+---------------
+``graph.param(name, value)`` (while capturing) gives a number that is a plain
+``float``/``int`` to every task that receives it; ``graph.replay(name=new)`` then
+sets that parameter of those tasks (and prepares them again) without a handle per
+value. Names are declared once per graph.
+
+State
+-----
+:class:`CompiledGraph` (``graph._compiled``): its segments, the replay count
+(``epoch``, what the counters compare to), the step parameters' uses.
+:class:`CompiledSegment`: ``units`` (tasks or a bundle's members), ``tasks`` (in
+segment order, bundles flattened), ``bound``, ``worker_of``, ``shares``, and
+the arrays ``done``, ``times``, ``sleepers``, ``abort``, ``bytes_in``.
+:class:`EngineThreads` (``runtime._engine``): one thread per worker but the first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+import numpy as np
+
+from ...errors import SubmitError, TaskError
+from ..executors.bundle import Bundle
+from .intrinsics import HAVE_CLOCK, clock_offset
+from ..executors.local import LocalExecutor
+from .segment import CompiledSegment, explore
+from ..trace.views import TaskRecord
+
+_perf = time.perf_counter
+ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call: no dispatch "
+                "left for a bundle to save")
+
+
+def unavailable(rt) -> str | None:
+    """Why ``rt``'s replays cannot use the engine, or None when they can."""
+    if getattr(rt, "replay_engine", "compiled") != "compiled":
+        return f"replay_engine={rt.replay_engine!r}"
+    if rt.executor_name != "local":
+        return f"the {rt.executor_name!r} executor runs graphs as Dask graphs"
+    if not getattr(rt, "arenas", True):  # scheduler/lifetimes.py
+        return "arenas=False: per-task allocation makes each step's arrays, bound once here"
+    if type(rt.executor) is not LocalExecutor:
+        return f"the executor was replaced ({type(rt.executor).__name__})"
+    if len({w.kind for w in rt.workers}) > 1 and rt.policy_name != "heft":
+        return (f"workers of several kinds under {rt.policy_name!r}: a dynamic policy places "
+                "each replay's tasks as they get ready (heft plans them once)")
+    if not HAVE_CLOCK:
+        return "no clock_gettime on this platform"
+    return None
+
+
+# ----------------------------------------------------------------------------- step parameters
+
+class FloatParam(float):
+    """A step parameter's value at capture, a ``float`` to the tasks that get it."""
+
+    __slots__ = ("param_name",)
+
+
+class IntParam(int):
+    """A step parameter's value at capture, an ``int`` to the tasks that get it."""
+
+
+def step_param(name, value):
+    """The placeholder ``Graph.param`` returns: ``value`` carrying its parameter name."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"step parameter {name!r}: expected an int or a float, "
+                        f"got {type(value).__name__}")
+    p = (IntParam if isinstance(value, (int, np.integer)) else FloatParam)(value)
+    p.param_name = name
+    return p
+
+
+def param_uses(segments) -> dict:
+    """``{name: [(task, key), ...]}``: where the step parameters reach the tasks."""
+    uses: dict = {}
+    for segment in segments:
+        for t, _, _ in segment:
+            for member in (t.members if t.__class__ is Bundle else (t,)):
+                for key, value in member.params.items():
+                    if isinstance(value, (FloatParam, IntParam)):
+                        uses.setdefault(value.param_name, []).append((member, key))
+    return uses
+
+
+# ----------------------------------------------------------------------------- threads
+
+class EngineThreads:
+    """One thread per worker but the first, each running the shares given to it."""
+
+    def __init__(self, count):
+        #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
+        #: replays never overlap, and a buffer's key fixes what it must hold)
+        self.buffers: dict = {}
+        self._queues = [queue.SimpleQueue() for _ in range(count)]
+        self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                          name=f"hetero_nn-replay{i + 1}")
+                         for i, q in enumerate(self._queues)]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _loop(q):
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            job()
+
+    def run(self, jobs):
+        """Run ``jobs[0]`` here and ``jobs[i]`` on thread ``i - 1``; return their results."""
+        results = [None] * len(jobs)
+        finished = threading.Semaphore(0)
+
+        def wrap(i, job):
+            def run():
+                try:
+                    results[i] = job()
+                except BaseException as exc:  # noqa: BLE001 - never lose an engine thread
+                    results[i] = (None, exc)
+                finally:
+                    finished.release()
+            return run
+        for i in range(1, len(jobs)):
+            self._queues[i - 1].put(wrap(i, jobs[i]))
+        try:
+            results[0] = jobs[0]()
+        finally:
+            for _ in range(1, len(jobs)):
+                finished.acquire()
+        return results
+
+    def close(self):
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join()
+
+
+def set_params(graph, values) -> None:
+    """Give ``graph``'s declared step parameters new values (``Graph.replay(**values)``):
+    the tasks that take them get them, and are prepared again where compiled."""
+    unknown = sorted(set(values) - set(graph._params))
+    if unknown:
+        raise SubmitError(f"Graph.replay: {unknown} are not step parameters of this graph "
+                          f"(declared: {sorted(graph._params) or 'none'}; see Graph.param)")
+    uses = getattr(graph, "_param_uses", None)
+    if uses is None:
+        uses = graph._param_uses = param_uses(graph._segments)
+    changed = set()
+    for name, value in values.items():
+        for task, key in uses.get(name, ()):
+            task.params[key] = value
+            changed.add(task)
+    compiled = graph._compiled
+    if changed and compiled is not None and compiled.segments is not None:
+        for seg in compiled.segments:
+            hit = [i for i, t in enumerate(seg.tasks) if t in changed]
+            for i in hit:
+                seg.bound[i].rebind()
+            if hit:
+                seg.build_shares()
+
+
+class CompiledGraph:
+    """A graph's compiled segments and replay state (module docstring)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.segments = None
+        self.epoch = 0
+        self.replanned = False
+        self.exploring = True  # until the model's choice of every variant has settled
+
+    def run(self, rt):
+        """Replay every segment (compiling them first when needed)."""
+        threads = _threads(rt)
+        if self.segments is None:
+            self.segments = [CompiledSegment(rt, s, buffers=threads.buffers)
+                             for s in self.graph._segments]
+            self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
+        elif not self.replanned:  # once: plan again on the engine's own measured times
+            self.replanned = True
+            self.segments = [CompiledSegment(rt, s, seg, threads.buffers)
+                             for s, seg in zip(self.graph._segments, self.segments)]
+        if self.exploring:
+            self.exploring = any([explore(rt, seg) for seg in self.segments])
+        for i, seg in enumerate(self.segments):
+            if seg.data is not None and not seg.data.current():  # a root cut again since
+                seg = self.segments[i] = CompiledSegment(rt, self.graph._segments[i], seg,
+                                                         threads.buffers)
+            self.epoch += 1
+            _run_segment(rt, seg, self.epoch, threads)
+
+
+def _threads(rt):
+    engine = getattr(rt, "_engine", None)
+    if engine is None:
+        engine = rt._engine = EngineThreads(len(rt.workers) - 1)
+    return engine
+
+
+_ids_lock = threading.Lock()
+
+
+def _run_segment(rt, seg, epoch, threads):
+    for node in rt.nodes:
+        node.arena.reset()
+    n = len(seg.tasks)
+    with _ids_lock:  # fresh task ids for the records, as a submitted flush would take
+        base = next(rt._ids)
+        rt._ids = itertools.count(base + n)
+    seg.times[:] = 0
+    seg.abort[0] = 0
+    t_submit = _perf()
+    if seg.data is not None:
+        seg.run_copies()
+    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares])
+    if seg.multinode:
+        for node in rt.nodes:  # copies made for tasks that ran on other nodes
+            node.synchronize()
+    failures = [r for r in results if r is not None]
+    if seg.data is not None:
+        seg.copies_done(bool(failures))
+    rt._flushes.generation += 1
+    if rt.tracing:
+        for i, t in enumerate(seg.tasks):  # the ids its records carry, as the executor's
+            t.id = base + i  # replay rearms them: a record is found from its task
+        rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
+                                          failures[0] if failures else None,
+                                          seg.bytes_in.copy() if seg.multinode else None))
+    if failures:
+        t, exc = failures[0]
+        if t is None:
+            raise TaskError(f"the replay engine failed: {type(exc).__name__}: {exc}") from exc
+        if t >= seg.n_tasks:
+            b = seg.runs[t]
+            raise TaskError(f"the replay's {b.transfer.name} (worker {b.worker.name}) "
+                            f"failed: {type(exc).__name__}: {exc}") from exc
+        b = seg.bound[t]
+        task_id = base + t
+        err = TaskError(f"task {task_id} (codelet {b.task.codelet.name!r}, variant "
+                        f"{b.variant!r}, worker {b.worker.name}) failed: "
+                        f"{type(exc).__name__}: {exc}", codelet=b.task.codelet.name,
+                        task_id=task_id)
+        raise err from exc
+    _measure(rt, seg)
+
+
+def _measure(rt, seg):
+    """After a successful run: busy time per worker, samples for the performance model."""
+    durations = seg.times[:, 1] - seg.times[:, 0]
+    for share in seg.shares:
+        share.worker.busy += float(durations[share.order].sum()) * 1e-9
+    pm = rt.perfmodel
+    if pm is None:
+        return
+    pm.save_if_due()  # a killed run keeps its calibration (perfmodel.py), as flushes do
+    warm = rt._variants._warm
+    for (codelet, variant, kind, fp, size), idx in seg.groups:
+        seconds = durations[idx] * 1e-9
+        wkey = (codelet, variant, fp)
+        if wkey not in warm:  # the first run of a key in this process: a warm-up
+            warm.add(wkey)
+            seconds = seconds[1:]
+        pm.record_array(codelet.name, variant, kind, fp, size, seconds)
+
+
+class ReplayRecords:
+    """The trace records of one compiled replay of a segment, made when read: the
+    runtime's trace buffer keeps it as one flush's records (a list it iterates)."""
+
+    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in", "count")
+
+    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
+        self.seg = seg
+        self.times = times[:seg.n_tasks]  # the tasks' (the planned copies' are transfers)
+        self.base = base
+        self.t_submit = t_submit
+        self.failure = failure
+        self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
+        self.count = int(np.count_nonzero(self.times[:, 0]))
+
+    def __len__(self):
+        """The records it makes: the tasks that ran."""
+        return self.count
+
+    def __iter__(self):
+        seg, times, base = self.seg, self.times, self.base
+        offset = clock_offset()
+        start = times[:, 0] * 1e-9 + offset
+        end = times[:, 1] * 1e-9 + offset
+        failed = self.failure[0] if self.failure is not None else -1
+        for i, b in enumerate(seg.bound):
+            if times[i, 0] == 0:
+                continue  # not run (the replay failed first)
+            preds = seg.task_preds[i]
+            ready = max((float(end[p]) for p in preds), default=self.t_submit)
+            ready = max(ready, self.t_submit)
+            w = b.worker
+            error = None
+            if i == failed:
+                exc = self.failure[1]
+                error = f"{type(exc).__name__}: {exc}"
+            moved = 0 if self.bytes_in is None else int(self.bytes_in[i])
+            yield TaskRecord(base + i, b.task.codelet.name, b.variant, w.name, w.device,
+                             w.node.name, self.t_submit, ready, float(start[i]), float(end[i]),
+                             moved, tuple(base + p for p in preds), error)

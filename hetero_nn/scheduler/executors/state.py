@@ -1,0 +1,101 @@
+"""The local executor's state: one object that says where every task handed to it is.
+
+Policy
+------
+Everything here is read and written under the executor's lock (the runtime's
+``_lock``). ``str(state)`` is what a stalled flush logs: the tasks not finished, those
+waiting for predecessors (and which), the ready queues by place, and what each
+worker runs. :func:`task_error` makes the ``TaskError`` of a task whose codelet raised,
+for every executor that runs tasks in place (local, sync).
+
+State
+-----
+:class:`ExecutorState`'s fields (``remaining``, ``waiting``, ``ready``, ``running``,
+``completed``, ``idle``, ``error``, ``aborted``, ``closing``) are described where they
+are used, in :mod:`hetero_nn.scheduler.local`'s docstring, *State*.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ...errors import TaskError
+from .bundle import Bundle
+
+
+@dataclass(eq=False)
+class ExecutorState:
+    """What the local executor knows of the tasks handed to it (the fields:
+    :mod:`hetero_nn.scheduler.local`, *State*).
+
+    Per-worker fields are lists indexed by ``Worker.index``. ``str(state)`` says
+    where every unfinished task is, for a flush that stalls.
+    """
+
+    workers: list
+    ready: dict                  # place ("shared" or a worker's name) -> the policy's queue
+    remaining: int = 0
+    waiting: dict = field(default_factory=dict)  # task -> None (an ordered set)
+    running: list = field(default_factory=list)
+    completed: list = field(default_factory=list)
+    idle: list = field(default_factory=list)
+    error: TaskError | None = None
+    aborted: bool = False
+    aborts: int = 0              # flushes aborted so far (Task.wait() notices one)
+    closing: bool = False
+
+    def __post_init__(self):
+        self.running = [deque() for _ in self.workers]
+        self.completed = [deque() for _ in self.workers]
+
+    def __str__(self):
+        lines = [f"executor state: {self.remaining} task(s) not finished, "
+                 f"{len(self.waiting)} waiting for predecessors"
+                 + (f", error: {self.error}" if self.error is not None else "")
+                 + (", aborted" if self.aborted else "")
+                 + (", closing" if self.closing else "")]
+        for place, queue in self.ready.items():
+            tasks = queued_tasks(queue)
+            if tasks:
+                lines.append(f"  ready on {place}: {_some(tasks)}")
+        for w in self.workers:
+            state = "idle" if w in self.idle else "awake"
+            lines.append(f"  {w.name} ({state}): running {_some(self.running[w.index])}"
+                         + (f", completed {len(self.completed[w.index])} to release"
+                            if self.completed[w.index] else ""))
+        for t in list(self.waiting)[:8]:
+            left = [p for p in t.preds if not p.ended]
+            lines.append(f"  waiting: {t!r} (npred {t.npred}) after {_some(left)}")
+        if len(self.waiting) > 8:
+            lines.append(f"  ... and {len(self.waiting) - 8} more waiting")
+        return "\n".join(lines)
+
+
+def queued_tasks(queue) -> list:
+    """The tasks in a policy's queue (a ReadyQueue, or heft's heap of tuples ending with
+    the task)."""
+    if hasattr(queue, "tasks"):
+        return queue.tasks()
+    return [x[-1] if isinstance(x, tuple) else x for x in queue]
+
+
+def _some(tasks, n=6) -> str:
+    tasks = list(tasks)
+    text = ", ".join(repr(t) for t in tasks[:n])
+    return f"[{text}{', ...' if len(tasks) > n else ''}] ({len(tasks)})" if tasks else "[]"
+
+
+def task_error(task) -> TaskError:
+    """The :class:`TaskError` of a task whose codelet raised (a bundle's: the member that
+    raised), kept as its ``failure``; its ``error`` becomes the exception's text."""
+    if task.__class__ is Bundle:
+        task = task.failed  # name the member that raised
+    exc = task.error
+    err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "
+                    f"{task.variant!r}, worker {task.worker.name}) failed: "
+                    f"{type(exc).__name__}: {exc}", codelet=task.codelet.name, task_id=task.id)
+    err.__cause__ = exc
+    task.error = f"{type(exc).__name__}: {exc}"
+    task.failure = err
+    return err

@@ -1,0 +1,6 @@
+"""Performance models: per codelet, variant and worker kind, what a task costs
+(:mod:`.model`, over the statistics of :mod:`.history`)."""
+
+from .model import FORMAT_VERSION, PerfModel, PerfModelWarning, default_cache_dir
+
+__all__ = ["FORMAT_VERSION", "PerfModel", "PerfModelWarning", "default_cache_dir"]
