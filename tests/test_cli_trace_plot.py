@@ -133,7 +133,7 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     import subprocess
     import sys
 
-    from hetero_nn.scheduler.trace.views import TaskRecord
+    from hetero_nn.scheduler.trace.records import TaskRecord
 
     records = [TaskRecord(i, f"codelet_{i:04d}", "cpu", "cpu0", "cpu", "host0", 0.0, 0.0,
                           1e-4 * i, 1e-4 * i + 5e-5) for i in range(2000)]

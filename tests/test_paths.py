@@ -8,7 +8,7 @@ import hetero_nn as hn
 from hetero_nn.simulation.paths import (PathCosts, EnginePlan, engine_serves, flush_seconds,
                                        path_costs, step_path)
 from hetero_nn.simulation.simulate import Platform, _Machine, simulate_graph
-from hetero_nn.scheduler.trace.views import TaskRecord
+from hetero_nn.scheduler.trace.records import TaskRecord
 from test_simulate import _diamond, _schedule
 
 

@@ -237,7 +237,7 @@ def _same_up_to_origin(a, b, origin):
 
 
 def test_from_json_reads_the_chrome_trace_back(tmp_path):
-    from hetero_nn.scheduler.trace.views import TransferRecord
+    from hetero_nn.scheduler.trace.records import TransferRecord
 
     trace = diamond()
     trace.records[3].error = "ValueError: boom"

@@ -73,7 +73,7 @@ def test_a_torn_last_line_is_skipped_and_a_bad_line_named(tmp_path):
 
 def test_copies_between_nodes_are_kept_with_their_flush():
     buffer = TraceBuffer(flushes=1)
-    from hetero_nn.scheduler.trace.views import TransferRecord
+    from hetero_nn.scheduler.trace.records import TransferRecord
 
     first = TransferRecord("host0", "cuda0", 64, 0.0, 1.0)
     second = TransferRecord("cuda0", "host0", 64, 2.0, 3.0)

@@ -6,6 +6,6 @@ from .policies.policies import POLICIES
 from .capture import Graph
 from .runtime import Runtime
 from .task import Task
-from .trace.views import TaskRecord, Trace
+from .trace import TaskRecord, Trace
 
 __all__ = ["Graph", "PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..arena.handle import acquire
 from ..codelets.codelet import R, REDUX, SCRATCH
-from .trace.views import TransferRecord
+from .trace.records import TransferRecord
 
 
 class Binder:

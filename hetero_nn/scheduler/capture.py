@@ -47,7 +47,7 @@ import numpy as np
 from ..arena.arena import Arena
 from ..arena.handle import Handle
 from ..errors import SubmitError
-from .executors.bundle import Bundle, BundleReport, fuse_chains
+from .executors.bundle import BundleReport, fuse_chains
 from .engine.replay import ENGINE_FUSES, CompiledGraph, set_params, step_param, unavailable
 
 _perf = time.perf_counter
@@ -183,7 +183,7 @@ class Graph:
             tasks = []
             for t, preds, succ in segment:
                 t.rearm(next(ids), now)  # fresh ids in the same (topological) order
-                if t.__class__ is Bundle:
+                if t.members is not None:
                     t.rearm_members(ids, now)
                 t.preds = preds
                 t.succ = succ

@@ -51,7 +51,6 @@ from collections import deque
 from operator import attrgetter
 
 from ..errors import TaskError
-from .executors.bundle import Bundle
 
 
 class Flushes:
@@ -170,7 +169,7 @@ class Flushes:
         if rt.tracing:
             if not getattr(rt.executor, "records_tasks", False):
                 for t in tasks:
-                    if t.__class__ is Bundle:
+                    if t.members is not None:
                         records.extend([record_of(m) for m in t.members if m.t_start])
                     elif t.t_start:  # not cancelled
                         records.append(record_of(t))

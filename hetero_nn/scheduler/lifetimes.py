@@ -101,7 +101,7 @@ class Lifetimes:
         """After a run: one :class:`~hetero_nn.scheduler.trace.MemoryRecord` per planned
         root and memory node its tasks ran on, live from the first of them starting to
         the last of all ending (released) or to the end of the flush (the others)."""
-        from .trace.views import MemoryRecord
+        from .trace.records import MemoryRecord
 
         ran = [t for t in self.tasks if t.t_start and t.worker is not None
                and not isinstance(t.worker, str)]

@@ -8,7 +8,10 @@ and a policy places the task when it reaches zero. Times are
 What a program holds (StarPU's ``starpu_task``, a ``concurrent.futures.Future``):
 ``submit`` returns the task; :meth:`Task.done`, :meth:`Task.wait` and
 :meth:`Task.exception` say whether it ran and how it ended. Everything else is the
-runtime's and the executor's state, mutated under the executor's lock.
+runtime's and the executor's state, mutated under the executor's lock. ``members``
+is None for a task that runs its own codelet, and the chain of tasks it runs in order
+for a fused one (:class:`~hetero_nn.scheduler.executors.bundle.Bundle`): code that
+must see the tasks that ran asks for ``t.members or (t,)``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ class Task:
     __slots__ = ("id", "codelet", "handles", "modes", "params", "preds", "succ", "npred", "ended",
                  "eligible", "variant", "worker", "t_submit", "t_ready", "t_start", "t_end",
                  "bytes_in", "predicted", "priority", "rank", "assigned", "error", "failure",
-                 "runtime", "after", "callback", "watched", "source", "_fp", "frees")
+                 "runtime", "after", "callback", "watched", "source", "_fp", "frees", "members")
 
     def __init__(self, task_id, codelet, handles, modes, params, t_submit):
         self.id = task_id
@@ -53,6 +56,7 @@ class Task:
         self.source = None          # the last writer of its first read operand (locality)
         self._fp = None             # cached (footprint, size) for the perfmodel
         self.frees = None           # released roots to report when done (Runtime(arenas=False))
+        self.members = None         # the tasks run as this one, in order (a bundle's chain)
 
     def rearm(self, task_id, now):
         """Reset the per-run state for a replay: a fresh id, not ended, no variant, worker,

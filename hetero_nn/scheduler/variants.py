@@ -46,7 +46,6 @@ from __future__ import annotations
 import threading
 
 from ..codelets.pinned import PINNED_VARIANTS
-from .executors.bundle import Bundle
 
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
@@ -134,7 +133,7 @@ class Variants:
 
     def predict(self, task, kind):
         """``(variant, seconds or None)`` the model predicts for ``task`` on ``kind``."""
-        if task.__class__ is Bundle:
+        if task.members is not None:
             return task.predict(self.rt, kind)
         v = self.choose(task, kind)
         pm = self.rt.perfmodel

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ..scheduler.policies.policies import make_policy
 from ..scheduler.policies.list_scheduling import fixed_orders
+from ..scheduler.trace.records import dispatch_gaps
 
 _perf = time.perf_counter
 
@@ -142,10 +143,8 @@ class PathCosts:
         """From real steps on ``path``: ``runs`` holds, per configuration measured, its
         steps as ``(wall seconds, records)``. ``dispatch`` and ``handoff`` are medians
         over every task (:func:`path_costs`; off the compiled path, the median of
-        :func:`~hetero_nn.scheduler.simulate.dispatch_gaps`); ``host`` the median over
+        :func:`~hetero_nn.scheduler.trace.records.dispatch_gaps`); ``host`` the median over
         configurations of their fastest step's wall time less its flushes'."""
-        from .simulate import dispatch_gaps
-
         if path not in PATHS:
             raise ValueError(f"path {path!r}: expected one of {PATHS}")
         records = [r for steps in runs for _, recs in steps for r in recs]

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from ..codelets.codelet import R, SCRATCH
 from ..errors import ConfigError
 from ..scheduler.devices import Worker, parse_devices
+from ..scheduler.trace.records import dispatch_gaps
 from .paths import EnginePlan, engine_serves
 
 _perf = time.perf_counter
@@ -659,29 +660,6 @@ def measured_dispatch(trace) -> float:
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 
-def dispatch_gaps(records, handoffs: bool = False) -> list:
-    """Per task record of a real run, the seconds between the moment it could start (its
-    worker free and its dependencies done) and its start: the runtime's per-task cost
-    besides the codelet (release, wake-up, placement, binding, stream hand-offs).
-
-    ``handoffs``: only the tasks that followed one of their dependencies on its worker
-    (a chain handed on without a wake-up: what fusing the two tasks would save)."""
-    by_id = {r.task_id: r for r in records}
-    last_end = {}
-    last_id = {}
-    gaps = []
-    for r in sorted(records, key=lambda r: r.start):
-        ends = [by_id[d].end for d in r.deps if d in by_id] or [r.ready]  # roots: the flush
-        prev = last_end.get(r.worker)
-        if prev is not None:
-            ends.append(prev)
-        if not handoffs or last_id.get(r.worker) in r.deps:
-            gaps.append(max(0.0, r.start - max(ends)))
-        last_end[r.worker] = max(r.end, prev or r.end)
-        last_id[r.worker] = r.task_id
-    return gaps
-
-
 __all__ = ["Platform", "SimHandle", "SimTask", "StepGraph", "SimulationResult", "MissingModels",
            "capture", "assign_costs", "simulate", "simulate_graph", "format_result",
-           "measured_dispatch", "dispatch_gaps", "DEFAULT_LINKS"]
+           "measured_dispatch", "DEFAULT_LINKS"]

@@ -21,7 +21,7 @@ Policy
    replayed through the executor: the per-task overhead ``dispatch`` is the
    median, over the tasks of those steps, of the time from a task's worker
    being free and its inputs ready to its start
-   (:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`; the median, so that a
+   (:func:`~hetero_nn.scheduler.trace.records.dispatch_gaps`; the median, so that a
    thread the OS preempted does not count as the runtime's cost). Compiled:
    ``dispatch`` and the ``handoff`` of an edge between workers are
    :func:`~hetero_nn.scheduler.paths.path_costs` of those steps. A replayed step's

@@ -79,11 +79,10 @@ import time
 import numpy as np
 
 from ...errors import SubmitError, TaskError
-from ..executors.bundle import Bundle
 from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
 from .segment import CompiledSegment, explore
-from ..trace.views import TaskRecord
+from ..trace.records import TaskRecord
 
 _perf = time.perf_counter
 ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call: no dispatch "
@@ -135,7 +134,7 @@ def param_uses(segments) -> dict:
     uses: dict = {}
     for segment in segments:
         for t, _, _ in segment:
-            for member in (t.members if t.__class__ is Bundle else (t,)):
+            for member in (t.members or (t,)):
                 for key, value in member.params.items():
                     if isinstance(value, (FloatParam, IntParam)):
                         uses.setdefault(value.param_name, []).append((member, key))

@@ -62,7 +62,6 @@ import numpy as np
 from ...codelets.prepared import WorkerBuffers
 from .bound import BoundTransfer, bind_task
 from .data_plan import plan_data
-from ..executors.bundle import Bundle
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
 from ..policies.policies import UNKNOWN_COST
@@ -397,7 +396,7 @@ def _units(segment):
     unit_of = {}
     units, tasks, task_preds, unit_of_task = [], [], [], []
     for t, _, _ in segment:
-        members = t.members if t.__class__ is Bundle else (t,)
+        members = t.members or (t,)
         unit_of[t] = len(units)
         units.append(list(range(len(tasks), len(tasks) + len(members))))
         tasks.extend(members)

@@ -20,7 +20,7 @@ is fused when
   workers: a CUDA worker's launches are already asynchronous).
 
 The overhead is measured as the simulator measures its ``dispatch``
-(:func:`~hetero_nn.scheduler.simulate.dispatch_gaps`), over the graph's last run
+(:func:`~hetero_nn.scheduler.trace.records.dispatch_gaps`), over the graph's last run
 (each task keeps its times until the next replay): per task that followed one of
 its dependencies on the same worker, the time between the end of the one before
 and its start (what a fused link saves: release, placement, binding, record), and
@@ -50,9 +50,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ...simulation.simulate import dispatch_gaps
 from ..task import Task
-from ..trace.views import TaskRecord
+from ..trace.records import TaskRecord, dispatch_gaps
 
 
 class BundleCodelet:
@@ -71,7 +70,7 @@ class BundleCodelet:
 class Bundle(Task):
     """A chain of tasks run as one, in order, on one worker (see the module docstring)."""
 
-    __slots__ = ("members", "failed")
+    __slots__ = ("failed",)
 
     def __init__(self, members, preds, succ):
         first = members[0]
@@ -127,7 +126,7 @@ class Bundle(Task):
 def traced(tasks):
     """``tasks`` with every bundle replaced by its members (what traces record)."""
     for t in tasks:
-        if t.__class__ is Bundle:
+        if t.members is not None:
             yield from t.members
         else:
             yield t
@@ -167,7 +166,7 @@ def graph_overhead(segments) -> float | None:
     records = []
     for segment in segments:
         for t, preds, _ in segment:
-            if not t.t_start or t.worker is None or t.__class__ is Bundle:
+            if not t.t_start or t.worker is None or t.members is not None:
                 return None
             records.append(TaskRecord(t.id, t.codelet.name, t.variant or "", t.worker.name, "",
                                       "", t.t_submit, t.t_ready, t.t_start, t.t_end, 0,

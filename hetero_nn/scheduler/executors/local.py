@@ -74,7 +74,6 @@ import threading
 import time
 
 from ...errors import TaskError
-from .bundle import Bundle
 from ..flush import record_of
 from ..policies.policies import Policy
 from .state import ExecutorState, queued_tasks, task_error
@@ -382,7 +381,7 @@ class LocalExecutor:
                 if state.error is None:
                     state.error = err
                 if self.rt.tracing:  # a success was recorded where it ran
-                    failed_task = task.failed if task.__class__ is Bundle else task
+                    failed_task = task.failed if task.members is not None else task
                     self._records.append(record_of(failed_task))
         except BaseException as exc:
             raise _Fault(f"the end of task {task.id} on worker {w.name}") from exc
@@ -544,7 +543,7 @@ class LocalExecutor:
     def _execute(self, task, w, kind, rt):
         """Run ``task`` on CPU worker ``w``: variant, operands, call, times, model,
         callback."""
-        if task.__class__ is Bundle:  # members run in order, each as a task alone
+        if task.members is not None:  # members run in order, each as a task alone
             task.run(self._execute, w, kind, rt)
             return
         codelet = task.codelet

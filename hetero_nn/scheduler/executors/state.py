@@ -21,7 +21,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ...errors import TaskError
-from .bundle import Bundle
 
 
 @dataclass(eq=False)
@@ -89,7 +88,7 @@ def _some(tasks, n=6) -> str:
 def task_error(task) -> TaskError:
     """The :class:`TaskError` of a task whose codelet raised (a bundle's: the member that
     raised), kept as its ``failure``; its ``error`` becomes the exception's text."""
-    if task.__class__ is Bundle:
+    if task.members is not None:
         task = task.failed  # name the member that raised
     exc = task.error
     err = TaskError(f"task {task.id} (codelet {task.codelet.name!r}, variant "

@@ -29,7 +29,6 @@ import heapq
 import time
 
 from ...errors import TaskError
-from .bundle import Bundle
 from ..flush import record_of
 from .state import task_error
 
@@ -96,7 +95,7 @@ class SyncExecutor:
     def _run_one(self, task):
         w = task.eligible[0]
         task.worker = w
-        if task.__class__ is Bundle:
+        if task.members is not None:
             task.run(lambda m, worker, kind, rt: self._execute(m, worker), w, w.kind, self.rt)
         else:
             self._execute(task, w)
@@ -106,7 +105,7 @@ class SyncExecutor:
             if self.error is None:
                 self.error = err
             if self.rt.tracing:
-                failed = task.failed if task.__class__ is Bundle else task
+                failed = task.failed if task.members is not None else task
                 self.rt._flushes.records.append(record_of(failed))
         task.preds = task.succ = ()  # ran: nothing here keeps the others alive
         task.source = None

@@ -1,7 +1,8 @@
-"""Traces: what ran where and when (:mod:`.views`, the records and their views), the
-bounded buffer a long run streams them through (:mod:`.buffer`), and the Gantt chart
+"""Traces: what ran where and when (:mod:`.records`, the records, and :mod:`.views`,
+the views people read them through), the bounded buffer a long run streams them through (:mod:`.buffer`), and the Gantt chart
 (:mod:`.gantt`)."""
 
-from .views import MemoryRecord, TaskRecord, Trace, TransferRecord
+from .records import MemoryRecord, TaskRecord, TransferRecord, dispatch_gaps
+from .views import Trace
 
-__all__ = ["MemoryRecord", "TaskRecord", "Trace", "TransferRecord"]
+__all__ = ["MemoryRecord", "TaskRecord", "Trace", "TransferRecord", "dispatch_gaps"]

@@ -35,7 +35,7 @@ from collections import deque
 from pathlib import Path
 
 from ...errors import ConfigError
-from .views import TaskRecord, TransferRecord
+from .records import TaskRecord, TransferRecord
 
 __all__ = ["TraceBuffer", "TRACE_FLUSHES", "STREAM_FORMAT", "read_stream", "is_stream"]
 

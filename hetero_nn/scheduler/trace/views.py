@@ -38,13 +38,13 @@ import dataclasses
 import json
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from ...errors import ConfigError
 from ...fileio import atomic_write
 from ...tables import format_table
+from .records import MemoryRecord, TaskRecord, TransferRecord
 
 __all__ = ["MemoryRecord", "TaskRecord", "TransferRecord", "Trace"]
 
@@ -55,78 +55,6 @@ _CHROME_PRODUCER = "hetero_nn"
 # Fill colours for workers in DOT graphs (light enough for black labels).
 _WORKER_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
                    "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
-
-
-@dataclass(slots=True)
-class TaskRecord:
-    """What happened to one executed task.
-
-    Attributes
-    ----------
-    task_id : int
-        The runtime's id of the task.
-    codelet, variant : str
-        What ran (``variant`` e.g. ``"ref"``, ``"cpu"``, ``"cuda:cublas"``).
-    worker : str
-        The worker that ran it (e.g. ``"cpu0"``).
-    device : str
-        Its device kind: ``"cpu"`` or ``"cuda"``.
-    node : str
-        The memory node its operands lived on (e.g. ``"host0"``).
-    submit, ready, start, end : float
-        ``time.perf_counter()`` seconds: known to the runtime, dependencies
-        done, started, finished.
-    bytes_in : int
-        Bytes transferred to ``node`` for this task.
-    deps : tuple of int
-        The task ids this task waited on.
-    error : str or None
-        The exception's text when the codelet raised.
-    """
-
-    task_id: int
-    codelet: str
-    variant: str
-    worker: str
-    device: str
-    node: str
-    submit: float
-    ready: float
-    start: float
-    end: float
-    bytes_in: int = 0
-    deps: tuple = ()
-    error: str | None = None
-
-    @property
-    def duration(self) -> float:
-        """Seconds the task ran."""
-        return self.end - self.start
-
-
-@dataclass(slots=True)
-class TransferRecord:
-    """One copy between memory nodes: ``src -> dst``, ``nbytes``, when it ran (``start``,
-    ``end``: ``time.perf_counter()`` seconds, taken where the copy ran)."""
-
-    src: str
-    dst: str
-    nbytes: int
-    start: float
-    end: float
-
-
-@dataclass(slots=True)
-class MemoryRecord:
-    """One temporary's bytes on one memory node: ``name``, ``node``, ``nbytes``, live from
-    ``start`` to ``end`` (``time.perf_counter()`` seconds; see
-    :mod:`~hetero_nn.scheduler.lifetimes`)."""
-
-    name: str
-    node: str
-    nbytes: int
-    start: float
-    end: float
 
 
 def _natural_key(name: str):
