@@ -7,6 +7,8 @@ import pytest
 import hetero_nn as hn
 from hetero_nn.simulation.paths import (PathCosts, EnginePlan, engine_serves, flush_seconds,
                                        path_costs, step_path)
+from hetero_nn.scheduler.engine.replay import engine_refusal, unavailable
+from hetero_nn.scheduler.policies import POLICIES
 from hetero_nn.simulation.simulate import Platform, _Machine, simulate_graph
 from hetero_nn.scheduler.trace.records import TaskRecord
 from test_simulate import _diamond, _schedule
@@ -35,6 +37,35 @@ def test_the_engine_plan_runs_each_worker_in_its_planned_order():
         assert all(t.start >= p.end for p in t.preds)
     assert engine_serves(Platform(workers={"cpu": 4}))
     assert not engine_serves(Platform(workers={"cpu": 4, "cuda": 1}))
+
+
+def test_the_runtime_and_the_simulator_ask_one_rule_for_the_engine():
+    """engine_serves (the simulator's, ``hetero-nn simulate``, ``granularity="auto"``) is
+    engine_refusal, which the runtime asks too: heft's plan serves CPU and CUDA workers
+    together, a dynamic policy does not."""
+    for policy in POLICIES:
+        with hn.Runtime(devices="cpu:2", policy=policy, trace=False) as rt:
+            assert (unavailable(rt) is None) == engine_serves(Platform.from_devices("cpu:2"),
+                                                              policy)
+        mixed = engine_serves(Platform(workers={"cpu": 2, "cuda": 1}), policy)
+        assert mixed == (policy == "heft")
+        assert mixed == (engine_refusal({"cpu", "cuda"}, policy) is None)
+    assert "several kinds under 'dmda'" in engine_refusal({"cpu", "cuda"}, "dmda")
+
+
+def test_the_engine_plan_runs_heft_s_plan_over_cpu_and_cuda_workers():
+    """With workers of two kinds the engine runs heft's assignment (as a compiled
+    segment does): each task on the worker heft gave it, after its predecessors."""
+    a, b, c, d = _diamond("paths_mixed")
+    for t, cuda in zip((a, b, c, d), (1.0, 0.5, 1.0, 0.5)):
+        t.cost["cuda"] = cuda
+    machine = _Machine(Platform(workers={"cpu": 1, "cuda": 1}), None)
+    plan = EnginePlan(machine, "heft")
+    end = simulate_graph([a, b, c, d], machine, plan, 0.0, 0.0, {})
+    assert end > 0
+    for t in (a, b, c, d):
+        assert t.worker is t.assigned
+        assert all(t.start >= p.end for p in t.preds)
 
 
 def _record(i, worker, start, end, deps=(), submit=0.0):

@@ -134,7 +134,7 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
         if replayed and costs is not None and costs.host is not None:
             host = costs.host
         steps[-1].submit_seconds = host
-        engine = replayed and engine_serves(platform) and (costs is None or
+        engine = replayed and engine_serves(platform, policy) and (costs is None or
                                                            costs.path == "compiled")
         return simulate(steps[-2:], platform, policy, rt,
                         dispatch=costs.dispatch if costs else 0.0,

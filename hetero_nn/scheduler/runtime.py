@@ -139,7 +139,8 @@ class Runtime:
     replay_engine : str
         ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
         schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
-        where the runtime allows it (local executor, CPU workers, one memory node);
+        where the runtime allows it (local executor, workers of one kind or ``heft``:
+        :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`);
         ``"executor"``: replays go through the executor and policy as flushes do.
 
     Examples

@@ -26,6 +26,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..scheduler.engine.replay import engine_refusal, unavailable
 from ..scheduler.policies.policies import make_policy
 from ..scheduler.policies.list_scheduling import fixed_orders
 from ..scheduler.trace.records import dispatch_gaps
@@ -33,10 +34,12 @@ from ..scheduler.trace.records import dispatch_gaps
 _perf = time.perf_counter
 
 
-def engine_serves(platform) -> bool:
-    """Whether the compiled replay engine would run steps on ``platform`` (CPU workers
-    only, so one memory node): :func:`~hetero_nn.scheduler.replay.unavailable`'s rule."""
-    return not any(n for kind, n in platform.workers.items() if kind != "cpu")
+def engine_serves(platform, policy="eager") -> bool:
+    """Whether the compiled replay engine would run steps on ``platform`` under
+    ``policy`` (the runtime's default: ``eager``): :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`, the rule the
+    runtime asks too (workers of one kind, or ``heft``'s plan over several)."""
+    kinds = {kind for kind, n in platform.workers.items() if n}
+    return engine_refusal(kinds, policy) is None
 
 
 class EnginePlan:
@@ -61,10 +64,16 @@ class EnginePlan:
         kind = self.workers[0].kind
         if self.heft is not None:
             self.heft.prepare(graph)
-        _, orders = fixed_orders(
-            preds, len(self.workers), lambda: [t.cost[kind] for t in graph],
-            [t.assigned.index for t in graph] if self.heft is not None else None,
-            [t.rank for t in graph])
+        if len({w.kind for w in self.workers}) > 1:  # heft's plan, as the engine's segment
+            assigned = [t.assigned.index for t in graph]  # (else its tasks in submission order)
+            _, orders = fixed_orders(preds, len(self.workers), None, assigned,
+                                     [t.rank for t in graph],
+                                     fallback=(assigned, [-u for u in range(len(graph))]))
+        else:
+            _, orders = fixed_orders(
+                preds, len(self.workers), lambda: [t.cost[kind] for t in graph],
+                [t.assigned.index for t in graph] if self.heft is not None else None,
+                [t.rank for t in graph])
         self._orders = {w: [graph[u] for u in reversed(order)]
                         for w, order in zip(self.workers, orders)}
         self._ready = set()
@@ -168,8 +177,6 @@ class PathCosts:
 def step_path(trainer) -> str:
     """The path ``trainer``'s training steps run on: its step cache's replay rule, then
     whether its runtime's replay engine serves them."""
-    from ..scheduler.engine.replay import unavailable
-
     if not trainer.step_cache.replays(trainer.optimizer.replay_key()):
         return "submitted"
     return "compiled" if unavailable(trainer.runtime) is None else "replayed"

@@ -568,8 +568,9 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
     without a model; with ``partial``, only when a task has no model on any kind of
     the platform (the others then run it where it has one). ``engine``: the graphs
     run as the compiled replay engine runs them (the module docstring), ``handoff``
-    seconds per edge between workers; a platform the engine does not serve (CUDA
-    workers) is simulated under the policy. ``fallback``, ``models``: see
+    seconds per edge between workers; a platform the engine does not serve under
+    ``policy`` (:func:`~hetero_nn.simulation.paths.engine_serves`: workers of several
+    kinds under a dynamic policy) is simulated under the policy. ``fallback``, ``models``: see
     :func:`assign_costs`; the result's ``predicted_by`` says how each kind's tasks were
     predicted.
     """
@@ -582,7 +583,7 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
     if missing and not (partial and all(t.cost for graph in graphs for t in graph)):
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
-    engine = engine and engine_serves(platform)
+    engine = engine and engine_serves(platform, policy)
     pol = EnginePlan(machine, policy) if engine else make_policy(policy, machine)
     if not engine:
         handoff = 0.0

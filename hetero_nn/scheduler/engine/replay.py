@@ -3,7 +3,7 @@ compiled dispatch loop.
 
 Policy
 ------
-``graph.replay()`` on a runtime the engine serves (:func:`unavailable` says which:
+``graph.replay()`` on a runtime the engine serves (:func:`engine_refusal` says which:
 the local executor, with workers of one kind or under ``heft``) runs each recorded
 flush (*segment*) as follows. At the first replay, and once more after the first one
 measured its own tasks (one memory node), the segment is *compiled*
@@ -90,17 +90,32 @@ ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call:
 
 
 def unavailable(rt) -> str | None:
-    """Why ``rt``'s replays cannot use the engine, or None when they can."""
-    if getattr(rt, "replay_engine", "compiled") != "compiled":
-        return f"replay_engine={rt.replay_engine!r}"
-    if rt.executor_name != "local":
-        return f"the {rt.executor_name!r} executor runs graphs as Dask graphs"
-    if not getattr(rt, "arenas", True):  # scheduler/lifetimes.py
+    """Why ``rt``'s replays cannot use the engine, or None when they can
+    (:func:`engine_refusal` on the runtime's settings)."""
+    return engine_refusal({w.kind for w in rt.workers}, rt.policy_name, rt.executor_name,
+                          getattr(rt, "replay_engine", "compiled"), getattr(rt, "arenas", True),
+                          None if type(rt.executor) is LocalExecutor
+                          else type(rt.executor).__name__)
+
+
+def engine_refusal(kinds, policy, executor="local", replay_engine="compiled", arenas=True,
+                   replaced=None) -> str | None:
+    """The one rule for which path serves replays: why the compiled engine would not run
+    the steps of a runtime with workers of ``kinds`` under ``policy`` (and the other
+    settings of :class:`~hetero_nn.scheduler.runtime.Runtime`; ``replaced``: the class name
+    of an executor put in the local one's place), or None when it would.
+    The runtime asks it (:func:`unavailable`) and so does the simulator
+    (:func:`~hetero_nn.simulation.paths.engine_serves`)."""
+    if replay_engine != "compiled":
+        return f"replay_engine={replay_engine!r}"
+    if executor != "local":
+        return f"the {executor!r} executor runs graphs as Dask graphs"
+    if not arenas:  # scheduler/lifetimes.py
         return "arenas=False: per-task allocation makes each step's arrays, bound once here"
-    if type(rt.executor) is not LocalExecutor:
-        return f"the executor was replaced ({type(rt.executor).__name__})"
-    if len({w.kind for w in rt.workers}) > 1 and rt.policy_name != "heft":
-        return (f"workers of several kinds under {rt.policy_name!r}: a dynamic policy places "
+    if replaced is not None:
+        return f"the executor was replaced ({replaced})"
+    if len(set(kinds)) > 1 and policy != "heft":
+        return (f"workers of several kinds under {policy!r}: a dynamic policy places "
                 "each replay's tasks as they get ready (heft plans them once)")
     if not HAVE_CLOCK:
         return "no clock_gettime on this platform"

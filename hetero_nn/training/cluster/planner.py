@@ -164,7 +164,7 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
     machine = platform.machine(0)
     sim_platform = machine.platform(platform.dispatch, cpu_workers)
     path = {"dispatch": costs.dispatch, "handoff": costs.handoff,
-            "engine": costs.path == "compiled" and engine_serves(sim_platform)}
+            "engine": costs.path == "compiled" and engine_serves(sim_platform, policy)}
     network = platform.network
     itemsize = np.dtype(dtype).itemsize
     steps, rt = capture_share(model, shape, batch, granularity, ranks, 0, dtype, perfmodel,
