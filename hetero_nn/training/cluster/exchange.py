@@ -73,6 +73,7 @@ import time
 import numpy as np
 
 from ...codelets.codelet import RW, R, W, Codelet
+from ...errors import HeteroNNError
 
 __all__ = ["tree_ops", "Exchange", "GroupBroken", "SCATTER_MIN_BYTES", "BUCKET_BYTES"]
 
@@ -88,7 +89,7 @@ WAIT_LIMIT = 600.0
 _perf = time.perf_counter
 
 
-class GroupBroken(RuntimeError):
+class GroupBroken(HeteroNNError, RuntimeError):
     """A reduction cannot complete: a rank of the group is gone, or the step was aborted."""
 
 

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from ...arena.handle import Handle
+from ...errors import HeteroNNError
 from ...layers.base import Parameter
 
 __all__ = ["partition_starts", "blocks", "DatasetBatch", "rank_spec", "run_state",
@@ -158,7 +159,7 @@ def scatter(client, value, grace):
 # The client's links
 # ---------------------------------------------------------------------------------------
 
-class RankLost(Exception):
+class RankLost(HeteroNNError, RuntimeError):
     """Ranks (endpoint addresses in ``addresses``) that cannot answer: link closed,
     worker gone, or an answer that says a peer was lost."""
 
