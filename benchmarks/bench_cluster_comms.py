@@ -8,7 +8,7 @@ client), with a payload of 8 B, 64 KiB and 1 MiB (a float32 array each way):
 - ``client->actor``: an actor method call from the client (``actor.echo(x).result()``);
 - ``actor->actor``: an actor method on worker A calling one on worker B;
 - ``queue``: ``distributed.Queue`` put/get both ways (through the scheduler);
-- ``comm``: :class:`hetero_nn.training.endpoint.Endpoint`, persistent TCP comms of
+- ``comm``: :class:`hetero_nn.training.cluster.endpoint.Endpoint`, persistent TCP comms of
   ``distributed.comm`` between the two workers (what the cluster path uses).
 
 Prints the median and the 90th percentile round trip per way and payload, in

@@ -4,9 +4,9 @@ For LeNet-5 (1x28x28) and cifar-small (3x32x32), batches 64 and 256, and
 ``--cluster local:1`` and ``local:2`` (one core per worker, ``--granularity`` partitions
 per worker): calibrates the performance models on each worker's share (real steps on
 ``cpu:1``, every variant explored), measures this machine's links between processes
-(:func:`hetero_nn.training.planner.measure_network`), predicts the step
-(:func:`hetero_nn.training.planner.predict_cluster_step` on
-:func:`~hetero_nn.training.planner.local_platform`), and measures it (median of
+(:func:`hetero_nn.training.cluster.planner.measure_network`), predicts the step
+(:func:`hetero_nn.training.cluster.planner.predict_cluster_step` on
+:func:`~hetero_nn.training.cluster.planner.local_platform`), and measures it (median of
 ``--steps`` real steps after 4 of warm-up). Goal: every prediction within 20%.
 
 Example (several minutes on 2 idle cores)::

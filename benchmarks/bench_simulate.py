@@ -7,7 +7,7 @@ calibration run fills the models (every variant explored) and measures the runti
 per-task dispatch cost, a measurement run times ``--steps`` real steps (median, after
 warm-up) and measures the costs of the path they ran on (submitted, replayed through the
 executor, or the compiled replay engine: its per-task cost, its handoff between workers
-and the replay's host time; ``hetero_nn.scheduler.paths``), and the simulator predicts the
+and the replay's host time; ``hetero_nn.simulation.paths``), and the simulator predicts the
 step from the captured graph with those costs. The models live in a temporary cache
 (``HETERO_NN_CACHE``) unless ``--cache`` names one. The goal (issue 16): LeNet-5 and
 cifar-small predicted within 15% of measured on ``cpu:2``.

@@ -4,7 +4,7 @@ The goal (issue 19): over 20,000 ``dahl-basic`` steps with the default ``Runtime
 (trace on, the default performance models) and a ``Trainer`` driven from Python,
 the resident set grows by at most 2 MiB after the first 100 steps. What could grow
 is bounded by design: the trace keeps the last ``TRACE_FLUSHES`` flushes
-(:mod:`hetero_nn.scheduler.trace_buffer`), the trainer's step cache holds captured
+(:mod:`hetero_nn.scheduler.trace.buffer`), the trainer's step cache holds captured
 graphs up to a byte budget, performance models hold one entry per footprint.
 
 The run: ``hn.Runtime()`` as a user writes it, ``hn.Trainer(model, runtime=rt,

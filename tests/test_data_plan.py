@@ -2,7 +2,7 @@
 
 With ``host_nodes`` > 1, or CPU workers beside (emulated) CUDA devices, a replayed
 segment's copies between nodes are planned at compile time
-(``hetero_nn/scheduler/data_plan.py``): its CPU tasks bind to fixed replicas and run
+(``hetero_nn/scheduler/engine/data_plan.py``): its CPU tasks bind to fixed replicas and run
 compiled, the copies run as units of their own (compiled between host nodes, on the
 device's stream otherwise), and the coherence state after a replay is what submitted
 tasks would have left. The random handle programs of ``test_replay_engine.py`` run on

@@ -1,4 +1,4 @@
-"""Reductions between ranks (hetero_nn.training.exchange) against one process's REDUX tree.
+"""Reductions between ranks (hetero_nn.training.cluster.exchange) against one process's REDUX tree.
 
 Each rank is a Runtime of its own with a real Endpoint (TCP on localhost) in one
 test process, its thread submitting its partitions' contributions as a layer would,

@@ -1,4 +1,4 @@
-"""The Gantt chart stays readable from 1 to 32 workers and 60 codelets (hetero_nn/scheduler/gantt.py).
+"""The Gantt chart stays readable from 1 to 32 workers and 60 codelets (hetero_nn/scheduler/trace/gantt.py).
 
 Readable, as checked on the drawn figure: no matplotlib warning; every worker row at
 least a quarter of an inch high, its label clear of its neighbours'; the legend beside

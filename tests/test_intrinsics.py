@@ -1,4 +1,4 @@
-"""The replay engine's intrinsics, each alone (``hetero_nn.scheduler.intrinsics``).
+"""The replay engine's intrinsics, each alone (``hetero_nn.scheduler.engine.intrinsics``).
 
 Atomics under two threads that release the interpreter lock, the futex wait and
 wake (with their timeout), the clock against ``time.perf_counter``, an indirect

@@ -1,4 +1,4 @@
-"""The paths a step runs on (``hetero_nn.scheduler.paths``): the engine's schedule in the
+"""The paths a step runs on (``hetero_nn.simulation.paths``): the engine's schedule in the
 simulator, with its handoff between workers, and the costs measured from real records."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (training/pipeline.py): GPipe and 1F1B bit-identical to the same
+"""Pipeline parallelism (training/pipeline/stages.py): GPipe and 1F1B bit-identical to the same
 training without a pipeline at the same granularity (LeNet-5 and resnet-small, float64,
 2 and 3 stages), every stage's tasks on its workers (CPU and emulated GPU), the
 schedule's order on each stage, the balanced cut, the bubble from the trace, and one-line

@@ -1,4 +1,4 @@
-"""Pipeline stages across Dask workers (training/stage_rank.py, stage_cluster.py): one stage
+"""Pipeline stages across Dask workers (training/pipeline/stage_rank.py, stage_cluster.py): one stage
 per worker process, activations and gradients sent point to point; GPipe and 1F1B
 bit-identical to a local ``cpu:1`` trainer without a pipeline at the same granularity
 (LeNet-5 and resnet-small, float64, 2 and 3 stages), the state pulled back from every stage, the bubble

@@ -1,4 +1,4 @@
-"""``pipeline_schedule="pipedream"`` (training/pipeline.py): PipeDream's asynchronous
+"""``pipeline_schedule="pipedream"`` (training/pipeline/stages.py): PipeDream's asynchronous
 schedule with weight stashing, an update per micro-batch. Checked against an
 independent PyTorch implementation of the same algorithm (every stage's weight
 versions kept by hand, ``torch.func.functional_call``), replayed against submitted,

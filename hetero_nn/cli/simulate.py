@@ -1,7 +1,7 @@
 """``hetero-nn simulate``: predict a training step's time on a described platform.
 
 This module owns the command and the glue between a built-in model's training step and the
-simulator (:mod:`hetero_nn.scheduler.simulate`): it builds the model and a
+simulator (:mod:`hetero_nn.simulation.simulate`): it builds the model and a
 :class:`~hetero_nn.training.trainer.Trainer` exactly as ``hetero-nn train`` does,
 captures the graphs one ``train_step`` flushes (without running them), and
 replays them on a platform (this machine's ``--devices``, or ``--platform
@@ -68,7 +68,7 @@ def measure_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2
                  devices="cpu:1", policy="dmda", dtype="float32", steps=12, warmup=4,
                  calibrate=False, perfmodel=None):
     """Run real training steps; returns ``(median step seconds, PathCosts)``: the costs of
-    the path the steps ran on (:mod:`hetero_nn.scheduler.paths`). With ``calibrate`` the
+    the path the steps ran on (:mod:`hetero_nn.simulation.paths`). With ``calibrate`` the
     runtime explores every variant (StarPU's calibration)."""
     from ..scheduler.runtime import Runtime
 
@@ -90,7 +90,7 @@ def calibrate(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2,
               devices="cpu:1", policy="dmda", dtype="float32", steps=8, perfmodel=None):
     """Fill the models a step needs: real steps on each device kind of ``devices`` alone
     (every task of the step then runs, and is measured, on that kind), exploring every
-    variant. Returns the costs measured (:class:`~hetero_nn.scheduler.paths.PathCosts`:
+    variant. Returns the costs measured (:class:`~hetero_nn.simulation.paths.PathCosts`:
     the path of the first kind's steps, the medians over kinds)."""
     measured = [measure_step(model, shape, batch_size, granularity, spec, policy, dtype,
                              steps=max(steps, 4), warmup=3, calibrate=True,
@@ -114,7 +114,7 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
                   platform: Platform | None = None, devices="cpu:1", policy="dmda",
                   dtype="float32", costs: PathCosts | None = None, perfmodel=None):
     """Capture a training step's graphs and replay them on ``platform`` (default: the
-    workers of ``devices``); returns a :class:`~hetero_nn.scheduler.simulate.SimulationResult`.
+    workers of ``devices``); returns a :class:`~hetero_nn.simulation.simulate.SimulationResult`.
 
     ``costs``: the measured costs of the path the steps run on (dispatch per task; on
     the compiled path, the handoff between workers and the replay's host time); none:
@@ -233,7 +233,7 @@ def command(args) -> int:
 
 def cluster_command(args, shape) -> int:
     """``--cluster-workers``: the cluster path's step on each worker count, by
-    :mod:`hetero_nn.training.planner`; with ``--measure``, real steps on ``local:N`` beside."""
+    :mod:`hetero_nn.training.cluster.planner`; with ``--measure``, real steps on ``local:N`` beside."""
     from ..training.cluster.planner import (format_scaling, local_platform, measure_cluster_step,
                                     scaling, shares)
 

@@ -14,7 +14,7 @@ task's kernels. Every copy between nodes is traced per link and fed to the
 transfer model, from the thread where it ran (a stream's thread for a device).
 
 Copies go to the runtime's trace (``rt._trace``, a bounded
-:class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer`) as ``TransferRecord``.
+:class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer`) as ``TransferRecord``.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ are *step parameters* (:meth:`Graph.param`, ``replay(name=value)``).
 
 Two engines run replays. Where the runtime allows it (local executor, CPU
 workers, one memory node; ``Runtime(replay_engine=...)``), the replay engine of
-:mod:`~hetero_nn.scheduler.replay`: bound tasks on fixed worker schedules, each
+:mod:`~hetero_nn.scheduler.engine.replay`: bound tasks on fixed worker schedules, each
 worker's share in one compiled loop. Elsewhere the executor: the same task
 objects run again (only their per-run state reset), a static policy (``heft``)
 keeping the plan it made at capture, and before its second replay a graph fuses
 its chains of small tasks into bundles (``fuse_chains``;
-:mod:`~hetero_nn.scheduler.bundle`). The engine leaves that fusion nothing to
+:mod:`~hetero_nn.scheduler.executors.bundle`). The engine leaves that fusion nothing to
 save (one indirect call per task) and runs bundles made explicitly member by
 member on one worker.
 
@@ -35,7 +35,7 @@ once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
 ``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
 graphs bounds (the replay engine's scratch buffers are the runtime's, shared by its
 graphs); ``_params``: the declared step parameters; ``_compiled``: the engine's
-:class:`~hetero_nn.scheduler.replay.CompiledGraph` (made at the first replay it runs).
+:class:`~hetero_nn.scheduler.engine.replay.CompiledGraph` (made at the first replay it runs).
 """
 
 from __future__ import annotations
@@ -193,8 +193,8 @@ class Graph:
 
     def fuse_chains(self, overhead=None):
         """Fuse the chains of tasks predicted below the per-task overhead into bundles
-        (:mod:`~hetero_nn.scheduler.bundle`); returns and keeps the decision as
-        :attr:`bundles` (a :class:`~hetero_nn.scheduler.bundle.BundleReport`).
+        (:mod:`~hetero_nn.scheduler.executors.bundle`); returns and keeps the decision as
+        :attr:`bundles` (a :class:`~hetero_nn.scheduler.executors.bundle.BundleReport`).
 
         ``overhead``: seconds per task to compare with; by default the overhead
         measured over the graph's last run. Decided once: a second call is refused.

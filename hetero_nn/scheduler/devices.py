@@ -81,7 +81,7 @@ class Worker:
     and bookkeeping for it, and whether it sleeps (``idle``, read by policies).
 
     What the executor knows of its tasks (running, completed on its stream) is the
-    executor's :class:`~hetero_nn.scheduler.local.ExecutorState`."""
+    executor's :class:`~hetero_nn.scheduler.executors.local.ExecutorState`."""
 
     __slots__ = ("index", "name", "kind", "node", "queue", "cond", "idle", "thread", "stream",
                  "queued_work", "running_end", "busy", "device", "last_end")

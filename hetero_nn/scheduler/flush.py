@@ -40,7 +40,7 @@ flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
 generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
 recorded, or None. ``records``: the trace records of the flush's tasks, as tuples
 (the local and sync executors append each as its task ends); at the flush's end they
-go to the runtime's bounded :class:`~hetero_nn.scheduler.trace_buffer.TraceBuffer`
+go to the runtime's bounded :class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer`
 (``rt._trace``) as one unit. ``memory``: per flush run as one DAG, its temporaries'
 lifetimes (trace memory records), as many flushes as the trace buffer keeps.
 """

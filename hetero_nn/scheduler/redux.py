@@ -22,7 +22,7 @@ codelet, the ``<name>.redux`` codelet (``RW``, ``R``) that runs its ``redux``.
 ``across``: None, or a callable ``across(handle, partials)`` that submits the
 combination of the trees pending on a handle instead of the local tree (a cluster
 worker reduces its partitions' partials with those of the other workers, see
-:mod:`hetero_nn.training.exchange`); set by :meth:`Runtime.combining_with`.
+:mod:`hetero_nn.training.cluster.exchange`); set by :meth:`Runtime.combining_with`.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ points. One module per concern, this one only wiring them together:
 - :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
   DAG, generations, trace records);
 - :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`), and
-  :mod:`~hetero_nn.scheduler.replay`, the engine replays run on;
-- executors (:mod:`~hetero_nn.scheduler.local`,
-  :mod:`~hetero_nn.scheduler.dask_executor`) and policies
+  :mod:`~hetero_nn.scheduler.engine.replay`, the engine replays run on;
+- executors (:mod:`~hetero_nn.scheduler.executors.local`,
+  :mod:`~hetero_nn.scheduler.executors.dask`) and policies
   (:mod:`~hetero_nn.scheduler.policies`).
 
 A submission checks its operands, infers its dependencies from its non-REDUX
@@ -42,7 +42,7 @@ The components above (``_handles``, ``_dependencies``, ``_reductions``,
 ``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
 codelet -> the workers with a variant for it; ``_ids``: task ids in submission
 order; ``_lock``: the executor's lock (policies, queues, releases);
-``_engine``: the replay engine's threads (:mod:`~hetero_nn.scheduler.replay`);
+``_engine``: the replay engine's threads (:mod:`~hetero_nn.scheduler.engine.replay`);
 ``_closed``.
 """
 
@@ -138,7 +138,7 @@ class Runtime:
         baseline).
     replay_engine : str
         ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
-        schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
+        schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.engine.replay`)
         where the runtime allows it (local executor, workers of one kind or ``heft``:
         :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`);
         ``"executor"``: replays go through the executor and policy as flushes do.

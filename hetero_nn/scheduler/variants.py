@@ -38,7 +38,7 @@ runs not yet given to the model; ``_warm``: the (codelet, variant, footprint) wh
 warm-up run was seen; ``pinned``: kind -> {codelet: variant} for the codelets with
 one candidate, which executors read instead of calling :meth:`Variants.choose`. The model itself is the
 runtime's ``perfmodel`` (read at each use: it may be swapped, as
-:mod:`hetero_nn.granularity` does).
+:mod:`hetero_nn.training.granularity` does).
 """
 
 from __future__ import annotations

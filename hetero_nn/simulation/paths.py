@@ -3,7 +3,7 @@
 A training step runs on one of three paths: *submitted* (tasks inferred,
 placed by the policy and released one by one by the executor), *replayed
 through the executor* (the same without submission), or *compiled* (the replay
-engine of :mod:`~hetero_nn.scheduler.replay`: fixed schedules, a compiled loop
+engine of :mod:`~hetero_nn.scheduler.engine.replay`: fixed schedules, a compiled loop
 per worker). Predictions (``granularity="auto"``, ``hetero-nn simulate``) hold
 only with the costs of the path that will run, measured on it:
 

@@ -1,7 +1,7 @@
 """Platforms of several machines, and devices described by their datasheets.
 
 This module owns what ``hetero-nn simulate --platform FILE`` reads beyond the
-one-machine :class:`~hetero_nn.scheduler.simulate.Platform`: a
+one-machine :class:`~hetero_nn.simulation.simulate.Platform`: a
 :class:`ClusterPlatform` is machines (each with CPU cores and GPUs of named
 devices, its memory and the links inside it) and the network between them; a
 :class:`Device` is a processor described by datasheet figures -- peak FLOP/s per
@@ -278,7 +278,7 @@ def load_platform(path) -> ClusterPlatform:
 
 
 def roofline_costs(machine: Machine):
-    """The ``fallback`` of :func:`~hetero_nn.scheduler.simulate.simulate` for ``machine``:
+    """The ``fallback`` of :func:`~hetero_nn.simulation.simulate.simulate` for ``machine``:
     ``(seconds, "roofline")`` of a task on the device of a kind, or None when the
     device has no datasheet figures (a device of this host's models)."""
     devices = machine.devices()

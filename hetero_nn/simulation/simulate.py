@@ -27,14 +27,14 @@ Paths: a step runs on one of three paths, each with its own per-task cost
 (:func:`path_costs`, measured from real records of that path): *submitted*
 (the executor under the policy, tasks released one by one), *replayed through
 the executor* (the same, minus submission), and *compiled* (the replay engine of
-:mod:`~hetero_nn.scheduler.replay`). For the compiled path (``engine=True``) the
+:mod:`~hetero_nn.scheduler.engine.replay`). For the compiled path (``engine=True``) the
 tasks do not go through the policy: each graph runs on the engine's fixed
-schedule (``heft``'s plan, else :func:`~hetero_nn.scheduler.schedule.plan` on the
+schedule (``heft``'s plan, else :func:`~hetero_nn.scheduler.policies.list_scheduling.plan` on the
 predicted costs, as the engine plans), a task costs ``dispatch`` (the loop's
 per-task cost) plus its run time, and one whose last predecessor to finish ran
 on another worker starts ``handoff`` seconds after it (the counter seen, a
 sleeping worker woken). The host's time per step is then the replay's own
-(writing the batch, the replay call, reading the loss). :mod:`~hetero_nn.scheduler.paths`
+(writing the batch, the replay call, reading the loss). :mod:`~hetero_nn.simulation.paths`
 measures those costs.
 """
 
@@ -72,7 +72,7 @@ class Platform:
     ``dispatch``: seconds the runtime spends per task besides the codelet
     (``None``: the measured value, else 0). ``measured``: ``{kind: False}`` for the
     kinds whose devices this host's measurements do not describe (a datasheet's
-    device: :mod:`~hetero_nn.scheduler.platforms`), which only a ``fallback``
+    device: :mod:`~hetero_nn.simulation.platforms`), which only a ``fallback``
     predicts: the platform's own (``fallback``: its devices' rooflines) or
     :func:`simulate`'s.
     """
@@ -103,7 +103,7 @@ class Platform:
         doc = read_platform_file(path)
         if "machines" in doc:
             raise ConfigError(f"--platform {path}: a platform of machines; read it with "
-                              "hetero_nn.scheduler.platforms.load_platform")
+                              "hetero_nn.simulation.platforms.load_platform")
         try:
             workers = {str(k): int(v) for k, v in doc.get("workers", {"cpu": 1}).items()}
             links = {str(k): (float(v["latency"]), float(v["bandwidth"]))

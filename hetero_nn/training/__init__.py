@@ -3,12 +3,12 @@
 This package owns the :class:`Trainer` (the epoch loop, :mod:`.trainer`), its step
 cache with the one replay rule (:mod:`.step_cache`), the batch loader
 (:mod:`.loader`), the run's progress (:mod:`.progress`), checkpoints
-(:mod:`.checkpoint`), the ``granularity="auto"`` decision (:mod:`.granularity`) and
-data-parallel training over Dask (:mod:`.cluster`, with :mod:`.group`, :mod:`.rank`,
-:mod:`.exchange`, :mod:`.endpoint`, :mod:`.cluster_io`, and its simulation,
-:mod:`.planner`), and pipelines (:mod:`.pipeline`; across Dask workers,
-:mod:`.stage_cluster` and :mod:`.stage_rank`). It builds on layers, the scheduler
-and the optimizers, and knows nothing of argument parsing (that is :mod:`hetero_nn.cli`).
+(:mod:`.checkpoint`), the ``granularity="auto"`` decision (:mod:`.granularity`),
+data-parallel training over Dask (:mod:`.cluster`: the client, the group of workers,
+the ranks, the reductions between them, their messages, and the cluster's simulation)
+and pipelines (:mod:`.pipeline`: the stages, PipeDream, and the stages across Dask
+workers). It builds on layers, the scheduler, the simulator and the optimizers, and
+knows nothing of argument parsing (that is :mod:`hetero_nn.cli`).
 """
 
 from . import checkpoint

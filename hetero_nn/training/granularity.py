@@ -16,7 +16,7 @@ Policy
    first step of each candidate (capture, compilation: Numba compiles once per
    signature, first touch of the memory) feeds neither the models nor the
    overhead. The other steps run on the path the trained steps will run on
-   (:mod:`~hetero_nn.scheduler.paths`: submitted, replayed through the executor,
+   (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
    or compiled by the replay engine), and give that path's costs. Submitted or
    replayed through the executor: the per-task overhead ``dispatch`` is the
    median, over the tasks of those steps, of the time from a task's worker
@@ -24,13 +24,13 @@ Policy
    (:func:`~hetero_nn.scheduler.trace.records.dispatch_gaps`; the median, so that a
    thread the OS preempted does not count as the runtime's cost). Compiled:
    ``dispatch`` and the ``handoff`` of an edge between workers are
-   :func:`~hetero_nn.scheduler.paths.path_costs` of those steps. A replayed step's
+   :func:`~hetero_nn.simulation.paths.path_costs` of those steps. A replayed step's
    host time (writing the batch, the replay call, reading the loss) is the
    smallest, per candidate, of a step's wall time less its flushes'
-   (:func:`~hetero_nn.scheduler.paths.flush_seconds`), the median over candidates.
+   (:func:`~hetero_nn.simulation.paths.flush_seconds`), the median over candidates.
 3. *Prediction*: the graph a step submits at that candidate is captured without
    running it and replayed in virtual time on the runtime's workers
-   (:func:`~hetero_nn.scheduler.simulate.simulate`), with run times from the
+   (:func:`~hetero_nn.simulation.simulate.simulate`), with run times from the
    performance model: under the runtime's policy with ``dispatch`` per task, or,
    on the compiled path, on the engine's fixed schedule with ``dispatch`` and
    ``handoff``. A step the trainer replays (the step cache's rule,

@@ -117,7 +117,7 @@ class Trainer:
         Cut the model into stages, each on its own workers (``stage_devices``, e.g.
         ``["cpu:1", "cuda-emu:1"]``; default: the runtime's workers in equal groups), the
         partitions as micro-batches, ordered by ``pipeline_schedule`` (``"1f1b"``, ``"gpipe"``:
-        bit-identical weights; ``"pipedream"``: asynchronous). See :mod:`.pipeline`.
+        bit-identical weights; ``"pipedream"``: asynchronous). See :mod:`.pipeline.stages`.
 
     Examples
     --------
@@ -172,7 +172,7 @@ class Trainer:
             self.config: dict = {}
             #: The EnergyMeter ``fit`` reads per epoch (made at the first ``fit``).
             self.energy = None
-            #: The stages of ``pipeline=`` (a :class:`~hetero_nn.training.pipeline.Pipeline`).
+            #: The stages of ``pipeline=`` (a :class:`~hetero_nn.training.pipeline.stages.Pipeline`).
             self.pipeline = make_pipeline(model, pipeline, stage_devices, pipeline_schedule,
                                           cluster)
             self.cluster = None

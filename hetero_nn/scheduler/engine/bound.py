@@ -14,21 +14,21 @@ it on:
   operand as one of the worker's buffers;
 - its calls (:func:`~hetero_nn.codelets.prepared.calls_of`): the ``init`` of each
   ``REDUX`` partial, then the variant's own, each a
-  :class:`~hetero_nn.scheduler.trampoline.CompiledCall`. A task whose variant or
+  :class:`~hetero_nn.scheduler.engine.trampoline.CompiledCall`. A task whose variant or
   ``init`` has no calls (NumPy code), or whose arguments no trampoline can
   carry, keeps ``calls = None`` and runs as Python (:meth:`BoundTask.run_python`);
 - the performance model's key (codelet, variant, kind, footprint, size).
 
 A replay then runs a compiled task by its calls' trampolines alone; parameters
-declared as step parameters (:mod:`~hetero_nn.scheduler.replay`) are the only
+declared as step parameters (:mod:`~hetero_nn.scheduler.engine.replay`) are the only
 thing that may change, and :meth:`BoundTask.rebind` prepares the task again
 when they do.
 
 On a runtime with several memory nodes the segment's data plan
-(:mod:`~hetero_nn.scheduler.data_plan`) fixes the copies between nodes, so a task
+(:mod:`~hetero_nn.scheduler.engine.data_plan`) fixes the copies between nodes, so a task
 binds to the replicas on its worker's node as on one node (a device worker's replicas
 and ``SCRATCH`` buffers allocated on its device, its tasks launched on its stream by
-:meth:`~hetero_nn.scheduler.segment.CompiledSegment.run_stream_share`), and each
+:meth:`~hetero_nn.scheduler.engine.segment.CompiledSegment.run_stream_share`), and each
 planned copy is a :class:`BoundTransfer`. Where no plan can be made, a task is bound
 *dynamic*: its variant only, its operands acquired on its node at every run
 (``Runtime.bind``), so it runs as Python.
@@ -154,7 +154,7 @@ def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
 
 
 class BoundTransfer:
-    """A planned copy between memory nodes (:class:`~hetero_nn.scheduler.data_plan.Transfer`)
+    """A planned copy between memory nodes (:class:`~hetero_nn.scheduler.engine.data_plan.Transfer`)
     bound for the worker that runs it: host to host, one compiled copy per pair (its
     ``calls``); to or from a device, enqueued on the device's stream (:meth:`enqueue`,
     by the device worker's share). Shares the attributes the engine reads of a

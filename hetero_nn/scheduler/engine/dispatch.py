@@ -2,7 +2,7 @@
 
 Policy
 ------
-A worker's share is its tasks in a fixed order (:mod:`~hetero_nn.scheduler.schedule`).
+A worker's share is its tasks in a fixed order (:mod:`~hetero_nn.scheduler.policies.list_scheduling`).
 :func:`run_compiled` runs them from a given position without the interpreter lock
 (``nogil``): for each task it first waits for its predecessors that run on other
 workers, then, if the task is compiled, stamps its start, calls each of its
@@ -32,7 +32,7 @@ of its own, a waiter spins ``SPIN_NS`` (100 us): it takes nothing from anyone. W
 workers outnumber the cores, a spinning worker would take the core of the one it waits
 for, so it spins ``SHORT_SPIN_NS`` (10 us) and sleeps.
 
-State of one share (arrays, built by :mod:`~hetero_nn.scheduler.replay`)
+State of one share (arrays, built by :mod:`~hetero_nn.scheduler.engine.replay`)
 -----------------------------------------------------------------------
 ``order[k]``: the task at position ``k`` (an index into the segment's tasks);
 ``python[k]``: 1 when it runs in Python; ``entry_start[k]:entry_start[k+1]``: its

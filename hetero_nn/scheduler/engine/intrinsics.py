@@ -1,8 +1,8 @@
 """The low-level operations of the compiled dispatch loop, as small typed Numba intrinsics.
 
 This module owns every piece of LLVM IR the runtime emits itself; the loop in
-:mod:`~hetero_nn.scheduler.dispatch` and the trampolines of
-:mod:`~hetero_nn.scheduler.trampoline` are plain ``@njit`` / ``@cfunc`` code
+:mod:`~hetero_nn.scheduler.engine.dispatch` and the trampolines of
+:mod:`~hetero_nn.scheduler.engine.trampoline` are plain ``@njit`` / ``@cfunc`` code
 built from these (Numba's ``extending.intrinsic``, as its parallel backend does):
 
 ``atomic_load(a, i)`` / ``atomic_store(a, i, v)`` / ``atomic_add(a, i, v)``

@@ -7,20 +7,20 @@ Policy
 the local executor, with workers of one kind or under ``heft``) runs each recorded
 flush (*segment*) as follows. At the first replay, and once more after the first one
 measured its own tasks (one memory node), the segment is *compiled*
-(:mod:`~hetero_nn.scheduler.segment`):
+(:mod:`~hetero_nn.scheduler.engine.segment`):
 
-1. a fixed schedule (:mod:`~hetero_nn.scheduler.schedule`): ``heft``'s plan when
+1. a fixed schedule (:mod:`~hetero_nn.scheduler.policies.list_scheduling`): ``heft``'s plan when
    the policy is ``heft``, else list scheduling on the costs known (the last
    compiled run's times; before one, the performance model's predictions, or the
    capture run's times with each (codelet, footprint)'s median standing for all of
    them, so a first run's compilation does not count);
 2. with several memory nodes, its copies between them planned
-   (:mod:`~hetero_nn.scheduler.data_plan`); every task bound for its worker
-   (:mod:`~hetero_nn.scheduler.bound`; *dynamic*, its operands acquired at every run,
+   (:mod:`~hetero_nn.scheduler.engine.data_plan`); every task bound for its worker
+   (:mod:`~hetero_nn.scheduler.engine.bound`; *dynamic*, its operands acquired at every run,
    where no plan can be made);
 3. per worker a *share*: its tasks in order, with their trampolines, argument
    blocks, the predecessors to wait for on other workers and whether another
-   worker waits for them (:mod:`~hetero_nn.scheduler.dispatch`); a CUDA worker's
+   worker waits for them (:mod:`~hetero_nn.scheduler.engine.dispatch`); a CUDA worker's
    share is enqueued on its stream.
 
 With ``deterministic=False`` a task's variant is the performance model's choice: while
@@ -30,7 +30,7 @@ no replay looks at variants again.
 
 A replay then resets the node arenas, runs the shares at once (the calling
 thread runs worker 0's, one engine thread per other worker runs the others),
-a CPU worker's through :func:`~hetero_nn.scheduler.dispatch.run_compiled` without
+a CPU worker's through :func:`~hetero_nn.scheduler.engine.dispatch.run_compiled` without
 the interpreter lock, Python tasks in between, a CUDA worker's on its stream, and
 ends the flush as ``wait()`` does (the nodes' streams synchronized). On several
 memory nodes the data plan's inputs are made valid first and the roots get the

@@ -3,25 +3,25 @@
 Policy
 ------
 A segment (one recorded flush) is compiled in three steps (see
-:mod:`~hetero_nn.scheduler.replay` for when): its tasks grouped in *units* (a task,
+:mod:`~hetero_nn.scheduler.engine.replay` for when): its tasks grouped in *units* (a task,
 or a bundle's members, which stay together on one worker), a fixed schedule of the
 units (:func:`_schedule`), then every task bound for its worker
-(:mod:`~hetero_nn.scheduler.bound`) and each worker's *share* laid out as the arrays
-of :func:`~hetero_nn.scheduler.dispatch.run_compiled`: its tasks in order, their
+(:mod:`~hetero_nn.scheduler.engine.bound`) and each worker's *share* laid out as the arrays
+of :func:`~hetero_nn.scheduler.engine.dispatch.run_compiled`: its tasks in order, their
 trampolines and argument blocks, the predecessors to wait for on other workers (per
 other worker the latest in that worker's order: the others come before it) and
 whether another worker waits for each task.
 
 Schedules. ``heft``'s plan under ``heft``, else, on workers of one kind,
-:func:`~hetero_nn.scheduler.schedule.plan` on the costs known (the engine's own
+:func:`~hetero_nn.scheduler.policies.list_scheduling.plan` on the costs known (the engine's own
 measurements, the model's predictions, or the capture run's times, each (codelet,
 footprint)'s median standing for all, so a first run's compilation does not
 count). Workers of several kinds (CPU and CUDA) are served under ``heft`` only
-(:func:`~hetero_nn.scheduler.replay.unavailable`); should its ranks tie across an
+(:func:`~hetero_nn.scheduler.engine.replay.unavailable`); should its ranks tie across an
 edge, its placement at capture is kept, each worker's tasks in submission order.
 With several memory nodes (CUDA workers, ``host_nodes``) the schedule fixes every
 task's node, hence its copies: the segment's data plan
-(:mod:`~hetero_nn.scheduler.data_plan`, :func:`_plan_copies`) adds each planned copy
+(:mod:`~hetero_nn.scheduler.engine.data_plan`, :func:`_plan_copies`) adds each planned copy
 as a unit of its own (counter index ``n + k`` for copy ``k``), just before its first
 reader in the workers' merged order, and every task binds to the replicas on its node
 as on one node. Where no plan can be made (a node with a memory limit), every task is
@@ -353,7 +353,7 @@ def _plan_copies(seg, rt, units, unit_preds, orders):
     """``(data plan, units, unit preds, orders, worker of each unit)`` with the plan's
     transfers as units of their own (task ``n + k`` for transfer ``k``), each placed just
     before its first reader's unit in the merged order and given to the worker that runs
-    it (module docstring of :mod:`~hetero_nn.scheduler.data_plan`); None when the segment
+    it (module docstring of :mod:`~hetero_nn.scheduler.engine.data_plan`); None when the segment
     cannot be planned (its tasks then acquire their operands at every run)."""
     workers, unit_of, n = rt.workers, seg.unit_of_task, seg.n_tasks
     merged = check_orders(orders, unit_preds)

@@ -6,11 +6,11 @@ of them (see :mod:`hetero_nn.codelets.prepared`). One compiled loop cannot call
 kernels of different signatures, so each call goes through a *trampoline*: a
 ``numba.cfunc`` of the C signature ``int64 trampoline(void *block)`` that reads
 the call's operands from an argument block, rebuilds them (arrays with
-:func:`~hetero_nn.scheduler.intrinsics.array_view`, no copy) and calls the
+:func:`~hetero_nn.scheduler.engine.intrinsics.array_view`, no copy) and calls the
 kernel's compiled overload at the address in the block's first slot
-(:func:`~hetero_nn.scheduler.intrinsics.call_native`). The dispatch loop calls
+(:func:`~hetero_nn.scheduler.engine.intrinsics.call_native`). The dispatch loop calls
 the trampoline through its address with
-:func:`~hetero_nn.scheduler.intrinsics.call_pointer`.
+:func:`~hetero_nn.scheduler.engine.intrinsics.call_pointer`.
 
 The argument block is an ``int64`` array, one slot per scalar:
 
@@ -23,7 +23,7 @@ The argument block is an ``int64`` array, one slot per scalar:
 
 A trampoline returns 0, or 1 when the kernel raised (the exception itself
 cannot cross the C boundary: the runtime calls the kernel again from Python to
-name it; see :mod:`~hetero_nn.scheduler.replay`).
+name it; see :mod:`~hetero_nn.scheduler.engine.replay`).
 
 Trampolines depend on the argument types only (the kernel is in the block), are
 made once per process per type tuple and shared by every kernel of those types:
@@ -72,7 +72,7 @@ class Trampoline:
     slots : int
         Length of its argument block.
     address : int
-        The ``cfunc``'s address, for :func:`~hetero_nn.scheduler.intrinsics.call_pointer`.
+        The ``cfunc``'s address, for :func:`~hetero_nn.scheduler.engine.intrinsics.call_pointer`.
     source : str
         The Python source it was compiled from.
     """

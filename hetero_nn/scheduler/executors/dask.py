@@ -1,6 +1,6 @@
 """Dask executors: the flushed DAG through ``dask.threaded.get`` or a ``distributed.Client``.
 
-Both run the graph of :mod:`hetero_nn.scheduler.graph`, where codelets are
+Both run the graph of :mod:`hetero_nn.scheduler.executors.dask_graph`, where codelets are
 pure; the final version of every handle written is copied back into its host
 replica. They run the variants the local executor would (pinned, preferred or
 the performance model's choice, fed with the times the tasks measured), and

@@ -49,7 +49,7 @@ memory limit) until it completes.
 
 Bundles
 -------
-A :class:`~hetero_nn.scheduler.bundle.Bundle` (a fused chain of a replayed graph)
+A :class:`~hetero_nn.scheduler.executors.bundle.Bundle` (a fused chain of a replayed graph)
 is taken and released as one task; ``_execute`` runs its members in order, each
 as it runs a task alone, and a failing member is the one its ``TaskError`` names.
 Bundles hold CPU tasks only (no stream).

@@ -12,7 +12,7 @@ State
 -----
 :class:`ExecutorState`'s fields (``remaining``, ``waiting``, ``ready``, ``running``,
 ``completed``, ``idle``, ``error``, ``aborted``, ``closing``) are described where they
-are used, in :mod:`hetero_nn.scheduler.local`'s docstring, *State*.
+are used, in :mod:`hetero_nn.scheduler.executors.local`'s docstring, *State*.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ...errors import TaskError
 @dataclass(eq=False)
 class ExecutorState:
     """What the local executor knows of the tasks handed to it (the fields:
-    :mod:`hetero_nn.scheduler.local`, *State*).
+    :mod:`hetero_nn.scheduler.executors.local`, *State*).
 
     Per-worker fields are lists indexed by ``Worker.index``. ``str(state)`` says
     where every unfinished task is, for a flush that stalls.

@@ -26,7 +26,7 @@ topological), so the workers cannot deadlock on their counters.
 Units
 -----
 Tasks are scheduled as *units*: a task, or the members of a bundle
-(:mod:`~hetero_nn.scheduler.bundle`), which stay together on one worker in
+(:mod:`~hetero_nn.scheduler.executors.bundle`), which stay together on one worker in
 their order. ``preds[u]`` lists the units ``u`` waits for (by index, each
 before ``u`` in the segment's order).
 """

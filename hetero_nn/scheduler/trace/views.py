@@ -9,13 +9,13 @@ exports them:
   (a process per device kind, a thread per worker, a complete event per task,
   flow arrows along dependencies);
 - :meth:`Trace.gantt`: a PNG Gantt chart (matplotlib, the ``plot`` extra;
-  :mod:`hetero_nn.scheduler.gantt`);
+  :mod:`hetero_nn.scheduler.trace.gantt`);
 - :meth:`Trace.to_dot`: the executed DAG as Graphviz DOT, coloured by worker;
 - :meth:`Trace.stats` / :meth:`Trace.format_stats`: time per (codelet, variant);
 - :meth:`Trace.utilisation` / :meth:`Trace.format_utilisation`: busy fraction per worker;
 - :meth:`Trace.to_json` / :meth:`Trace.from_json`: the raw records (``from_json`` also
   reads the Chrome trace back, and the stream a runtime writes with ``trace=path``,
-  see :mod:`.trace_buffer`);
+  see :mod:`.buffer`);
 - :meth:`Trace.links` / :meth:`Trace.format_links`: bytes moved per link (src -> dst
   memory node), from a :class:`TransferRecord` per copy, prefetches and copies
   back to the host included; the Chrome trace shows each copy as an event of
@@ -373,7 +373,7 @@ class Trace:
 
     def gantt(self, path, title: str | None = None, window: tuple | None = None) -> Path:
         """Write a PNG Gantt chart: a row per worker and per link, a colour per codelet, the
-        legend beside it, idle time in grey (:mod:`hetero_nn.scheduler.gantt`).
+        legend beside it, idle time in grey (:mod:`hetero_nn.scheduler.trace.gantt`).
 
         ``window=(t0, t1)`` shows those milliseconds since the first submit. Needs
         matplotlib (``pip install hetero-nn[plot]``).

@@ -2,12 +2,12 @@
 
 This module owns the client side of the cluster path (StarPU-MPI's hierarchy over
 Dask): :class:`Cluster`, made by :func:`connect`, runs a trainer's steps on a
-*group* of Dask workers, one *rank* each (:class:`~hetero_nn.training.rank.Rank`, a
+*group* of Dask workers, one *rank* each (:class:`~hetero_nn.training.cluster.rank.Rank`, a
 Dask actor that keeps its share of the run -- model, runtime, optimizer, data --
 between steps). Inside each rank the local runtime runs the fine-grained tasks on
 the worker's cores; between ranks, gradients and batch statistics are reduced
-directly, in partition order (:mod:`hetero_nn.training.exchange`), over
-``distributed``'s TCP comms (:mod:`hetero_nn.training.endpoint`). The client sends
+directly, in partition order (:mod:`hetero_nn.training.cluster.exchange`), over
+``distributed``'s TCP comms (:mod:`hetero_nn.training.cluster.endpoint`). The client sends
 each step's command (sample indices, hyper-parameters) straight to the ranks and
 reads one small answer from each; it never sends weights after the group forms, and
 Dask's scheduler is used only to place the actors and to list the workers.
@@ -44,11 +44,11 @@ died) or its actor is released.
 State
 -----
 ``client`` (and the ``LocalCluster`` it started), ``spec``; ``links`` (the client's
-:class:`~hetero_nn.training.cluster_io.ClientLinks`, named by the ranks' endpoint
+:class:`~hetero_nn.training.cluster.messages.ClientLinks`, named by the ranks' endpoint
 addresses); ``_stale`` (the ranks are ahead of the client's model) and ``_dirty``
 (the client's state is newer than the ranks'); ``last_timings`` (the last step's
-terms, :func:`~hetero_nn.training.cluster_io.step_terms`); the group's own state
-is :class:`~hetero_nn.training.group.Group`'s.
+terms, :func:`~hetero_nn.training.cluster.messages.step_terms`); the group's own state
+is :class:`~hetero_nn.training.cluster.group.Group`'s.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Cluster(Group):
     worker_grace : float
         Seconds a step waits for a worker to appear when none is left.
     bucket_bytes : int
-        Gradient bytes per reduction bucket (:mod:`hetero_nn.training.exchange`).
+        Gradient bytes per reduction bucket (:mod:`hetero_nn.training.cluster.exchange`).
     """
 
     def __init__(self, client, *, threads=1, devices=None, cluster=None, own_client=False,
@@ -356,7 +356,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     thread each (its runtime uses ``threads`` cores); an address (``tcp://HOST:PORT``)
     joins a running scheduler within ``timeout`` seconds. ``cls``: the class made
     (default :class:`Cluster`; a pipeline's is
-    :class:`~hetero_nn.training.stage_cluster.StageCluster`).
+    :class:`~hetero_nn.training.pipeline.stage_cluster.StageCluster`).
 
     Raises
     ------

@@ -2,7 +2,7 @@
 
 This module owns the membership half of :mod:`hetero_nn.training.cluster`:
 :class:`Group`, the base of :class:`~hetero_nn.training.cluster.Cluster`, keeps a
-rank (a :class:`~hetero_nn.training.rank.Rank` actor) on each worker of the current
+rank (a :class:`~hetero_nn.training.cluster.rank.Rank` actor) on each worker of the current
 group and forms the group again when it must.
 
 Policy
@@ -15,7 +15,7 @@ none, when a worker of it left, when a worker joined (the group takes the first
 the ranks' (``_dirty``: another trainer, a loaded checkpoint). Forming: the client
 first pulls the run's state (the ranks are ahead of it), makes a rank on each new
 worker (the actor placed there, given the spec from
-:func:`~hetero_nn.training.cluster_io.rank_spec` and the training set, scattered
+:func:`~hetero_nn.training.cluster.messages.rank_spec` and the training set, scattered
 once), opens a link to it, and sends every rank of the new group its number, its
 peers and the state (``configure``); ranks of workers left out are closed. A
 worker that dies meanwhile is left out and the formation tried again

@@ -7,7 +7,7 @@ This module owns the pieces :mod:`hetero_nn.training.cluster` sends and reads:
 - :func:`rank_spec`: the bytes a rank is made from -- the model's architecture with
   its arrays left out (the weights come with the group's state), the loss, the
   optimizer's recipe, the worker runtime's settings, the augmentation;
-- :class:`ClientLinks`: the client's :class:`~hetero_nn.training.endpoint.Endpoint`
+- :class:`ClientLinks`: the client's :class:`~hetero_nn.training.cluster.endpoint.Endpoint`
   and its requests: :meth:`ClientLinks.ask` sends one message per rank and waits for
   every answer, raising :class:`RankLost` as soon as a rank's link closes or its
   worker leaves the scheduler;
@@ -82,7 +82,7 @@ def _nothing():
 
 
 def rank_spec(trainer, worker_devices) -> bytes:
-    """The bytes a :class:`~hetero_nn.training.rank.Rank` unpickles once.
+    """The bytes a :class:`~hetero_nn.training.cluster.rank.Rank` unpickles once.
 
     Parameters and buffers travel as zeros of their shape (the group's state brings
     their values), every runtime handle the model or the loss still refers to as a

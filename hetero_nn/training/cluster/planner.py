@@ -2,13 +2,13 @@
 
 This module owns what ``hetero-nn simulate --cluster-workers`` predicts: the time of
 one data-parallel step of :mod:`hetero_nn.training.cluster` on ``W`` machines of a
-:class:`~hetero_nn.scheduler.platforms.ClusterPlatform`, and how it scales.
+:class:`~hetero_nn.simulation.platforms.ClusterPlatform`, and how it scales.
 
 Model
 -----
 The step a rank runs is captured as it is submitted
-(:func:`~hetero_nn.training.rank.submit_share`, on a runtime whose executor records
-instead of running: :func:`~hetero_nn.scheduler.simulate.capture`), so the
+(:func:`~hetero_nn.training.cluster.rank.submit_share`, on a runtime whose executor records
+instead of running: :func:`~hetero_nn.simulation.simulate.capture`), so the
 simulated graph is the real one: the rank's partitions' forward and backward, the
 ``cluster_reduce`` task of every batch statistic, one ``cluster_send`` per gradient
 bucket, the ``cluster_recv`` that writes the reduced gradients, the optimizer.
@@ -19,7 +19,7 @@ codelets by the network:
 
 - ``cluster_reduce`` (a batch statistic; on the critical path, as it is in a
   rank): its messages as the exchange sends them -- each rank's values to every
-  other rank, or, from :data:`~hetero_nn.training.exchange.TREE_FROM` ranks on, one
+  other rank, or, from :data:`~hetero_nn.training.cluster.exchange.TREE_FROM` ranks on, one
   message per hop up the tree and down a binomial tree -- at ``latency +
   message_overhead`` per message and the machine's port ``bandwidth``;
 - ``cluster_send``: packing its bucket (memory traffic); the bucket's messages
@@ -155,7 +155,7 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
     """One step of the cluster path on ``ranks`` machines of ``platform`` (module
     docstring): ``batch`` samples in ``granularity`` partitions (at least ``ranks``).
     ``costs``: what the rank's runtime costs besides its kernels on the path its replayed
-    steps take (:class:`~hetero_nn.scheduler.paths.PathCosts`, measured by a
+    steps take (:class:`~hetero_nn.simulation.paths.PathCosts`, measured by a
     calibration; none: nothing), the compiled engine's schedule where it serves."""
     from ...simulation.paths import PathCosts, engine_serves
 

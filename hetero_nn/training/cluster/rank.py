@@ -6,8 +6,8 @@ and kept between steps: it holds the model built and bound to a local
 :class:`~hetero_nn.scheduler.runtime.Runtime` (the fine-grained tasks run there), a
 local :class:`~hetero_nn.training.trainer.Trainer` (its step cache captures and
 replays the rank's step), the optimizer and its state, the training set, and an
-:class:`~hetero_nn.training.endpoint.Endpoint` over which the client sends commands
-and the ranks reduce (:mod:`hetero_nn.training.exchange`). Weights never travel
+:class:`~hetero_nn.training.cluster.endpoint.Endpoint` over which the client sends commands
+and the ranks reduce (:mod:`hetero_nn.training.cluster.exchange`). Weights never travel
 after the group forms: every rank applies the same update to the same reduced
 gradients.
 
@@ -87,7 +87,7 @@ class Rank:
     ----------
     run_id : str
     spec : bytes
-        From :func:`hetero_nn.training.cluster.rank_spec`: the model's architecture (no
+        From :func:`hetero_nn.training.cluster.messages.rank_spec`: the model's architecture (no
         weights), the loss, the optimizer recipe, the runtime's settings, the
         augmentation, the seed, clipping and replay.
     data : Dataset or None

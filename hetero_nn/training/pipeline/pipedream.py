@@ -24,10 +24,10 @@ would span several updates).
 Why a module of its own: the synchronous schedules submit the step as without a
 pipeline and add an order; this one submits another step (an update per micro-batch,
 weight versions), so it keeps its submission here and shares only the stages
-(:class:`~hetero_nn.training.pipeline.Pipeline`) and the bubble. Its pieces for one
+(:class:`~hetero_nn.training.pipeline.stages.Pipeline`) and the bubble. Its pieces for one
 stage (:class:`WeightStash`: the version rule and the stash; :func:`zero_stage_grads`;
 a stage's blocks through ``pipeline.submit_forward``/``submit_backward``) serve the stages across
-Dask workers too (:func:`~hetero_nn.training.stage_rank.submit_pipedream_stage`).
+Dask workers too (:func:`~hetero_nn.training.pipeline.stage_rank.submit_pipedream_stage`).
 """
 
 from __future__ import annotations

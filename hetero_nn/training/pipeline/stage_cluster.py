@@ -3,8 +3,8 @@
 This module owns what the client does for ``Trainer(cluster=..., pipeline=P)``:
 :class:`StagePipeline` (the run's stages, their workers and the measured bubble) and
 :class:`StageCluster`, the :class:`~hetero_nn.training.cluster.Cluster` whose ranks are
-:class:`~hetero_nn.training.stage_rank.StageRank` s, one per stage. The workers' side,
-and how a stage exchanges its micro-batches, is :mod:`hetero_nn.training.stage_rank`.
+:class:`~hetero_nn.training.pipeline.stage_rank.StageRank` s, one per stage. The workers' side,
+and how a stage exchanges its micro-batches, is :mod:`hetero_nn.training.pipeline.stage_rank`.
 
 Policy
 ------
@@ -13,13 +13,13 @@ worker in address order (the group forms as the data-parallel path's, with the r
 whole state on every rank). The cut is made at the first step: the given lists of
 layers (``pipeline=[[...], ...]``), or ``pipeline=P`` balanced from the performance
 models of stage 0's worker on the first batch (the blocks' predicted forward and
-backward seconds, :func:`~hetero_nn.training.pipeline.block_costs`, cut by
-:func:`~hetero_nn.training.pipeline.balanced_cut`). Each step the client sends every
+backward seconds, :func:`~hetero_nn.training.pipeline.stages.block_costs`, cut by
+:func:`~hetero_nn.training.pipeline.stages.balanced_cut`). Each step the client sends every
 stage the step's number, the cut, the schedule and the hyper-parameters, the first
 stage the samples (indices into the training set the workers hold, or the arrays) and
 the last stage the labels, then reads one answer per stage: the loss from the last, the
 busy time of its forward and backward tasks from each. Activations and gradients go
-from stage to stage (:class:`~hetero_nn.training.stage_rank.StageLink`).
+from stage to stage (:class:`~hetero_nn.training.pipeline.stage_rank.StageLink`).
 
 *State pulled.* A stage updates only its own parameters, so the client brings its model
 and optimizer up to date (before a checkpoint, an evaluation, a prediction, at the end
@@ -31,14 +31,14 @@ start to the last one's end (``time.monotonic``: one machine's clock), per stage
 busy / (workers * span)``, and for the pipeline ``1 - sum(busy) / (sum(workers) *
 span)`` beside the ideal ``(P - 1) / (M + P - 1)`` and the overhead-free bubble (the
 schedule run on the stages' measured operation times,
-:func:`~hetero_nn.training.pipeline.schedule_span`), as in one process
-(:meth:`Pipeline.bubble <hetero_nn.training.pipeline.Pipeline.bubble>`).
+:func:`~hetero_nn.training.pipeline.stages.schedule_span`), as in one process
+(:meth:`Pipeline.bubble <hetero_nn.training.pipeline.stages.Pipeline.bubble>`).
 
 *Refused* (one line, when the trainer is made): ``stage_devices`` (a stage is one
 worker's runtime: ``--cluster-devices``), ``clip_grad_norm`` (the norm spans every
 stage's gradients), ``granularity="auto"``, spiking models with a time axis.
 ``pipeline_schedule="pipedream"`` runs (each stage updates per micro-batch:
-:func:`~hetero_nn.training.stage_rank.submit_pipedream_stage`). *Faults*: a
+:func:`~hetero_nn.training.pipeline.stage_rank.submit_pipedream_stage`). *Faults*: a
 stage's weights live only on its worker, so a lost stage worker (or a step that failed
 after some stages had updated theirs) ends the run with a
 :class:`~hetero_nn.errors.ClusterError` naming the last checkpoint; where the client
@@ -46,7 +46,7 @@ already held the state of the last completed step, the next step pushes it again
 
 State
 -----
-:class:`StagePipeline`: ``stages`` (:class:`~hetero_nn.training.pipeline.Stage`, its
+:class:`StagePipeline`: ``stages`` (:class:`~hetero_nn.training.pipeline.stages.Stage`, its
 ``workers`` the Dask worker's address), ``measured`` (the last step's bubble),
 ``stage_bubbles`` (per stage, each step's). :class:`StageCluster`: ``_broken`` (why the
 stages no longer hold one run's state, or None).
@@ -67,7 +67,7 @@ __all__ = ["StagePipeline", "StageCluster", "connect_stages", "merge_states"]
 
 class StagePipeline(Pipeline):
     """The stages of a pipelined cluster run (module docstring); ``bubble`` and
-    ``describe`` answer as a :class:`~hetero_nn.training.pipeline.Pipeline`'s."""
+    ``describe`` answer as a :class:`~hetero_nn.training.pipeline.stages.Pipeline`'s."""
 
     def __init__(self, model, pipeline, schedule="1f1b", stage_devices=None):
         if stage_devices is not None:
@@ -290,7 +290,7 @@ class StageCluster(Cluster):
 
 
 def merge_states(model, pipeline, states) -> dict:
-    """One run state from the stages' (:func:`~hetero_nn.training.cluster_io.run_state`
+    """One run state from the stages' (:func:`~hetero_nn.training.cluster.messages.run_state`
     each): every weight, buffer, optimizer buffer and dropout counter from the stage that
     owns its top-level layer; the optimizer's step count and options from the last."""
     firsts = [i for i, _ in model._plan()]

@@ -2,12 +2,12 @@
 and gradients it exchanges point to point with the stages beside it.
 
 This module owns the worker side of pipelines across Dask workers
-(:mod:`hetero_nn.training.stage_cluster` is the client's): :class:`StageRank`, the
-:class:`~hetero_nn.training.rank.Rank` of a pipelined run, holds the whole model (built,
+(:mod:`hetero_nn.training.pipeline.stage_cluster` is the client's): :class:`StageRank`, the
+:class:`~hetero_nn.training.cluster.rank.Rank` of a pipelined run, holds the whole model (built,
 with the run's state) but runs only the blocks ``[first, end)`` of its stage, on its own
 runtime; :class:`StageLink` carries its micro-batches' activations to the next stage's
 rank and their input gradients back to the previous one, over the endpoints' TCP links
-(:mod:`hetero_nn.training.endpoint`), never through the client or Dask's scheduler.
+(:mod:`hetero_nn.training.cluster.endpoint`), never through the client or Dask's scheduler.
 
 Policy
 ------
@@ -27,14 +27,14 @@ pipeline at the same granularity.
 The schedule is the order of each stage's operations (``F k``: receive, forward, send
 of micro-batch ``k``; ``B k``: the same backwards), added as dependencies between
 consecutive operations exactly as in one process
-(:func:`~hetero_nn.training.pipeline.schedule_order`): a ``stage_recv`` blocks a worker
+(:func:`~hetero_nn.training.pipeline.stages.schedule_order`): a ``stage_recv`` blocks a worker
 thread, so a stage whose order is not added (a batch norm couples its micro-batches:
 ``dataflow``; a streamed step) receives no gradient before every activation is sent --
 GPipe's order at the links, with which no two stages can wait on each other.
 
 ``"pipedream"`` (:func:`submit_pipedream_stage`) submits micro-batch by micro-batch as
-one process does (:mod:`~hetero_nn.training.pipedream`), with the versions of the
-stage's weights that process's :class:`~hetero_nn.training.pipedream.WeightStash` keeps:
+one process does (:mod:`~hetero_nn.training.pipeline.pipedream`), with the versions of the
+stage's weights that process's :class:`~hetero_nn.training.pipeline.pipedream.WeightStash` keeps:
 ``F k`` receives activation ``k``, runs the forward with version ``max(0, k - (P - 1 -
 s))``, sends (the loss's share on the last stage); ``B k`` receives gradient ``k``, runs
 the backward with the same version, sends the input gradient, then applies the stage's
@@ -47,7 +47,7 @@ Sends copy the micro-batch and return at once (the endpoint's writer sends it); 
 message carries the group's generation and the step, and a receive waits for its own.
 A step that fails on a stage tells the stages beside it, whose waits then fail too, so
 the whole step fails in bounded time; a link to a neighbour that closes (its process
-died) fails the step the same way (:class:`~hetero_nn.training.exchange.GroupBroken`).
+died) fails the step the same way (:class:`~hetero_nn.training.cluster.exchange.GroupBroken`).
 
 *Busy time*, for the bubble: after each step, the trace records of the stage's forward
 and backward tasks (not the sends or receives: a receive is waiting) on
@@ -263,7 +263,7 @@ def submit_stage(trainer, link, plan, xs, ys):
 
 def submit_pipedream_stage(trainer, link, plan, xs, ys):
     """Submit stage ``plan.stage``'s share of a ``"pipedream"`` step (module docstring;
-    the versions are :class:`~hetero_nn.training.pipedream.WeightStash`'s, as in one
+    the versions are :class:`~hetero_nn.training.pipeline.pipedream.WeightStash`'s, as in one
     process); returns ``(loss, correct, ops)`` as :func:`submit_stage`."""
     rt, model = trainer.runtime, trainer.model
     blocks = [b for _, b in model._plan()]
@@ -321,7 +321,7 @@ def submit_pipedream_stage(trainer, link, plan, xs, ys):
 class StageRank(Rank):
     """The rank of one pipeline stage in a worker process (module docstring); the client
     sends it ``configure``, ``cut``, ``step``, ``state``, ``abort`` as to a
-    :class:`~hetero_nn.training.rank.Rank`."""
+    :class:`~hetero_nn.training.cluster.rank.Rank`."""
 
     link = None
     ops = ()
@@ -359,7 +359,7 @@ class StageRank(Rank):
 
     def _cut(self, m):
         """Balance ``count`` stages from this worker's performance models on the batch of
-        ``m`` (:func:`~hetero_nn.training.pipeline.block_costs`; the state is put back)."""
+        ``m`` (:func:`~hetero_nn.training.pipeline.stages.block_costs`; the state is put back)."""
         import types
 
         t = self.trainer

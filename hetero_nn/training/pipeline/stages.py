@@ -41,7 +41,7 @@ another's is complete: there the order is left to the data (``schedule_run`` say
 ``"dataflow"`` and why).
 
 ``"pipedream"`` is PipeDream's asynchronous schedule with weight stashing, an update
-per micro-batch: not synchronous training (:mod:`~hetero_nn.training.pipedream`).
+per micro-batch: not synchronous training (:mod:`~hetero_nn.training.pipeline.pipedream`).
 
 A pipelined step keeps its temporaries to its end (:meth:`Runtime.keeping_temporaries`):
 sharing the bytes of one micro-batch's dead temporaries with a later one's adds a
