@@ -63,17 +63,17 @@ from .capture import Graph
 from .dependencies import Dependencies, check_overlap
 from .devices import Worker, make_workers
 from .flush import Flushes
-from .handles import HandleFactory
+from .handles import HandleFactory, RuntimeHandles
 from .lifetimes import Temporaries
 from .redux import Reductions
 from .task import Task, link
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
-from .variants import Variants
+from .variants import Variants, preferences
 
 _perf = time.perf_counter
 
-class Runtime:
+class Runtime(RuntimeHandles):
     """A task runtime over a set of devices.
 
     Parameters
@@ -184,7 +184,7 @@ class Runtime:
         self.devices = devices
         self.policy_name = policy
         self.deterministic = bool(deterministic)
-        self.preferred = _preferences(
+        self.preferred = preferences(
             variants if variants is not None or not deterministic else PINNED_VARIANTS)
         self.calibrate = bool(calibrate)
         self.calibrate_samples = int(calibrate_samples)
@@ -243,99 +243,7 @@ class Runtime:
         self.executor_name = "distributed"
         return DaskExecutor(self, "distributed", client=executor)
 
-    # ------------------------------------------------------------------ handles
-    def register(self, array, name=None) -> Handle:
-        """Register a host NumPy array; its buffer is the handle's host replica (no copy)."""
-        self._check_open()
-        return self._handles.register(array, name)
-
-    def empty(self, shape, dtype="float32", name=None) -> Handle:
-        """A handle with no data yet; its replicas are allocated where it is first used."""
-        self._check_open()
-        return self._handles.empty(shape, dtype, name)
-
-    def temporary(self, shape, dtype="float32", name=None) -> Handle:
-        """A handle whose replicas come from the node arenas: valid for the next flush only.
-
-        It may be fetched after that flush, until work is submitted again.
-        """
-        self._check_open()
-        return self._handles.temporary(shape, dtype, name)
-
-    def unregister(self, handle: Handle):
-        """Stop managing ``handle`` (StarPU's ``starpu_data_unregister``): wait for the
-        work submitted, bring its data back to the host, drop its other replicas, and
-        return the host array (a registered handle's: the array given to
-        :meth:`register`). The handle, and its children, cannot be used afterwards."""
-        self._check_open()
-        if type(handle) is not Handle or handle.owner is not self:
-            raise SubmitError(f"unregister: {handle!r} is not a handle of this Runtime")
-        if handle.parent is not None:
-            raise SubmitError(f"unregister: {handle.name!r} is a child of "
-                              f"{handle.root.name!r}; unregister the root")
-        self.wait()
-        return self._handles.unregister(handle)
-
-    def release(self, *handles):
-        """Declare that nothing reads these temporaries after the current flush (StarPU's
-        ``starpu_data_invalidate_submit``): in a flush laid out whole (a capture, a
-        replay, a flush that does not stream) each one's bytes serve later temporaries
-        once the last task of the flush that accesses it has run
-        (:mod:`~hetero_nn.scheduler.lifetimes`). Tasks may still be submitted on it until
-        the flush ends; it must not be fetched after. A flush that streams keeps every
-        temporary to its end."""
-        self._check_open()
-        flushes = self._flushes
-        self._temporaries.release(handles, flushes.generation, flushes.capturing)
-
-    @contextlib.contextmanager
-    def keeping_temporaries(self):
-        """Inside the block :meth:`release` is ignored: the temporaries made or used there
-        live to the end of the flush (an order added against the submission order, as a
-        pipeline schedule's, must not meet the dependencies that sharing bytes adds)."""
-        self._temporaries.keeping += 1
-        try:
-            yield
-        finally:
-            self._temporaries.keeping -= 1
-
-    def is_temporary(self, handle) -> bool:
-        """Whether ``handle`` belongs to a temporary of the current flush (or of the
-        graph being captured): what :meth:`release` accepts."""
-        return self._temporaries.releasable(handle, self._flushes.generation,
-                                            self._flushes.capturing)
-
-    @contextlib.contextmanager
-    def collect_temporaries(self):
-        """Collect in a list the temporaries made inside the ``with`` block."""
-        made: list = []
-        collectors = self._temporaries.collectors
-        collectors.append(made)
-        try:
-            yield made
-        finally:
-            collectors.remove(made)
-
-    @contextlib.contextmanager
-    def placing(self, workers):
-        """Place every task submitted inside the block on one of ``workers`` (Worker objects
-        or names), and collect those tasks in the list it yields (a pipeline stage's).
-
-        Each task is submitted as with ``worker=workers`` (unless it names its own): a
-        placement constraint every policy honours."""
-        chosen = tuple(w for w in self.workers if w in workers or w.name in workers)
-        if not chosen:
-            raise SubmitError(f"placing: none of {list(workers)!r} is a worker of this "
-                              f"runtime ({[w.name for w in self.workers]})")
-        outer = self._placing
-        self._placing = (chosen, [])
-        try:
-            yield self._placing[1]
-        finally:
-            if outer is not None:
-                outer[1].extend(self._placing[1])
-            self._placing = outer
-
+    # ------------------------------------------------------------------ handles (more in RuntimeHandles)
     @property
     def streaming(self) -> bool:
         """Whether the current flush (or, with nothing submitted yet, the next one) hands its
@@ -677,17 +585,6 @@ class Runtime:
     def __repr__(self):
         return (f"Runtime(devices={self.devices!r}, policy={self.policy_name!r}, "
                 f"executor={self.executor_name!r}, workers={[w.name for w in self.workers]})")
-
-
-def _preferences(variants) -> dict:
-    """``{codelet name or "*": (variant, ...)}`` from a sequence or a mapping."""
-    if not variants:
-        return {}
-    if isinstance(variants, str):
-        return {"*": (variants,)}
-    if hasattr(variants, "items"):
-        return {name: (v,) if isinstance(v, str) else tuple(v) for name, v in variants.items()}
-    return {"*": tuple(variants)}
 
 
 _live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()

@@ -180,3 +180,14 @@ class Variants:
 
     def has_measurements(self) -> bool:
         return any(self._measured)
+
+
+def preferences(variants) -> dict:
+    """``{codelet name or "*": (variant, ...)}`` from a sequence or a mapping."""
+    if not variants:
+        return {}
+    if isinstance(variants, str):
+        return {"*": (variants,)}
+    if hasattr(variants, "items"):
+        return {name: (v,) if isinstance(v, str) else tuple(v) for name, v in variants.items()}
+    return {"*": tuple(variants)}

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..codelets.codelet import RW, REDUX, SCRATCH
 from ..errors import ConfigError
-from .simulate import DEFAULT_LINKS, KINDS, Platform, read_platform_file
+from .machine import DEFAULT_LINKS, KINDS, Platform, read_platform_file
 
 __all__ = ["Device", "Machine", "Network", "ClusterPlatform", "load_platform", "roofline_costs"]
 
