@@ -14,7 +14,7 @@ only with the costs of the path that will run, measured on it:
 - :func:`flush_seconds`: the time a step's flushes took, so that the rest of a
   measured step is the host's own time (submission, or, replaying, writing the
   batch, the replay call, reading the loss);
-- :class:`EnginePlan`: the engine's schedule as a policy of the simulator, and
+- :class:`EngineOrders`: the engine's schedule as a policy of the simulator, and
   :func:`engine_serves`, whether the engine would run a platform's steps;
 - :class:`PathCosts`: the three figures of a path measured from real steps, and
   :func:`step_path`, the path a trainer's steps run on.
@@ -36,13 +36,14 @@ _perf = time.perf_counter
 
 def engine_serves(platform, policy="eager") -> bool:
     """Whether the compiled replay engine would run steps on ``platform`` under
-    ``policy`` (the runtime's default: ``eager``): :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`, the rule the
-    runtime asks too (workers of one kind, or ``heft``'s plan over several)."""
+    ``policy`` (the runtime's default: ``eager``):
+    :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`, the rule the runtime asks
+    too (workers of one kind, or ``heft``'s assignment over several)."""
     kinds = {kind for kind, n in platform.workers.items() if n}
     return engine_refusal(kinds, policy) is None
 
 
-class EnginePlan:
+class EngineOrders:
     """The replay engine's fixed schedule as a policy of the simulator: ``prepare``
     plans the graph as the engine does (``heft``'s plan under ``heft``, else list
     scheduling on the predicted costs); each worker then takes its tasks in their
@@ -92,6 +93,9 @@ class EnginePlan:
 
     def finished(self, task, worker):
         pass
+
+
+EnginePlan = EngineOrders  # the name before the glossary (docs/architecture.md)
 
 
 def path_costs(records) -> tuple:

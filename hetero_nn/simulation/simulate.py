@@ -48,7 +48,7 @@ from ..codelets.codelet import R, SCRATCH
 from ..errors import ConfigError
 from ..scheduler.trace.records import dispatch_gaps
 from .machine import DEFAULT_LINKS, Platform, _Machine
-from .paths import EnginePlan, engine_serves
+from .paths import EngineOrders, engine_serves
 
 _perf = time.perf_counter
 
@@ -436,7 +436,7 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
         raise MissingModels(missing)
     machine = _Machine(platform, runtime.perfmodel, seed)
     engine = engine and engine_serves(platform, policy)
-    pol = EnginePlan(machine, policy) if engine else make_policy(policy, machine)
+    pol = EngineOrders(machine, policy) if engine else make_policy(policy, machine)
     if not engine:
         handoff = 0.0
     if platform.dispatch is not None:

@@ -6,7 +6,7 @@ A task reads its operands on its worker's memory node. A submitted task acquires
 there when it starts (``Runtime.bind``): the copies coherence asks for depend on where
 earlier tasks ran. A compiled segment's fixed schedule puts every task on a known node,
 so its copies are known too, and every operand has a fixed replica: its tasks bind to
-arrays once and run compiled, as on one node. :func:`plan_data` finds the copies by
+arrays once and run compiled, as on one node. :func:`schedule_transfers` finds the copies by
 running coherence (MSI per cell, as :func:`~hetero_nn.arena.handle.make_valid` does)
 through the segment in one topological order that merges the workers' orders:
 
@@ -31,13 +31,13 @@ through the segment in one topological order that merges the workers' orders:
   says where each cell's data really is.
 
 A plan stays right while each root's cells stay those it was planned on
-(:meth:`DataPlan.current`; a later split that cuts a root again makes the segment
+(:meth:`TransferSchedule.current`; a later split that cuts a root again makes the segment
 compile again). None is made when a node has a memory limit: a replica may then be
 evicted and come back at another address, so operands are acquired at every run.
 
 State
 -----
-:class:`DataPlan`: ``transfers``, ``waits`` (task -> the transfers it reads through),
+:class:`TransferSchedule`: ``transfers``, ``waits`` (task -> the transfers it reads through),
 ``shadows`` (per root, its cells' planned state and its inputs: views, the node each is
 read on first and by which task, and per cell the nodes they must be valid on).
 """
@@ -131,7 +131,7 @@ def _lowest(mask: int) -> int:
     return (mask & -mask).bit_length() - 1
 
 
-class DataPlan:
+class TransferSchedule:
     """The copies of one compiled segment (module docstring)."""
 
     def __init__(self, transfers, waits, shadows, effects):
@@ -179,8 +179,8 @@ class DataPlan:
                 sh.mark(cells, bit, written)
 
 
-def plan_data(nodes, tasks, node_of, order):
-    """The :class:`DataPlan` of ``tasks`` (a segment's, bundles flattened), task ``t``
+def schedule_transfers(nodes, tasks, node_of, order):
+    """The :class:`TransferSchedule` of ``tasks`` (a segment's, bundles flattened), task ``t``
     running on memory node ``node_of[t]``, simulated in ``order`` (task indices, one
     topological order); None when the segment cannot be planned (module docstring)."""
     if any(node.limit is not None for node in nodes):
@@ -221,7 +221,7 @@ def plan_data(nodes, tasks, node_of, order):
             sh.writer[sl] = t
             sh.via[(slice(None), *sl)] = -1
             effects.append((t, sh, sl, bit, True))
-    return DataPlan(transfers, waits, list(shadows.values()), effects)
+    return TransferSchedule(transfers, waits, list(shadows.values()), effects)
 
 
 def _shadow(shadows, root, n_nodes):

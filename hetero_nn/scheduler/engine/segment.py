@@ -61,7 +61,7 @@ import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
 from .bound import BoundTransfer, bind_task
-from .data_plan import plan_data
+from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
 from ..policies.policies import UNKNOWN_COST
@@ -358,7 +358,7 @@ def _plan_copies(seg, rt, units, unit_preds, orders):
     workers, unit_of, n = rt.workers, seg.unit_of_task, seg.n_tasks
     merged = check_orders(orders, unit_preds)
     node_of = [workers[seg.worker_of[unit_of[t]]].node for t in range(n)]
-    data = plan_data(rt.nodes, seg.tasks, node_of, [t for u in merged for t in units[u]])
+    data = schedule_transfers(rt.nodes, seg.tasks, node_of, [t for u in merged for t in units[u]])
     if data is None:
         return None
     first_unit = len(units)
