@@ -59,7 +59,7 @@ from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
 from .loader import as_data, epoch_batches, trainer_dtype
 from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
                        progress_bar, running)
-from .pipeline.stages import make_pipeline
+from .runners import connect_trainer, make_pipeline
 from .step_cache import StepCache
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
@@ -177,7 +177,6 @@ class Trainer:
                                           cluster)
             self.cluster = None
             if cluster is not None:
-                from .cluster.client import connect_trainer
                 self.cluster, self._own_cluster = connect_trainer(self, cluster)
         except BaseException:
             if self._own_runtime:

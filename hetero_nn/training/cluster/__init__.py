@@ -3,6 +3,6 @@ ranks exchange (:mod:`.messages`), the ranks' side (:mod:`.rank`), the group of 
 (:mod:`.group`), the reductions between ranks (:mod:`.exchange`) over persistent comms
 (:mod:`.endpoint`), and the cluster's simulation (:mod:`.planner`)."""
 
-from .client import Cluster, connect, connect_trainer
+from .client import Cluster, connect
 
-__all__ = ["Cluster", "connect", "connect_trainer"]
+__all__ = ["Cluster", "connect"]

@@ -64,7 +64,7 @@ from .messages import (DatasetBatch, RankLost, blocks, load_run_state, partition
 from .exchange import BUCKET_BYTES
 from .group import ATTEMPTS, WORKER_GRACE, WORKER_REFRESH, Group
 
-__all__ = ["Cluster", "connect", "connect_trainer", "DatasetBatch", "partition_starts", "blocks",
+__all__ = ["Cluster", "connect", "DatasetBatch", "partition_starts", "blocks",
            "WORKER_GRACE", "WORKER_REFRESH"]
 
 _perf = time.perf_counter
@@ -409,21 +409,3 @@ def _has_bokeh() -> bool:
     except ImportError:
         return False
     return True
-
-
-def connect_trainer(trainer, spec) -> tuple[Cluster, bool]:
-    """``(cluster, owned)`` for ``Trainer(cluster=spec)``: refuses what a cluster cannot
-    train like one process, then connects (``owned``: made here, so the trainer closes it)."""
-    model = trainer.model
-    if getattr(model, "granularities", None) is not None:
-        raise ConfigError("cluster: the model has per-layer granularities; a cluster "
-                          "worker runs its share at the trainer's granularity")
-    from ...layers import RateEncode
-    if any(isinstance(m, RateEncode) for m in model.modules()):  # draws per whole batch
-        raise ConfigError("cluster: the model has RateEncode layers, whose random draws "
-                          "count the samples of the whole batch, not one worker's block; "
-                          "train it with --devices")
-    if trainer.pipeline is not None:  # a stage per worker
-        from ..pipeline.stage_cluster import connect_stages
-        return connect_stages(trainer, spec)
-    return connect(spec), not isinstance(spec, Cluster)

@@ -113,7 +113,7 @@ def rank_spec(trainer, worker_devices) -> bytes:
                         "runtime": runtime, "input_shape": tuple(model.input_shape),
                         "dtype": np.dtype(trainer.dtype).name, "augment": trainer.augment,
                         "seed": trainer.seed, "clip": trainer.clip_grad_norm,
-                        "replay": trainer.replay})
+                        "replay": trainer.replay, "trainer": type(trainer)})
     return buf.getvalue()
 
 

@@ -4,7 +4,7 @@ This module owns the worker side of :mod:`hetero_nn.training.cluster`. A
 :class:`Rank` is a Dask actor, one per worker process in a run's group, made once
 and kept between steps: it holds the model built and bound to a local
 :class:`~hetero_nn.scheduler.runtime.Runtime` (the fine-grained tasks run there), a
-local :class:`~hetero_nn.training.trainer.Trainer` (its step cache captures and
+local :class:`~hetero_nn.training.trainer.Trainer` of the client trainer's class (its step cache captures and
 replays the rank's step), the optimizer and its state, the training set, and an
 :class:`~hetero_nn.training.cluster.endpoint.Endpoint` over which the client sends commands
 and the ranks reduce (:mod:`hetero_nn.training.cluster.exchange`). Weights never travel
@@ -102,7 +102,6 @@ class Rank:
 
         from ...scheduler.runtime import Runtime
         from .endpoint import Endpoint
-        from ..trainer import Trainer
 
         spec = pickle.loads(spec)
         self.run_id = run_id
@@ -118,10 +117,10 @@ class Rank:
         try:
             model = spec["model"]
             model.build(spec["input_shape"], spec["dtype"])
-            self.trainer = Trainer(model, spec["loss"], spec["optimizer"], self.runtime,
-                                   batch_size=2 ** 31, granularity=1, dtype=spec["dtype"],
-                                   seed=spec["seed"], clip_grad_norm=spec["clip"],
-                                   replay=spec["replay"])
+            self.trainer = spec["trainer"](model, spec["loss"], spec["optimizer"], self.runtime,
+                                           batch_size=2 ** 31, granularity=1, dtype=spec["dtype"],
+                                           seed=spec["seed"], clip_grad_norm=spec["clip"],
+                                           replay=spec["replay"])
             host = self._worker.address.split("://", 1)[-1].rsplit(":", 1)[0]
             self.endpoint = Endpoint(f"rank-{run_id}", host, self._on_message, self._on_closed)
             self.endpoint.name = self.endpoint.address

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 
 from ...layers.base import temporarily
-from .stages import _modules, submit_backward, submit_forward
+from .passes import _modules, submit_backward, submit_forward
 
 __all__ = ["submit_pipedream", "WeightStash", "stage_parameters", "zero_stage_grads"]
 

@@ -74,8 +74,8 @@ import numpy as np
 from ...codelets.codelet import Codelet, R, W
 from ..cluster.exchange import GroupBroken
 from .pipedream import WeightStash, stage_parameters, zero_stage_grads
-from .stages import (_chain, _operations, balanced_cut, block_costs, schedule_order,
-                       submit_backward, submit_forward)
+from .passes import submit_backward, submit_forward
+from .stages import _chain, _operations, balanced_cut, block_costs, schedule_order
 from ..cluster.rank import Rank, _clock, _set_hyper
 
 __all__ = ["StageRank", "StageLink", "StagePlan", "submit_stage", "submit_pipedream_stage"]

@@ -73,7 +73,8 @@ from dataclasses import dataclass
 from ...errors import ConfigError
 from ...layers.base import keeping_state
 from ...layers.normalization import BatchNorm2D
-from ...layers.sequential import release_dead
+from .passes import _modules, submit_backward, submit_forward
+from .pipedream import submit_pipedream
 
 SCHEDULES = ("1f1b", "gpipe", "pipedream")
 CALIBRATION_STEPS = 8  # most real steps run for the models to predict every block
@@ -225,7 +226,6 @@ class Pipeline:
         from ...optim import submit_clip_grad_norm
 
         if self.schedule == "pipedream":
-            from .pipedream import submit_pipedream
             return submit_pipedream(self, trainer, xs, ys)
         rt, model = trainer.runtime, trainer.model
         model.zero_grad(rt)
@@ -302,36 +302,6 @@ class Pipeline:
                             "predicted_seconds": st.predicted_seconds} for st in self.stages],
                 "schedule": self.schedule, "schedule_run": self.schedule_run,
                 "imbalance": self.imbalance}
-
-
-def submit_forward(rt, blocks, first, end, xs, outputs):
-    """Submit blocks ``[first, end)``'s forward of the partitions ``xs``; records each
-    block's output in ``outputs`` (block index -> root handle); returns the last one."""
-    for i in range(first, end):
-        xs = blocks[i].forward(rt, xs)
-        outputs[i] = xs[0].root
-    return xs
-
-
-def submit_backward(rt, blocks, needs, first, end, dys, outputs, kept):
-    """Submit blocks ``[first, end)``'s backward from ``dys``, the gradient of their
-    output, releasing the activations no later task reads as ``Sequential.backward``
-    does (``outputs`` from :func:`submit_forward`; ``kept``: handles never released,
-    grown with each output passed). Returns the input gradient (None where no block
-    before has parameters)."""
-    for i in reversed(range(first, end)):
-        if dys is None:  # no block before has parameters
-            break
-        incoming = dys
-        dys = blocks[i].backward(rt, dys, need_input_grad=needs[i])
-        release_dead(rt, [outputs[i], incoming[0].root], kept, dys)
-        kept.add(outputs[i])
-    return dys
-
-
-def _modules(block):
-    """The layers of a block (a fused run's, or the block's own) and their sublayers."""
-    return [m for layer in getattr(block, "layers", (block,)) for m in layer.modules()]
 
 
 def balanced_cut(costs, count, widths=None):
@@ -511,15 +481,3 @@ def _chain(rt, ops):
         for a in lasts:
             for b in firsts:
                 rt.add_dependency(a, b)
-
-
-def make_pipeline(model, pipeline, stage_devices, schedule, cluster):
-    """The trainer's :class:`Pipeline` for its options, or None without ``pipeline``."""
-    if pipeline is None:
-        if stage_devices is not None:
-            raise ConfigError("stage_devices is given without pipeline=")
-        return None
-    if cluster is not None:  # a stage per Dask worker
-        from .stage_cluster import StagePipeline
-        return StagePipeline(model, pipeline, schedule, stage_devices)
-    return Pipeline(model, pipeline, stage_devices, schedule)
