@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from .runtime import Runtime
 
 _lock = threading.Lock()
 _runtime = None
@@ -23,7 +24,6 @@ def default_runtime():
     global _runtime, _owned
     with _lock:
         if _runtime is None or _runtime.closed:
-            from .runtime import Runtime
             _runtime, _owned = Runtime(devices="cpu", trace=False), True
         return _runtime
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 from operator import attrgetter
+import heapq
 
 from ..errors import TaskError
 
@@ -210,7 +211,6 @@ def topological(tasks) -> list:
     """``tasks`` (one flush, closed) in a topological order of their dependencies that
     keeps submission order wherever the dependencies allow (each step takes the earliest
     submitted task whose predecessors are all placed); TaskError on a cycle."""
-    import heapq
 
     index = {t: i for i, t in enumerate(tasks)}
     waiting = [sum(1 for p in t.preds if p in index) for t in tasks]

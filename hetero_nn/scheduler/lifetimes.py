@@ -58,6 +58,9 @@ import weakref
 
 from ..codelets.codelet import SCRATCH
 from .task import link
+from .trace.records import MemoryRecord
+from ..arena.handle import Handle
+from ..errors import SubmitError
 
 ALIGNMENT = 64
 _END = float("inf")
@@ -101,7 +104,6 @@ class Lifetimes:
         """After a run: one :class:`~hetero_nn.scheduler.trace.MemoryRecord` per planned
         root and memory node its tasks ran on, live from the first of them starting to
         the last of all ending (released) or to the end of the flush (the others)."""
-        from .trace.records import MemoryRecord
 
         ran = [t for t in self.tasks if t.t_start and t.worker is not None
                and not isinstance(t.worker, str)]
@@ -332,8 +334,6 @@ class Temporaries:
             capture is not None and root in capture._made)
 
     def release(self, handles, generation, capture) -> None:
-        from ..arena.handle import Handle
-        from ..errors import SubmitError
 
         for h in handles:
             if type(h) is not Handle or h.owner is not self.rt:

@@ -70,6 +70,11 @@ from .task import Task, link
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
+from .policies.policies import make_policy, policy_class
+from .perfmodel.model import PerfModel
+from .executors.dask import DaskExecutor
+from .executors.local import LocalExecutor
+from .executors.sync import SyncExecutor
 
 _perf = time.perf_counter
 
@@ -163,7 +168,6 @@ class Runtime(RuntimeHandles):
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
                  arenas: bool = True, replay_engine: str = "compiled"):
-        from .policies.policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
         if replay_engine not in ("compiled", "executor"):
@@ -193,10 +197,8 @@ class Runtime(RuntimeHandles):
         self._trace.workers = [w.name for w in self.workers]
         self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
-            from .perfmodel.model import PerfModel
             perfmodel = PerfModel()
         elif perfmodel is not False and not hasattr(perfmodel, "record"):
-            from .perfmodel.model import PerfModel
             perfmodel = PerfModel(perfmodel)
         self.perfmodel = perfmodel or None
         self._single_node = len(self.nodes) == 1
@@ -224,14 +226,11 @@ class Runtime(RuntimeHandles):
     # ------------------------------------------------------------------ executors
     def _make_executor(self, executor, make_policy):
         if isinstance(executor, str) and executor == "local":
-            from .executors.local import LocalExecutor
             self.executor_name = "local"
             return LocalExecutor(self, make_policy(self.policy_name, self))
         if isinstance(executor, str) and executor == "sync":
-            from .executors.sync import SyncExecutor
             self.executor_name = "sync"
             return SyncExecutor(self)
-        from .executors.dask import DaskExecutor
         if isinstance(executor, str):
             name, _, address = executor.partition("=")
             if name not in ("dask", "distributed"):

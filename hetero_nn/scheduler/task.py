@@ -16,6 +16,8 @@ must see the tasks that ran asks for ``t.members or (t,)``.
 
 from __future__ import annotations
 
+from ..errors import TaskError
+
 
 class Task:
     """A submitted codelet instance. Plain state, mutated by the runtime and one executor."""
@@ -93,7 +95,6 @@ class Task:
         failure, or its cancellation; None when it ran (or has not ended yet)."""
         if self.failure is not None or self.error is None or not self.ended:
             return self.failure
-        from ..errors import TaskError
         return TaskError(f"task {self.id} (codelet {self.codelet.name!r}) was cancelled: "
                          "a task of its flush failed before it ran",
                          codelet=self.codelet.name, task_id=self.id)

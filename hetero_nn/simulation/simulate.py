@@ -49,6 +49,7 @@ from ..errors import ConfigError
 from ..scheduler.trace.records import dispatch_gaps
 from .machine import DEFAULT_LINKS, Platform, _Machine
 from .paths import EngineOrders, engine_serves
+from ..scheduler.policies.policies import make_policy
 
 _perf = time.perf_counter
 
@@ -426,7 +427,6 @@ def simulate(steps: list[StepGraph], platform: Platform, policy: str, runtime,
     :func:`assign_costs`; the result's ``predicted_by`` says how each kind's tasks were
     predicted.
     """
-    from ..scheduler.policies.policies import make_policy
 
     graphs = [g for step in steps for g in step.graphs]
     counts: dict = {}

@@ -64,6 +64,9 @@ from ..fileio import atomic_write
 from ..layers.dropout import dropout_state, load_dropout_state
 from ..layers.time import RateEncode
 from .progress import new_progress, position
+from ..layers.registry import architecture
+from ..layers.registry import build as build_architecture
+from ..models import SPIKING_OPTIONS, build_model
 
 FORMAT = "hetero_nn.checkpoint/1"
 #: File names a training run writes in its output directory.
@@ -379,7 +382,6 @@ def check_optimizer_state(ckpt: Checkpoint, optimizer, model) -> dict | None:
 def model_architecture(model) -> dict:
     """What a checkpoint records of ``model``'s architecture: the registry's document, or
     ``{"error": reason}`` when an argument is not data (the weights are saved anyway)."""
-    from ..layers.registry import architecture
     try:
         return architecture(model)
     except HeteroNNError as exc:
@@ -389,8 +391,6 @@ def model_architecture(model) -> dict:
 def rebuild_model(ckpt: Checkpoint, dtype=None):
     """The model ``ckpt`` holds, constructed anew, built and given its weights (see
     :func:`load_model`)."""
-    from ..layers.registry import build as build_architecture
-    from ..models import SPIKING_OPTIONS, build_model
 
     dtype = dtype or ckpt.config.get("dtype", "float32")
     doc, spec = ckpt.architecture, ckpt.config.get("model")

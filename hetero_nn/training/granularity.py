@@ -64,6 +64,7 @@ from ..layers.base import keeping_state
 from ..simulation.paths import PathCosts, step_path
 from ..simulation.simulate import Platform, capture, simulate
 from ..scheduler.trace.buffer import TraceBuffer
+from ..scheduler.perfmodel.model import PerfModel
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -320,7 +321,6 @@ def _models_for(rt):
     if rt.perfmodel is not None:
         yield rt.perfmodel
         return
-    from ..scheduler.perfmodel.model import PerfModel
     rt.perfmodel = PerfModel(load=False)  # never saved: only this decision reads it
     try:
         yield rt.perfmodel

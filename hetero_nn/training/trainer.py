@@ -61,6 +61,7 @@ from .progress import (add_step, epoch_record, new_progress, position, print_epo
                        progress_bar, running)
 from .runners import connect_trainer, make_pipeline
 from .step_cache import StepCache
+from .granularity import choose_granularity
 
 #: Keys of every per-epoch record :meth:`Trainer.fit` returns.
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
@@ -377,7 +378,6 @@ class Trainer:
         -------
         int
         """
-        from .granularity import choose_granularity
 
         self.granularity_decision = choose_granularity(self, x, y, candidates, per_layer)
         return self.granularity

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from concurrent.futures import ThreadPoolExecutor
 
 from ...arena.handle import mark_written
 from ...errors import DeviceError, TaskError
@@ -52,6 +53,7 @@ class DaskExecutor:
     @property
     def client(self):
         if self._client is None:
+            # distributed loads with the first cluster (heavy at start-up)
             from distributed import Client, LocalCluster
             if self._address:
                 self._client = Client(self._address)
@@ -74,9 +76,8 @@ class DaskExecutor:
         offset = time.time() - time.perf_counter()
         t0 = time.perf_counter()
         if self.mode == "threads":
-            import dask.threaded
+            import dask.threaded  # dask's schedulers load with the Dask executor
             if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
                 self._pool = ThreadPoolExecutor(max(1, len(self.workers)),
                                                 thread_name_prefix="hetero_nn-dask")
             values = dask.threaded.get(dsk, keys, pool=self._pool)
@@ -128,7 +129,7 @@ class DaskExecutor:
 def _one_blas_thread():
     """Hold BLAS to one thread in this process (None without threadpoolctl or a BLAS)."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # optional: BLAS to one thread
         return threadpool_limits(limits=1, user_api="blas")
     except Exception:
         return None

@@ -119,7 +119,7 @@ class LocalExecutor:
         self._records = runtime._flushes.records
         self._blas = None
         try:
-            from threadpoolctl import threadpool_limits
+            from threadpoolctl import threadpool_limits  # optional: BLAS to one thread
             self._blas = threadpool_limits(limits=1, user_api="blas")
         except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
             self._blas = None

@@ -25,8 +25,12 @@ grow once per variant (and per set of parameter names) and are read without a lo
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import time
+
+import numba
+import numpy as np
 
 _perf = time.perf_counter
 _callers: dict = {}
@@ -48,7 +52,6 @@ def _make_caller(fn):
             fn(*arrays, **params)
             return _perf()
         return call
-    import numba
 
     @numba.njit(nogil=True)
     def timed(*args):
@@ -83,6 +86,7 @@ def _positional(fn, nops, params) -> list:
 
 def _is_nogil_dispatcher(fn) -> bool:
     try:
+        # numba.core: only to recognise a compiled dispatcher
         from numba.core.registry import CPUDispatcher
     except ImportError:  # pragma: no cover - numba is a dependency
         return False
@@ -102,11 +106,6 @@ def _kernel_clock():
 
 def _build_clock():
     try:
-        import ctypes
-
-        import numba
-        import numpy as np
-
         libc = ctypes.CDLL(None)
         clock_gettime = libc.clock_gettime
         clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]

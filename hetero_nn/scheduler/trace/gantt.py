@@ -43,7 +43,7 @@ TRANSFER = "#404040"
 
 def _palette(n):
     """``n`` distinct colours: tab20, then tab20b and tab20c, then repeats."""
-    import matplotlib
+    import matplotlib  # matplotlib: the optional plot extra
 
     colours = [matplotlib.colormaps[name](i) for name in ("tab20", "tab20b", "tab20c")
                for i in range(20)]
@@ -69,9 +69,10 @@ def gantt(trace, path, title: str | None = None, window: tuple | None = None) ->
 def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
     """The matplotlib Figure :func:`gantt` saves, laid out (its chart is ``axes[0]``)."""
     try:
+        # matplotlib: the optional plot extra
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
+        from matplotlib.figure import Figure  # matplotlib: the optional plot extra
+        from matplotlib.patches import Patch  # matplotlib: the optional plot extra
     except ImportError as exc:
         raise ImportError("Trace.gantt needs matplotlib: pip install hetero-nn[plot]") from exc
 

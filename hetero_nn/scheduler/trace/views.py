@@ -45,6 +45,8 @@ from ...errors import ConfigError
 from ...fileio import atomic_write
 from ...tables import format_table
 from .records import MemoryRecord, TaskRecord, TransferRecord
+from .gantt import gantt
+from .buffer import is_stream, read_stream
 
 __all__ = ["MemoryRecord", "TaskRecord", "TransferRecord", "Trace"]
 
@@ -378,7 +380,6 @@ class Trace:
         ``window=(t0, t1)`` shows those milliseconds since the first submit. Needs
         matplotlib (``pip install hetero-nn[plot]``).
         """
-        from .gantt import gantt
 
         return gantt(self, path, title=title, window=window)
 
@@ -405,7 +406,6 @@ class Trace:
             A file that is not JSON, or JSON that neither method wrote (the message
             names the file).
         """
-        from .buffer import is_stream, read_stream
 
         if is_stream(path):
             records, transfers, workers = read_stream(path)

@@ -57,12 +57,14 @@ import logging
 import time
 
 import numpy as np
+import dataclasses
 
 from ...errors import ClusterError, ConfigError
 from .messages import (DatasetBatch, RankLost, blocks, load_run_state, partition_starts,
                          step_terms)
 from .exchange import BUCKET_BYTES
 from .group import ATTEMPTS, WORKER_GRACE, WORKER_REFRESH, Group
+from ...scheduler.devices import parse_devices
 
 __all__ = ["Cluster", "connect", "DatasetBatch", "partition_starts", "blocks",
            "WORKER_GRACE", "WORKER_REFRESH"]
@@ -278,7 +280,6 @@ class Cluster(Group):
         chooses a granularity for its share of the batch on its own devices (without
         per-layer granularities); the run's granularity is their sum, dealt evenly from
         then on, with the first rank's choice of fusion everywhere."""
-        import dataclasses
 
         data = x.data if isinstance(x, DatasetBatch) else None
         n = len(x)
@@ -370,10 +371,9 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ConfigError(f"cluster threads must be a positive integer, got {threads!r}")
     if devices is not None:
-        from ...scheduler.devices import parse_devices
         parse_devices(devices)
     try:
-        import distributed
+        import distributed  # distributed loads with the first cluster (heavy at start-up)
     except ImportError:
         raise ConfigError("cluster: the 'distributed' package is not installed") from None
     if isinstance(spec, distributed.Client):
@@ -405,7 +405,7 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
 
 def _has_bokeh() -> bool:
     try:
-        import bokeh  # noqa: F401
+        import bokeh  # noqa: F401  (optional: whether the dashboard can start)
     except ImportError:
         return False
     return True

@@ -66,6 +66,7 @@ class Endpoint:
     """
 
     def __init__(self, name, host, on_message, on_closed=None):
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.comm import listen
 
         self.name = name
@@ -147,6 +148,7 @@ class Endpoint:
     # ------------------------------------------------------------ public
     def connect(self, name, address, timeout=CONNECT_TIMEOUT):
         """Open a link to the endpoint at ``address``, known here as ``name`` (blocks)."""
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.comm import connect
 
         async def dial():

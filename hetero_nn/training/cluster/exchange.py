@@ -317,6 +317,7 @@ class Exchange:
         operations of the tree."""
         q = shape.local_part(self.rank, values)
         step = self.step
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         for r, ((lo, hi), owners) in enumerate(shape.ranges):
@@ -355,6 +356,7 @@ class Exchange:
         return parts
 
     def _post(self, rank, tag, key, values):
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         self.endpoint.post(self.peers[rank], {
@@ -434,6 +436,7 @@ class Exchange:
         result = head + q[0] if shape.m else np.array(head, copy=True)
         _, owners = shape.ranges[r]
         if len(owners) == 1:  # a scattered range: its owner tells the others
+            # distributed loads with the first cluster (heavy at start-up)
             from distributed.protocol import to_serialize
 
             for other in range(self.ranks):

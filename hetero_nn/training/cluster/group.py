@@ -40,6 +40,7 @@ import uuid
 
 from ...errors import ClusterError, TaskError
 from .messages import ClientLinks, RankLost, rank_spec, run_state, scatter
+from .rank import Rank
 
 __all__ = ["Group", "RankRef", "WORKER_GRACE", "WORKER_REFRESH", "FORM_TIMEOUT", "ATTEMPTS"]
 
@@ -175,7 +176,7 @@ class Group:
     def _start_ranks(self, workers, spec, data_future):
         """A rank on each of ``workers`` that has none (its actor placed there); workers
         that die meanwhile are left out."""
-        from distributed import wait
+        from distributed import wait  # distributed loads with the first cluster (heavy at start-up)
 
         new = {}
         rank_class = self._rank_class()
@@ -209,7 +210,6 @@ class Group:
 
     def _rank_class(self):
         """The actor class of the ranks (a subclass may run another share of a step)."""
-        from .rank import Rank
         return Rank
 
     def _data_future(self, data):

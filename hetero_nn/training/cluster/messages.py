@@ -27,10 +27,15 @@ import threading
 import time
 
 import numpy as np
+import asyncio
 
 from ...arena.handle import Handle
 from ...errors import HeteroNNError
 from ...layers.base import Parameter
+from ...scheduler.runtime import Runtime
+from ...layers.dropout import dropout_state
+from ...layers.dropout import load_dropout_state
+from .endpoint import Endpoint
 
 __all__ = ["partition_starts", "blocks", "DatasetBatch", "rank_spec", "run_state",
            "load_run_state", "scatter", "ClientLinks", "RankLost", "step_terms"]
@@ -89,9 +94,8 @@ def rank_spec(trainer, worker_devices) -> bytes:
     handle of no runtime, a runtime as None; the optimizer as a fresh one of its
     class with its hyper-parameters.
     """
-    import cloudpickle
+    import cloudpickle  # cloudpickle comes with distributed (heavy at start-up)
 
-    from ...scheduler.runtime import Runtime
 
     class _Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
@@ -120,7 +124,6 @@ def rank_spec(trainer, worker_devices) -> bytes:
 def run_state(model, optimizer, completed) -> dict:
     """The run's state (copies): weights and buffers, optimizer state, dropout counters,
     and ``completed``, the last step it includes."""
-    from ...layers.dropout import dropout_state
 
     return {"model": {k: np.array(v, copy=True) for k, v in model.state_dict().items()},
             "optimizer": optimizer.state_dict(), "dropout": dropout_state(model),
@@ -129,7 +132,6 @@ def run_state(model, optimizer, completed) -> dict:
 
 def load_run_state(model, optimizer, state) -> None:
     """Load a :func:`run_state` into ``model`` and ``optimizer`` (rebinding their arrays)."""
-    from ...layers.dropout import load_dropout_state
 
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -144,7 +146,6 @@ def scatter(client, value, grace):
     listed worker kept a worker SIGKILLed mid-transfer listed, and the scheduler
     retried its address 30 s per try. The whole scatter is bounded, not only its
     wait for workers."""
-    import asyncio
 
     try:
         [future] = client.sync(asyncio.wait_for,
@@ -173,7 +174,6 @@ class ClientLinks:
     requests it makes of them."""
 
     def __init__(self, run_id):
-        from .endpoint import Endpoint
 
         self._cond = threading.Condition()
         self._replies: dict = {}
@@ -197,6 +197,7 @@ class ClientLinks:
     @staticmethod
     def array(a):
         """``a`` as a message part that travels as frames (not pickled)."""
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         return to_serialize(np.ascontiguousarray(a))
@@ -205,6 +206,7 @@ class ClientLinks:
     def serialized(obj):
         """``obj`` (a state with many arrays) as one message part, pickled with its
         arrays out of band."""
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         return to_serialize(obj)

@@ -45,12 +45,21 @@ import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
+import threading
+import time
 
 from ...simulation.platforms import ClusterPlatform, Device, Machine, Network
 from ...simulation.simulate import capture, simulate
 from .messages import partition_starts
 from .exchange import Exchange, tree_ops
 from .rank import place_share, submit_share
+from ...models import build_model
+from ...scheduler.runtime import Runtime
+from ..trainer import Trainer
+from ...simulation.paths import PathCosts, engine_serves
+from .endpoint import Endpoint
+from ...datasets import load
+from .client import connect
 
 __all__ = ["ClusterPrediction", "capture_share", "predict_cluster_step", "scaling", "shares",
            "format_scaling", "local_platform", "measure_network", "measure_cluster_step"]
@@ -100,9 +109,6 @@ def capture_share(model, shape, batch, granularity, ranks, rank=0, dtype="float3
     host's time of each step is ``host_seconds``: a rank replays its step, so the
     capture's submission time, which a replay does not spend, is not counted.
     """
-    from ...models import build_model
-    from ...scheduler.runtime import Runtime
-    from ..trainer import Trainer
 
     rt = Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel, deterministic=False)
     try:
@@ -157,7 +163,6 @@ def predict_cluster_step(model, shape, batch, granularity, platform: ClusterPlat
     ``costs``: what the rank's runtime costs besides its kernels on the path its replayed
     steps take (:class:`~hetero_nn.simulation.paths.PathCosts`, measured by a
     calibration; none: nothing), the compiled engine's schedule where it serves."""
-    from ...simulation.paths import PathCosts, engine_serves
 
     costs = costs or PathCosts("compiled")
     ranks = max(1, min(ranks, granularity))
@@ -254,12 +259,10 @@ def measure_network(trips=40) -> Network:
     """This machine's links between processes as the cluster path uses them: two
     endpoints in this process, ping-pong of 8 bytes (half the round trip: the
     per-message cost) and of 4 MiB (the bandwidth); medians."""
-    import threading
-    import time
 
+    # distributed loads with the first cluster (heavy at start-up)
     from distributed.protocol import to_serialize
 
-    from .endpoint import Endpoint
 
     got = threading.Event()
     b = Endpoint("b", "127.0.0.1", lambda peer, m: b.post(peer, m))
@@ -301,13 +304,7 @@ def measure_cluster_step(model, shape, batch, granularity, workers, threads=1, s
                          warmup=4, dtype="float32") -> float:
     """The median seconds of real steps of ``model`` on ``--cluster local:workers``
     (synthetic data, the pinned variants), for a prediction to be checked against."""
-    import time
 
-    from ...datasets import load
-    from ...models import build_model
-    from ...scheduler.runtime import Runtime
-    from .client import connect
-    from ..trainer import Trainer
 
     data = load("synthetic", "train", image_size=shape[-1], channels=shape[0],
                 num_samples=2 * batch)

@@ -55,6 +55,8 @@ from ...errors import HeteroNNError
 from ...optim import submit_clip_grad_norm
 from .messages import load_run_state, run_state
 from .exchange import Exchange, GroupBroken
+from ...scheduler.runtime import Runtime
+from .endpoint import Endpoint
 
 __all__ = ["Rank", "live_ranks", "drop_run", "place_share", "submit_share"]
 
@@ -98,10 +100,9 @@ class Rank:
     address = ""  # the endpoint's; declared here so the client's actor proxy can read it
 
     def __init__(self, run_id, spec, data=None):
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed import get_worker
 
-        from ...scheduler.runtime import Runtime
-        from .endpoint import Endpoint
 
         spec = pickle.loads(spec)
         self.run_id = run_id
@@ -228,6 +229,7 @@ class Rank:
         return {"op": "ready"}
 
     def _state(self, m):
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         t = self.trainer
@@ -238,6 +240,7 @@ class Rank:
         return {"op": "aborted", "result": self.last_result}
 
     def _tune(self, m):
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         x, y = self._batch(m)

@@ -36,6 +36,7 @@ import contextlib
 
 from ...layers.base import temporarily
 from .passes import _modules, submit_backward, submit_forward
+from ...codelets.reduce import copy
 
 __all__ = ["submit_pipedream", "WeightStash", "stage_parameters", "zero_stage_grads"]
 
@@ -111,7 +112,6 @@ class WeightStash:
     def keep(self, version) -> list:
         """Submit a copy of the live weights, which are ``version`` (after that many
         updates), where a later micro-batch reads it; returns the copy tasks."""
-        from ...codelets.reduce import copy
 
         if not _stashed(version, self.stage, self.count, self.micro):
             return []

@@ -61,6 +61,7 @@ from ...errors import ClusterError, ConfigError
 from ..cluster.client import Cluster, connect
 from ..cluster.messages import DatasetBatch, RankLost, load_run_state, partition_starts, step_terms
 from .stages import Pipeline, Stage, schedule_span
+from .stage_rank import StageRank
 
 __all__ = ["StagePipeline", "StageCluster", "connect_stages", "merge_states"]
 
@@ -145,7 +146,6 @@ class StageCluster(Cluster):
     _broken = None
 
     def _rank_class(self):
-        from .stage_rank import StageRank
         return StageRank
 
     def train_step(self, trainer, x, y) -> float:

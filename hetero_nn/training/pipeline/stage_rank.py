@@ -70,6 +70,7 @@ import threading
 import time
 
 import numpy as np
+import types
 
 from ...codelets.codelet import Codelet, R, W
 from ..cluster.exchange import GroupBroken
@@ -129,6 +130,7 @@ class StageLink:
     def send(self, what, k, array):
         """Post micro-batch ``k``'s ``what`` ("act": to the next stage; "grad": to the
         previous one), a copy: the buffer serves the rest of the step."""
+        # distributed loads with the first cluster (heavy at start-up)
         from distributed.protocol import to_serialize
 
         self.endpoint.post(self.next if what == "act" else self.prev, {
@@ -360,7 +362,6 @@ class StageRank(Rank):
     def _cut(self, m):
         """Balance ``count`` stages from this worker's performance models on the batch of
         ``m`` (:func:`~hetero_nn.training.pipeline.stages.block_costs`; the state is put back)."""
-        import types
 
         t = self.trainer
         x, y = self._batch(m)

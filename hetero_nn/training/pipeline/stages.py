@@ -75,6 +75,9 @@ from ...layers.base import keeping_state
 from ...layers.normalization import BatchNorm2D
 from .passes import _modules, submit_backward, submit_forward
 from .pipedream import submit_pipedream
+from ...simulation.simulate import capture
+from ..granularity import _models_for, _state_kept
+from ...optim import submit_clip_grad_norm
 
 SCHEDULES = ("1f1b", "gpipe", "pipedream")
 CALIBRATION_STEPS = 8  # most real steps run for the models to predict every block
@@ -223,7 +226,6 @@ class Pipeline:
     def submit_step(self, trainer, xs, ys):
         """Submit one optimizer step as the trainer would, each block on its stage's
         workers, the schedule's order added; returns the trainer's result handles."""
-        from ...optim import submit_clip_grad_norm
 
         if self.schedule == "pipedream":
             return submit_pipedream(self, trainer, xs, ys)
@@ -336,8 +338,6 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
     """Per stage kind, the predicted seconds of each block's tasks in one step (forward
     and backward), from the performance models (one calibration step where they know
     too little; the state is put back)."""
-    from ...simulation.simulate import capture
-    from ..granularity import _models_for, _state_kept
 
     rt = trainer.runtime
     with _models_for(rt):
