@@ -8,7 +8,7 @@ from .errors import (ArenaError, CheckpointError, ConfigError, DatasetFormatErro
 
 __version__ = "0.1.0"
 from .arena import Arena, ArenaPair, Handle
-from .scheduler import POLICIES, PerfModel, Runtime, Trace
+from .scheduler import POLICIES, PerfModel, Runtime, StudyOptions, Trace
 from . import losses, optim
 from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, manual_seed
 from .layers import (GELU, AvgPool2D, BatchNorm2D, Dropout, GlobalAvgPool2D, LeakyReLU, Residual,

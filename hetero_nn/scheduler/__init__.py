@@ -5,7 +5,8 @@ from .perfmodel.model import PerfModel
 from .policies.policies import POLICIES
 from .capture import Graph
 from .runtime import Runtime
+from .study import StudyOptions
 from .task import Task
 from .trace import TaskRecord, Trace
 
-__all__ = ["Graph", "PerfModel", "POLICIES", "Runtime", "Task", "TaskRecord", "Trace"]
+__all__ = ["Graph", "PerfModel", "POLICIES", "Runtime", "StudyOptions", "Task", "TaskRecord", "Trace"]

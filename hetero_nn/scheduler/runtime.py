@@ -66,6 +66,7 @@ from .flush import Flushes
 from .handles import HandleFactory, RuntimeHandles
 from .lifetimes import Temporaries
 from .redux import Reductions
+from .study import StudyOptions
 from .task import Task, link
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
@@ -126,6 +127,9 @@ class Runtime(RuntimeHandles):
         Flushes the trace keeps in memory (default ``TRACE_FLUSHES``, 100), so a
         long run's memory stays flat; None keeps all (for a caller that empties it
         with ``trace(clear=True)``, as the CLI does every step).
+    study : StudyOptions, optional
+        The switches that exist for experiments and tests (:mod:`.study`); the four
+        below are its fields, still accepted as keywords (they override it).
     fuse_chains : bool
         True (the default): a captured :class:`Graph` fuses, before its second
         replay, the chains of tasks the performance model predicts below the
@@ -166,14 +170,13 @@ class Runtime(RuntimeHandles):
                  deterministic: bool | None = None, variants=None, perfmodel=None,
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
-                 seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
-                 arenas: bool = True, replay_engine: str = "compiled"):
+                 seed: int = 0, study: StudyOptions | None = None, fuse_chains=None,
+                 overlap=None, arenas=None, replay_engine=None):
 
         policy_class(policy)  # unknown names fail before any thread starts
-        if replay_engine not in ("compiled", "executor"):
-            raise ConfigError(f"Runtime: replay_engine={replay_engine!r}; expected 'compiled' "
-                              "or 'executor'")
-        self.replay_engine = replay_engine
+        self.study = study = (study or StudyOptions()).with_keywords(
+            fuse_chains=fuse_chains, overlap=overlap, arenas=arenas, replay_engine=replay_engine)
+        self.replay_engine = study.replay_engine
         self._engine = None  # the replay engine's threads, made at the first compiled replay
         if deterministic is None:
             deterministic = not calibrate
@@ -195,7 +198,7 @@ class Runtime(RuntimeHandles):
         self.seed = seed
         self.tracing = bool(trace)
         self._trace.workers = [w.name for w in self.workers]
-        self.fuse_chains = bool(fuse_chains)
+        self.fuse_chains = bool(study.fuse_chains)
         if perfmodel is None or perfmodel is True:
             perfmodel = PerfModel()
         elif perfmodel is not False and not hasattr(perfmodel, "record"):
@@ -208,7 +211,7 @@ class Runtime(RuntimeHandles):
         self._constrained = False  # a task was given worker=
         self._handles = HandleFactory(self)
         self._placing = None  # (workers, tasks submitted) of the innermost placing() block
-        self.arenas = bool(arenas)
+        self.arenas = bool(study.arenas)
         self._temporaries = Temporaries(self, self.arenas)
         self._dependencies = Dependencies()
         self._reductions = Reductions(self)
@@ -218,7 +221,7 @@ class Runtime(RuntimeHandles):
         self._flushes = Flushes(self)
         self.executor = self._make_executor(executor, make_policy)
         self.overlap = self.executor_name == "sync" or (
-            bool(overlap) and self.executor_name == "local"
+            bool(study.overlap) and self.executor_name == "local"
             and not self.executor.policy.whole_graph
             and all(w.kind == "cpu" for w in self.workers))
         _live_runtimes.add(self)

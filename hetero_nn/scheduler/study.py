@@ -1,0 +1,47 @@
+"""Study switches: the runtime's options that exist for experiments and tests.
+
+A user's constructor holds what a user sets (devices, policy, executor, models, trace);
+the switches that turn the runtime's own machinery off, to measure what it brings or to
+pin down a behaviour in a test, live in one :class:`StudyOptions` that
+``Runtime(study=...)`` takes (``hn.StudyOptions``). The old keywords (``overlap=``,
+``arenas=``, ``replay_engine=``, ``fuse_chains=``) are still accepted and override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+REPLAY_ENGINES = ("compiled", "executor")
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """The runtime's study switches, each on by default (see ``Runtime``'s docstring).
+
+    ``overlap``: tasks start while the program still submits (False: only at
+    ``wait()``, as one DAG). ``arenas``: a flush's temporaries share one region per
+    memory node laid out from their lifetimes (False: one allocation per temporary).
+    ``replay_engine``: ``"compiled"`` replays through the compiled engine where it
+    serves the runtime, ``"executor"`` through the executor and policy.
+    ``fuse_chains``: a captured graph fuses its chains of small tasks into bundles.
+
+    >>> StudyOptions(overlap=False).with_keywords(arenas=False, replay_engine=None)
+    StudyOptions(overlap=False, arenas=False, replay_engine='compiled', fuse_chains=True)
+    """
+
+    overlap: bool = True
+    arenas: bool = True
+    replay_engine: str = "compiled"
+    fuse_chains: bool = True
+
+    def __post_init__(self):
+        if self.replay_engine not in REPLAY_ENGINES:
+            raise ConfigError(f"Runtime: replay_engine={self.replay_engine!r}; expected "
+                              "'compiled' or 'executor'")
+
+    def with_keywords(self, **given) -> "StudyOptions":
+        """These options with the keywords given (not None) in their place."""
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
