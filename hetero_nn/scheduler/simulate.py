@@ -103,6 +103,8 @@ class Platform:
         if "machines" in doc:
             raise ConfigError(f"--platform {path}: a platform of machines; read it with "
                               "hetero_nn.scheduler.platforms.load_platform")
+        from .platforms import check_one_machine_keys
+        check_one_machine_keys(doc, path)
         try:
             workers = {str(k): int(v) for k, v in doc.get("workers", {"cpu": 1}).items()}
             links = {str(k): (float(v["latency"]), float(v["bandwidth"]))
