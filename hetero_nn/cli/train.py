@@ -24,8 +24,10 @@ reproducible only up to rounding.
 batch size, granularity, dtype, optimizer, lr, momentum, weight decay, Nesterov,
 label smoothing, schedule and its settings, clipping, augmentation,
 normalisation, seed, limit, determinism) from the checkpoint's config; giving a
-different value is an error. ``--epochs`` may be raised to train further; devices, policy, executor,
-tracing and checkpoint frequency may change freely.
+different value is an error. ``--epochs`` may be raised to train further. The launch
+options (devices, policy, executor, cluster, pipeline, tracing, checkpoint frequency;
+:mod:`.launch`) are the run's too unless given again, when they may change freely; one
+line says which options the resume took from the run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
+from .launch import defer_defaults, note_session, resolve_launch, result_flags, taken_from_run
 from .options import PROG, UNSET, dataset_error
 from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
                          resumes_own)
@@ -107,7 +110,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "(implies --no-deterministic)")
     out = train.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="write metrics, trace and checkpoints here")
-    out.add_argument("--trace", action="store_true", help="write DIR/trace.json (Chrome trace)")
+    out.add_argument("--trace", action=argparse.BooleanOptionalAction, default=False,
+                     help="write DIR/trace.json (Chrome trace)")
     out.add_argument("--trace-steps", type=options.non_negative_int, default=100, metavar="N",
                      help="keep the tasks of the last N training steps in the trace "
                           "(0: all; default: 100)")
@@ -115,11 +119,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="also write DIR/checkpoint.npz every N steps")
     out.add_argument("--resume", nargs="?", const="", metavar="FILE",
                      help="continue from FILE (default: DIR/checkpoint.npz) with the run's "
-                          "options and data directory")
+                          "options, data directory, devices, policy, trace and every other "
+                          "option not given again (one line says which)")
     out.add_argument("--overwrite", action="store_true",
                      help="start a run (new, or resumed from a FILE elsewhere) in a DIR that "
                           "holds another run's files, removing them first")
     out.add_argument("-q", "--quiet", action="store_true", help="no per-epoch lines or bar")
+    defer_defaults(train)  # --resume takes the run's unless given (launch.py)
     return train
 
 
@@ -220,6 +226,12 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         run["calibrate"] = bool(args.calibrate)
         run["data_dir"] = args.data_dir if args.data_dir is not None else saved.get("data_dir")
         run["schedule_length"] = saved.get("schedule_length")
+        given = {key for key, _, _ in _RESULT_OPTIONS if getattr(args, key) is not UNSET}
+        taken = result_flags(run, given, _RESULT_OPTIONS, OPTIMIZER_DEFAULTS)
+        taken += resolve_launch(args, run, saved)
+        if args.data_dir is None and run["data_dir"]:
+            taken.append(f"--data-dir {run['data_dir']}")
+        args.taken_from_run = taken  # said once the checkpoint has loaded
         return run, ckpt
     run = {key: getattr(args, key) if getattr(args, key) is not UNSET else default
            for key, _, default in _RESULT_OPTIONS}
@@ -239,6 +251,7 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         run["deterministic"] = False
     run["calibrate"] = bool(args.calibrate)
     run["data_dir"] = str(Path(args.data_dir).expanduser().resolve()) if args.data_dir else None
+    resolve_launch(args, run)
     return run, None
 
 
@@ -408,6 +421,7 @@ def command(args) -> int:
                           deterministic=run["deterministic"], calibrate=run["calibrate"],
                           trace=True)  # the task records say which variants ran
         stack.callback(rt.close)
+        note_session(run, rt, ckpt.global_step if ckpt is not None else 0)
         with Interrupts() as interrupts:
             return _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster)
 
@@ -456,8 +470,9 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     if ckpt is not None:
         trainer.load_checkpoint(ckpt.path)
         if not args.quiet:
-            print(f"{PROG}: resuming {ckpt.path} at epoch {ckpt.epoch + 1}, step {ckpt.step} "
-                  f"(global step {ckpt.global_step})", file=sys.stderr)
+            where = (f"{ckpt.path} at epoch {ckpt.epoch + 1}, step {ckpt.step} (global step "
+                     f"{ckpt.global_step})")
+            print(f"{PROG}: {taken_from_run(where, args.taken_from_run)}", file=sys.stderr)
     for path in earlier_run:  # --overwrite: the earlier run's files go, nothing else
         path.unlink()
     files = RunFiles(args.out, run, rt, environment(), trainer)

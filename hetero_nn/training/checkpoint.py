@@ -481,6 +481,9 @@ def trainer_config(trainer) -> dict:
         cfg["clip_grad_norm"] = trainer.clip_grad_norm
     if trainer.augment is not None:
         cfg["augment"] = repr(trainer.augment)
+    decision = getattr(trainer, "granularity_decision", None)
+    if decision is not None:  # what 'auto' chose and why: a resumed run still says it
+        cfg["granularity_decision"] = decision.to_json()
     cfg.update(trainer.config)
     return cfg
 
@@ -546,6 +549,12 @@ def load_trainer(trainer, path) -> Checkpoint:
         trainer.granularity = g
     if ckpt.config.get("auto_granularity") and g == trainer.granularity:
         _adopt_layout(model, ckpt.config)  # the fusion and per-layer g 'auto' chose
+        decision = ckpt.config.get("granularity_decision")
+        if isinstance(decision, dict) and trainer.granularity_decision is None:
+            from .granularity import GranularityDecision
+            layers = decision.get("layer_granularity")
+            trainer.granularity_decision = GranularityDecision(**{
+                **decision, "layer_granularity": None if layers is None else tuple(layers)})
     trainer.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
                                "global_step": ckpt.global_step}
     return ckpt
