@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import numbers
 import threading
 import time
 import weakref
@@ -372,8 +373,9 @@ class Runtime:
             Called once the task has run (whether it succeeded or raised), in the thread
             that ran it, before its successors are released; an exception it raises
             fails the flush. Not called for a cancelled task.
-        worker : Worker, worker name, or a collection of them
-            Run on that worker, or on one of those (a placement constraint every policy
+        worker : Worker, worker name, worker index, or a collection of them
+            Run on that worker (an int is its index in ``workers``: StarPU's worker id),
+            or on one of those (a placement constraint every policy
             honours, see :mod:`~hetero_nn.scheduler.policies`).
         modes : sequence of AccessMode
             The operands' modes, for a codelet declared with ``modes=None``.
@@ -480,15 +482,25 @@ class Runtime:
                 self.executor.constrain()
 
     def _workers_named(self, worker, codelet_name) -> tuple:
-        """The workers ``worker=`` names: a worker, its name, or a collection of them."""
-        items = (worker,) if isinstance(worker, (str, Worker)) else tuple(worker)
+        """The workers ``worker=`` names: a worker, its name, its index, or a collection."""
+        single = isinstance(worker, (str, Worker, numbers.Integral))
+        if not single and not isinstance(worker, (list, tuple, set, frozenset)):
+            raise SubmitError(f"codelet {codelet_name!r}: worker={worker!r}: expected a worker, "
+                              "its name, its index, or a list of them")
+        items = (worker,) if single else tuple(worker)
         by_name = {w.name: w for w in self.workers}
         out = []
         for item in items:
-            w = by_name.get(item) if isinstance(item, str) else item
+            if isinstance(item, bool):
+                w = None
+            elif isinstance(item, numbers.Integral):  # StarPU's worker id
+                w = self.workers[item] if 0 <= item < len(self.workers) else None
+            else:
+                w = by_name.get(item) if isinstance(item, str) else item
             if w is None or w not in self.workers:
                 raise SubmitError(f"codelet {codelet_name!r}: worker={item!r} is not a worker of "
-                                  f"this Runtime ({list(by_name)})")
+                                  f"this Runtime (indices 0-{len(by_name) - 1}: "
+                                  f"{list(by_name)})")
             out.append(w)
         if not out:
             raise SubmitError(f"codelet {codelet_name!r}: worker= names no worker")
