@@ -43,6 +43,7 @@ from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
+from .report import pipeline_cut
 from .launch import defer_defaults, note_session, resolve_launch, result_flags, taken_from_run
 from .options import PROG, UNSET, dataset_error
 from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
@@ -373,9 +374,11 @@ def _summary(history, document) -> str:
                      "-" if r["images_per_second"] is None else f"{r['images_per_second']:.0f}"))
     lines = [format_table(("epoch", "train loss", "train acc", "test loss", "test acc",
                            "seconds", "images/s"), rows)]
-    acc = document["test_accuracy"]
+    acc, limit = document["test_accuracy"], document["config"].get("limit")
     tail = (f"final test accuracy {acc:.2%} (loss {document['test_loss']:.4f})"
             if acc is not None else "no test set evaluated")
+    if acc is not None and limit:  # evaluate reads the whole split: say this one is not
+        tail += f" on the first {limit} test samples (--limit {limit}), not the whole split"
     lines.append(f"{tail}; {len(history)} epoch(s), {document['train_seconds']:.1f} s training, "
                  f"{document['wall_seconds']:.1f} s wall in this process, granularity "
                  f"{document['granularity']}")
@@ -480,13 +483,17 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
         trainer.save_checkpoint(_checkpoint(args))  # the folder's first file: resumable at once
     traces = StepTraces(args.trace_steps, [w.name for w in rt.workers]) if args.trace else None
 
-    decided = [trainer.granularity_decision is not None]
+    decided = [trainer.granularity_decision is not None, trainer.pipeline is None]
 
     def on_step(_trainer, _loss):
         if not decided[0] and trainer.granularity_decision is not None:
             decided[0] = True  # 'auto' resolved on the first batch: say what and why
             if not args.quiet:
                 print(trainer.granularity_decision.format(), file=sys.stderr, flush=True)
+        if not decided[1] and trainer.pipeline.stages:
+            decided[1] = True  # the stages are cut at the first batch: say where
+            if not args.quiet:
+                print(f"{PROG}: {pipeline_cut(trainer.pipeline)}", file=sys.stderr, flush=True)
         trace = rt.trace(clear=True)
         files.count_variants(trace.records)
         files.count_bubble(trace.records)
@@ -519,6 +526,9 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
             print(trace.format_stats(), file=sys.stderr)
     print(_summary(trainer.history, document))
     if args.out:
-        print(f"wrote {args.out}/metrics.json, metrics.csv, checkpoint-final.npz"
+        print(f"wrote {args.out}/metrics.json, metrics.csv, checkpoint.npz, checkpoint-final.npz"
               + (", trace.json" if args.trace else ""))
+    else:
+        print("nothing was kept: no --out DIR (give one to keep the model, its checkpoints and "
+              "metrics)")
     return 0
