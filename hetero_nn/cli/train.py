@@ -41,16 +41,16 @@ from pathlib import Path
 from ..errors import ConfigError, HeteroNNError
 from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
+from ..training.trainer import DEFAULT_GRANULARITY  # the Trainer's default, the CLI's
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
-from .report import pipeline_cut
 from .launch import defer_defaults, note_session, resolve_launch, result_flags, taken_from_run
+from .report import pipeline_cut
 from .options import PROG, UNSET, dataset_error
 from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
                          resumes_own)
 from .trace import StepTraces
 
-DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0},
                       "adam": {"lr": 0.001, "weight_decay": 0.0},
                       "adamw": {"lr": 0.001, "weight_decay": 0.01}}

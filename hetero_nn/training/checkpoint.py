@@ -138,6 +138,25 @@ def remove_stale_temporaries(directory, names) -> list[Path]:
     return removed
 
 
+def run_folder(trainer, folder) -> Path:
+    """``Trainer.fit(checkpoint_dir=folder)``'s folder, made if needed: refused when it
+    holds another run's checkpoints (as the CLI's ``--out``), i.e. unless ``trainer``
+    saved or loaded its last checkpoint there; a killed run's temporaries go."""
+    from ..errors import ConfigError
+
+    path, last = Path(folder), trainer.last_checkpoint
+    own = last is not None and Path(last["path"]).resolve().parent == path.resolve()
+    found = [name for name in (CHECKPOINT_NAME, FINAL_NAME) if (path / name).exists()]
+    if found and not own:
+        raise ConfigError(f"checkpoint_dir {folder} holds another run ({', '.join(found)}): "
+                          f"continue it with trainer.load_checkpoint("
+                          f"{str(path / found[0])!r}) before fit, or give another folder")
+    path.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path, {CHECKPOINT_NAME, FINAL_NAME})
+    trainer._checkpoint_dir = path
+    return path
+
+
 # ---------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------
