@@ -20,7 +20,7 @@ from .scheduler.default import close_default_runtime, default_runtime, set_defau
 from .errors import ConversionError
 from .torch_interop import from_torch, to_torch
 from .layers import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
-from .training import Trainer, checkpoint, load_model
+from .training import Trainer, checkpoint, load_model, save_model
 from . import datasets, models, transforms
 from .models import MODELS, build_model
 from .training import HISTORY_KEYS

@@ -5,9 +5,10 @@ Used by the CLI (training summary, ``datasets list``, ``perfmodel``) and by
 Policy: a header, a rule of dashes, then the rows; a column whose cells are all
 numbers (a trailing ``%`` allowed, ``-`` for a missing value) is aligned right,
 any other to the left; trailing spaces are stripped. A table wider than ``width``
-(100 columns by default) wraps its widest text columns: a long cell continues on
-the next lines of its row, broken after ``|``, ``_``, ``.``, ``,`` or a space where
-it can. It depends on nothing, so any module may import it.
+(100 columns by default) wraps its widest text columns but the first (a row's name,
+kept whole so that no piece of it reads as a row of its own; the table widens instead):
+a long cell continues on the next lines of its row, broken after the last ``|``, ``_``,
+``.``, ``,`` or space that fits. It depends on nothing, so any module may import it.
 
 >>> print(format_table(["codelet", "count"], [["conv2d_fwd", "12"], ["relu", "3"]]))
 codelet     count
@@ -57,6 +58,8 @@ def _fit(widths, header, numeric, width):
     ``width``, none narrower than its header or ``_MIN_WRAPPED``."""
     text = [i for i, num in enumerate(numeric) if not num]
     floor = {i: min(widths[i], max(_MIN_WRAPPED, len(header[i]))) for i in text}
+    if 0 in floor:  # the row's name stays whole: its pieces would read as rows of their own
+        floor[0] = widths[0]
 
     def total(cap):
         return sum(max(floor[i], min(w, cap)) if i in floor else w
@@ -72,11 +75,11 @@ def _fit(widths, header, numeric, width):
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    """``text`` in pieces of at most ``width`` characters, broken after a separator
-    where one falls in the second half of a piece."""
+    """``text`` in pieces of at most ``width`` characters, broken after the last
+    separator of a piece where it has one (a token is cut only when it is longer)."""
     pieces = []
     while len(text) > width:
-        cut = max(text.rfind(sep, width // 2, width) for sep in "|_., ")
+        cut = max(text.rfind(sep, 1, width) for sep in "|_., ")
         cut = width if cut < 0 else cut + 1
         pieces.append(text[:cut].rstrip())
         text = text[cut:].lstrip()

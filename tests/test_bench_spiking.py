@@ -51,3 +51,18 @@ def test_experiment_commands_follow_the_recipe(tmp_path):
                  "--data-dir data", "--granularity auto"):
         assert part in text
     assert exp.RUNS["mnist-mlp"]["target"] == 0.96 and exp.RUNS["mnist-conv"]["target"] == 0.98
+
+
+def test_the_readme_snn_conv_benchmark_times_the_readme_command(tmp_path, capsys):
+    """Issue 30, item 10: the README's snn-conv example has a step-time benchmark."""
+    out = tmp_path / "readme.json"
+    script = load_script("benchmarks/bench_readme_snn.py")
+    assert script.main(["--dataset", "synthetic", "--limit", "64", "--time-steps", "2",
+                        "--devices", "cpu:2", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["command"].startswith("hetero-nn train --model snn-conv --time-steps 2 "
+                                     "--encoding rate --optimizer adam --lr 5e-4 --epochs 1")
+    assert row["images_per_second"] > 0 and row["step_ms"] > 0
+    assert row["full_epoch_minutes"] == pytest.approx(60000 / row["images_per_second"] / 60)
+    assert row["git_commit"] and row["machine"] and len(row["loadavg"]) == 3
+    assert "a full MNIST epoch ~" in capsys.readouterr().out

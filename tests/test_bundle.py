@@ -240,7 +240,9 @@ def _model():
 def small_model(tmp_path_factory):
     """A PerfModel that predicts every task of the LeNet-5 steps at g = 1 and 3 below a
     microsecond: 1000 runs of 0.1 us each given to ``record_many``, for the footprints
-    a first training run measured (so every chain of those graphs is fused)."""
+    a first training run measured (so every chain of those graphs is fused). Each use is
+    a fresh copy: a PerfModel predicts the median of a key's latest runs, which the
+    training runs of the tests would otherwise replace with their real times."""
     pm = PerfModel(tmp_path_factory.mktemp("perfmodel"))
     runs = []
     for g in (1, 3):
@@ -255,7 +257,13 @@ def small_model(tmp_path_factory):
                     fp, size = rt.footprint(t)
                     runs += [(t.codelet.name, rt.predict(t, "cpu")[0], "cpu", fp, size, 1e-7)] * 1000
     pm.record_many(runs)
-    return pm
+
+    def fresh():
+        copy = PerfModel(tmp_path_factory.mktemp("perfmodel"), load=False)
+        copy.record_many(runs)
+        return copy
+
+    return fresh
 
 
 def _train(policy, g, fuse, perfmodel):
@@ -274,8 +282,8 @@ def _train(policy, g, fuse, perfmodel):
 @pytest.mark.parametrize("g", (1, 3))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_fused_training_steps_equal_unfused_steps_bit_for_bit(policy, g, small_model):
-    fused, reports = _train(policy, g, True, small_model)
-    unfused, none = _train(policy, g, False, small_model)
+    fused, reports = _train(policy, g, True, small_model())
+    unfused, none = _train(policy, g, False, small_model())
     assert fused == unfused
     assert none and set(none) == {None}
     *first, rest = reports  # a graph of SGD's first step alone is never replayed

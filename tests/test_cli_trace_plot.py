@@ -63,8 +63,9 @@ def test_a_resumed_run_writes_its_own_trace(tmp_path, capsys):
     assert first == [1, 3]
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--trace", "-q"]) == 0
     assert Trace.from_json(out / "trace.json").metadata["global_steps"] == [4, 6]
-    # resumed without --trace: the trace is now older than the metrics, and says so
-    assert main(["train", "--out", str(out), "--resume", "--epochs", "3", "-q"]) == 0
+    # resumed with --no-trace: the trace is now older than the metrics, and says so
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "3", "--no-trace",
+                 "-q"]) == 0
     capsys.readouterr()
     assert main(["trace", str(out)]) == 0
     assert "metrics.json is at global step 9: this trace is from an earlier session" \

@@ -131,3 +131,24 @@ def test_gantt_of_real_training_steps(tmp_path, model, shape, devices, batch, g)
     width, height = figure.get_size_inches() * figure.dpi
     rows, columns = imread(path).shape[:2]
     assert abs(rows - height) <= 1 and abs(columns - width) <= 1  # the PNG is that figure
+
+
+def test_the_longest_codelets_get_distinct_hues_and_the_legend_stays_narrow():
+    """Issue 30, item 8: convolution and dense got two near-identical blues, and the
+    legend took 40% of the width."""
+    import colorsys
+
+    from hetero_nn.scheduler.trace.gantt import _palette
+
+    colours = [c[:3] for c in _palette(10)]
+    hues = [colorsys.rgb_to_hsv(*c)[0] for c in colours[:2]]
+    assert min(abs(hues[0] - hues[1]), 1 - abs(hues[0] - hues[1])) > 0.1
+    for i, a in enumerate(colours):
+        for b in colours[i + 1:]:
+            assert np.linalg.norm(np.subtract(a, b)) > 0.25, (a, b)
+    assert len(set(_palette(60))) == 60
+    figure = gantt_figure(synthetic(2, 20))
+    figure.canvas.draw()
+    (legend,) = figure.legends
+    share = legend.get_window_extent(figure.canvas.get_renderer()).width / figure.bbox.width
+    assert share < 0.3, f"the legend takes {share:.0%} of the width"

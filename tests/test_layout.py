@@ -35,9 +35,6 @@ CYCLES_WAIVED = {
         "optim re-exports the schedulers (hn.optim.StepLR, PyTorch's spelling)",
     ("hetero_nn.layers", "hetero_nn.layers.registry"):
         "the registry lists the built-in layers from the package (registry._builtins)",
-    ("hetero_nn.cli", "hetero_nn.cli.connect", "hetero_nn.cli.evaluate",
-     "hetero_nn.cli.run_folder", "hetero_nn.cli.train"):
-        "run_folder.resume_command parses with the package's build_parser",
 }
 
 

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
+from hetero_nn.scheduler.perfmodel.history import RECENT
 from hetero_nn.scheduler.perfmodel.model import (FORMAT_VERSION, PerfModel, PerfModelWarning,
                                            default_cache_dir, fit_regression)
 
@@ -33,12 +34,60 @@ def test_history_mean_and_variance_match_numpy(tmp_path):
     for t in times:
         pm.record(*KEY, "f32[8,3,32,32]", 24576.0, float(t))
     assert pm.count(*KEY, "f32[8,3,32,32]") == len(times)
-    assert pm.predict(*KEY, "f32[8,3,32,32]", 24576.0) == pytest.approx(times.mean(), rel=1e-12)
+    assert pm.predict(*KEY, "f32[8,3,32,32]", 24576.0) == np.median(times[-RECENT:])
     (row,) = pm.entries("conv2d_fwd")
+    assert row["mean"] == pytest.approx(times.mean(), rel=1e-12)
     assert row["var"] == pytest.approx(np.var(times, ddof=1), rel=1e-9)
     assert row["stddev"] == pytest.approx(np.std(times, ddof=1), rel=1e-9)
     assert row["size"] == 24576.0
     assert row["count"] == len(times)
+
+
+def test_one_outlier_does_not_move_the_estimate(tmp_path):
+    """Issue 30, item 9: a run slowed 1000x by a busy machine (StarPU's users see one such
+    sample push every task onto one device) leaves the prediction where the others are,
+    in memory, on disk, and in the regression over footprints."""
+    rng = np.random.default_rng(3)
+    pm = PerfModel(tmp_path)
+    for size in (100.0, 400.0):
+        times = (size * 1e-8) * rng.uniform(0.95, 1.05, 9)
+        times[4] *= 1000.0  # the outlier
+        for t in times:
+            pm.record(*KEY, f"s{size:g}", size, float(t))
+        truth = size * 1e-8
+        assert pm.predict(*KEY, f"s{size:g}", size) == pytest.approx(truth, rel=0.05)
+        row = next(r for r in pm.entries() if r["footprint"] == f"s{size:g}")
+        assert row["mean"] > 100 * truth and row["median"] == pytest.approx(truth, rel=0.05)
+    assert pm.predict(*KEY, "s200", 200.0) == pytest.approx(200e-8, rel=0.1)
+    pm.save()
+    assert PerfModel(tmp_path).predict(*KEY, "s100", 100.0) == pytest.approx(1e-6, rel=0.05)
+    arrays = PerfModel(tmp_path / "other")  # the replay engine's path
+    arrays.record_array(*KEY, "a", 1.0, np.array([1e-6, 1e-6, 5e-3, 1e-6]))
+    assert arrays.predict(*KEY, "a", 1.0) == 1e-6
+
+
+def test_a_model_saved_without_recent_runs_predicts_its_mean(tmp_path):
+    pm = PerfModel(tmp_path)
+    pm.record(*KEY, "fp", 1.0, 2e-6)
+    pm.save()
+    path = next(pm.directory.glob("conv2d_fwd.json"))
+    doc = json.loads(path.read_text())
+    assert _entries(doc)
+    for entry in _entries(doc):
+        del entry["recent"]
+    path.write_text(json.dumps(doc))
+    assert PerfModel(tmp_path).predict(*KEY, "fp", 1.0) == 2e-6
+
+
+def _entries(doc):
+    """The history rows of a codelet file, wherever its layout nests them."""
+    if isinstance(doc, dict):
+        if "recent" in doc:
+            return [doc]
+        return [row for value in doc.values() for row in _entries(value)]
+    if isinstance(doc, list):
+        return [row for value in doc for row in _entries(value)]
+    return []
 
 
 def test_keys_do_not_mix_and_unknown_is_none(tmp_path):
@@ -177,8 +226,9 @@ def test_save_load_round_trip_via_env(monkeypatch, tmp_path):
 
     again = PerfModel(hostname="node-a")
     assert again.count(*KEY, "f32[4,4]") == 17
-    assert again.predict(*KEY, "f32[4,4]", 16.0) == pytest.approx(times.mean(), rel=1e-12)
+    assert again.predict(*KEY, "f32[4,4]", 16.0) == np.median(times[-RECENT:])
     (row,) = again.entries()
+    assert row["mean"] == pytest.approx(times.mean(), rel=1e-12)
     assert row["var"] == pytest.approx(np.var(times, ddof=1), rel=1e-9)
     assert again.link("host0", "cuda0")[1] == pytest.approx(15e9, rel=1e-6)
     assert PerfModel(hostname="node-b").count(*KEY, "f32[4,4]") == 0  # machine-specific
@@ -228,8 +278,9 @@ def test_two_instances_merge_their_measurements(tmp_path):
     both = np.concatenate([ta, tb])
     for pm in (PerfModel(tmp_path), second):
         assert pm.count(*KEY, "shared") == len(both)
-        assert pm.predict(*KEY, "shared", 8.0) == pytest.approx(both.mean(), rel=1e-12)
+        assert pm.predict(*KEY, "shared", 8.0) == np.median(both[-RECENT:])  # the later runs
         row = next(r for r in pm.entries() if r["footprint"] == "shared")
+        assert row["mean"] == pytest.approx(both.mean(), rel=1e-12)
         assert row["var"] == pytest.approx(np.var(both, ddof=1), rel=1e-9)
         assert pm.count(*KEY, "only-second") == 1
         assert pm.transfer_entries()[0]["count"] == 2
@@ -418,7 +469,9 @@ def test_threads_recording_predicting_and_saving_add_up(tmp_path):
     expected_mean = 1e-6 * np.mean(np.arange(1, n_threads + 1))
     for model in (pm, PerfModel(tmp_path)):
         assert sum(model.count(*KEY, f"fp{k}") for k in range(3)) == n_threads * per_thread
-        assert model.predict(*KEY, "fp0", 10.0) == pytest.approx(expected_mean, rel=1e-9)
+        row = next(r for r in model.entries() if r["footprint"] == "fp0")
+        assert row["mean"] == pytest.approx(expected_mean, rel=1e-9)
+        assert 1e-6 <= model.predict(*KEY, "fp0", 10.0) <= 1e-6 * n_threads
         assert model.transfer_entries()[0]["count"] == n_threads * per_thread
 
 

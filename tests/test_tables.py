@@ -68,3 +68,16 @@ def test_random_tables_fit_and_keep_their_text(rows, width):
     for got, (a, _, b) in zip(rebuilt, cells):
         assert got[0].replace(" ", "") == a.replace(" ", "")
         assert got[2].replace(" ", "") == b.replace(" ", "")
+
+
+def test_a_long_first_column_is_never_wrapped_into_what_reads_as_a_row():
+    """Issue 30, item 8: ``.overwrite`` / ``.redux`` pieces of a codelet name read as rows."""
+    from hetero_nn.tables import format_table
+
+    name = "conv2d_relu_pool_bwd_params_im2col_blocked.overwrite"
+    rows = [[name, "cpu_im2col_blocked_variant_with_a_long_name", "12", "1.5"],
+            ["relu", "cpu", "3", "0.1"]]
+    lines = format_table(["codelet", "variant", "count", "total ms"], rows, width=60).splitlines()
+    assert lines[2].startswith(name)
+    names = [line.split("  ")[0] for line in lines[2:] if not line.startswith(" ")]
+    assert names == [name, "relu"]  # a continuation line starts blank: no row of its own

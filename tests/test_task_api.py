@@ -251,6 +251,24 @@ def test_worker_pins_a_task_and_a_group_pins_it_to_one_of_them(policy, overlap):
         assert all(trace[t.id] == "cpu2" for t in pinned)
 
 
+def test_worker_as_an_index_names_that_worker_or_is_refused_in_one_line():
+    """StarPU's worker id: ``worker=0`` is ``rt.workers[0]`` (issue 30, item 4)."""
+    with hn.Runtime(devices="cpu:3", policy="dmda", perfmodel=False) as rt:
+        tasks = [rt.submit(ADD, p, worker=2) for p in rt.register(np.zeros(6)).split(0, 6)]
+        tasks += [rt.submit(ADD, rt.register(np.zeros(2)), worker=np.int64(0))]
+        tasks += [rt.submit(ADD, rt.register(np.zeros(2)), worker=[0, "cpu1"])]
+        rt.wait()
+        assert [t.worker.name for t in tasks[:6]] == ["cpu2"] * 6
+        assert tasks[6].worker.name == "cpu0" and tasks[7].worker.name in ("cpu0", "cpu1")
+        for bad in (3, -1, True):
+            with pytest.raises(hn.SubmitError) as info:
+                rt.submit(ADD, rt.register(np.zeros(1)), worker=bad)
+            assert f"worker={bad!r} is not a worker of this Runtime (indices 0-2: " \
+                   "['cpu0', 'cpu1', 'cpu2'])" in str(info.value)
+        with pytest.raises(hn.SubmitError, match=r"worker=2\.5: expected a worker, its name"):
+            rt.submit(ADD, rt.register(np.zeros(1)), worker=2.5)
+
+
 def test_worker_on_the_sync_executor_binds_on_that_workers_node():
     with hn.Runtime(devices="cpu:1,cuda-emu:1", executor="sync", perfmodel=False) as rt:
         x = rt.register(np.zeros(3))

@@ -4,12 +4,17 @@ This module turns ``--devices``, ``--policy``, ``--executor``, ``--connect-timeo
 and ``--cluster*`` into objects, each closed by the command's ``ExitStack``, and
 names the option at fault when one cannot be had: a device that is not there, a
 scheduler that does not answer within ``--connect-timeout`` (one line, exit status
-2, instead of a long hang and a traceback at the first step).
+2, instead of a long hang and a traceback at the first step). More CPU workers than
+this machine has cores (:func:`warn_oversubscribed`), and ``--devices`` given with
+``--cluster`` (where the workers train and this process only evaluates), are each
+one warning line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 
 from ..errors import ConfigError
 from .options import DEFAULT_CONNECT_TIMEOUT, PROG
@@ -24,6 +29,7 @@ def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=Fal
     from ..errors import DeviceError
     from ..scheduler.runtime import Runtime
 
+    warn_oversubscribed(devices)
     try:
         return Runtime(devices=devices, policy=policy, executor=executor,
                        deterministic=deterministic,
@@ -33,6 +39,26 @@ def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=Fal
         raise DeviceError(f"{option}: {exc}") from None
     except (OSError, TimeoutError) as exc:  # a distributed scheduler that cannot be reached
         raise ConfigError(f"--executor {executor}: {type(exc).__name__}: {exc}") from None
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def warn_oversubscribed(devices, option="--devices") -> None:
+    """One warning line when ``devices`` asks for more CPU workers than there are cores:
+    each worker is a thread that computes, and more of them than cores only slows a step."""
+    from ..scheduler.devices import parse_devices
+
+    workers, have = parse_devices(devices)[0], cores()
+    if workers > have:
+        warnings.warn(f"{option} {devices}: {workers} CPU workers on {have} cores; the extra "
+                      f"workers only slow each step (cpu:{have}, or 'cpu', gives one per core)",
+                      stacklevel=2)
 
 
 def dask_client(executor, devices, stack, timeout=DEFAULT_CONNECT_TIMEOUT):
@@ -78,6 +104,13 @@ def connect_cluster(args, stack):
         if args.cluster_devices is not None or args.cluster_threads != 1:
             raise ConfigError("--cluster-threads and --cluster-devices need --cluster")
         return None
+    if args.cluster_devices is not None:
+        warn_oversubscribed(args.cluster_devices, "--cluster-devices")
+    elif args.devices not in (None, "cpu"):
+        warnings.warn(f"--devices {args.devices} with --cluster {args.cluster}: the cluster's "
+                      f"workers train, each with --cluster-threads {args.cluster_threads} "
+                      "core(s); --devices is this process's, which only evaluates (give "
+                      f"--cluster-devices {args.devices} for the workers' devices)", stacklevel=2)
     from ..training.cluster.client import connect
     from ..training.pipeline.stage_cluster import StageCluster
 

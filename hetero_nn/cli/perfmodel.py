@@ -52,10 +52,11 @@ def format_perfmodel(model, codelet=None) -> str:
     parts = []
     if rows:
         parts.append(format_table(
-            ["codelet", "variant", "kind", "footprint", "size", "count", "mean (us)", "stddev (us)"],
+            ["codelet", "variant", "kind", "footprint", "size", "count", "median (us)",
+             "mean (us)", "stddev (us)"],
             [[r["codelet"], r["variant"], r["kind"], r["footprint"], f"{r['size']:.6g}",
-              str(r["count"]), f"{r['mean'] * 1e6:.3f}", f"{r['stddev'] * 1e6:.3f}"]
-             for r in rows]))
+              str(r["count"]), f"{r['median'] * 1e6:.3f}", f"{r['mean'] * 1e6:.3f}",
+              f"{r['stddev'] * 1e6:.3f}"] for r in rows]))
         reg_rows = []
         for group in sorted({(r["codelet"], r["variant"], r["kind"]) for r in rows}):
             fit = model.fit(*group)

@@ -335,23 +335,15 @@ class Interrupts:
         return False
 
 
-#: Options of ``hetero-nn train`` that do not change the numbers but say where and how a
-#: run goes: a resume command repeats them when they were given.
-_CARRIED = ("devices", "policy", "executor", "connect_timeout", "cluster", "cluster_threads",
-            "cluster_devices", "checkpoint_every", "trace", "trace_steps", "quiet")
-
-
 def resume_command(args) -> str:
     """The command line that continues the run of ``args`` from its folder's checkpoint
-    (the options that change the numbers come from the checkpoint)."""
-    from . import build_parser
+    (which holds the options; those of where and how it ran are repeated when given,
+    :mod:`.launch`)."""
+    from .launch import LAUNCH_DEFAULTS, LAUNCH_OPTIONS, flag
 
-    defaults = build_parser().parse_args(["train"])
     words = ["hetero-nn", "train", "--out", str(args.out), "--resume"]
-    for name in _CARRIED:
+    for name in LAUNCH_OPTIONS:
         value = getattr(args, name, None)
-        if value == getattr(defaults, name, None):
-            continue
-        flag = "--" + name.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
-    return shlex.join(words)
+        if value is not None and value != LAUNCH_DEFAULTS.get(name):
+            words += flag(name, value).split(" ", 1)
+    return shlex.join(words + (["--quiet"] if getattr(args, "quiet", False) else []))

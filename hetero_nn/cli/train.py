@@ -24,8 +24,10 @@ reproducible only up to rounding.
 batch size, granularity, dtype, optimizer, lr, momentum, weight decay, Nesterov,
 label smoothing, schedule and its settings, clipping, augmentation,
 normalisation, seed, limit, determinism) from the checkpoint's config; giving a
-different value is an error. ``--epochs`` may be raised to train further; devices, policy, executor,
-tracing and checkpoint frequency may change freely.
+different value is an error. ``--epochs`` may be raised to train further. The launch
+options (devices, policy, executor, cluster, pipeline, tracing, checkpoint frequency;
+:mod:`.launch`) are the run's too unless given again, when they may change freely; one
+line says which options the resume took from the run.
 """
 
 from __future__ import annotations
@@ -39,14 +41,16 @@ from pathlib import Path
 from ..errors import ConfigError, HeteroNNError
 from ..snn_models import ENCODINGS, SPIKING_MODELS, intensities, spiking_loss
 from ..tables import format_table
+from ..training.trainer import DEFAULT_GRANULARITY  # the Trainer's default, the CLI's
 from . import options
 from .connect import connect_cluster, dask_client, make_runtime
+from .launch import defer_defaults, note_session, resolve_launch, result_flags, taken_from_run
+from .report import pipeline_cut
 from .options import PROG, UNSET, dataset_error
 from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
                          resumes_own)
 from .trace import StepTraces
 
-DEFAULT_GRANULARITY = 2
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0},
                       "adam": {"lr": 0.001, "weight_decay": 0.0},
                       "adamw": {"lr": 0.001, "weight_decay": 0.01}}
@@ -107,7 +111,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "(implies --no-deterministic)")
     out = train.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="write metrics, trace and checkpoints here")
-    out.add_argument("--trace", action="store_true", help="write DIR/trace.json (Chrome trace)")
+    out.add_argument("--trace", action=argparse.BooleanOptionalAction, default=False,
+                     help="write DIR/trace.json (Chrome trace)")
     out.add_argument("--trace-steps", type=options.non_negative_int, default=100, metavar="N",
                      help="keep the tasks of the last N training steps in the trace "
                           "(0: all; default: 100)")
@@ -115,11 +120,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="also write DIR/checkpoint.npz every N steps")
     out.add_argument("--resume", nargs="?", const="", metavar="FILE",
                      help="continue from FILE (default: DIR/checkpoint.npz) with the run's "
-                          "options and data directory")
+                          "options, data directory, devices, policy, trace and every other "
+                          "option not given again (one line says which)")
     out.add_argument("--overwrite", action="store_true",
                      help="start a run (new, or resumed from a FILE elsewhere) in a DIR that "
                           "holds another run's files, removing them first")
     out.add_argument("-q", "--quiet", action="store_true", help="no per-epoch lines or bar")
+    defer_defaults(train)  # --resume takes the run's unless given (launch.py)
     return train
 
 
@@ -220,6 +227,12 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         run["calibrate"] = bool(args.calibrate)
         run["data_dir"] = args.data_dir if args.data_dir is not None else saved.get("data_dir")
         run["schedule_length"] = saved.get("schedule_length")
+        given = {key for key, _, _ in _RESULT_OPTIONS if getattr(args, key) is not UNSET}
+        taken = result_flags(run, given, _RESULT_OPTIONS, OPTIMIZER_DEFAULTS)
+        taken += resolve_launch(args, run, saved)
+        if args.data_dir is None and run["data_dir"]:
+            taken.append(f"--data-dir {run['data_dir']}")
+        args.taken_from_run = taken  # said once the checkpoint has loaded
         return run, ckpt
     run = {key: getattr(args, key) if getattr(args, key) is not UNSET else default
            for key, _, default in _RESULT_OPTIONS}
@@ -239,6 +252,7 @@ def _resolve_run_options(args) -> tuple[dict, object]:
         run["deterministic"] = False
     run["calibrate"] = bool(args.calibrate)
     run["data_dir"] = str(Path(args.data_dir).expanduser().resolve()) if args.data_dir else None
+    resolve_launch(args, run)
     return run, None
 
 
@@ -360,9 +374,11 @@ def _summary(history, document) -> str:
                      "-" if r["images_per_second"] is None else f"{r['images_per_second']:.0f}"))
     lines = [format_table(("epoch", "train loss", "train acc", "test loss", "test acc",
                            "seconds", "images/s"), rows)]
-    acc = document["test_accuracy"]
+    acc, limit = document["test_accuracy"], document["config"].get("limit")
     tail = (f"final test accuracy {acc:.2%} (loss {document['test_loss']:.4f})"
             if acc is not None else "no test set evaluated")
+    if acc is not None and limit:  # evaluate reads the whole split: say this one is not
+        tail += f" on the first {limit} test samples (--limit {limit}), not the whole split"
     lines.append(f"{tail}; {len(history)} epoch(s), {document['train_seconds']:.1f} s training, "
                  f"{document['wall_seconds']:.1f} s wall in this process, granularity "
                  f"{document['granularity']}")
@@ -408,6 +424,7 @@ def command(args) -> int:
                           deterministic=run["deterministic"], calibrate=run["calibrate"],
                           trace=True)  # the task records say which variants ran
         stack.callback(rt.close)
+        note_session(run, rt, ckpt.global_step if ckpt is not None else 0)
         with Interrupts() as interrupts:
             return _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster)
 
@@ -456,8 +473,9 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
     if ckpt is not None:
         trainer.load_checkpoint(ckpt.path)
         if not args.quiet:
-            print(f"{PROG}: resuming {ckpt.path} at epoch {ckpt.epoch + 1}, step {ckpt.step} "
-                  f"(global step {ckpt.global_step})", file=sys.stderr)
+            where = (f"{ckpt.path} at epoch {ckpt.epoch + 1}, step {ckpt.step} (global step "
+                     f"{ckpt.global_step})")
+            print(f"{PROG}: {taken_from_run(where, args.taken_from_run)}", file=sys.stderr)
     for path in earlier_run:  # --overwrite: the earlier run's files go, nothing else
         path.unlink()
     files = RunFiles(args.out, run, rt, environment(), trainer)
@@ -465,13 +483,17 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
         trainer.save_checkpoint(_checkpoint(args))  # the folder's first file: resumable at once
     traces = StepTraces(args.trace_steps, [w.name for w in rt.workers]) if args.trace else None
 
-    decided = [trainer.granularity_decision is not None]
+    decided = [trainer.granularity_decision is not None, trainer.pipeline is None]
 
     def on_step(_trainer, _loss):
         if not decided[0] and trainer.granularity_decision is not None:
             decided[0] = True  # 'auto' resolved on the first batch: say what and why
             if not args.quiet:
                 print(trainer.granularity_decision.format(), file=sys.stderr, flush=True)
+        if not decided[1] and trainer.pipeline.stages:
+            decided[1] = True  # the stages are cut at the first batch: say where
+            if not args.quiet:
+                print(f"{PROG}: {pipeline_cut(trainer.pipeline)}", file=sys.stderr, flush=True)
         trace = rt.trace(clear=True)
         files.count_variants(trace.records)
         files.count_bubble(trace.records)
@@ -504,6 +526,9 @@ def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=No
             print(trace.format_stats(), file=sys.stderr)
     print(_summary(trainer.history, document))
     if args.out:
-        print(f"wrote {args.out}/metrics.json, metrics.csv, checkpoint-final.npz"
+        print(f"wrote {args.out}/metrics.json, metrics.csv, checkpoint.npz, checkpoint-final.npz"
               + (", trace.json" if args.trace else ""))
+    else:
+        print("nothing was kept: no --out DIR (give one to keep the model, its checkpoints and "
+              "metrics)")
     return 0

@@ -128,6 +128,15 @@ class Parameter:
     def shape(self):
         return self.data.shape
 
+    @property
+    def size(self) -> int:
+        """Elements (``numpy.ndarray.size``)."""
+        return self.data.size
+
+    def numel(self) -> int:
+        """Elements (``torch.Tensor.numel``): ``sum(p.numel() for p in model.parameters())``."""
+        return self.data.size
+
     def bind(self, rt):
         if self.runtime is rt and self.handle is not None and not rt.closed:
             return

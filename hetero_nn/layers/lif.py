@@ -83,9 +83,10 @@ class LIF(Layer):
             raise ConfigError("LIF: recompute applies to output='spikes'; a membrane output is "
                               "every membrane already")
         self._buffers = {}
-        for name, value, learn in (("beta", _real(beta, "beta"), self.learn_beta),
-                                   ("threshold", _real(threshold, "threshold"),
-                                    self.learn_threshold)):
+        #: The values given, which build() stores at the model's dtype (not via float32).
+        self._given = {"beta": _real(beta, "beta"), "threshold": _real(threshold, "threshold")}
+        for name, learn in (("beta", self.learn_beta), ("threshold", self.learn_threshold)):
+            value = self._given[name]
             if learn:
                 self.add_parameter(name, np.zeros(1, self.dtype))
                 self._params[name].data = np.array(value, self.dtype)  # 0-d, as snnTorch's
@@ -118,11 +119,20 @@ class LIF(Layer):
 
     def build(self, input_shape, dtype):
         dtype = np.dtype(dtype)
-        if dtype != self.dtype:
-            for b in self._buffers.values():
-                b.data = b.data.astype(dtype)
-                b.unbind()
-        return super().build(input_shape, dtype)
+        if dtype == self.dtype:
+            return super().build(input_shape, dtype)
+        # beta and threshold as given, at the new dtype, unless loaded or trained since
+        given = [name for name, state in self.named_state()
+                 if state.host().item() == np.array(self._given[name], self.dtype).item()]
+        for b in self._buffers.values():
+            b.data = b.data.astype(dtype)
+            b.unbind()
+        shape = super().build(input_shape, dtype)
+        for name in given:
+            state = self._state(name)
+            state.data = np.array(self._given[name], dtype)
+            state.unbind()
+        return shape
 
     def bind(self, rt):
         super().bind(rt)

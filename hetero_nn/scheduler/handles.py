@@ -29,11 +29,13 @@ recording come from the flush lifecycle (:mod:`~hetero_nn.scheduler.flush`).
 from __future__ import annotations
 
 import contextlib
+import numbers
 
 import numpy as np
 
 from ..arena.handle import Handle
 from ..errors import SubmitError
+from .devices import Worker
 
 
 UNREGISTERED = "unregistered"  # the owner of a handle given to Runtime.unregister
@@ -193,3 +195,28 @@ class RuntimeHandles:
             if outer is not None:
                 outer[1].extend(self._placing[1])
             self._placing = outer
+
+    def _workers_named(self, worker, codelet_name) -> tuple:
+        """The workers ``worker=`` names: a worker, its name, its index, or a collection."""
+        single = isinstance(worker, (str, Worker, numbers.Integral))
+        if not single and not isinstance(worker, (list, tuple, set, frozenset)):
+            raise SubmitError(f"codelet {codelet_name!r}: worker={worker!r}: expected a worker, "
+                              "its name, its index, or a list of them")
+        items = (worker,) if single else tuple(worker)
+        by_name = {w.name: w for w in self.workers}
+        out = []
+        for item in items:
+            if isinstance(item, bool):
+                w = None
+            elif isinstance(item, numbers.Integral):  # StarPU's worker id
+                w = self.workers[item] if 0 <= item < len(self.workers) else None
+            else:
+                w = by_name.get(item) if isinstance(item, str) else item
+            if w is None or w not in self.workers:
+                raise SubmitError(f"codelet {codelet_name!r}: worker={item!r} is not a worker of "
+                                  f"this Runtime (indices 0-{len(by_name) - 1}: "
+                                  f"{list(by_name)})")
+            out.append(w)
+        if not out:
+            raise SubmitError(f"codelet {codelet_name!r}: worker= names no worker")
+        return tuple(out)

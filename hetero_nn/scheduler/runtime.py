@@ -283,8 +283,9 @@ class Runtime(RuntimeHandles):
             Called once the task has run (whether it succeeded or raised), in the thread
             that ran it, before its successors are released; an exception it raises
             fails the flush. Not called for a cancelled task.
-        worker : Worker, worker name, or a collection of them
-            Run on that worker, or on one of those (a placement constraint every policy
+        worker : Worker, worker name, worker index, or a collection of them
+            Run on that worker (an int is its index in ``workers``: StarPU's worker id),
+            or on one of those (a placement constraint every policy
             honours, see :mod:`~hetero_nn.scheduler.policies`).
         modes : sequence of AccessMode
             The operands' modes, for a codelet declared with ``modes=None``.
@@ -389,21 +390,6 @@ class Runtime(RuntimeHandles):
             if not self._constrained:
                 self._constrained = True
                 self.executor.constrain()
-
-    def _workers_named(self, worker, codelet_name) -> tuple:
-        """The workers ``worker=`` names: a worker, its name, or a collection of them."""
-        items = (worker,) if isinstance(worker, (str, Worker)) else tuple(worker)
-        by_name = {w.name: w for w in self.workers}
-        out = []
-        for item in items:
-            w = by_name.get(item) if isinstance(item, str) else item
-            if w is None or w not in self.workers:
-                raise SubmitError(f"codelet {codelet_name!r}: worker={item!r} is not a worker of "
-                                  f"this Runtime ({list(by_name)})")
-            out.append(w)
-        if not out:
-            raise SubmitError(f"codelet {codelet_name!r}: worker= names no worker")
-        return tuple(out)
 
     def _wait_task(self, task, timeout):
         """Block until ``task`` ended (:meth:`Task.wait`): where it waits in a flush kept

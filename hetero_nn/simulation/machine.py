@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..json_keys import check_keys
 from ..scheduler.devices import Worker, parse_devices
 
 __all__ = ["DEFAULT_LINKS", "KINDS", "Platform", "read_platform_file"]
@@ -68,6 +69,7 @@ class Platform:
         if "machines" in doc:
             raise ConfigError(f"--platform {path}: a platform of machines; read it with "
                               "hetero_nn.simulation.platforms.load_platform")
+        check_one_machine_keys(doc, path)
         try:
             workers = {str(k): int(v) for k, v in doc.get("workers", {"cpu": 1}).items()}
             links = {str(k): (float(v["latency"]), float(v["bandwidth"]))
@@ -89,6 +91,24 @@ class Platform:
             raise ConfigError(f"--platform {path}: no worker at all")
         return cls(name=str(doc.get("name", path)), workers=workers, links=links, scale=scale,
                    dispatch=dispatch)
+
+
+#: The keys a one-machine platform file may have (an unknown one is refused).
+ONE_MACHINE_KEYS = {"one-machine": ("name", "workers", "links", "scale", "dispatch"),
+                    "one-machine link": ("latency", "bandwidth"),
+                    "scale": ("from", "factor")}
+
+
+def check_one_machine_keys(doc, path) -> None:
+    """Refuse a key the one-machine format does not define (``"wokers"``), naming the
+    closest valid one (:meth:`Platform.load <hetero_nn.simulation.machine.Platform.load>`)."""
+    where = f"--platform {path}"
+    check_keys(doc, ONE_MACHINE_KEYS["one-machine"], where)
+    for group, keys in (("links", "one-machine link"), ("scale", "scale")):
+        entries = doc.get(group)
+        for name, entry in (entries.items() if isinstance(entries, dict) else ()):
+            if isinstance(entry, dict):
+                check_keys(entry, ONE_MACHINE_KEYS[keys], f"{where}: {group} {name!r}")
 
 
 def read_platform_file(path) -> dict:

@@ -46,9 +46,21 @@ import numpy as np
 
 from ..codelets.codelet import RW, REDUX, SCRATCH
 from ..errors import ConfigError
-from .machine import DEFAULT_LINKS, KINDS, Platform, read_platform_file
+from ..json_keys import check_keys
+from .machine import DEFAULT_LINKS, KINDS, ONE_MACHINE_KEYS, Platform, read_platform_file
 
 __all__ = ["Device", "Machine", "Network", "ClusterPlatform", "load_platform", "roofline_costs"]
+
+#: The keys each entry of a platform file may have (an unknown one is refused).
+_KEYS = {"platform": ("name", "sources", "devices", "machines", "network", "dispatch"),
+         "device": ("kind", "peak_flops", "memory_bandwidth", "launch_latency", "memory",
+                    "efficiency", "measured", "scale", "source"),
+         "efficiency": ("compute", "memory"),
+         "machine": ("name", "count", "cpus", "gpus", "memory", "links"),
+         "part": ("device", "count"),
+         "link": ("latency", "bandwidth", "source"),
+         "network": ("latency", "bandwidth", "message_overhead", "source"),
+         **ONE_MACHINE_KEYS}
 
 
 @dataclass
@@ -180,7 +192,9 @@ def _source(doc, where, sources):
     return "; ".join(sources[k] for k in keys)
 
 
-def _link(doc, where, sources):
+def _link(doc, where, sources, keys="link"):
+    if isinstance(doc, dict):
+        check_keys(doc, _KEYS[keys], where)
     _source(doc, where, sources)
     return (_figure(doc, "latency", where, positive=False), _figure(doc, "bandwidth", where))
 
@@ -188,6 +202,7 @@ def _link(doc, where, sources):
 def _device(name, doc, where, sources) -> Device:
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: expected an object")
+    check_keys(doc, _KEYS["device"], where)
     kind = doc.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{where}: 'kind' must be one of {list(KINDS)}, got {kind!r}")
@@ -196,8 +211,12 @@ def _device(name, doc, where, sources) -> Device:
     if not isinstance(peaks, dict) or (not measured and not peaks):
         raise ConfigError(f"{where}: 'peak_flops' must map dtypes to FLOP/s (needed unless "
                           f"'measured' is true)")
+    if isinstance(peaks, dict):
+        check_keys(peaks, ("float16", "float32", "float64"), f"{where} peak_flops")
     peak = {str(np.dtype(k)): _figure(peaks, k, f"{where} peak_flops") for k in peaks}
     eff = doc.get("efficiency", {})
+    if isinstance(eff, dict):
+        check_keys(eff, _KEYS["efficiency"], f"{where} efficiency")
     efficiency = {k: _figure(eff, k, f"{where} efficiency") for k in ("compute", "memory")
                   if k in eff}
     if any(e > 1 for e in efficiency.values()):
@@ -222,7 +241,8 @@ def load_platform(path) -> ClusterPlatform:
     """A platform file (either format; module docstring) as a :class:`ClusterPlatform`.
     Errors name the file and the entry at fault."""
     doc = read_platform_file(path)
-    if "machines" not in doc:  # the one-machine format
+    if "machines" not in doc and not {"sources", "devices", "network"} & set(doc):
+        # the one-machine format
         p = Platform.load(path)
         cpus, gpus = p.workers.get("cpu", 0), p.workers.get("cuda", 0)
         machine = Machine(p.name, 1, (_host_device("cpu"), cpus) if cpus else None,
@@ -230,21 +250,26 @@ def load_platform(path) -> ClusterPlatform:
                           simulator=p)
         return ClusterPlatform(p.name, [machine], dispatch=p.dispatch)
     where = f"--platform {path}"
+    check_keys(doc, _KEYS["platform"], where)
     sources = doc.get("sources", {})
     if not isinstance(sources, dict):
         raise ConfigError(f"{where}: 'sources' must map keys to citations")
     devices = {name: _device(name, d, f"{where}: device {name!r}", sources)
                for name, d in (doc.get("devices") or {}).items()}
     machines = []
-    for i, m in enumerate(doc["machines"] if isinstance(doc["machines"], list) else [None]):
+    listed = doc.get("machines")
+    for i, m in enumerate(listed if isinstance(listed, list) else [None] if listed else []):
         at = f"{where}: machine {i}"
         if not isinstance(m, dict):
             raise ConfigError(f"{at}: expected an object")
+        check_keys(m, _KEYS["machine"], at)
         parts = {}
         for part, kind in (("cpus", "cpu"), ("gpus", "cuda")):
             spec = m.get(part)
             if spec is None:
                 continue
+            if isinstance(spec, dict):
+                check_keys(spec, _KEYS["part"], f"{at} {part}")
             dev = devices.get(spec.get("device")) if isinstance(spec, dict) else None
             if dev is None or dev.kind != kind:
                 raise ConfigError(f"{at}: {part!r} must name a {kind} device of 'devices', "
@@ -266,7 +291,7 @@ def load_platform(path) -> ClusterPlatform:
     network = Network()
     if "network" in doc:
         net = doc["network"]
-        latency, bandwidth = _link(net, f"{where}: network", sources)
+        latency, bandwidth = _link(net, f"{where}: network", sources, keys="network")
         network = Network(latency, bandwidth,
                           _figure(net, "message_overhead", f"{where}: network", positive=False)
                           if "message_overhead" in net else Network.message_overhead,

@@ -13,6 +13,7 @@ knows nothing of argument parsing (that is :mod:`hetero_nn.cli`).
 
 from . import checkpoint
 from .checkpoint import load_model
+from .model_file import save_model
 from .trainer import HISTORY_KEYS, Trainer
 
-__all__ = ["Trainer", "HISTORY_KEYS", "checkpoint", "load_model"]
+__all__ = ["Trainer", "HISTORY_KEYS", "checkpoint", "load_model", "save_model"]

@@ -59,10 +59,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError, HeteroNNError, TrainingDiverged
+from ..errors import CheckpointError, ConfigError, HeteroNNError, TrainingDiverged
 from ..fileio import atomic_write
 from ..layers.dropout import dropout_state, load_dropout_state
 from ..layers.time import RateEncode
+from .granularity import GranularityDecision
 from .progress import new_progress, position
 from ..layers.registry import architecture
 from ..layers.registry import build as build_architecture
@@ -139,6 +140,23 @@ def remove_stale_temporaries(directory, names) -> list[Path]:
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed
+
+
+def run_folder(trainer, folder) -> Path:
+    """``Trainer.fit(checkpoint_dir=folder)``'s folder, made if needed: refused when it
+    holds another run's checkpoints (as the CLI's ``--out``), i.e. unless ``trainer``
+    saved or loaded its last checkpoint there; a killed run's temporaries go."""
+    path, last = Path(folder), trainer.last_checkpoint
+    own = last is not None and Path(last["path"]).resolve().parent == path.resolve()
+    found = [name for name in (CHECKPOINT_NAME, FINAL_NAME) if (path / name).exists()]
+    if found and not own:
+        raise ConfigError(f"checkpoint_dir {folder} holds another run ({', '.join(found)}): "
+                          f"continue it with trainer.load_checkpoint("
+                          f"{str(path / found[0])!r}) before fit, or give another folder")
+    path.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path, {CHECKPOINT_NAME, FINAL_NAME})
+    trainer._checkpoint_dir = path
+    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -481,6 +499,9 @@ def trainer_config(trainer) -> dict:
         cfg["clip_grad_norm"] = trainer.clip_grad_norm
     if trainer.augment is not None:
         cfg["augment"] = repr(trainer.augment)
+    decision = getattr(trainer, "granularity_decision", None)
+    if decision is not None:  # what 'auto' chose and why: a resumed run still says it
+        cfg["granularity_decision"] = decision.to_json()
     cfg.update(trainer.config)
     return cfg
 
@@ -546,6 +567,11 @@ def load_trainer(trainer, path) -> Checkpoint:
         trainer.granularity = g
     if ckpt.config.get("auto_granularity") and g == trainer.granularity:
         _adopt_layout(model, ckpt.config)  # the fusion and per-layer g 'auto' chose
+        decision = ckpt.config.get("granularity_decision")
+        if isinstance(decision, dict) and trainer.granularity_decision is None:
+            layers = decision.get("layer_granularity")
+            trainer.granularity_decision = GranularityDecision(**{
+                **decision, "layer_granularity": None if layers is None else tuple(layers)})
     trainer.last_checkpoint = {"path": str(ckpt.path), "epoch": ckpt.epoch, "step": ckpt.step,
                                "global_step": ckpt.global_step}
     return ckpt

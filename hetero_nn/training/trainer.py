@@ -55,7 +55,7 @@ from ..optim import SGD, LRScheduler, submit_clip_grad_norm
 from ..energy import EnergyMeter
 from ..scheduler.runtime import Runtime
 from . import checkpoint
-from .checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
+from .checkpoint import CHECKPOINT_NAME, FINAL_NAME
 from .loader import as_data, epoch_batches, trainer_dtype
 from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
                        progress_bar, running)
@@ -67,6 +67,8 @@ from .granularity import choose_granularity
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
                 "seconds", "images_per_second", "warmup_seconds", "energy_joules",
                 "joules_per_image")
+#: Partitions per batch without ``granularity=`` (at most the batch size), as the CLI's.
+DEFAULT_GRANULARITY = 2
 
 class Trainer:
     """Trains ``model`` with ``loss`` and ``optimizer`` on ``runtime``.
@@ -82,9 +84,9 @@ class Trainer:
         Default: ``Runtime(devices="cpu", trace=False)``, closed by :meth:`close`.
     batch_size : int
     granularity : int or "auto"
-        Partitions per batch: every per-sample codelet is submitted that many
-        times. ``"auto"``: chosen from the performance models on the first batch
-        (:mod:`hetero_nn.training.granularity`), per block of the model where they say so.
+        Partitions per batch (default 2 as the CLI's, at most the batch size): every
+        per-sample codelet is submitted that many times. ``"auto"``: chosen from the
+        models at the first batch (:mod:`hetero_nn.training.granularity`), per block.
     dtype : str, optional
         ``"float32"`` or ``"float64"``. Default: the model's dtype when it is built,
         float32 otherwise. A built model is never silently converted: a ``dtype``
@@ -133,7 +135,7 @@ class Trainer:
     """
 
     def __init__(self, model, loss=None, optimizer=None, runtime=None, batch_size=64,
-                 granularity=1, dtype=None, seed=0, *, scheduler=None,
+                 granularity=None, dtype=None, seed=0, *, scheduler=None,
                  scheduler_interval=None, clip_grad_norm=None, augment=None, cluster=None,
                  replay=True, pipeline=None, stage_devices=None, pipeline_schedule="1f1b"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -147,6 +149,7 @@ class Trainer:
         try:  # a bad argument below must not leak the runtime made above
             self.batch_size = int(batch_size)
             self.auto_granularity = isinstance(granularity, str) and granularity == "auto"
+            granularity = min(DEFAULT_GRANULARITY, batch_size) if granularity is None else granularity
             self.granularity = None if self.auto_granularity else self.check_granularity(granularity)
             #: What ``granularity="auto"`` chose (a GranularityDecision), None before.
             self.granularity_decision = None
@@ -418,8 +421,9 @@ class Trainer:
         shuffle : bool
             Visit epoch ``e`` in ``epoch_order(seed, e)``; else in file order.
         checkpoint_dir : path-like, optional
-            Where ``checkpoint.npz`` is written every ``checkpoint_every`` steps and at
-            the end of every epoch, and ``checkpoint-final.npz`` when training ends.
+            Where ``checkpoint.npz`` is written every ``checkpoint_every`` steps and at each
+            epoch end, ``checkpoint-final.npz`` at the end; refused if it holds another
+            run's (not the one this trainer saved or loaded), as the CLI's ``--out``.
         checkpoint_every : int, optional
             Steps between mid-epoch checkpoints (None: only at epoch ends).
         verbose : int
@@ -458,11 +462,7 @@ class Trainer:
             raise CheckpointError(f"the run stopped at step {self.step_in_epoch} of epoch "
                                   f"{self.epoch + 1}, but {n} samples in batches of {bs} make "
                                   f"only {num_batches} steps: not the same training set")
-        ckdir = None
-        if checkpoint_dir is not None:
-            ckdir = self._checkpoint_dir = Path(checkpoint_dir)
-            ckdir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(ckdir, {CHECKPOINT_NAME, FINAL_NAME})
+        ckdir = None if checkpoint_dir is None else checkpoint.run_folder(self, checkpoint_dir)
         bar_wanted = verbose >= 2 or (verbose >= 1 and sys.stderr.isatty())
         if self.energy is None:
             self.energy = EnergyMeter()

@@ -3,7 +3,11 @@ the models, their lock and their files).
 
 - :class:`History`: one (codelet, variant, kind, footprint)'s run times as count, mean and
   M2 (Welford), with the mean size; histories merge pairwise (Chan et al.), so what is on
-  disk and what a process measured add up without double counting.
+  disk and what a process measured add up without double counting. It also keeps the
+  last :data:`RECENT` run times, whose median is its :attr:`~History.estimate` (what the
+  model predicts): one run slowed by a busy machine moves a mean by its whole excess
+  over the count, and has pushed every task onto one device in StarPU's users' reports;
+  it does not move a median.
 - :class:`LinkStats`: one link's transfers as weighted running sums for
   ``t = latency + nbytes * seconds_per_byte``, weights ``1 / t**2`` (timing noise is
   relative); :func:`default_link` before any record, by node kind.
@@ -16,24 +20,29 @@ Plain values, no locks: the caller (``PerfModel``) serialises access.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 __all__ = ["History", "LinkStats", "Regression", "default_link", "fit_regression"]
 
 _HOST_LINK = (1e-6, 1.0 / 10e9)   # host memory to host memory: 1 us + 10 GB/s
 _CUDA_LINK = (10e-6, 1.0 / 20e9)  # anything involving a GPU: 10 us + 20 GB/s
+#: Run times a History keeps (the latest) for its median.
+RECENT = 15
 
 
 class History:
-    """Running statistics of one key: count, mean and M2 of the time (Welford), mean size."""
+    """Running statistics of one key: count, mean and M2 of the time (Welford), mean size,
+    and the ``recent`` run times (the last :data:`RECENT`, oldest first)."""
 
-    __slots__ = ("count", "mean", "m2", "size")
+    __slots__ = ("count", "mean", "m2", "size", "recent")
 
-    def __init__(self, count=0, mean=0.0, m2=0.0, size=0.0):
+    def __init__(self, count=0, mean=0.0, m2=0.0, size=0.0, recent=()):
         self.count = count
         self.mean = mean
         self.m2 = m2
         self.size = size
+        self.recent = tuple(recent)[-RECENT:]
 
     def add(self, size: float, seconds: float) -> None:
         """Mutates: adds one measurement."""
@@ -43,31 +52,40 @@ class History:
         self.mean += delta / n
         self.m2 += delta * (seconds - self.mean)
         self.size += (size - self.size) / n
+        self.recent = (*self.recent, seconds)[-RECENT:]
 
     def absorb(self, other: "History") -> None:
         """Mutates: adds every measurement of ``other`` (see :meth:`merged`)."""
         m = self.merged(other)
-        self.count, self.mean, self.m2, self.size = m.count, m.mean, m.m2, m.size
+        self.count, self.mean, self.m2, self.size, self.recent = \
+            m.count, m.mean, m.m2, m.size, m.recent
 
     @classmethod
     def of(cls, size: float, seconds: list) -> "History":
         """The statistics of a batch of runs of one size."""
         n = len(seconds)
         mean = math.fsum(seconds) / n
-        return cls(n, mean, math.fsum([(t - mean) * (t - mean) for t in seconds]), size)
+        return cls(n, mean, math.fsum([(t - mean) * (t - mean) for t in seconds]), size, seconds)
 
     def merged(self, other: "History | None") -> "History":
-        """A new history holding both sets of measurements (Chan et al.'s pairwise formula)."""
+        """A new history holding both sets of measurements (Chan et al.'s pairwise formula;
+        ``other``'s recent runs taken as the later)."""
         if other is None or other.count == 0:
-            return History(self.count, self.mean, self.m2, self.size)
+            return History(self.count, self.mean, self.m2, self.size, self.recent)
         if self.count == 0:
-            return History(other.count, other.mean, other.m2, other.size)
+            return History(other.count, other.mean, other.m2, other.size, other.recent)
         n = self.count + other.count
         delta = other.mean - self.mean
         mean = self.mean + delta * other.count / n
         m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / n
         size = self.size + (other.size - self.size) * other.count / n
-        return History(n, mean, m2, size)
+        return History(n, mean, m2, size, self.recent + other.recent)
+
+    @property
+    def estimate(self) -> float:
+        """The run time to expect: the median of the recent runs, robust to outliers (the
+        mean for a history saved without them)."""
+        return statistics.median(self.recent) if self.recent else self.mean
 
     @property
     def variance(self) -> float:
@@ -75,7 +93,8 @@ class History:
         return self.m2 / (self.count - 1) if self.count > 1 else 0.0
 
     def to_json(self) -> dict:
-        return {"size": self.size, "count": self.count, "mean": self.mean, "m2": self.m2}
+        return {"size": self.size, "count": self.count, "mean": self.mean, "m2": self.m2,
+                "recent": list(self.recent)}
 
     @classmethod
     def from_json(cls, row: dict) -> "History":
@@ -86,7 +105,12 @@ class History:
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value) or value < 0:
                 raise ValueError(f"bad {label} {value!r}")
-        return cls(count, float(mean), float(m2), float(size))
+        recent = row.get("recent", [])
+        if not isinstance(recent, list) or len(recent) > count or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                and t >= 0 for t in recent):
+            raise ValueError(f"bad recent {recent!r}")
+        return cls(count, float(mean), float(m2), float(size), [float(t) for t in recent])
 
 
 class LinkStats:

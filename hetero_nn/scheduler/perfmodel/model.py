@@ -78,7 +78,7 @@ import numpy as np
 
 from .files import (_CODELET_FORMAT, FORMAT_VERSION, ModelFiles, _codelet_doc, _transfers_doc,
                     _write_json_atomic)
-from .history import History, LinkStats, Regression, default_link, fit_regression
+from .history import RECENT, History, LinkStats, Regression, default_link, fit_regression
 
 __all__ = ["PerfModel", "PerfModelWarning", "Regression", "default_cache_dir", "fit_regression",
            "FORMAT_VERSION"]
@@ -214,7 +214,7 @@ class PerfModel(ModelFiles):
         mean = float(seconds.mean())
         m2 = float(((seconds - mean) ** 2).sum())
         self._absorb({(codelet, variant, kind, footprint):
-                      History(len(seconds), mean, m2, float(size))})
+                      History(len(seconds), mean, m2, float(size), seconds[-RECENT:].tolist())})
 
     def _absorb(self, batches) -> None:
         """Merge ``{key: History of new runs}`` into the model under its lock."""
@@ -240,14 +240,15 @@ class PerfModel(ModelFiles):
                 size: float) -> float | None:
         """Expected run time in seconds, or ``None`` when nothing is known.
 
-        The history mean for a measured footprint; else the regression on
-        ``size`` over the other footprints of (codelet, variant, kind).
+        The history's estimate for a measured footprint (the median of its recent runs:
+        an outlier does not move it); else the regression on ``size`` over the other
+        footprints of (codelet, variant, kind).
         """
         if codelet not in self._loaded:
             self._load_codelet(codelet)
         history = self._history.get((codelet, variant, kind, footprint))
         if history is not None:
-            return history.mean
+            return history.estimate
         fit = self._fits.get((codelet, variant, kind), _MISSING)
         if fit is _MISSING:
             fit = self.fit(codelet, variant, kind)
@@ -302,7 +303,7 @@ class PerfModel(ModelFiles):
             fit = self._fits.get(group, _MISSING)
             if fit is _MISSING:
                 footprints = self._groups.get(group, {})
-                fit = fit_regression([(h.size, h.mean) for h in footprints.values()])
+                fit = fit_regression([(h.size, h.estimate) for h in footprints.values()])
                 self._fits[group] = fit
             return fit
 
@@ -322,14 +323,15 @@ class PerfModel(ModelFiles):
     def entries(self, codelet: str | None = None) -> list[dict]:
         """One row per (codelet, variant, kind, footprint), by size in each group; times in seconds.
 
-        Keys: ``codelet, variant, kind, footprint, size, count, mean, var, stddev``.
+        Keys: ``codelet, variant, kind, footprint, size, count, mean, var, stddev``, and
+        ``median``, the estimate predictions use (of the recent runs).
         """
         if codelet is None:
             self._load_all()
         elif codelet not in self._loaded:
             self._load_codelet(codelet)
         with self._lock:
-            items = [(k, History(h.count, h.mean, h.m2, h.size)) for k, h in self._history.items()
+            items = [(k, h.merged(None)) for k, h in self._history.items()
                      if codelet is None or k[0] == codelet]
         rows = []
         items.sort(key=lambda kv: (kv[0][:3], kv[1].size, kv[0][3]))  # by size within a group
@@ -337,7 +339,7 @@ class PerfModel(ModelFiles):
             var = h.variance
             rows.append({"codelet": name, "variant": variant, "kind": kind, "footprint": footprint,
                          "size": h.size, "count": h.count, "mean": h.mean, "var": var,
-                         "stddev": math.sqrt(var)})
+                         "stddev": math.sqrt(var), "median": h.estimate})
         return rows
 
     def transfer_entries(self) -> list[dict]:
@@ -394,7 +396,7 @@ class PerfModel(ModelFiles):
                     path = self.path_for(codelet)
                     merged = self._read_codelet_file(path, codelet)
                     for key, delta in deltas.items():
-                        merged[key] = delta.merged(merged.get(key))
+                        merged[key] = (merged.get(key) or History()).merged(delta)  # delta last
                     try:
                         _write_json_atomic(path, _codelet_doc(self.hostname, codelet, merged))
                     except OSError as exc:

@@ -13,10 +13,12 @@ whose constrained layout collapsed on wide legends):
   idle time; the label beside the row gives its utilisation (busy share of the
   makespan), or the bytes a link moved.
 - One colour per codelet: the codelets that ran longest first, on the 20 colours
-  of ``tab20``, then those of ``tab20b`` and ``tab20c`` (60 in all before any repeats).
+  of ``tab20``, then those of ``tab20b`` and ``tab20c`` (60 in all before any repeats),
+  each map's hues first and their lighter shades after (the first ten are tab10's, so
+  the longest codelets never get two shades of one hue).
   The legend sits beside the chart, one entry per codelet with its share of the
-  busy time, in as many columns as the chart's height needs (at most
-  ``MAX_LEGEND_COLUMNS``; past that the figure grows taller).
+  busy time, in one column (``MAX_LEGEND_COLUMNS``: the figure grows taller rather
+  than give the legend the width the chart needs).
 - The time axis is in milliseconds since the first submit; ``window=(t0, t1)``
   (ms) zooms in.
 """
@@ -35,18 +37,20 @@ CHART_INCHES = 9.0          # width of the time axis
 MIN_CHART_INCHES = 1.2      # height of the chart with few rows
 LEGEND_ENTRY_INCHES = 0.19  # height of a legend entry at LEGEND_FONT points
 LEGEND_FONT = 7.5
-MAX_LEGEND_COLUMNS = 2
+MAX_LEGEND_COLUMNS = 1
 TOP, BOTTOM, GAP, RIGHT = 0.55, 0.6, 0.2, 0.15   # margins (inches)
 IDLE = "#e6e6e6"
 TRANSFER = "#404040"
 
 
 def _palette(n):
-    """``n`` distinct colours: tab20, then tab20b and tab20c, then repeats."""
+    """``n`` distinct colours: tab20, then tab20b and tab20c, each hues first (tab20 pairs
+    a hue with its lighter shade, the others group four shades), then repeats."""
     import matplotlib  # matplotlib: the optional plot extra
 
-    colours = [matplotlib.colormaps[name](i) for name in ("tab20", "tab20b", "tab20c")
-               for i in range(20)]
+    colours = [matplotlib.colormaps[name](hue + shade)
+               for name, shades in (("tab20", 2), ("tab20b", 4), ("tab20c", 4))
+               for shade in range(shades) for hue in range(0, 20, shades)]
     return [colours[i % len(colours)] for i in range(n)]
 
 
