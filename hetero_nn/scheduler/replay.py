@@ -82,10 +82,13 @@ from ..errors import SubmitError, TaskError
 from .bundle import Bundle
 from .intrinsics import HAVE_CLOCK, clock_offset
 from .local import LocalExecutor
+from .dispatch import set_abort
 from .segment import CompiledSegment, explore
+from .stalls import TIMED_OUT, engine_state, stalled
 from .trace import TaskRecord
 
 _perf = time.perf_counter
+STOP_GRACE = 1.0  # seconds the other shares get to stop once one wait timed out
 ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call: no dispatch "
                 "left for a bundle to save")
 
@@ -147,10 +150,11 @@ def param_uses(segments) -> dict:
 class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
-    def __init__(self, count):
+    def __init__(self, count, buffers=None):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
         #: replays never overlap, and a buffer's key fixes what it must hold)
-        self.buffers: dict = {}
+        self.buffers: dict = {} if buffers is None else buffers
+        self.broken = False  # a share never returned: its thread is lost
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -165,9 +169,14 @@ class EngineThreads:
             if job is None:
                 return
             job()
+            job = None  # else it holds the last replayed segment until the next one
 
-    def run(self, jobs):
-        """Run ``jobs[0]`` here and ``jobs[i]`` on thread ``i - 1``; return their results."""
+    def run(self, jobs, seg=None, epoch=0, timeout=None):
+        """Run ``jobs[0]`` here and ``jobs[i]`` on thread ``i - 1`` (the shares of ``seg``
+        at replay ``epoch``); return their results. A ``KeyboardInterrupt`` stops the
+        shares, waits for them, and is raised; a share that has not returned ``timeout``
+        seconds after the last one did stops the replay with a ``TaskError`` printing the
+        engine's state (these threads are then ``broken``: the runtime makes new ones)."""
         results = [None] * len(jobs)
         finished = threading.Semaphore(0)
 
@@ -182,18 +191,43 @@ class EngineThreads:
             return run
         for i in range(1, len(jobs)):
             self._queues[i - 1].put(wrap(i, jobs[i]))
+        interrupt = None
         try:
             results[0] = jobs[0]()
-        finally:
-            for _ in range(1, len(jobs)):
-                finished.acquire()
+        except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
+            interrupt = exc
+        left = len(jobs) - 1
+        while left:
+            wait = timeout
+            if seg is not None and seg.abort[0] == TIMED_OUT:
+                wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
+            try:
+                if finished.acquire(timeout=wait):
+                    left -= 1
+                    continue
+            except KeyboardInterrupt as exc:
+                if interrupt is not None:  # a second one: leave the shares behind
+                    self.broken = True
+                    raise
+                interrupt = exc
+                if seg is not None:
+                    set_abort(seg.abort, seg.done, seg.notify_tasks)
+                continue
+            self.broken = True
+            if seg is None:
+                raise stalled("the replay engine", timeout, "(no segment)")
+            if seg.abort[0] == 0:
+                seg.abort[0] = TIMED_OUT
+            raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
+        if interrupt is not None:
+            raise interrupt
         return results
 
     def close(self):
         for q in self._queues:
             q.put(None)
         for t in self._threads:
-            t.join()
+            t.join(STOP_GRACE if self.broken else None)  # a hung share's thread is lost
 
 
 def set_params(graph, values) -> None:
@@ -254,8 +288,11 @@ class CompiledGraph:
 
 def _threads(rt):
     engine = getattr(rt, "_engine", None)
-    if engine is None:
-        engine = rt._engine = EngineThreads(len(rt.workers) - 1)
+    if engine is None or engine.broken:  # (a hung share keeps its thread: new ones)
+        if engine is not None:
+            engine.close()
+        engine = rt._engine = EngineThreads(len(rt.workers) - 1,
+                                            None if engine is None else engine.buffers)
     return engine
 
 
@@ -274,7 +311,8 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares])
+    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares], seg, epoch,
+                          rt.wait_timeout)
     if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes
             node.synchronize()
@@ -288,6 +326,11 @@ def _run_segment(rt, seg, epoch, threads):
         rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                           failures[0] if failures else None,
                                           seg.bytes_in.copy() if seg.multinode else None))
+    interrupted = [exc for _, exc in failures if isinstance(exc, KeyboardInterrupt)]
+    if interrupted:  # in a Python task of the calling thread's share: the shares stopped
+        raise interrupted[0]
+    if seg.abort[0] == TIMED_OUT and not failures:
+        raise stalled("a replay", rt.wait_timeout, engine_state(seg, epoch))
     if failures:
         t, exc = failures[0]
         if t is None:
@@ -325,18 +368,35 @@ def _measure(rt, seg):
         pm.record_array(codelet.name, variant, kind, fp, size, seconds)
 
 
+def record_layout(seg) -> tuple:
+    """``(rows, preds)`` of a segment's tasks as its replays run them now: per task
+    ``(codelet, variant, worker, device, node)``, and its predecessors. Made once per
+    binding (``seg.layout``, cleared when the shares are rebuilt): a replay's records read
+    this, never the segment, so the trace holds no compiled graph and names the variant
+    that ran even after the model's exploration binds another."""
+    layout = seg.layout
+    if layout is None:
+        rows = tuple((b.task.codelet.name, b.variant, b.worker.name, b.worker.device,
+                      b.worker.node.name) for b in seg.bound)
+        layout = seg.layout = (rows, tuple(tuple(p) for p in seg.task_preds))
+    return layout
+
+
 class ReplayRecords:
     """The trace records of one compiled replay of a segment, made when read: the
-    runtime's trace buffer keeps it as one flush's records (a list it iterates)."""
+    runtime's trace buffer keeps it as one flush's records (a list it iterates). It
+    holds plain values only (:func:`record_layout`, the stamps, the failure's text)."""
 
-    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in", "count")
+    __slots__ = ("layout", "times", "base", "t_submit", "failure", "bytes_in", "count")
 
     def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
-        self.seg = seg
+        self.layout = record_layout(seg)
         self.times = times[:seg.n_tasks]  # the tasks' (the planned copies' are transfers)
         self.base = base
         self.t_submit = t_submit
-        self.failure = failure
+        # (task index, "Type: message"): an exception would keep the segment (its frames)
+        self.failure = None if failure is None else \
+            (failure[0], f"{type(failure[1]).__name__}: {failure[1]}")
         self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
         self.count = int(np.count_nonzero(self.times[:, 0]))
 
@@ -345,23 +405,18 @@ class ReplayRecords:
         return self.count
 
     def __iter__(self):
-        seg, times, base = self.seg, self.times, self.base
+        (rows, task_preds), times, base = self.layout, self.times, self.base
         offset = clock_offset()
         start = times[:, 0] * 1e-9 + offset
         end = times[:, 1] * 1e-9 + offset
-        failed = self.failure[0] if self.failure is not None else -1
-        for i, b in enumerate(seg.bound):
+        failed, error = self.failure if self.failure is not None else (-1, None)
+        for i, (codelet, variant, worker, device, node) in enumerate(rows):
             if times[i, 0] == 0:
                 continue  # not run (the replay failed first)
-            preds = seg.task_preds[i]
+            preds = task_preds[i]
             ready = max((float(end[p]) for p in preds), default=self.t_submit)
             ready = max(ready, self.t_submit)
-            w = b.worker
-            error = None
-            if i == failed:
-                exc = self.failure[1]
-                error = f"{type(exc).__name__}: {exc}"
             moved = 0 if self.bytes_in is None else int(self.bytes_in[i])
-            yield TaskRecord(base + i, b.task.codelet.name, b.variant, w.name, w.device,
-                             w.node.name, self.t_submit, ready, float(start[i]), float(end[i]),
-                             moved, tuple(base + p for p in preds), error)
+            yield TaskRecord(base + i, codelet, variant, worker, device, node, self.t_submit,
+                             ready, float(start[i]), float(end[i]), moved,
+                             tuple(base + p for p in preds), error if i == failed else None)

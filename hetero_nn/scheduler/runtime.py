@@ -66,6 +66,7 @@ from .flush import Flushes
 from .handles import HandleFactory
 from .lifetimes import Temporaries
 from .redux import Reductions
+from .stalls import WAIT_TIMEOUT, check_wait_timeout
 from .task import Task, link
 from .trace import Trace
 from .trace_buffer import TRACE_FLUSHES, TraceBuffer
@@ -141,6 +142,10 @@ class Runtime:
         schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.replay`)
         where the runtime allows it (local executor, CPU workers, one memory node);
         ``"executor"``: replays go through the executor and policy as flushes do.
+    wait_timeout : float or None
+        Seconds any wait of the runtime may go without progress (default 600); past it
+        the run stops with a ``TaskError`` printing the executor's or the replay
+        engine's state (:mod:`~hetero_nn.scheduler.stalls`). None: no limit.
 
     Examples
     --------
@@ -161,7 +166,8 @@ class Runtime:
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, fuse_chains: bool = True, overlap: bool = True,
-                 arenas: bool = True, replay_engine: str = "compiled"):
+                 arenas: bool = True, replay_engine: str = "compiled",
+                 wait_timeout: float | None = WAIT_TIMEOUT):
         from .policies import make_policy, policy_class
 
         policy_class(policy)  # unknown names fail before any thread starts
@@ -169,6 +175,7 @@ class Runtime:
             raise ConfigError(f"Runtime: replay_engine={replay_engine!r}; expected 'compiled' "
                               "or 'executor'")
         self.replay_engine = replay_engine
+        self.wait_timeout = check_wait_timeout(wait_timeout)  # every wait's deadline (stalls.py)
         self._engine = None  # the replay engine's threads, made at the first compiled replay
         if deterministic is None:
             deterministic = not calibrate
@@ -190,6 +197,9 @@ class Runtime:
         self.seed = seed
         self.tracing = bool(trace)
         self._trace.workers = [w.name for w in self.workers]
+        for node in self.nodes:  # the emulated streams' waits (scheduler/stalls.py)
+            if getattr(node, "stream", None) is not None:
+                node.stream.wait_timeout = self.wait_timeout
         self.fuse_chains = bool(fuse_chains)
         if perfmodel is None or perfmodel is True:
             from .perfmodel import PerfModel
