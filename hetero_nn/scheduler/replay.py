@@ -308,11 +308,15 @@ def _run_segment(rt, seg, epoch, threads):
         rt._ids = itertools.count(base + n)
     seg.times[:] = 0
     seg.abort[0] = 0
+    contention = seg.contention  # parallel, or every task on this thread (contention.py)
+    mode = "parallel" if contention is None else contention.next_mode()
+    shares = seg.shares if mode == "parallel" else [seg.serial_share()]
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares], seg, epoch,
+    results = threads.run([lambda s=s: seg.run(s, epoch) for s in shares], seg, epoch,
                           rt.wait_timeout)
+    wall = _perf() - t_submit
     if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes
             node.synchronize()
@@ -325,7 +329,8 @@ def _run_segment(rt, seg, epoch, threads):
             t.id = base + i  # replay rearms them: a record is found from its task
         rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                           failures[0] if failures else None,
-                                          seg.bytes_in.copy() if seg.multinode else None))
+                                          seg.bytes_in.copy() if seg.multinode else None,
+                                          None if mode == "parallel" else shares[0].worker))
     interrupted = [exc for _, exc in failures if isinstance(exc, KeyboardInterrupt)]
     if interrupted:  # in a Python task of the calling thread's share: the shares stopped
         raise interrupted[0]
@@ -346,17 +351,21 @@ def _run_segment(rt, seg, epoch, threads):
                         f"{type(exc).__name__}: {exc}", codelet=b.task.codelet.name,
                         task_id=task_id)
         raise err from exc
-    _measure(rt, seg)
+    task_seconds = _measure(rt, seg, shares)
+    if contention is not None:
+        contention.observe(mode, wall, task_seconds)
 
 
-def _measure(rt, seg):
-    """After a successful run: busy time per worker, samples for the performance model."""
+def _measure(rt, seg, shares):
+    """After a successful run: busy time per worker, samples for the performance model;
+    returns the tasks' seconds."""
     durations = seg.times[:, 1] - seg.times[:, 0]
-    for share in seg.shares:
+    for share in shares:
         share.worker.busy += float(durations[share.order].sum()) * 1e-9
+    task_seconds = float(durations.sum()) * 1e-9
     pm = rt.perfmodel
     if pm is None:
-        return
+        return task_seconds
     pm.save_if_due()  # a killed run keeps its calibration (perfmodel.py), as flushes do
     warm = rt._variants._warm
     for (codelet, variant, kind, fp, size), idx in seg.groups:
@@ -366,20 +375,28 @@ def _measure(rt, seg):
             warm.add(wkey)
             seconds = seconds[1:]
         pm.record_array(codelet.name, variant, kind, fp, size, seconds)
+    return task_seconds
 
 
-def record_layout(seg) -> tuple:
+def record_layout(seg, worker=None) -> tuple:
     """``(rows, preds)`` of a segment's tasks as its replays run them now: per task
-    ``(codelet, variant, worker, device, node)``, and its predecessors. Made once per
-    binding (``seg.layout``, cleared when the shares are rebuilt): a replay's records read
-    this, never the segment, so the trace holds no compiled graph and names the variant
-    that ran even after the model's exploration binds another."""
-    layout = seg.layout
+    ``(codelet, variant, worker, device, node)`` (``worker``: the one whose thread ran
+    them all, else each task's), and its predecessors. Made once per binding
+    (``seg.layout``, cleared when the shares are rebuilt): a replay's records read this,
+    never the segment, so the trace holds no compiled graph and names the variant that
+    ran even after the model's exploration binds another."""
+    if seg.layout is None:
+        seg.layout = {}
+    layout = seg.layout.get(worker)
     if layout is None:
-        rows = tuple((b.task.codelet.name, b.variant, b.worker.name, b.worker.device,
-                      b.worker.node.name) for b in seg.bound)
-        layout = seg.layout = (rows, tuple(tuple(p) for p in seg.task_preds))
+        rows = tuple((b.task.codelet.name, b.variant, *_where(worker or b.worker))
+                     for b in seg.bound)
+        layout = seg.layout[worker] = (rows, tuple(tuple(p) for p in seg.task_preds))
     return layout
+
+
+def _where(w) -> tuple:
+    return w.name, w.device, w.node.name
 
 
 class ReplayRecords:
@@ -389,8 +406,8 @@ class ReplayRecords:
 
     __slots__ = ("layout", "times", "base", "t_submit", "failure", "bytes_in", "count")
 
-    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
-        self.layout = record_layout(seg)
+    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None, worker=None):
+        self.layout = record_layout(seg, worker)
         self.times = times[:seg.n_tasks]  # the tasks' (the planned copies' are transfers)
         self.base = base
         self.t_submit = t_submit

@@ -65,6 +65,7 @@ from .data_plan import plan_data
 from .bundle import Bundle
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
+from .contention import Contention, serial_order
 from .policies import UNKNOWN_COST
 from .stalls import timeout_ns
 from .schedule import check_orders, fixed_orders
@@ -174,6 +175,17 @@ class CompiledSegment:
         self.sleepers = np.zeros(1, dtype=np.int32)
         self.abort = np.zeros(1, dtype=np.int32)
         self.groups = _model_groups(self.bound)
+        one_thread_serves = len(self.shares) > 1 and not self.multinode and \
+            all(w.stream is None for w in workers)
+        self.contention = Contention() if one_thread_serves else None
+
+    def serial_share(self):
+        """Every task in one share of the first worker (contention.py's serial mode)."""
+        if self._serial is None:
+            n = len(self.runs)
+            self._serial = Share(self.workers[0], serial_order(self), self.runs, [()] * n,
+                                 [False] * n)
+        return self._serial
 
     def run_stream_share(self, share, epoch):
         """Enqueue a CUDA worker's share on its stream, then wait for the stream once;
@@ -184,6 +196,7 @@ class CompiledSegment:
         """(Re)make the shares' arrays from the bound tasks (after a rebind)."""
         self.runs = self.bound + self.moves  # by counter index
         self.layout = None  # what its replays' trace records read (replay.record_layout)
+        self._serial = None  # the serial share (contention.py), made when first used
         self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of)
                        for w, tasks in zip(self.workers, self.share_tasks)]
 
