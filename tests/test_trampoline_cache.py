@@ -9,7 +9,10 @@ import sys
 
 import numba
 import numpy as np
+import pytest
 
+import hetero_nn as hn
+from hetero_nn.codelets.prepared import prepares
 from hetero_nn.scheduler import trampoline
 from hetero_nn.scheduler.trampoline import CompiledCall, module_text
 from hetero_nn.codelets._jit import jit
@@ -51,3 +54,27 @@ def test_a_tampered_trampoline_module_is_rebuilt_not_run(tmp_path, monkeypatch):
         cfunc = trampoline._compile(source)  # rebuilt: the RuntimeError never runs
         assert cfunc.address and path.read_text() == module_text(source)
     assert call() == 0 and x.tolist() == [2.0] * 4
+
+
+def _broken_prepare(buffers, x):
+    raise ValueError("a prepare that fails")
+
+
+@prepares(_broken_prepare)
+def _double_ref(x):
+    x *= 2.0
+
+
+def test_a_prepare_that_raises_warns_once_and_the_task_runs_as_python():
+    codelet = hn.Codelet("trampoline_broken_prepare", modes=(hn.RW,),
+                         variants={"cpu": _double_ref})
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        h = rt.register(np.ones(4))
+        with rt.capture() as graph:
+            for part in h.split(0, 2):
+                rt.submit(codelet, part)
+        with pytest.warns(RuntimeWarning, match="trampoline_broken_prepare.*prepare raised "
+                                                "ValueError: a prepare that fails") as caught:
+            graph.replay()
+        assert len([w for w in caught if "broken_prepare" in str(w.message)]) == 1
+        assert rt.fetch(h).tolist() == [4.0] * 4

@@ -94,6 +94,7 @@ _CODELET_FORMAT = "hetero_nn-perfmodel"
 _TRANSFER_FORMAT = "hetero_nn-transfers"
 _TRANSFERS_FILE = "_transfers.json"
 _LOCK_FILE = ".lock"
+FLOCK_TIMEOUT = 10.0  # seconds a save waits for another process's lock (then warns, keeps)
 #: Default seconds between the saves :meth:`PerfModel.save_if_due` makes.
 SAVE_EVERY = 60.0
 
@@ -603,7 +604,16 @@ class PerfModel:
                 held.depth -= 1
             return
         with open(self.directory / _LOCK_FILE, "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            deadline = time.monotonic() + FLOCK_TIMEOUT  # a stuck saver elsewhere: warn, go on
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{f.name} held by another process for "
+                                           f"{FLOCK_TIMEOUT:g} s") from None
+                    time.sleep(0.005)
             held.depth = 1
             try:
                 yield
