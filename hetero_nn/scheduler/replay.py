@@ -50,7 +50,13 @@ sets ``abort``, which every other share sees before its next task or in its wait
 (a futex sleep lasts at most ``WAIT_NS``), so what has not started is cancelled; the first failure is raised as the flush's
 ``TaskError`` naming the task, codelet, variant and worker. A compiled kernel's
 exception cannot cross the loop, so the task is run once more in Python to name
-it. The runtime and the graph stay usable.
+it. The runtime and the graph stay usable. A wait that passes ``Runtime(wait_timeout=)``
+stops the replay with a ``TaskError`` printing each share's state
+(:mod:`~hetero_nn.scheduler.stalls`); a ``KeyboardInterrupt`` stops every share, waits
+for them and is raised.
+
+Contention: a segment of CPU workers on one node replays on one thread instead (every
+task in one merged order) while that is measured faster (:mod:`~hetero_nn.scheduler.contention`).
 
 Step parameters
 ---------------
