@@ -202,7 +202,8 @@ class LocalExecutor:
         with self._lock:
             if not wait_progress(self._done, lambda: state.remaining, timeout,
                                  STALL_REPORT_SECONDS, lambda s: _log.warning(
-                                     "a flush made no progress for %.0f s\n%s", s, state)):
+                                     "a flush made no progress for %.0f s\n%s", s,
+                                     str(state))):  # the state as it is now
                 stall = stalled("a flush", timeout, str(state))
                 self._fail("a flush", stall, abort=True)  # running tasks stay counted
                 state.error = stall

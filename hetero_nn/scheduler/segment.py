@@ -292,11 +292,11 @@ class _StreamRun:
         """The kernel as the stream runs it (a launch into CuPy's stream on a GPU);
         ``arrays`` None: the task's own (bound to the plan's replicas)."""
         seg = self.seg
-        start = now_ns()
-        if start > seg.times[t, 0]:
-            seg.times[t, 0] = start
-        b = seg.bound[t]
         try:
+            start = now_ns()
+            if start > seg.times[t, 0]:
+                seg.times[t, 0] = start
+            b = seg.bound[t]
             if arrays is None:
                 b.run_python()
             else:
