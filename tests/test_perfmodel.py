@@ -485,3 +485,22 @@ def test_an_unreadable_model_is_warned_once_per_folder(tmp_path):
         assert pm.predict("pool_fwd", "cpu", "cpu", "fp", 1.0) is None
     (warning,) = [w for w in caught if w.category is PerfModelWarning]
     assert str(pm.directory) in str(warning.message) and "cannot read" in str(warning.message)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_save_waits_for_a_held_lock_only_so_long_then_warns_and_keeps_its_data(
+        tmp_path, monkeypatch):
+    import fcntl
+
+    from hetero_nn.scheduler.perfmodel import files as perfmodel_module
+    monkeypatch.setattr(perfmodel_module, "FLOCK_TIMEOUT", 0.2)
+    pm = PerfModel(tmp_path)
+    pm.record(*KEY, "fp", 1.0, 1e-6)
+    pm.directory.mkdir(parents=True, exist_ok=True)
+    with open(pm.directory / ".lock", "a+") as other:  # another saver, stuck
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        with pytest.warns(PerfModelWarning, match="held by another process"):
+            pm.save()
+        fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+    pm.save()  # the measurement was kept for this one
+    assert PerfModel(tmp_path).count(*KEY, "fp") == 1

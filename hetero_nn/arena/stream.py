@@ -34,6 +34,8 @@ import contextlib
 import threading
 from collections import deque
 
+from ..errors import TaskError
+
 _current = threading.local()
 
 
@@ -65,12 +67,17 @@ class EmulatedEvent:
     def done(self) -> bool:
         return self._flag.is_set()
 
-    def synchronize(self) -> None:
-        self._flag.wait()
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Block until the stream reaches this event; ``TaskError`` after ``timeout`` s."""
+        if not self._flag.wait(timeout):
+            raise TaskError(f"an emulated stream made no progress for {timeout:g} s "
+                            "(Runtime(wait_timeout=)): the event was not reached")
 
 
 class EmulatedStream:
     """An in-order asynchronous queue served by one thread (see the module docstring)."""
+
+    wait_timeout = 600.0  # Runtime(wait_timeout=) sets it (scheduler/stalls.py)
 
     def __init__(self, name: str, device_id: int):
         self.name = name
@@ -126,8 +133,13 @@ class EmulatedStream:
         self._put(fn)
 
     def synchronize(self) -> None:
-        """Block until everything enqueued so far has run; re-raise a copy's failure."""
-        self.record().synchronize()
+        """Block until everything enqueued so far has run (``TaskError`` naming the stream
+        after ``wait_timeout`` s, the runtime's); re-raise a copy's failure."""
+        try:
+            self.record().synchronize(self.wait_timeout)
+        except TaskError as exc:
+            raise TaskError(f"stream {self.name} ({len(self._queue)} call(s) queued): "
+                            f"{exc}") from None
         if self._error is not None:
             error, self._error = self._error, None
             raise error

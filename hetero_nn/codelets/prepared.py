@@ -131,14 +131,20 @@ class WorkerBuffers:
     """The scratch arrays of one worker for one graph: ``buffers(tag, shape, dtype,
     zero=False)`` (see the module docstring). ``nbytes``: what they hold."""
 
+    MAX_BYTES = 256 << 20  # held at most; the least recently asked for go first
+
     def __init__(self):
         self._arrays: dict = {}
 
     def __call__(self, tag, shape, dtype, zero=False):
         key = (tag, tuple(int(d) for d in shape), np.dtype(dtype).str)
-        a = self._arrays.get(key)
+        a = self._arrays.pop(key, None)
         if a is None:
-            a = self._arrays[key] = (np.zeros if zero else np.empty)(key[1], dtype=dtype)
+            a = (np.zeros if zero else np.empty)(key[1], dtype=dtype)
+            self._bytes = getattr(self, "_bytes", 0) + a.nbytes
+            while self._arrays and self._bytes > self.MAX_BYTES:  # bound tasks keep their own
+                self._bytes -= self._arrays.pop(next(iter(self._arrays))).nbytes
+        self._arrays[key] = a  # the most recent last
         return a
 
     @property

@@ -66,6 +66,7 @@ from .flush import Flushes
 from .handles import HandleFactory, RuntimeHandles
 from .lifetimes import Temporaries
 from .redux import Reductions
+from .stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
 from .task import Task, link
 from .trace.views import Trace
@@ -151,6 +152,10 @@ class Runtime(RuntimeHandles):
         where the runtime allows it (local executor, workers of one kind or ``heft``:
         :func:`~hetero_nn.scheduler.engine.replay.engine_refusal`);
         ``"executor"``: replays go through the executor and policy as flushes do.
+    wait_timeout : float or None
+        Seconds any wait of the runtime may go without progress (default 600); past it
+        the run stops with a ``TaskError`` printing the executor's or the replay
+        engine's state (:mod:`~hetero_nn.scheduler.stalls`). None: no limit.
 
     Examples
     --------
@@ -171,12 +176,14 @@ class Runtime(RuntimeHandles):
                  calibrate: bool = False, calibrate_samples: int = 10, trace=True,
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, study: StudyOptions | None = None, fuse_chains=None,
-                 overlap=None, arenas=None, replay_engine=None):
+                 overlap=None, arenas=None, replay_engine=None,
+                 wait_timeout: float | None = WAIT_TIMEOUT):
 
         policy_class(policy)  # unknown names fail before any thread starts
         self.study = study = (study or StudyOptions()).with_keywords(
             fuse_chains=fuse_chains, overlap=overlap, arenas=arenas, replay_engine=replay_engine)
         self.replay_engine = study.replay_engine
+        self.wait_timeout = check_wait_timeout(wait_timeout)  # every wait's deadline (stalls.py)
         self._engine = None  # the replay engine's threads, made at the first compiled replay
         if deterministic is None:
             deterministic = not calibrate
@@ -198,6 +205,9 @@ class Runtime(RuntimeHandles):
         self.seed = seed
         self.tracing = bool(trace)
         self._trace.workers = [w.name for w in self.workers]
+        for node in self.nodes:  # the emulated streams' waits (scheduler/stalls.py)
+            if getattr(node, "stream", None) is not None:
+                node.stream.wait_timeout = self.wait_timeout
         self.fuse_chains = bool(study.fuse_chains)
         if perfmodel is None or perfmodel is True:
             perfmodel = PerfModel()

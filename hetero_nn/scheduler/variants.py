@@ -32,7 +32,7 @@ not kept: Numba compiles once per signature, worker buffers grow once per shape.
 State
 -----
 ``_candidates``: (codelet, kind) -> variant names, preferred first;
-``_fp_cache``: (codelet, operand footprints) -> (footprint, size);
+``_fp_cache``: (codelet, operand footprints) -> (footprint, size), at most ``FP_CACHE_SIZE``;
 ``_measured``: per worker (and one for the runtime's own thread), (task, kind)
 runs not yet given to the model; ``_warm``: the (codelet, variant, footprint) whose
 warm-up run was seen; ``pinned``: kind -> {codelet: variant} for the codelets with
@@ -49,6 +49,7 @@ from ..codelets.pinned import PINNED_VARIANTS
 
 FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
+FP_CACHE_SIZE = 4096  # (codelet, operand footprints) keys kept; then the cache starts again
 
 
 class Variants:
@@ -104,6 +105,8 @@ class Variants:
             if fp is None:
                 fp = ("|".join(key[1:]),
                       task.codelet.work([h.shape for h in handles], task.params))
+                if len(self._fp_cache) >= FP_CACHE_SIZE:  # bounded: shapes of a long run
+                    self._fp_cache.clear()
                 self._fp_cache[key] = fp
             task._fp = fp
         return fp

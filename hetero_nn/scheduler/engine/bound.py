@@ -36,6 +36,8 @@ planned copy is a :class:`BoundTransfer`. Where no plan can be made, a task is b
 
 from __future__ import annotations
 
+import warnings
+
 from ...codelets.codelet import REDUX, SCRATCH
 from ...codelets.prepared import calls_of
 from ...codelets.reduce import _copy_calls
@@ -109,6 +111,9 @@ class BoundTask:
                f"{self.worker.name}, {how})"
 
 
+_warned: set = set()  # (codelet, variant, exception type) whose prepare raised, warned once
+
+
 def _compiled_calls(task, fn, arrays, redux, buffers):
     """``(calls, why)``: the task's CompiledCalls, or ``(None, reason)``."""
     prepared = []
@@ -126,7 +131,13 @@ def _compiled_calls(task, fn, arrays, redux, buffers):
         return [CompiledCall(kernel, args) for kernel, args in prepared], ""
     except Exception as exc:  # noqa: BLE001 - a check that fails, an argument no slot
         # carries: the task runs as Python, where the variant raises (a TaskError) or runs
-        return None, f"prepare raised {type(exc).__name__}: {exc}"
+        why = f"prepare raised {type(exc).__name__}: {exc}"
+        key = (task.codelet.name, getattr(fn, "__name__", fn), type(exc).__name__)
+        if key not in _warned:  # once per codelet, variant and kind of failure
+            _warned.add(key)
+            warnings.warn(f"replay: codelet {key[0]!r}, variant {key[1]!r}: {why}; its "
+                          "tasks run as Python", RuntimeWarning, stacklevel=2)
+        return None, why
 
 
 def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:

@@ -19,10 +19,13 @@ Counters
 An edge between two workers is a counter: ``done[t]`` holds the number of the
 last replay (its *epoch*) in which task ``t`` finished, so nothing is reset
 between replays. A waiter spins (checks with the processor's pause hint) for at most
-``spin_ns``, then sleeps on the counter with a futex (``WAIT_NS`` at most, so it
-also sees an abort), counting itself in ``sleepers``; a publisher stores the
-epoch and, only when someone sleeps, wakes the sleepers of that counter. Tasks
-no other worker waits for publish nothing.
+``spin_ns``, then yields its core a few times (``YIELDS``), then sleeps on the counter
+with a futex (``WAIT_NS`` at most, so it also sees an abort), counting itself in
+``sleepers``; a publisher stores the epoch and, only when someone sleeps, wakes the
+sleepers of that counter. Tasks no other worker waits for publish nothing. A wait
+longer than ``timeout_ns`` (``Runtime(wait_timeout=)``, :mod:`~hetero_nn.scheduler.stalls`)
+sets ``abort`` to ``TIMED_OUT`` and returns False: every share stops, and the replay
+raises a ``TaskError`` with the engine's state.
 
 How long to spin (:func:`spin_budget`): a futex sleep and its wake-up cost tens of
 microseconds, so a worker that sleeps whenever its predecessor on another worker takes
@@ -30,7 +33,11 @@ longer than the spin makes every task of that size pay them (Task Bench showed a
 of about 20 us per task with a 10 us spin). Where every thread of the replay has a core
 of its own, a waiter spins ``SPIN_NS`` (100 us): it takes nothing from anyone. Where the
 workers outnumber the cores, a spinning worker would take the core of the one it waits
-for, so it spins ``SHORT_SPIN_NS`` (10 us) and sleeps.
+for, so it spins ``SHORT_SPIN_NS`` (10 us) and sleeps. And whatever the budget, a spinner
+that finds it lost its core meanwhile (two reads of the clock ``PREEMPTED_NS`` apart: another
+process runs there, the OpenMP runtimes' "passive wait" case) stops spinning at once: its
+spin only delays the thread it waits for. Where the whole replay loses to one thread, the
+engine runs it on one (:mod:`~hetero_nn.scheduler.engine.contention`).
 
 State of one share (arrays, built by :mod:`~hetero_nn.scheduler.engine.replay`)
 -----------------------------------------------------------------------
@@ -55,11 +62,15 @@ import numpy as np
 from numba import njit
 
 from .intrinsics import (atomic_add, atomic_load, atomic_store, call_pointer, cpu_pause,
-                         futex_wait, futex_wake, monotonic_ns)
+                         cpu_yield, futex_wait, futex_wake, monotonic_ns)
+from ..stalls import TIMED_OUT
 
 SPIN_NS = 100_000        # spin before sleeping, where every thread has a core
 SHORT_SPIN_NS = 10_000   # spin before sleeping, where workers outnumber the cores
 WAIT_NS = 1_000_000      # longest futex sleep: how late at worst an abort is seen
+PREEMPTED_NS = 50_000    # a gap this long between two reads of the clock while spinning:
+#                          the spinner lost its core (contended): it stops spinning
+YIELDS = 4               # sched_yield calls between the spin and the sleep
 ABORTED = -1
 
 
@@ -75,23 +86,37 @@ def spin_budget(threads: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def wait_done(done, t, epoch, sleepers, abort, spin_ns):
-    """Block until ``done[t] >= epoch``; False if the replay was aborted meanwhile."""
-    deadline = monotonic_ns() + spin_ns
-    while True:
+def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
+    """Block until ``done[t] >= epoch``; False if the replay was aborted meanwhile, or if
+    ``timeout_ns`` passed first (then ``abort`` is set to ``TIMED_OUT``)."""
+    start = monotonic_ns()
+    deadline = start + spin_ns
+    last = start
+    while True:  # spin
         for _ in range(64):
             if atomic_load(done, t) >= epoch:
                 return True
             cpu_pause()
-        if monotonic_ns() >= deadline:
+        now = monotonic_ns()
+        if now >= deadline or now - last > PREEMPTED_NS:  # spent, or the core is contended
             break
-    atomic_add(sleepers, 0, np.int32(1))
+        last = now
+    for _ in range(YIELDS):  # yield
+        cpu_yield()
+        if atomic_load(done, t) >= epoch:
+            return True
+    atomic_add(sleepers, 0, np.int32(1))  # sleep
     ok = True
     while True:
         seen = atomic_load(done, t)
         if seen >= epoch:
             break
         if atomic_load(abort, 0) != 0:
+            ok = False
+            break
+        if monotonic_ns() - start >= timeout_ns:
+            if atomic_load(abort, 0) == 0:
+                atomic_store(abort, 0, np.int32(TIMED_OUT))
             ok = False
             break
         futex_wait(done, t, seen, WAIT_NS)
@@ -123,7 +148,7 @@ def now_ns():
 
 @njit(nogil=True, cache=True)
 def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
-                 notify, done, times, epoch, sleepers, abort, spin_ns):
+                 notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns):
     """Run the share from position ``k0``; see the module docstring for the result."""
     n = order.shape[0]
     for k in range(k0, n):
@@ -131,7 +156,7 @@ def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start
         if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
             return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):
-            if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns):
+            if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns, timeout_ns):
                 return ABORTED
         if python[k]:
             return k

@@ -20,6 +20,8 @@ built from these (Numba's ``extending.intrinsic``, as its parallel backend does)
     difference measured at import).
 ``cpu_pause()``
     The spin-wait hint (``pause`` on x86-64, ``yield`` on AArch64).
+``cpu_yield()``
+    ``sched_yield()``: give the core to another runnable thread, if one waits for it.
 ``call_pointer(address, block)``
     Calls the C function ``int64 f(void *block)`` at ``address`` (a trampoline's
     ``cfunc`` address), passing ``block`` (an address too): one indirect call.
@@ -200,6 +202,19 @@ def cpu_pause(typingctx):
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [_I32]), "llvm.aarch64.hint")
             builder.call(fn, [_I32(1)])  # YIELD
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def cpu_yield(typingctx):
+    """``sched_yield()``: the thread goes to the back of its core's run queue."""
+    sig = types.void()
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, []),
+                                            "sched_yield")
+        builder.call(fn, [])
         return context.get_dummy_value()
     return sig, codegen
 

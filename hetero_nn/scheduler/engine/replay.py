@@ -50,7 +50,13 @@ sets ``abort``, which every other share sees before its next task or in its wait
 (a futex sleep lasts at most ``WAIT_NS``), so what has not started is cancelled; the first failure is raised as the flush's
 ``TaskError`` naming the task, codelet, variant and worker. A compiled kernel's
 exception cannot cross the loop, so the task is run once more in Python to name
-it. The runtime and the graph stay usable.
+it. The runtime and the graph stay usable. A wait that passes ``Runtime(wait_timeout=)``
+stops the replay with a ``TaskError`` printing each share's state
+(:mod:`~hetero_nn.scheduler.stalls`); a ``KeyboardInterrupt`` stops every share, waits
+for them and is raised.
+
+Contention: a segment of CPU workers on one node replays on one thread instead (every
+task in one merged order) while that is measured faster (:mod:`~hetero_nn.scheduler.engine.contention`).
 
 Step parameters
 ---------------
@@ -81,10 +87,13 @@ import numpy as np
 from ...errors import SubmitError, TaskError
 from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
+from .dispatch import set_abort
 from .segment import CompiledSegment, explore
+from ..stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
 
 _perf = time.perf_counter
+STOP_GRACE = 1.0  # seconds the other shares get to stop once one wait timed out
 ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call: no dispatch "
                 "left for a bundle to save")
 
@@ -161,10 +170,11 @@ def param_uses(segments) -> dict:
 class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
-    def __init__(self, count):
+    def __init__(self, count, buffers=None):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
         #: replays never overlap, and a buffer's key fixes what it must hold)
-        self.buffers: dict = {}
+        self.buffers: dict = {} if buffers is None else buffers
+        self.broken = False  # a share never returned: its thread is lost
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -179,9 +189,14 @@ class EngineThreads:
             if job is None:
                 return
             job()
+            job = None  # else it holds the last replayed segment until the next one
 
-    def run(self, jobs):
-        """Run ``jobs[0]`` here and ``jobs[i]`` on thread ``i - 1``; return their results."""
+    def run(self, jobs, seg=None, epoch=0, timeout=None):
+        """Run ``jobs[0]`` here and ``jobs[i]`` on thread ``i - 1`` (the shares of ``seg``
+        at replay ``epoch``); return their results. A ``KeyboardInterrupt`` stops the
+        shares, waits for them, and is raised; a share that has not returned ``timeout``
+        seconds after the last one did stops the replay with a ``TaskError`` printing the
+        engine's state (these threads are then ``broken``: the runtime makes new ones)."""
         results = [None] * len(jobs)
         finished = threading.Semaphore(0)
 
@@ -196,18 +211,43 @@ class EngineThreads:
             return run
         for i in range(1, len(jobs)):
             self._queues[i - 1].put(wrap(i, jobs[i]))
+        interrupt = None
         try:
             results[0] = jobs[0]()
-        finally:
-            for _ in range(1, len(jobs)):
-                finished.acquire()
+        except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
+            interrupt = exc
+        left = len(jobs) - 1
+        while left:
+            wait = timeout
+            if seg is not None and seg.abort[0] == TIMED_OUT:
+                wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
+            try:
+                if finished.acquire(timeout=wait):
+                    left -= 1
+                    continue
+            except KeyboardInterrupt as exc:
+                if interrupt is not None:  # a second one: leave the shares behind
+                    self.broken = True
+                    raise
+                interrupt = exc
+                if seg is not None:
+                    set_abort(seg.abort, seg.done, seg.notify_tasks)
+                continue
+            self.broken = True
+            if seg is None:
+                raise stalled("the replay engine", timeout, "(no segment)")
+            if seg.abort[0] == 0:
+                seg.abort[0] = TIMED_OUT
+            raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
+        if interrupt is not None:
+            raise interrupt
         return results
 
     def close(self):
         for q in self._queues:
             q.put(None)
         for t in self._threads:
-            t.join()
+            t.join(STOP_GRACE if self.broken else None)  # a hung share's thread is lost
 
 
 def set_params(graph, values) -> None:
@@ -268,8 +308,11 @@ class CompiledGraph:
 
 def _threads(rt):
     engine = getattr(rt, "_engine", None)
-    if engine is None:
-        engine = rt._engine = EngineThreads(len(rt.workers) - 1)
+    if engine is None or engine.broken:  # (a hung share keeps its thread: new ones)
+        if engine is not None:
+            engine.close()
+        engine = rt._engine = EngineThreads(len(rt.workers) - 1,
+                                            None if engine is None else engine.buffers)
     return engine
 
 
@@ -285,10 +328,15 @@ def _run_segment(rt, seg, epoch, threads):
         rt._ids = itertools.count(base + n)
     seg.times[:] = 0
     seg.abort[0] = 0
+    contention = seg.contention  # parallel, or every task on this thread (contention.py)
+    mode = "parallel" if contention is None else contention.next_mode()
+    shares = seg.shares if mode == "parallel" else [seg.serial_share()]
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run([lambda s=s: seg.run(s, epoch) for s in seg.shares])
+    results = threads.run([lambda s=s: seg.run(s, epoch) for s in shares], seg, epoch,
+                          rt.wait_timeout)
+    wall = _perf() - t_submit
     if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes
             node.synchronize()
@@ -301,7 +349,13 @@ def _run_segment(rt, seg, epoch, threads):
             t.id = base + i  # replay rearms them: a record is found from its task
         rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                           failures[0] if failures else None,
-                                          seg.bytes_in.copy() if seg.multinode else None))
+                                          seg.bytes_in.copy() if seg.multinode else None,
+                                          None if mode == "parallel" else shares[0].worker))
+    interrupted = [exc for _, exc in failures if isinstance(exc, KeyboardInterrupt)]
+    if interrupted:  # in a Python task of the calling thread's share: the shares stopped
+        raise interrupted[0]
+    if seg.abort[0] == TIMED_OUT and not failures:
+        raise stalled("a replay", rt.wait_timeout, engine_state(seg, epoch))
     if failures:
         t, exc = failures[0]
         if t is None:
@@ -317,17 +371,21 @@ def _run_segment(rt, seg, epoch, threads):
                         f"{type(exc).__name__}: {exc}", codelet=b.task.codelet.name,
                         task_id=task_id)
         raise err from exc
-    _measure(rt, seg)
+    task_seconds = _measure(rt, seg, shares)
+    if contention is not None:
+        contention.observe(mode, wall, task_seconds)
 
 
-def _measure(rt, seg):
-    """After a successful run: busy time per worker, samples for the performance model."""
+def _measure(rt, seg, shares):
+    """After a successful run: busy time per worker, samples for the performance model;
+    returns the tasks' seconds."""
     durations = seg.times[:, 1] - seg.times[:, 0]
-    for share in seg.shares:
+    for share in shares:
         share.worker.busy += float(durations[share.order].sum()) * 1e-9
+    task_seconds = float(durations.sum()) * 1e-9
     pm = rt.perfmodel
     if pm is None:
-        return
+        return task_seconds
     pm.save_if_due()  # a killed run keeps its calibration (perfmodel.py), as flushes do
     warm = rt._variants._warm
     for (codelet, variant, kind, fp, size), idx in seg.groups:
@@ -337,20 +395,45 @@ def _measure(rt, seg):
             warm.add(wkey)
             seconds = seconds[1:]
         pm.record_array(codelet.name, variant, kind, fp, size, seconds)
+    return task_seconds
+
+
+def record_layout(seg, worker=None) -> tuple:
+    """``(rows, preds)`` of a segment's tasks as its replays run them now: per task
+    ``(codelet, variant, worker, device, node)`` (``worker``: the one whose thread ran
+    them all, else each task's), and its predecessors. Made once per binding
+    (``seg.layout``, cleared when the shares are rebuilt): a replay's records read this,
+    never the segment, so the trace holds no compiled graph and names the variant that
+    ran even after the model's exploration binds another."""
+    if seg.layout is None:
+        seg.layout = {}
+    layout = seg.layout.get(worker)
+    if layout is None:
+        rows = tuple((b.task.codelet.name, b.variant, *_where(worker or b.worker))
+                     for b in seg.bound)
+        layout = seg.layout[worker] = (rows, tuple(tuple(p) for p in seg.task_preds))
+    return layout
+
+
+def _where(w) -> tuple:
+    return w.name, w.device, w.node.name
 
 
 class ReplayRecords:
     """The trace records of one compiled replay of a segment, made when read: the
-    runtime's trace buffer keeps it as one flush's records (a list it iterates)."""
+    runtime's trace buffer keeps it as one flush's records (a list it iterates). It
+    holds plain values only (:func:`record_layout`, the stamps, the failure's text)."""
 
-    __slots__ = ("seg", "times", "base", "t_submit", "failure", "bytes_in", "count")
+    __slots__ = ("layout", "times", "base", "t_submit", "failure", "bytes_in", "count")
 
-    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None):
-        self.seg = seg
+    def __init__(self, seg, times, base, t_submit, failure, bytes_in=None, worker=None):
+        self.layout = record_layout(seg, worker)
         self.times = times[:seg.n_tasks]  # the tasks' (the planned copies' are transfers)
         self.base = base
         self.t_submit = t_submit
-        self.failure = failure
+        # (task index, "Type: message"): an exception would keep the segment (its frames)
+        self.failure = None if failure is None else \
+            (failure[0], f"{type(failure[1]).__name__}: {failure[1]}")
         self.bytes_in = bytes_in  # per task, bytes copied in (several nodes), else None
         self.count = int(np.count_nonzero(self.times[:, 0]))
 
@@ -359,23 +442,18 @@ class ReplayRecords:
         return self.count
 
     def __iter__(self):
-        seg, times, base = self.seg, self.times, self.base
+        (rows, task_preds), times, base = self.layout, self.times, self.base
         offset = clock_offset()
         start = times[:, 0] * 1e-9 + offset
         end = times[:, 1] * 1e-9 + offset
-        failed = self.failure[0] if self.failure is not None else -1
-        for i, b in enumerate(seg.bound):
+        failed, error = self.failure if self.failure is not None else (-1, None)
+        for i, (codelet, variant, worker, device, node) in enumerate(rows):
             if times[i, 0] == 0:
                 continue  # not run (the replay failed first)
-            preds = seg.task_preds[i]
+            preds = task_preds[i]
             ready = max((float(end[p]) for p in preds), default=self.t_submit)
             ready = max(ready, self.t_submit)
-            w = b.worker
-            error = None
-            if i == failed:
-                exc = self.failure[1]
-                error = f"{type(exc).__name__}: {exc}"
             moved = 0 if self.bytes_in is None else int(self.bytes_in[i])
-            yield TaskRecord(base + i, b.task.codelet.name, b.variant, w.name, w.device,
-                             w.node.name, self.t_submit, ready, float(start[i]), float(end[i]),
-                             moved, tuple(base + p for p in preds), error)
+            yield TaskRecord(base + i, codelet, variant, worker, device, node, self.t_submit,
+                             ready, float(start[i]), float(end[i]), moved,
+                             tuple(base + p for p in preds), error if i == failed else None)

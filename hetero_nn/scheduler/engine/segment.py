@@ -64,7 +64,9 @@ from .bound import BoundTransfer, bind_task
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
+from .contention import Contention, serial_order
 from ..policies.policies import UNKNOWN_COST
+from ..stalls import timeout_ns
 from ..policies.list_scheduling import check_orders, fixed_orders
 from ..variants import EXPLORE_SAMPLES
 
@@ -106,6 +108,7 @@ class CompiledSegment:
         n = self.n_tasks = len(self.tasks)
         workers = self.workers = rt.workers
         self.spin_ns = spin_budget(len(workers))  # one thread per worker's share
+        self.timeout_ns = timeout_ns(rt.wait_timeout)
         costs_ns = None if previous is None else \
             previous.times[:n, 1] - previous.times[:n, 0]
         self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
@@ -171,6 +174,17 @@ class CompiledSegment:
         self.sleepers = np.zeros(1, dtype=np.int32)
         self.abort = np.zeros(1, dtype=np.int32)
         self.groups = _model_groups(self.bound)
+        one_thread_serves = len(self.shares) > 1 and not self.multinode and \
+            all(w.stream is None for w in workers)
+        self.contention = Contention() if one_thread_serves else None
+
+    def serial_share(self):
+        """Every task in one share of the first worker (contention.py's serial mode)."""
+        if self._serial is None:
+            n = len(self.runs)
+            self._serial = Share(self.workers[0], serial_order(self), self.runs, [()] * n,
+                                 [False] * n)
+        return self._serial
 
     def run_stream_share(self, share, epoch):
         """Enqueue a CUDA worker's share on its stream, then wait for the stream once;
@@ -180,6 +194,8 @@ class CompiledSegment:
     def build_shares(self):
         """(Re)make the shares' arrays from the bound tasks (after a rebind)."""
         self.runs = self.bound + self.moves  # by counter index
+        self.layout = None  # what its replays' trace records read (replay.record_layout)
+        self._serial = None  # the serial share (contention.py), made when first used
         self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of)
                        for w, tasks in zip(self.workers, self.share_tasks)]
 
@@ -218,6 +234,8 @@ class CompiledSegment:
             return self.run_share(share, epoch)
         except BaseException as exc:  # noqa: BLE001 - the engine's own fault, not a task's
             set_abort(self.abort, self.done, self.notify_tasks)
+            if isinstance(exc, KeyboardInterrupt):
+                raise  # the other shares stop; EngineThreads.run waits for them
             return None, exc
 
     def run_share(self, share, epoch):
@@ -228,7 +246,7 @@ class CompiledSegment:
         while True:
             r = run_compiled(k, share.order, share.python, share.entry_start, share.trampolines,
                              share.blocks, share.wait_start, share.waits, share.notify, done,
-                             times, epoch, sleepers, abort, self.spin_ns)
+                             times, epoch, sleepers, abort, self.spin_ns, self.timeout_ns)
             if r == n or r == ABORTED:
                 return None
             if r >= 0:  # a Python task, its predecessors done
@@ -273,11 +291,11 @@ class _StreamRun:
         """The kernel as the stream runs it (a launch into CuPy's stream on a GPU);
         ``arrays`` None: the task's own (bound to the plan's replicas)."""
         seg = self.seg
-        start = now_ns()
-        if start > seg.times[t, 0]:
-            seg.times[t, 0] = start
-        b = seg.bound[t]
         try:
+            start = now_ns()
+            if start > seg.times[t, 0]:
+                seg.times[t, 0] = start
+            b = seg.bound[t]
             if arrays is None:
                 b.run_python()
             else:
@@ -288,16 +306,22 @@ class _StreamRun:
             set_abort(seg.abort, seg.done, seg.notify_tasks)
 
     def completed(self, t, notify):
-        """Stream callback: task (or copy) ``t`` is done; publish it (not if it raised)."""
+        """Stream callback: task (or copy) ``t`` is done; publish it (not if it raised).
+        A fault here fails the replay (the waiters see the abort): nothing escapes."""
         seg = self.seg
-        end = now_ns()
-        if seg.dynamic:
-            self.worker.node.release(seg.bound[t].task.handles)
-        if self.last_end > seg.times[t, 0]:
-            seg.times[t, 0] = self.last_end  # it waited for the task before on the stream
-        seg.times[t, 1] = self.last_end = end
-        if notify and (self.failure is None or self.failure[0] != t):
-            publish(seg.done, t, self.epoch, seg.sleepers)
+        try:
+            end = now_ns()
+            if seg.dynamic:
+                self.worker.node.release(seg.bound[t].task.handles)
+            if self.last_end > seg.times[t, 0]:
+                seg.times[t, 0] = self.last_end  # it waited for the task before on the stream
+            seg.times[t, 1] = self.last_end = end
+            if notify and (self.failure is None or self.failure[0] != t):
+                publish(seg.done, t, self.epoch, seg.sleepers)
+        except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
+            if self.failure is None:
+                self.failure = (t, exc)
+            set_abort(seg.abort, seg.done, seg.notify_tasks)
 
 
 def _run_stream_share(seg, share, epoch):
@@ -310,7 +334,8 @@ def _run_stream_share(seg, share, epoch):
         for k in range(len(share.order)):
             t = int(share.order[k])
             for j in range(share.wait_start[k], share.wait_start[k + 1]):
-                if not wait_done(done, share.waits[j], epoch, sleepers, abort, seg.spin_ns):
+                if not wait_done(done, share.waits[j], epoch, sleepers, abort, seg.spin_ns,
+                                 seg.timeout_ns):
                     return None  # another share failed: its error is the flush's
             try:
                 if t >= seg.n_tasks:  # a planned copy into or out of this device

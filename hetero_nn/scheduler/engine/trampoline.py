@@ -33,7 +33,11 @@ disk cache, as for a Python call). Its source is written once as a module under
 ``<cache directory>/trampolines/`` (``HETERO_NN_CACHE``), named by a hash of its
 source and of the intrinsics module, and imported with ``cache=True``: a later
 process loads the machine code instead of compiling it again (where the directory
-cannot be written, the trampoline is compiled in memory).
+cannot be written, the trampoline is compiled in memory). The module's first line
+states the SHA-256 of its source and the Numba and llvmlite versions that wrote it
+(:func:`module_text`); a file that is not exactly what this process would write (edited,
+torn, or from another Numba) is written again before it is imported, and Numba,
+seeing a newer source file, compiles it again instead of loading its old machine code.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import inspect
 import sys
 import threading
 
+import llvmlite
+import numba
 import numpy as np
 from numba import typeof, types
 
@@ -121,10 +127,11 @@ def _compile(source):
         return module.trampoline
     folder = default_cache_dir() / "trampolines"
     path = folder / f"{name}.py"
+    text = module_text(source)
     try:
-        if not path.exists():
+        if _read(path) != text:  # missing, changed, or written by another Numba/hetero_nn
             folder.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, source.replace("cache=CACHE", "cache=True"))
+            atomic_write_text(path, text)  # a new mtime: Numba's cache of it is stale
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Numba's cache imports the module by name to load it
@@ -138,6 +145,23 @@ def _compile(source):
         namespace: dict = {"CACHE": False}
         exec(compile(source, f"<{name}>", "exec"), namespace)
         return namespace["trampoline"]
+
+
+def module_text(source) -> str:
+    """The module written for ``source``: a header (the hash of the source and of the
+    intrinsics, the Numba and llvmlite versions), then the source with ``cache=True``. A
+    file under the cache directory is imported only if it holds exactly this."""
+    body = source.replace("cache=CACHE", "cache=True")
+    digest = hashlib.sha256((_GENERATOR + body).encode()).hexdigest()
+    return (f"# hetero_nn trampoline sha256={digest} numba={numba.__version__} "
+            f"llvmlite={llvmlite.__version__}\n{body}")
+
+
+def _read(path):
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 class CompiledCall:

@@ -18,21 +18,20 @@ chain of tasks runs on one thread without a single context switch.
 
 State (all under ``_lock``)
 ---------------------------
-One :class:`ExecutorState`, ``executor.state``, printed (``str``) when a flush
-stalls (``drain`` logs it every ``STALL_REPORT_SECONDS`` without progress):
-``remaining``: tasks handed over since the last ``drain`` not yet finished;
-``waiting``: those whose predecessors have not all finished; ``ready``: the
-policy's queues, by place (each worker's, and a shared one); ``running``: per
-worker, the tasks it took and has not finished (at most one on a CPU worker;
-on a CUDA worker, those launched on its stream); ``completed``: per worker, the
-tasks its stream finished, for its thread to release; ``idle``: workers asleep;
-``error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the
-remaining tasks (and those added after it) are cancelled (released without
-running) until ``drain`` re-raises it; ``aborted``: a fault in the scheduling
-machinery (a policy hook, the release of successors) ended the flush: the tasks not
-running were cancelled, tasks added since are cancelled at once, no worker pops,
-until ``drain`` returns; ``closing``: ``close`` asked the workers to stop. ``close`` with tasks in flight cancels those not started and waits for
-the running ones. A worker's ``idle`` flag stays on the worker (policies read it).
+One :class:`ExecutorState`, ``executor.state``, printed (``str``) when a flush stalls
+(``drain`` logs it every ``STALL_REPORT_SECONDS`` without progress, and stops the flush
+with it after ``Runtime(wait_timeout=)``: :mod:`~hetero_nn.scheduler.stalls`; a hung
+task stays counted in ``remaining``): ``remaining``: tasks handed over not yet
+finished; ``waiting``: those whose predecessors have not all finished; ``ready``: the
+policy's queues, by place; ``running``: per worker, the tasks it took and has not
+finished (on a CUDA worker, those launched on its stream); ``completed``: per worker,
+the tasks its stream finished, for its thread to release; ``idle``: workers asleep;
+``error``: the first :class:`~hetero_nn.errors.TaskError`; once set, the remaining
+tasks (and those added after it) are cancelled until ``drain`` re-raises it;
+``aborted``: a fault in the scheduling machinery ended the flush: the tasks not running
+were cancelled, tasks added since are cancelled at once, no worker pops, until ``drain``
+returns; ``closing``: ``close`` asked the workers to stop (it cancels tasks not started
+and waits for the running ones). A worker's ``idle`` flag stays on the worker.
 
 CUDA workers
 ------------
@@ -76,7 +75,8 @@ import time
 from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
-from .state import ExecutorState, queued_tasks, task_error
+from ..stalls import stalled, wait_progress
+from .state import ExecutorState, prefetch_error, queued_tasks, task_error
 from .timing import caller
 
 _perf = time.perf_counter
@@ -194,19 +194,23 @@ class LocalExecutor:
         """Block until every task handed over has finished; re-raise the first failure.
 
         A flush that makes no progress for ``STALL_REPORT_SECONDS`` is logged with
-        the executor's state (it keeps waiting)."""
+        the executor's state; after ``Runtime(wait_timeout=)`` seconds it is stopped
+        (the tasks not running cancelled) with a ``TaskError`` printing that state."""
         state = self.state
+        timeout = self.rt.wait_timeout
         with self._lock:
-            while state.remaining:
-                before = state.remaining
-                if not self._done.wait(STALL_REPORT_SECONDS) and state.remaining == before:
-                    _log.warning("a flush made no progress for %.0f s\n%s",
-                                 STALL_REPORT_SECONDS, str(state))  # as it is now
+            if not wait_progress(self._done, lambda: state.remaining, timeout,
+                                 STALL_REPORT_SECONDS, lambda s: _log.warning(
+                                     "a flush made no progress for %.0f s\n%s", s,
+                                     str(state))):  # the state as it is now
+                stall = stalled("a flush", timeout, str(state))
+                self._fail("a flush", stall, abort=True)  # running tasks stay counted
+                state.error = stall
             error = state.error
             state.error = None
             state.aborted = False
-        for node in self.rt.nodes:  # copies made for tasks that ran elsewhere (ws, steals)
-            node.synchronize()
+        for node in self.rt.nodes if not state.remaining else ():  # (not after a stall)
+            node.synchronize()  # copies made for tasks that ran elsewhere (ws, steals)
         if error is not None:
             raise error
 
@@ -220,7 +224,7 @@ class LocalExecutor:
         waiting = state.waiting
         now = _perf()
         with self._lock:
-            state.remaining = len(tasks)  # nothing else is in flight at a flush
+            state.remaining += len(tasks)  # only a stalled flush's hung tasks are in flight
             state.error = None
             shared = 0
             where = f"policy {policy.name!r} prepare() of a flushed DAG of {len(tasks)} tasks"
@@ -255,17 +259,20 @@ class LocalExecutor:
             if state.remaining:
                 if state.error is None:
                     state.error = TaskError("the runtime was closed with tasks in flight")
-                while state.remaining:
-                    self._done.wait()
+                wait_progress(self._done, lambda: state.remaining, self.rt.wait_timeout,
+                              STALL_REPORT_SECONDS)
             state.closing = True
             for w in self.workers:
                 w.cond.notify()
-        for w in self.workers:
-            if w.thread is not None:
-                w.thread.join()
+            report = str(state)
+        hung = [w.name for w in self.workers if w.thread is not None
+                and (w.thread.join(self.rt.wait_timeout) or w.thread.is_alive())]
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
+        if hung:
+            raise stalled(f"closing the runtime (workers {hung} still running)",
+                          self.rt.wait_timeout, report)
 
     # ------------------------------------------------------------------ wake-ups (lock held)
     def _wake(self, w):
@@ -341,6 +348,8 @@ class LocalExecutor:
                             done, done_failed = completed.popleft()
                             prefetch = self._finish(done, w, done_failed, False, prefetch)
                         task = take()
+                    running.append(task)
+                    failed = state.error is not None
                 except _Fault as fault:
                     self._fail(fault.where, fault.__cause__, abort=True)
                     task = None
@@ -350,21 +359,23 @@ class LocalExecutor:
                                abort=True)
                     task = None
                     continue
-                running.append(task)
-                failed = state.error is not None
-            if prefetch is not None:
-                for s, target_node in prefetch:
-                    if s.t_start == 0.0:
-                        try:
-                            rt.prefetch(s, target_node)
-                        except BaseException as exc:  # noqa: BLE001 - fails the flush
-                            self._prefetch_failed(s, target_node, exc)
-            task.worker = w
-            if not failed:
-                if w.stream is not None:
-                    task = self._launch(task, w, rt)  # None once on the stream
-                else:
-                    execute(task, w, kind, rt)
+            try:
+                if prefetch is not None:
+                    for s, target_node in prefetch:
+                        if s.t_start == 0.0:
+                            try:
+                                rt.prefetch(s, target_node)
+                            except BaseException as exc:  # noqa: BLE001 - fails the flush
+                                self._prefetch_failed(s, target_node, exc)
+                task.worker = w
+                if not failed:
+                    if w.stream is not None:
+                        task = self._launch(task, w, rt)  # None once on the stream
+                    else:
+                        execute(task, w, kind, rt)
+            except BaseException as exc:  # noqa: BLE001 - no fault may end this thread
+                if task is not None and task.error is None:
+                    task.error = exc  # its TaskError, when the worker finishes it
 
     def _finish(self, task, w, failed, takes_one, prefetch):
         """Mark a task done and release its successors (lock held); returns the
@@ -410,6 +421,8 @@ class LocalExecutor:
         push = self.policy.push
         waiting = state.waiting
         for s in succ:
+            if s.ended:  # cancelled by a stalled flush while this task hung
+                continue
             s.npred -= 1
             if s.npred == 0:
                 del waiting[s]
@@ -455,22 +468,7 @@ class LocalExecutor:
             state.error = err
         if not abort:
             return
-        state.aborted = True
-        state.aborts += 1
-        for queue in state.ready.values():
-            for t in queued_tasks(queue):
-                t.ended = True
-                t.error = "cancelled"
-            queue.clear()
-        try:
-            self.policy.clear()
-        except BaseException:  # noqa: BLE001 - the policy is broken; take() drops leftovers
-            pass
-        for t in state.waiting:
-            t.ended = True
-            t.error = "cancelled"
-        state.waiting.clear()
-        state.remaining = sum(len(r) for r in state.running)
+        state.cancel(self.policy)
         self._done.notify_all()  # drain() if nothing runs, and any Task.wait()
 
     # ------------------------------------------------------------------ CUDA workers
@@ -591,10 +589,7 @@ class LocalExecutor:
                            f"on worker {w.name}", exc, abort=False)
 
     def _prefetch_failed(self, task, node, exc):
-        err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "
-                        f"{node.name} failed: {type(exc).__name__}: {exc}",
-                        codelet=task.codelet.name, task_id=task.id)
-        err.__cause__ = exc
+        err = prefetch_error(task, node, exc)
         with self._lock:
             if self.state.error is None:
                 self.state.error = err

@@ -71,6 +71,27 @@ class ExecutorState:
         return "\n".join(lines)
 
 
+    def cancel(self, policy):
+        """Abort the flush: the tasks not running are cancelled (the policy's queues and
+        the waiting ones); ``remaining`` counts the running ones."""
+        self.aborted = True
+        self.aborts += 1
+        for queue in self.ready.values():
+            for t in queued_tasks(queue):
+                t.ended = True
+                t.error = "cancelled"
+            queue.clear()
+        try:
+            policy.clear()
+        except BaseException:  # noqa: BLE001 - the policy is broken; take() drops leftovers
+            pass
+        for t in self.waiting:
+            t.ended = True
+            t.error = "cancelled"
+        self.waiting.clear()
+        self.remaining = sum(len(r) for r in self.running)
+
+
 def queued_tasks(queue) -> list:
     """The tasks in a policy's queue (a ReadyQueue, or heft's heap of tuples ending with
     the task)."""
@@ -97,4 +118,13 @@ def task_error(task) -> TaskError:
     err.__cause__ = exc
     task.error = f"{type(exc).__name__}: {exc}"
     task.failure = err
+    return err
+
+
+def prefetch_error(task, node, exc) -> TaskError:
+    """The :class:`TaskError` of a failed prefetch of ``task`` to ``node``."""
+    err = TaskError(f"prefetch of task {task.id} (codelet {task.codelet.name!r}) to "
+                    f"{node.name} failed: {type(exc).__name__}: {exc}",
+                    codelet=task.codelet.name, task_id=task.id)
+    err.__cause__ = exc
     return err

@@ -29,6 +29,7 @@ FORMAT_VERSION = 1
 _CODELET_FORMAT = "hetero_nn-perfmodel"
 _TRANSFER_FORMAT = "hetero_nn-transfers"
 _LOCK_FILE = ".lock"
+FLOCK_TIMEOUT = 10.0  # seconds a save waits for another process's lock (then warns, keeps)
 
 
 class ModelFiles:
@@ -130,7 +131,16 @@ class ModelFiles:
                 held.depth -= 1
             return
         with open(self.directory / _LOCK_FILE, "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            deadline = time.monotonic() + FLOCK_TIMEOUT  # a stuck saver elsewhere: warn, go on
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{f.name} held by another process for "
+                                           f"{FLOCK_TIMEOUT:g} s") from None
+                    time.sleep(0.005)
             held.depth = 1
             try:
                 yield

@@ -15,7 +15,9 @@ line per task (``{"task": {...}}``) or copy (``{"transfer": {...}}``), written
 and flushed at the end of each flush. The file is created (or truncated) with the
 buffer and stays empty until the first flush ends (an empty stream: no task ran). Nothing of the file is kept in memory, so
 the whole run's trace survives without the run holding it; a process killed
-mid-write leaves at most a torn last line, which :func:`read_stream` skips.
+mid-write leaves at most a torn last line, which :func:`read_stream` skips. The trace
+is an observer: a stream that cannot be written (a full disk, ``/dev/full``) warns once
+(:class:`TraceWarning`) and is written no more; the run and the records in memory go on.
 :meth:`Trace.from_json <hetero_nn.scheduler.trace.Trace.from_json>` reads both
 this stream and the single document of :meth:`Trace.to_json`.
 
@@ -31,18 +33,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections import deque
 from pathlib import Path
 
 from ...errors import ConfigError
 from .records import TaskRecord, TransferRecord
 
-__all__ = ["TraceBuffer", "TRACE_FLUSHES", "STREAM_FORMAT", "read_stream", "is_stream"]
+__all__ = ["TraceBuffer", "TraceWarning", "TRACE_FLUSHES", "STREAM_FORMAT", "read_stream",
+           "is_stream"]
 
 #: Flushes a runtime's trace keeps by default (a training step is one to a few).
 TRACE_FLUSHES = 100
 STREAM_FORMAT = "hetero_nn.trace-stream"
 STREAM_VERSION = 1
+
+
+class TraceWarning(UserWarning):
+    """The trace stream could not be written (the run goes on; see :class:`TraceBuffer`)."""
 
 
 class TraceBuffer:
@@ -92,8 +100,14 @@ class TraceBuffer:
             self._header_written = True
             lines += [json.dumps({"task": _fields(r)}) for r in records]
             lines += [json.dumps({"transfer": dataclasses.asdict(t)}) for t in transfers]
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+            try:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("\n".join(lines) + "\n")
+            except OSError as exc:  # an observer: the run goes on, in memory only
+                warnings.warn(f"trace stream {self.path}: {type(exc).__name__}: {exc}; "
+                              "the rest of the run's trace is kept in memory only "
+                              "(Runtime(trace_flushes=) flushes)", TraceWarning, stacklevel=2)
+                self.path = None
 
     def extend(self, other: "TraceBuffer") -> None:
         """Add ``other``'s flushes after this buffer's, as if they had ended here."""

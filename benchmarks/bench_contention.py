@@ -1,0 +1,85 @@
+"""The replay engine on a busy machine, and with Dask in the process (issue 34's figures).
+
+Replays one Task Bench grid (``stencil_1d``, ``--width`` points by ``--steps`` steps,
+``--iterations`` kernel iterations per point: 2,000 tasks by default) captured on
+``cpu:1`` and on ``cpu:2``, alone and beside a busy-loop process (``python -c 'while
+True: pass'``, pinned to the last core with ``--pin``), and prints the median replay
+time of each. ``--dask-first`` runs ``dask.threaded.get`` once in the process before
+anything (the cluster path always has Dask in the process). Note the machine's load
+(``uptime``) beside any figure: other processes take cores from it. Example::
+
+    python benchmarks/bench_contention.py --replays 30 --pin
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hetero_nn as hn  # noqa: E402
+from task_bench import HeteroGrid, grid  # noqa: E402
+
+
+def replay_times(devices, tasks, width, steps, iterations, replays):
+    """Median and all wall times of ``replays`` replays (after 3 not timed)."""
+    with hn.Runtime(devices=devices, perfmodel=False) as rt:
+        g = HeteroGrid(rt, tasks, width, steps)
+        g.capture(iterations)
+        for _ in range(3):
+            g.run_replayed()
+        walls = [g.run_replayed() for _ in range(replays)]
+        g.check()
+        mode = getattr(g.graph._compiled.segments[0], "contention", None)
+    return statistics.median(walls), walls, mode
+
+
+def neighbour(pin):
+    """A busy-loop process (pinned to the last core with ``pin``)."""
+    def pin_it():
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=pin_it if pin else None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--iterations", type=int, default=1024)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--pin", action="store_true", help="pin the neighbour to one core")
+    parser.add_argument("--dask-first", action="store_true",
+                        help="run dask.threaded.get once in the process first")
+    parser.add_argument("--devices", nargs="+", default=["cpu:1", "cpu:2"])
+    args = parser.parse_args(argv)
+    if args.dask_first:
+        import dask.threaded
+        dask.threaded.get({"a": 1, "b": (sum, ["a", "a"])}, "b")
+    tasks = grid("stencil_1d", args.width, args.steps)
+    print(f"stencil_1d {len(tasks)} tasks, {args.iterations} iterations, load "
+          f"{os.getloadavg()[0]:.2f}, dask first: {args.dask_first}")
+    for busy in (False, True):
+        proc = neighbour(args.pin) if busy else None
+        try:
+            time.sleep(0.2 if busy else 0)
+            for devices in args.devices:
+                median, walls, mode = replay_times(devices, tasks, args.width, args.steps,
+                                                   args.iterations, args.replays)
+                print(f"  {'beside a busy loop' if busy else 'alone':<19} {devices}: median "
+                      f"{1e3 * median:8.2f} ms (min {1e3 * min(walls):.2f}, max "
+                      f"{1e3 * max(walls):.2f})" + (f"  [{mode}]" if mode else ""))
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Replays that suit the machine: a segment runs on its workers' threads only while that
+beats running it on one.
+
+Policy
+------
+A compiled segment's shares run on one thread per worker (*parallel*). Where other
+processes take the cores (a busy machine, a neighbour pinned to one core), a worker
+whose thread waits for a core holds up every worker that waits for its tasks: the
+replay of a fine-grained graph can then take many times what one thread takes for
+the whole of it. So each segment of CPU workers on one memory node keeps a
+:class:`Contention`: the wall times of its last replays in each *mode*, parallel or
+*serial* (every task on the calling thread, in one topological merge of the shares'
+orders, :func:`serial_order`, no counter waited on or published). It replays in the
+mode measured faster; the other mode is tried again after ``probe`` replays (4 at first,
+doubling each time the try loses, to :data:`MAX_PROBE`; back to 4 when it wins), so a
+neighbour that comes or goes is noticed. A parallel replay slower than the sum of its
+tasks' own times (what one thread would take) tries serial at the next replay.
+
+Tasks keep their binding (their worker's buffers): a serial replay runs the same
+kernels on the same replicas in an order their dependencies allow, so its results
+are the parallel replay's bit for bit. Its trace records name the worker whose thread
+ran them (the first).
+
+State
+-----
+``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
+replay; ``probe``, ``countdown``: replays between tries of the other mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+KEEP = 5          # wall times kept per mode
+FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while it loses)
+MAX_PROBE = 256
+WIN = 0.9         # the other mode wins when its time is under this share of the current's
+
+
+def serial_order(seg) -> list:
+    """The segment's tasks (and planned copies) in one order that every worker's order and
+    every wait between workers allow: the shares merged."""
+    emitted = set()
+    pos = [0] * len(seg.share_tasks)
+    out = []
+    progress = True
+    while progress:
+        progress = False
+        for w, tasks in enumerate(seg.share_tasks):
+            k = pos[w]
+            while k < len(tasks) and all(p in emitted for p in seg.waits_of[tasks[k]]):
+                emitted.add(tasks[k])
+                out.append(tasks[k])
+                k += 1
+                progress = True
+            pos[w] = k
+    if len(out) != sum(len(t) for t in seg.share_tasks):
+        raise RuntimeError("the shares' orders cannot be merged (a wait on no task)")
+    return out
+
+
+class Contention:
+    """Which mode a segment's next replay runs in, from the replays measured (module
+    docstring)."""
+
+    def __init__(self):
+        self.walls = {"parallel": [], "serial": []}
+        self.mode = "parallel"
+        self.probe = FIRST_PROBE
+        self.countdown = FIRST_PROBE
+
+    def __repr__(self):
+        medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
+                   if w}
+        return f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe})"
+
+    def next_mode(self) -> str:
+        """The mode of the next replay: the current one, or the other when it is due."""
+        if self.countdown <= 0:
+            return "serial" if self.mode == "parallel" else "parallel"
+        return self.mode
+
+    def observe(self, mode, wall, task_seconds) -> None:
+        """A replay in ``mode`` took ``wall`` seconds; its tasks ran ``task_seconds``."""
+        walls = self.walls[mode]
+        walls.append(wall)
+        del walls[:-KEEP]
+        if mode != self.mode:  # a try of the other mode
+            mine = statistics.median(self.walls[self.mode])
+            if wall < WIN * mine:
+                self.mode, self.probe = mode, FIRST_PROBE
+            else:
+                self.probe = min(2 * self.probe, MAX_PROBE)
+            self.countdown = self.probe
+            return
+        self.countdown -= 1
+        if mode == "parallel" and wall > task_seconds and not self.walls["serial"]:
+            self.countdown = 0  # worse than one thread would do: try it now

@@ -1,0 +1,67 @@
+"""Replays that suit the machine: a segment replays on one thread while that is measured
+faster than its workers' threads, with the same bits, and tries the other mode again."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+
+import hetero_nn as hn
+from hetero_nn.scheduler.engine.contention import FIRST_PROBE, Contention, serial_order
+from helpers import within
+from test_replay_engine import CODELETS, _captured
+from test_runtime_property import programs, run_reference
+
+
+def test_the_faster_mode_is_kept_and_the_other_tried_again_with_a_doubling_period():
+    c = Contention()
+    assert c.next_mode() == "parallel"
+    for _ in range(FIRST_PROBE):  # parallel beats one thread's time: no early try
+        c.observe("parallel", 0.010, 0.018)
+    assert c.next_mode() == "serial"  # due
+    c.observe("serial", 0.018, 0.018)  # loses
+    assert c.mode == "parallel" and c.probe == 2 * FIRST_PROBE
+    for _ in range(2 * FIRST_PROBE):
+        assert c.next_mode() == "parallel"
+        c.observe("parallel", 0.200, 0.018)  # a neighbour came
+    c.observe("serial", 0.020, 0.018)  # wins
+    assert c.mode == "serial" and c.probe == FIRST_PROBE
+    fresh = Contention()
+    fresh.observe("parallel", 0.050, 0.018)  # slower than one thread would be
+    assert fresh.next_mode() == "serial"  # tried at once
+
+
+def _force_serial(graph):
+    for seg in graph._compiled.segments:
+        if seg.contention is not None:
+            seg.contention.mode, seg.contention.countdown = "serial", 10 ** 9
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs())
+def test_serial_replays_give_the_bits_of_parallel_ones(program):
+    roots, splits, ops = program
+    rng = np.random.default_rng(len(ops))
+    inputs = [[rng.standard_normal(a.shape) for a in roots] for _ in range(4)]
+
+    def scenario():
+        with hn.Runtime(devices="cpu:3", perfmodel=False, variants=("cpu", "ref")) as rt:
+            graph, handles = _captured(rt, roots, splits, ops, CODELETS)
+            for k, new in enumerate(inputs):
+                if k == 2:  # compiled twice by now (placed, then re-planned): kept
+                    _force_serial(graph)
+                for h, a in zip(handles, new):
+                    graph.write(h, a)
+                rt.trace(clear=True)
+                graph.replay()
+                want = run_reference(new, splits, ops)[0]
+                for i, (h, e) in enumerate(zip(handles, want)):
+                    np.testing.assert_array_equal(rt.fetch(h), e, err_msg=f"root {i}")
+                if k >= 2:
+                    for seg in graph._compiled.segments:
+                        if seg.contention is not None:
+                            order = serial_order(seg)
+                            assert sorted(order) == list(range(len(seg.runs)))
+                    assert {r.worker for r in rt.trace().records} <= {"cpu0"}
+    within(120, scenario)
