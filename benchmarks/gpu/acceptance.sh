@@ -61,18 +61,18 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a timeout, log to NAME.txt,
 
 for s in $STAGES; do
     case $s in
-    env) stage env 60 bash -c "
+    env) stage env 30 bash -c "
         date -u; uname -a; nvidia-smi || echo 'nvidia-smi: none'
         $PY -c 'import sys; print(sys.version)'
         $PY -m pip list 2>/dev/null | grep -iE '^(numpy|numba|numba-cuda|cupy|torch|dask|distributed|snntorch|pytest|hypothesis|scipy) '
         $PY -c 'import hetero_nn, sys; print(\"hetero_nn from\", hetero_nn.__file__); print(\"dask imported by hetero_nn:\", \"dask\" in sys.modules)'
         $PY -c 'import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()' || true
         echo SUMMARY env: done" ;;
-    pytest) stage pytest "${HETERO_NN_PYTEST_TIMEOUT:-200}" $PY -m pytest -m cuda -q -rs -p no:cacheprovider \
+    pytest) stage pytest "${HETERO_NN_PYTEST_TIMEOUT:-100}" $PY -m pytest -m cuda -q -rs -p no:cacheprovider \
             -o addopts="" --continue-on-collection-errors tests ;;
-    variants) stage variants 150 $PY benchmarks/gpu/variants.py $QUICK ;;
-    steps) stage steps 200 $PY benchmarks/gpu/steps.py $QUICK ;;
-    speed) stage speed 170 $PY benchmarks/gpu/speed.py $QUICK --budget 110 ;;
+    variants) stage variants 90 $PY benchmarks/gpu/variants.py $QUICK ;;
+    steps) stage steps 110 $PY benchmarks/gpu/steps.py $QUICK ;;
+    speed) stage speed 90 $PY benchmarks/gpu/speed.py $QUICK --budget 60 ;;
     mixed) stage mixed 200 $PY benchmarks/gpu/mixed.py $QUICK --budget 150 ;;
     *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; FAILED=1 ;;
     esac

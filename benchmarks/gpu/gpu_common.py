@@ -101,8 +101,9 @@ class Checks:
         return 1 if c["FAIL"] else 0
 
 
-def rel_err(a, b) -> float:
-    """Largest |a - b| over the largest |b| (NaN in the same places counts as equal)."""
+def rel_err(a, b, floor=0.0) -> float:
+    """Largest |a - b| over the largest |b|, or ``floor`` if larger (the size of the terms
+    a sum cancelled from); NaN in the same places counts as equal."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -113,5 +114,5 @@ def rel_err(a, b) -> float:
     a, b = np.where(same_nan, 0, a), np.where(same_nan, 0, b)
     if not a.size:
         return 0.0
-    scale = max(float(np.max(np.abs(b))), np.finfo(np.float64).tiny)
+    scale = max(float(np.max(np.abs(b))), floor, np.finfo(np.float64).tiny)
     return float(np.max(np.abs(a - b))) / scale
