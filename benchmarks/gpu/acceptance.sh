@@ -3,7 +3,9 @@
 #
 #   bash benchmarks/gpu/acceptance.sh OUTDIR [stage ...]
 #
-# Stages (default: all but mixed): env pytest variants steps speed mixed.
+# Stages (default: the first five): env pytest variants steps speed; and mixed (the
+# CPU+GPU experiment, benchmarks/gpu/mixed.py) and models (the performance models the
+# run calibrated, as perfmodels.tgz).
 # Wheels for what the machine lacks (dask, distributed and their pure-Python needs,
 # snntorch) are installed from $HETERO_NN_WHEELS (default: ../.whl beside the tree, or
 # .whl in it) into /tmp/site, with pip --no-index. Without a GPU (or with
@@ -30,6 +32,7 @@ PY
 )
 if [ "$GPU" = yes ]; then QUICK=""; else QUICK="--quick"; fi
 echo "acceptance: GPU=$GPU stages=[$STAGES] out=$OUT" | tee "$OUT/summary.txt"
+command -v nvidia-smi >/dev/null && nvidia-smi -L | tee -a "$OUT/summary.txt"
 
 WHEELS=${HETERO_NN_WHEELS:-}
 for d in "$HERE/../.whl" "$HERE/.whl"; do
@@ -37,11 +40,11 @@ for d in "$HERE/../.whl" "$HERE/.whl"; do
 done
 if [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site "$WHEELS"/*.whl >"$OUT/wheels.txt" 2>&1; then
+            --target /tmp/site "$WHEELS"/*.whl >/tmp/hetero_nn-wheels.txt 2>&1; then
         export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
         echo "wheels: installed $(ls "$WHEELS"/*.whl | wc -l) from $WHEELS" | tee -a "$OUT/summary.txt"
     else
-        echo "wheels: install failed (see wheels.txt)" | tee -a "$OUT/summary.txt"
+        { echo "wheels: install failed:"; cat /tmp/hetero_nn-wheels.txt; } | tee -a "$OUT/summary.txt"
     fi
 fi
 
@@ -73,7 +76,9 @@ for s in $STAGES; do
     variants) stage variants 90 $PY benchmarks/gpu/variants.py $QUICK ;;
     steps) stage steps 110 $PY benchmarks/gpu/steps.py $QUICK ;;
     speed) stage speed 90 $PY benchmarks/gpu/speed.py $QUICK --budget 60 ;;
-    mixed) stage mixed 200 $PY benchmarks/gpu/mixed.py $QUICK --budget 150 ;;
+    mixed) stage mixed 170 $PY benchmarks/gpu/mixed.py $QUICK --budget 130 --energy ;;
+    models) stage models 30 bash -c "tar -C '$HETERO_NN_CACHE' -czf '$OUT/perfmodels.tgz' . &&
+            tar -tzf '$OUT/perfmodels.tgz' | head -50; echo SUMMARY models: the performance models" ;;
     *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; FAILED=1 ;;
     esac
 done

@@ -53,12 +53,21 @@ def zoo_model(name: str):
                   hn.Dense(12, 12), hn.Sigmoid(), hn.Dense(12, 10), hn.ReLU6(),
                   hn.Dense(10, 10)]
         return hn.Sequential(*layers), (3, 12, 12)
-    if name == "zoo-b":  # depthwise and bias-free convolution, log-softmax for NLL
+    if name == "zoo-b":  # depthwise and bias-free convolutions, log-softmax for NLL
         return hn.Sequential(hn.Conv2D(3, 3, 3, groups=3), hn.Conv2D(3, 6, 3, bias=False),
-                             hn.ReLU(), hn.Flatten(), hn.Dense(6 * 8 * 8, 16, bias=False),
-                             hn.ReLU(), hn.Dense(16, 10), hn.LogSoftmax()), (3, 12, 12)
-    if name == "zoo-c":  # softmax into a mean squared error
-        return hn.Sequential(hn.Flatten(), hn.Dense(3 * 6 * 6, 10), hn.Softmax()), (3, 6, 6)
+                             hn.ReLU(), hn.Conv2D(6, 6, 3, groups=6, bias=False), hn.Flatten(),
+                             hn.Dense(6 * 6 * 6, 16, bias=False), hn.ReLU(), hn.Dense(16, 10),
+                             hn.LogSoftmax()), (3, 12, 12)
+    if name == "zoo-c":  # a first fused Dense+ReLU, LayerNorm without bias, softmax into MSE
+        return hn.Sequential(hn.Flatten(), hn.Dense(3 * 6 * 6, 16), hn.ReLU(),
+                             hn.LayerNorm(16, bias=False), hn.Dense(16, 10), hn.Softmax()), (3, 6, 6)
+    if name == "snn-learn":  # learnt beta and threshold, bias-free event-driven dense
+        from hetero_nn.layers import LIF, RateEncode
+        return hn.Sequential(RateEncode(3, seed=1), hn.Flatten(), hn.Dense(64, 16, bias=False),
+                             LIF(0.9, learn_beta=True, learn_threshold=True),
+                             hn.Dense(16, 16, bias=False), LIF(0.8, learn_threshold=True),
+                             hn.Dense(16, 10), LIF(0.9, output="membrane", learn_beta=True)
+                             ), (1, 8, 8)
     if name in ("snn-mlp", "snn-conv"):
         from hetero_nn.models import MODELS
         shape = (1, 8, 8) if name == "snn-mlp" else (1, 16, 16)

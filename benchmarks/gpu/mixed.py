@@ -112,6 +112,16 @@ def main(argv=None) -> int:
                           f"{batch / sec:.0f} | {dict(share)} | {moved / 1e6:.1f} | "
                           f"{joules if joules is not None else '-'} |", flush=True)
                     checks.line("PASS", f"{name} {specs[platform]} {policy} g={g}", "measured")
+        if cp is not None:  # PyTorch CUDA on the same work, for time and energy
+            try:
+                import speed
+                joules0 = energy() if energy else None
+                sec = speed.torch_steps(name, batch, steps)
+                joules = (energy() - joules0) / (steps + 2) if energy else None
+                print(f"| {name} | PyTorch CUDA | - | - | {sec * 1e3:.2f} | {batch / sec:.0f} | - | - | "
+                      f"{joules if joules is not None else '-'} |", flush=True)
+            except Exception as exc:
+                checks.line("FAIL", f"{name} PyTorch CUDA", f"raised {type(exc).__name__}: {exc}")
         if all((name, p) in best for p in ("gpu", "cpu", "mixed")):
             alone = min(best[(name, "gpu")], best[(name, "cpu")])
             print(f"# {name}: best ms/step gpu {best[(name, 'gpu')] * 1e3:.2f}, cpu "

@@ -28,6 +28,7 @@ import numpy as np
 import gpu_common as gc
 import hetero_nn as hn
 import hetero_nn.codelets as codelets_pkg
+from hetero_nn.codelets import reduce
 from hetero_nn.codelets.codelet import REDUX, SCRATCH, Codelet
 
 
@@ -76,10 +77,10 @@ class Recorder:
 RUNS = [("lenet5", "xent", "sgd", True, 1, None), ("lenet5", "xent", "adam", False, 2, None),
         ("zoo", "xent", "adamw", True, 1, 1.0), ("zoo-b", "nll", "sgd-plain", True, 2, None),
         ("zoo-c", "mse", "sgd", False, 1, None), ("snn-mlp", "membrane", "adam", True, 1, None),
-        ("snn-conv", "count", "sgd", True, 1, None),
+        ("snn-conv", "count", "sgd", True, 1, None), ("snn-learn", "membrane", "sgd", True, 2, None),
         ("cifar-small", "xent", "sgd", True, 2, None), ("dahl-basic", "xent", "sgd", False, 1, None),
         ("resnet-small", "xent", "sgd", True, 1, None)]
-QUICK_RUNS = 7  # the dry run's share: every kind of layer, not every built-in model
+QUICK_RUNS = 8  # the dry run's share: every kind of layer, not every built-in model
 
 OPTIMIZERS = {"sgd": lambda: hn.optim.SGD(lr=0.05, momentum=0.9),
               "sgd-plain": lambda: hn.optim.SGD(lr=0.05),
@@ -106,6 +107,12 @@ def record(quick: bool) -> Recorder:
                                          clip_grad_norm=clip)
                     trainer.train_step(x, y)
                     trainer.evaluate_batch(x, y)
+                    trainer.predict(x)
+        rng = np.random.default_rng(0)  # the REDUX tree's own codelets, called as the runtime does
+        for dtype in dtypes:
+            a, b = rng.standard_normal((2, 5, 7)).astype(dtype)
+            reduce.add.variants["ref"](a.copy(), b)
+            reduce.copy.variants["ref"](b, a.copy())
     return rec
 
 

@@ -52,6 +52,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ._checks import pair, require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
+from .gather import device_table
 from .prepared import from_calls
 from .xp import array_module
 
@@ -375,9 +376,10 @@ def maxpool2d_fwd_cuda(x, y, argmax, kernel_size, **params):
     geo = pool2d_geometry(x.shape, kernel_size, **params)
     height, width = x.shape[2], x.shape[3]
     corner = _corner(xp, geo, width)
-    first = xp.asarray(_first_valid(geo.out_h, geo.kh, geo.sh, geo.ph, geo.dh, height)
-                       .reshape(-1, 1) * geo.dh * width
-                       + _first_valid(geo.out_w, geo.kw, geo.sw, geo.pw, geo.dw, width) * geo.dw)
+    first = device_table(xp, ("maxpool_first", geo, height, width), lambda: (
+        _first_valid(geo.out_h, geo.kh, geo.sh, geo.ph, geo.dh, height).reshape(-1, 1)
+        * geo.dh * width + _first_valid(geo.out_w, geo.kw, geo.sw, geo.pw, geo.dw, width)
+        * geo.dw))  # built and copied to the device once per geometry
     padded = _padded(xp, x, geo, -np.inf)
     best = xp.full(y.shape, -np.inf, dtype=x.dtype)
     where = xp.broadcast_to(corner + first, y.shape).copy()
