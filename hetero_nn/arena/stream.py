@@ -181,6 +181,7 @@ class CupyStream:
         self._cond = threading.Condition()
         self._closing = False
         self._error = None
+        self._fault = None  # a device fault already given to a task (CUDA's errors are sticky)
         self._thread = threading.Thread(target=self._serve_callbacks, daemon=True,
                                         name=f"hetero_nn-{name}-callbacks")
         self._thread.start()
@@ -224,6 +225,7 @@ class CupyStream:
                     except Exception as exc:  # noqa: BLE001 - a device fault: the task's error
                         if fault is None:
                             raise
+                        self._fault = exc
                         fault(exc)
                     fn()
                 except BaseException as exc:  # noqa: BLE001 - raised at synchronize
@@ -235,24 +237,32 @@ class CupyStream:
 
     def synchronize(self) -> None:
         """Block until the stream's work and the callbacks before now have run; re-raise
-        a failure nobody else was given."""
-        self._stream.synchronize()
+        a failure nobody else was given. The callbacks go first, so that a device fault
+        reaches the task it belongs to before this wait sees it."""
         with self._cond:
             while self._pending:
                 self._cond.wait()
+        self._device_synchronize()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def _device_synchronize(self):
+        try:
+            self._stream.synchronize()
+        except Exception:
+            if self._fault is None:  # a fault no task was given: this wait's error
+                raise
 
     def activate(self):
         return self._stream
 
     def close(self) -> None:
-        self._stream.synchronize()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join()  # it serves what is pending first
+        self._device_synchronize()
 
     def __repr__(self):
         return f"CupyStream({self.name})"
