@@ -18,6 +18,11 @@ profile and runs *every* property test as well, on fresh random examples
 the long run explores what the short one never draws; a failure prints the blob
 that reproduces it (``@reproduce_failure``).
 
+Strict CuPy rules: unless ``HETERO_NN_STRICT_XP=0``, every ``cuda`` variant the suite
+calls (on ``cuda-emu``, or directly on NumPy arrays) runs through the strict CuPy
+stand-in (:mod:`hetero_nn.codelets.strict_xp`): an implicit device -> host conversion
+or an unordered accumulation in a variant fails the test that reached it.
+
 ``--ulp-report FILE`` writes, at the end of the session, the largest distance in
 units in the last place that each named :func:`helpers.assert_ulp` call saw, per
 codelet and dtype (markdown for ``.md``, else JSON): the table of docs/codelets.md.
@@ -107,6 +112,17 @@ def pytest_sessionfinish(session):
 
 def pytest_unconfigure(config):
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _strict_cuda_variants():
+    """Every ``cuda`` variant under the strict CuPy stand-in (module docstring)."""
+    if os.environ.get("HETERO_NN_STRICT_XP", "1") == "0":
+        yield
+        return
+    from hetero_nn.codelets.strict_xp import checking
+    with checking():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -137,5 +137,7 @@ def test_spike_count_cross_entropy_is_snntorchs_ce_count_loss(dtype):
 def test_a_bad_label_names_the_codelet_and_the_row():
     out = np.zeros((3, 4, 5))
     for v in VARIANTS:
+        if v == "cuda":  # on a device: NaN, flagged there with no host sync (docs/gpu.md)
+            continue
         with pytest.raises(ValueError, match="membrane_xent: label 7 of row 1"):
             xent_run(membrane_xent, v, out, np.array([0, 7, 1]), threshold=1.0)

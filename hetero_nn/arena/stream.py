@@ -9,7 +9,8 @@ the end of a flushed graph). Two implementations share one interface:
 :class:`CupyStream`
     A ``cupy.cuda.Stream(non_blocking=True)`` on one GPU: ``launch`` calls the
     function inside the stream's context, so CuPy enqueues its kernels there and
-    returns at once; callbacks are CUDA host functions.
+    returns at once; callbacks run on a runtime thread that waits for an event
+    (never on CUDA's host-function thread).
 :class:`EmulatedStream`
     One thread per stream draining a FIFO: ``launch`` enqueues the call and
     returns at once, the thread runs calls in order; events are set when the
@@ -17,10 +18,12 @@ the end of a flushed graph). Two implementations share one interface:
     the CUDA worker's path with everything but CuPy itself, so CI runs it.
 
 Interface: ``launch(fn, *args)``, ``record() -> event`` (``event.synchronize()``,
-``event.done``), ``wait_event(event)`` (later work waits for it),
-``add_callback(fn)`` (called with no argument once earlier work is done: it must
-not touch the device), ``synchronize()``, ``close()``; and ``activate()``, a
-context in which array-module calls made by the host go to this stream.
+``event.done``), ``elapsed(start, end)`` (seconds between two completed events: the
+device's time, which feeds the performance model), ``wait_event(event)`` (later work
+waits for it), ``add_callback(fn, fault=None)`` (``fn()`` on a runtime thread once
+earlier work is done; ``fault(error)`` first if the device faulted meanwhile),
+``synchronize()``, ``close()``; and ``activate()``, a context in which array-module
+calls made by the host go to this stream.
 
 The emulated device context (:func:`emulated_device`) is thread-local, as
 CUDA's current device is; allocations on an emulated node check it, so an
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 
 from ..errors import TaskError
@@ -56,12 +60,17 @@ def current_emulated_device():
 
 
 class EmulatedEvent:
-    """A point in an emulated stream; set when the stream's thread reaches it."""
+    """A point in an emulated stream; set (and stamped) when the stream's thread reaches it."""
 
-    __slots__ = ("_flag",)
+    __slots__ = ("_flag", "time")
 
     def __init__(self):
         self._flag = threading.Event()
+        self.time = None
+
+    def _set(self):
+        self.time = time.perf_counter()
+        self._flag.set()
 
     @property
     def done(self) -> bool:
@@ -121,15 +130,22 @@ class EmulatedStream:
 
     def record(self) -> EmulatedEvent:
         event = EmulatedEvent()
-        self._put(event._flag.set)
+        self._put(event._set)
         return event
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        """Seconds between two completed events of this stream."""
+        return end.time - start.time
 
     def wait_event(self, event) -> None:
         """Work enqueued from now on waits for ``event`` (of any stream)."""
         if not event.done:
             self._put(event.synchronize)
 
-    def add_callback(self, fn) -> None:
+    def add_callback(self, fn, fault=None) -> None:
+        """``fn()`` on the stream's thread once earlier work is done (an emulated device
+        has no faults of its own: a kernel's exception is its task's)."""
         self._put(fn)
 
     def synchronize(self) -> None:
@@ -158,7 +174,14 @@ class EmulatedStream:
 
 
 class CupyStream:
-    """A non-blocking CuPy stream on one GPU behind the same interface."""
+    """A non-blocking CuPy stream on one GPU behind the same interface.
+
+    Callbacks never run on CUDA's own thread (``cudaLaunchHostFunc``, where CUDA calls are
+    forbidden and an exception is lost): :meth:`add_callback` records an event, and a
+    runtime thread per stream waits for the events in order and runs the callbacks. A
+    device fault that the wait reports goes to the callback's ``fault`` (the task whose
+    work the event closed), else it is raised by the next :meth:`synchronize`.
+    """
 
     def __init__(self, cupy, name: str, device_id: int):
         self.cupy = cupy
@@ -166,6 +189,14 @@ class CupyStream:
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
             self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._pending: deque = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._error = None
+        self._fault = None  # a device fault already given to a task (CUDA's errors are sticky)
+        self._thread = threading.Thread(target=self._serve_callbacks, daemon=True,
+                                        name=f"hetero_nn-{name}-callbacks")
+        self._thread.start()
 
     def launch(self, fn, *args) -> None:
         with self.cupy.cuda.Device(self.device_id), self._stream:
@@ -175,20 +206,75 @@ class CupyStream:
         with self.cupy.cuda.Device(self.device_id):
             return self._stream.record()
 
+    def elapsed(self, start, end) -> float:
+        """Seconds between two completed events of this stream (CUDA's event timer)."""
+        return self.cupy.cuda.get_elapsed_time(start, end) / 1e3
+
     def wait_event(self, event) -> None:
         self._stream.wait_event(event)
 
-    def add_callback(self, fn) -> None:
-        self._stream.launch_host_func(lambda _arg: fn(), None)
+    def add_callback(self, fn, fault=None) -> None:
+        """``fn()`` on this stream's callback thread once the work enqueued so far is done;
+        ``fault(error)`` first if the device reports a fault while it is waited for."""
+        event = self.record()
+        with self._cond:
+            self._pending.append((event, fn, fault))
+            self._cond.notify()
+
+    def _serve_callbacks(self):
+        cond, pending = self._cond, self._pending
+        with self.cupy.cuda.Device(self.device_id):
+            while True:
+                with cond:
+                    while not pending:
+                        if self._closing:
+                            return
+                        cond.wait()
+                    event, fn, fault = pending[0]
+                try:
+                    try:
+                        event.synchronize()
+                    except Exception as exc:  # noqa: BLE001 - a device fault: the task's error
+                        if fault is None:
+                            raise
+                        self._fault = exc
+                        fault(exc)
+                    fn()
+                except BaseException as exc:  # noqa: BLE001 - raised at synchronize
+                    if self._error is None:
+                        self._error = exc
+                with cond:
+                    pending.popleft()
+                    cond.notify_all()
 
     def synchronize(self) -> None:
-        self._stream.synchronize()
+        """Block until the stream's work and the callbacks before now have run; re-raise
+        a failure nobody else was given. The callbacks go first, so that a device fault
+        reaches the task it belongs to before this wait sees it."""
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+        self._device_synchronize()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _device_synchronize(self):
+        try:
+            self._stream.synchronize()
+        except Exception:
+            if self._fault is None:  # a fault no task was given: this wait's error
+                raise
 
     def activate(self):
         return self._stream
 
     def close(self) -> None:
-        self._stream.synchronize()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()  # it serves what is pending first
+        self._device_synchronize()
 
     def __repr__(self):
         return f"CupyStream({self.name})"

@@ -131,10 +131,17 @@ def _mean_xp(xp, total, mean, count):
 
 
 def _running_xp(xp, mean, sqdev, running_mean, running_var, momentum, count):
-    m = momentum.tolist()[0]
+    # momentum is read where it lives (no host sync on a GPU); ``1 - m`` is rounded to the
+    # running buffers' dtype, as a Python float's is when it multiplies them
+    m = momentum.tolist()[0] if xp is np else momentum.reshape(-1)[0]
     unbiased = sqdev.astype(xp.float64) / (count - 1)  # the layer checks count > 1
-    running_mean[...] = m * mean.astype(xp.float64) + (1 - m) * running_mean
-    running_var[...] = m * unbiased + (1 - m) * running_var
+    running_mean[...] = m * mean.astype(xp.float64) + _keep(xp, 1 - m, running_mean) * running_mean
+    running_var[...] = m * unbiased + _keep(xp, 1 - m, running_var) * running_var
+
+
+def _keep(xp, scalar, like):
+    """``scalar`` (a Python float, or a 0-d device array) as it multiplies ``like``."""
+    return scalar if xp is np else scalar.astype(like.dtype)
 
 
 # --------------------------------------------------------------------------- cpu (Numba)

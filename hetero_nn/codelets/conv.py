@@ -61,6 +61,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from . import conv_direct, conv_im2col
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
+from .gather import col2im_index, device_table, im2col_index
 from .prepared import from_calls, prepares
 from .padding import MODES, check_mode_fits, fold_xp, mode_code, pad_xp, resolve_padding
 from .reduce import add_redux, zero_init
@@ -410,13 +411,18 @@ def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, **params):
 
 # --------------------------------------------------------------------------- cuda (array module)
 
+def _plane_key(geo):
+    return (geo.hp, geo.wp, geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw, geo.out_h, geo.out_w)
+
+
 def _im2col_xp(xp, x, geo):
-    """Columns ``[N, C, KH, KW, OH, OW]`` of ``x`` by strided slicing (NumPy or CuPy)."""
+    """Columns ``[N, C, KH, KW, OH, OW]`` of ``x``: one gather from the padded input by a
+    memoized index table (:mod:`.gather`), in ``xp`` (NumPy or CuPy)."""
     padded = pad_xp(xp, x, geo.pads, geo.mode_name)
-    cols = xp.empty((*x.shape[:2], geo.kh, geo.kw, geo.out_h, geo.out_w), dtype=x.dtype)
-    for p, q, taps in _taps(geo):
-        cols[:, :, p, q] = padded[taps]
-    return cols
+    key = _plane_key(geo)
+    index = device_table(xp, ("im2col", key), lambda: im2col_index(*key))
+    cols = padded.reshape(*x.shape[:2], geo.hp * geo.wp)[:, :, index]
+    return cols.reshape(*x.shape[:2], geo.kh, geo.kw, geo.out_h, geo.out_w)
 
 
 def _grouped(a, groups):
@@ -450,10 +456,12 @@ def conv2d_bwd_input_cuda(dy, w, dx, **params):
     n_batch, n_in, height, width = dx.shape
     wg = w.reshape(geo.groups, w.shape[0] // geo.groups, -1)
     cols = xp.matmul(wg.transpose(0, 2, 1), _grouped(dy, geo.groups))
-    cols = cols.reshape(n_batch, n_in, geo.kh, geo.kw, geo.out_h, geo.out_w)
-    padded = xp.zeros((n_batch, n_in, geo.hp, geo.wp), dtype=dx.dtype)
-    for p, q, taps in _taps(geo):
-        padded[taps] += cols[:, :, p, q]
+    # col2im as a gather: each padded position sums the column entries read from it
+    key = _plane_key(geo)
+    index = device_table(xp, ("col2im", key), lambda: col2im_index(*key))
+    cols = xp.concatenate([cols.reshape(n_batch, n_in, -1),
+                           xp.zeros((n_batch, n_in, 1), dtype=dx.dtype)], axis=2)
+    padded = cols[:, :, index].sum(axis=-1).reshape(n_batch, n_in, geo.hp, geo.wp)
     dx[...] = fold_xp(xp, padded, height, width, geo.pads, geo.mode_name)
 
 

@@ -83,8 +83,13 @@ def _seq(a):
     return a.reshape(a.shape[0], a.shape[1], -1)
 
 
-def _scalars(beta, threshold, dtype):
-    """``(clamp(beta, 0, 1), threshold, beta inside [0, 1])`` in ``dtype`` (host floats)."""
+def _scalars(beta, threshold, dtype, xp=np):
+    """``(clamp(beta, 0, 1), threshold, beta inside [0, 1])`` in ``dtype``: host floats
+    under NumPy, 0-d device arrays under another array module (no host sync)."""
+    if xp is not np:
+        b = beta.reshape(()).astype(dtype)
+        return (xp.minimum(xp.maximum(b, dtype.type(0)), dtype.type(1)),
+                threshold.reshape(()).astype(dtype), (b >= 0) & (b <= 1))
     b = dtype.type(float(beta))
     return dtype.type(min(max(b, dtype.type(0)), dtype.type(1))), dtype.type(float(threshold)), \
         bool(0 <= b <= 1)
@@ -126,7 +131,7 @@ def _step_xp(xp, u, i, b, thr, subtract):
 def _fwd_xp(xp, inp, beta, threshold, out, states, reset, recompute, spikes):
     _check_params(reset, recompute)
     _check("lif_fwd", inp, out, states=states, recompute=recompute)
-    b, thr, _ = _scalars(beta, threshold, out.dtype)
+    b, thr, _ = _scalars(beta, threshold, out.dtype, xp)
     x, y = _seq(inp), _seq(out)
     n, T, F = x.shape
     s = None if states is None else _seq(states)
@@ -145,7 +150,7 @@ def _bwd_xp(xp, inp, states, dout, beta, threshold, dinp, sums, reset, recompute
     _check_params(reset, recompute, output)
     _check("lif_bwd", inp, dout, dinp, states=states, recompute=recompute)
     dtype = dinp.dtype
-    b, thr, _ = _scalars(beta, threshold, dtype)
+    b, thr, _ = _scalars(beta, threshold, dtype, xp)
     slope = dtype.type(slope)
     subtract, spikes, k = reset == "subtract", output == "spikes", int(recompute)
     x, s, dy, dx = _seq(inp), _seq(states), _seq(dout), _seq(dinp)
@@ -176,8 +181,8 @@ def _bwd_xp(xp, inp, states, dout, beta, threshold, dinp, sums, reset, recompute
                 dthr -= (g * fired).sum(dtype=xp.float64)
             if spikes:
                 dthr -= d.sum(dtype=xp.float64)
-    sums[0] += float(dbeta)
-    sums[1] += float(dthr)
+    sums[0] += dbeta
+    sums[1] += dthr
 
 
 def _fwd_ref(inp, beta, threshold, out, states, *, reset="subtract", recompute=1):
@@ -349,12 +354,13 @@ def _bwd_variant(scan, grads):
     (``"beta"``, ``"threshold"``), after the six operands ``lif_bwd`` has."""
     def variant(inp, states, dout, beta, threshold, dinp, *partials, reset="subtract",
                 recompute=1, output="spikes", slope=25.0):
-        sums = np.zeros(2)
+        xp = array_module(inp, dout, dinp)
+        sums = xp.zeros(2)
         scan(inp, states, dout, beta, threshold, dinp, sums, reset, recompute, output, slope)
-        inside = _scalars(beta, threshold, dinp.dtype)[2]
+        inside = _scalars(beta, threshold, dinp.dtype, xp)[2]
         for name, partial in zip(grads, partials):
-            value = (sums[0] if inside else 0.0) if name == "beta" else sums[1]
-            partial[...] += partial.dtype.type(value)
+            value = xp.where(inside, sums[0], 0.0) if name == "beta" else sums[1]
+            partial[...] += value.astype(partial.dtype)
     variant.__name__ = f"{getattr(scan, '__name__', 'scan')}_{'_'.join(grads) or 'input'}"
     return variant
 

@@ -57,13 +57,32 @@ def _bad_label_error(name, row, label, n_classes):
 
 
 def _check_labels_xp(name, xp, labels, n_classes):
-    """Raise on the first label outside ``[0, K)`` (one reduction, one host sync on a GPU)."""
+    """Raise on the first label outside ``[0, K)`` (NumPy; on a device see :func:`_device_labels`)."""
     if labels.shape[0] == 0:
         return
     bad = (labels < 0) | (labels >= n_classes)
     if bool(bad.any()):
         row = int(xp.argmax(bad))
         raise _bad_label_error(name, row, int(labels[row]), n_classes)
+
+
+def _device_labels(name, xp, labels, n_classes):
+    """On a device, labels are checked there, not on the host (a sync per task): returns the
+    labels with those outside ``[0, K)`` replaced by 0 (safe to gather with) and a 0-d
+    flag, true if there was one; :func:`_poison` then makes the results NaN."""
+    if xp is np:  # the host: the ValueError naming the row, as the ref variant raises
+        _check_labels_xp(name, xp, labels, n_classes)
+        return labels, None
+    bad = (labels < 0) | (labels >= n_classes)
+    return xp.where(bad, 0, labels), bad.any()
+
+
+def _poison(xp, bad, *outputs):
+    """``outputs`` set to NaN where the 0-d device flag ``bad`` is true (no host sync)."""
+    if bad is None:
+        return
+    for out in outputs:
+        out[...] = xp.where(bad, xp.nan, out)
 
 
 # --------------------------------------------------------------------------- NumPy reference
@@ -302,7 +321,7 @@ def _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing):
 def _softmax_xent_cuda(logits, labels, dlogits, loss, correct, *, batch, label_smoothing=0.0):
     xp = array_module(logits, labels, dlogits, loss, correct)
     _check_logits("softmax_xent", logits, labels)
-    _check_labels_xp("softmax_xent", xp, labels, logits.shape[1])
+    labels, bad = _device_labels("softmax_xent", xp, labels, logits.shape[1])
     log_probs = _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing)
     dtype = dlogits.dtype.type
     inv_batch = dtype(1.0 / batch)
@@ -313,13 +332,15 @@ def _softmax_xent_cuda(logits, labels, dlogits, loss, correct, *, batch, label_s
         inv_batch = dtype((1 - label_smoothing) / batch)
     onehot = xp.arange(logits.shape[1])[None, :] == labels[:, None]
     dlogits -= onehot * inv_batch
+    _poison(xp, bad, loss, dlogits)
 
 
 def _softmax_xent_eval_cuda(logits, labels, loss, correct, *, batch, label_smoothing=0.0):
     xp = array_module(logits, labels, loss, correct)
     _check_logits("softmax_xent_eval", logits, labels)
-    _check_labels_xp("softmax_xent_eval", xp, labels, logits.shape[1])
+    labels, bad = _device_labels("softmax_xent_eval", xp, labels, logits.shape[1])
     _xent_loss_xp(xp, logits, labels, loss, correct, batch, label_smoothing)
+    _poison(xp, bad, loss)
 
 
 def _argmax_rows_cuda(logits, pred):
@@ -491,11 +512,12 @@ def _nll_loss_cuda(logp, labels, dlogp, loss, *, batch):
     xp = array_module(logp, labels, dlogp, loss)
     _check_logits("nll_loss", logp, labels)
     _check_rows("nll_loss", logp, dlogp)
-    _check_labels_xp("nll_loss", xp, labels, logp.shape[1])
+    labels, bad = _device_labels("nll_loss", xp, labels, logp.shape[1])
     picked = xp.take_along_axis(logp, labels[:, None], axis=1)
     loss[...] += -picked.sum() / batch
     onehot = xp.arange(logp.shape[1])[None, :] == labels[:, None]
     dlogp[...] = onehot * dlogp.dtype.type(-1.0 / batch)
+    _poison(xp, bad, loss, dlogp)
 
 
 # --------------------------------------------------------------------------- MSE
@@ -588,8 +610,9 @@ def _one_hot_cpu_wrapper(labels, out):
 def _one_hot_cuda(labels, out):
     xp = array_module(labels, out)
     _check_logits("one_hot", out, labels)
-    _check_labels_xp("one_hot", xp, labels, out.shape[1])
+    labels, bad = _device_labels("one_hot", xp, labels, out.shape[1])
     out[...] = xp.arange(out.shape[1])[None, :] == labels[:, None]
+    _poison(xp, bad, out)
 
 
 def _count_correct_ref(scores, labels, correct):

@@ -36,8 +36,9 @@ momentum, Adam's betas and step count, SGD's first step) is not a task parameter
 the data of a small float64 operand, ``hyper`` (R), laid out by :func:`sgd_hyper` and
 :func:`adam_hyper` and read by every variant when the task runs: a captured step
 graph stays valid every step (the optimizer writes the next step's values into it).
-The variants read it as Python floats (``tolist``: on a GPU, one copy of a few bytes
-per task), so the arithmetic is the one PyTorch does with its Python floats. An optimizer
+The host variants read it as Python floats (``tolist``), so the arithmetic is the one
+PyTorch does with its Python floats; the ``cuda`` variants (:mod:`.optim_cuda`) read it
+on the device, the same arithmetic in float64 there, with no host synchronisation. An optimizer
 with several parameter groups registers one row per group and gives each task its
 group's row (a ``(1, k)`` child handle, read flat). The
 parameters left are fixed for a run (``dampening``, ``nesterov``, ``eps``,
@@ -59,6 +60,7 @@ from ._jit import as_dtype_of, jit
 from .codelet import REDUX, RW, R, Codelet
 from .prepared import prepares
 from .reduce import add_redux, flat_view, zero_init
+from .optim_cuda import adam_step_cuda, sgd_step_cuda, sgd_step_plain_cuda
 from .xp import array_module
 
 __all__ = ["sgd_step", "sgd_step_plain", "adam_step", "adamw_step", "sum_squares", "clip_scale",
@@ -167,24 +169,6 @@ def _sgd_step_cpu_wrapper(param, grad, momentum_buffer, hyper, *, dampening=0.0,
                   bool(nesterov), bool(first), momentum != 0, weight_decay != 0)
 
 
-def _sgd_step_cuda(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
-                   nesterov=False):
-    lr, momentum, first = hyper.ravel().tolist()
-    xp = array_module(param, grad, momentum_buffer)
-    dtype = param.dtype.type
-    g = grad
-    if weight_decay != 0:
-        g = g + dtype(weight_decay) * param
-    if momentum != 0:
-        if first:
-            xp.copyto(momentum_buffer, g)
-        else:
-            momentum_buffer *= dtype(momentum)
-            momentum_buffer += dtype(1 - dampening) * g
-        g = g + dtype(momentum) * momentum_buffer if nesterov else momentum_buffer
-    param += dtype(-lr) * g
-
-
 def _sgd_step_plain_ref(param, grad, hyper, *, weight_decay=0.0):
     _sgd_step_ref(param, grad, None, _no_momentum(hyper), weight_decay=weight_decay)
 
@@ -237,10 +221,6 @@ def _sgd_step_plain_cpu_wrapper(param, grad, hyper, *, weight_decay=0.0):
         _sgd_step_plain_cpu(param_flat, grad_flat, dtype(-lr))
 
 
-def _sgd_step_plain_cuda(param, grad, hyper, *, weight_decay=0.0):
-    _sgd_step_cuda(param, grad, None, _no_momentum(hyper), weight_decay=weight_decay)
-
-
 def _elementwise_flops(per_element):
     def flops(param, *rest, **params):
         return per_element * float(np.prod(param))
@@ -249,7 +229,7 @@ def _elementwise_flops(per_element):
 
 sgd_step = Codelet(
     "sgd_step", modes=(RW, R, RW, R),
-    variants={"ref": _sgd_step_ref, "cpu": _sgd_step_cpu_wrapper, "cuda": _sgd_step_cuda},
+    variants={"ref": _sgd_step_ref, "cpu": _sgd_step_cpu_wrapper, "cuda": sgd_step_cuda},
     flops=_elementwise_flops(6),
 )
 """SGD with momentum (RW param, R grad, RW momentum_buffer, R hyper = :func:`sgd_hyper`).
@@ -262,7 +242,7 @@ dampening); a momentum of 0 leaves the buffer alone.
 sgd_step_plain = Codelet(
     "sgd_step_plain", modes=(RW, R, R),
     variants={"ref": _sgd_step_plain_ref, "cpu": _sgd_step_plain_cpu_wrapper,
-              "cuda": _sgd_step_plain_cuda},
+              "cuda": sgd_step_plain_cuda},
     flops=_elementwise_flops(2),
 )
 """SGD without momentum (RW param, R grad, R hyper = :func:`sgd_hyper`, which gives ``lr``);
@@ -385,33 +365,9 @@ def _adam_step_cpu_wrapper(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8,
         kernel(*args)
 
 
-def _adam_step_cuda(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
-                    decoupled=False):
-    lr, beta1, beta2, step = hyper.ravel().tolist()
-    xp = array_module(param, grad, exp_avg, exp_avg_sq)
-    dtype = param.dtype.type
-    step_size, bias_correction2_sqrt = _adam_scalars(lr, beta1, beta2, step)
-    g = grad
-    if weight_decay != 0 and decoupled:
-        param *= dtype(1 - lr * weight_decay)
-    elif weight_decay != 0:
-        g = g + dtype(weight_decay) * param
-    weight = dtype(1 - beta1)
-    if abs(weight) < 0.5:
-        exp_avg += weight * (g - exp_avg)
-    else:
-        xp.copyto(exp_avg, g + (weight - dtype(1)) * (g - exp_avg))
-    exp_avg_sq *= dtype(beta2)
-    exp_avg_sq += (dtype(1 - beta2) * g) * g
-    denom = xp.sqrt(exp_avg_sq)
-    denom /= dtype(bias_correction2_sqrt)
-    denom += dtype(eps)
-    param += (dtype(-step_size) * exp_avg) / denom
-
-
 adam_step = Codelet(
     "adam_step", modes=(RW, R, RW, RW, R),
-    variants={"ref": _adam_step_ref, "cpu": _adam_step_cpu_wrapper, "cuda": _adam_step_cuda},
+    variants={"ref": _adam_step_ref, "cpu": _adam_step_cpu_wrapper, "cuda": adam_step_cuda},
     flops=_elementwise_flops(14),
 )
 """Adam (RW param, R grad, RW exp_avg, RW exp_avg_sq, R hyper = :func:`adam_hyper`).

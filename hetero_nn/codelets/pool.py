@@ -36,7 +36,7 @@ Variants: ``ref`` (NumPy sliding windows + ``argmax``), ``cpu`` (Numba loops, pr
 and ``cuda`` (a loop over the window offsets of whole-array strided slices,
 written against the array module: CuPy on a GPU, NumPy in CI; with the window
 parameters the backward pass needs no scatter-add, so no atomics, the same sums
-on every run, and no raw kernel).
+on every run, and no raw kernel; without them, an ordered scatter in rounds).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ._checks import pair, require_contiguous
 from ._jit import jit, jit_inline
 from .codelet import R, W, Codelet
+from .gather import device_table
 from .prepared import from_calls
 from .xp import array_module
 
@@ -201,17 +202,38 @@ def maxpool2d_bwd_ref(dy, argmax, dx, kernel_size=None, **params):
 
 
 def _scatter_add(xp, dy, argmax, shape):
-    """A zero array of ``shape`` with every ``dy`` added at its plane's ``argmax``."""
+    """A zero array of ``shape`` with every ``dy`` added at its plane's ``argmax``, in the
+    order of ``dy``'s elements (NumPy's ``add.at``: sequential)."""
     n_batch, n_chan, height, width = shape
-    planes = xp.zeros((n_batch * n_chan, height * width), dtype=dy.dtype)
-    which = xp.arange(n_batch * n_chan).reshape(-1, 1)
-    index = (which, argmax.reshape(n_batch * n_chan, -1))
-    if xp is np:
-        np.add.at(planes, index, dy.reshape(n_batch * n_chan, -1))
-    else:  # CuPy: the same unbuffered add, with atomics
-        import cupyx
-        cupyx.scatter_add(planes, index, dy.reshape(n_batch * n_chan, -1))
+    planes = np.zeros((n_batch * n_chan, height * width), dtype=dy.dtype)
+    which = np.arange(n_batch * n_chan).reshape(-1, 1)
+    np.add.at(planes, (which, argmax.reshape(n_batch * n_chan, -1)),
+              dy.reshape(n_batch * n_chan, -1))
     return planes.reshape(shape)
+
+
+def _ordered_scatter_add(xp, dy, argmax, shape):
+    """:func:`_scatter_add` on a device without atomics, the same sums in the same order.
+
+    The contributions are stably sorted by target (keeping ``dy``'s order within one
+    target), then added in rounds: round ``r`` adds each target's ``r``-th contribution,
+    whose targets are distinct, so a plain indexed add is exact and ordered. The
+    number of rounds (the largest count of windows sharing an argmax) is read on the
+    host: one sync, on this path only (a backward task submitted without the forward's
+    window parameters; the layers always give them).
+    """
+    n_batch, n_chan, height, width = shape
+    plane = xp.arange(n_batch * n_chan, dtype=xp.int64).reshape(-1, 1) * (height * width)
+    target = (plane + argmax.reshape(n_batch * n_chan, -1)).reshape(-1)
+    order = xp.argsort(target, kind="stable")
+    target, values = target[order], dy.reshape(-1)[order]
+    rank = xp.arange(target.size, dtype=xp.int64) - xp.searchsorted(target, target, side="left")
+    out = xp.zeros(n_batch * n_chan * height * width, dtype=dy.dtype)
+    rounds = int(rank.max().get() if hasattr(rank, "get") else rank.max()) + 1 if target.size else 0
+    for r in range(rounds):
+        pick = rank == r
+        out[target[pick]] += values[pick]
+    return out.reshape(shape)
 
 
 # --------------------------------------------------------------------------- cpu (Numba)
@@ -354,9 +376,10 @@ def maxpool2d_fwd_cuda(x, y, argmax, kernel_size, **params):
     geo = pool2d_geometry(x.shape, kernel_size, **params)
     height, width = x.shape[2], x.shape[3]
     corner = _corner(xp, geo, width)
-    first = xp.asarray(_first_valid(geo.out_h, geo.kh, geo.sh, geo.ph, geo.dh, height)
-                       .reshape(-1, 1) * geo.dh * width
-                       + _first_valid(geo.out_w, geo.kw, geo.sw, geo.pw, geo.dw, width) * geo.dw)
+    first = device_table(xp, ("maxpool_first", geo, height, width), lambda: (
+        _first_valid(geo.out_h, geo.kh, geo.sh, geo.ph, geo.dh, height).reshape(-1, 1)
+        * geo.dh * width + _first_valid(geo.out_w, geo.kw, geo.sw, geo.pw, geo.dw, width)
+        * geo.dw))  # built and copied to the device once per geometry
     padded = _padded(xp, x, geo, -np.inf)
     best = xp.full(y.shape, -np.inf, dtype=x.dtype)
     where = xp.broadcast_to(corner + first, y.shape).copy()
@@ -372,20 +395,22 @@ def maxpool2d_fwd_cuda(x, y, argmax, kernel_size, **params):
 def maxpool2d_bwd_cuda(dy, argmax, dx, kernel_size=None, **params):
     """``maxpool2d_bwd`` as one masked add per window offset, in ``xp``.
 
-    With the window geometry this needs no scatter (so no atomics, and the
-    same sums in the same order on every run); without it, a scatter-add. A
-    tap in the padding may match the index of an input element; its add lands
-    in the padding, which is cropped.
+    With the window geometry this needs no scatter (so no atomics), and the offsets are
+    taken last to first, so each input element receives its windows' gradients in
+    row-major window order, as the ``ref`` variant's sequential scatter adds them: the
+    same bits. A tap in the padding may match the index of an input element; its add
+    lands in the padding, which is cropped. Without the geometry:
+    :func:`_ordered_scatter_add` (deterministic too, one host sync).
     """
     xp = array_module(dy, argmax, dx)
     if kernel_size is None:
-        dx[...] = _scatter_add(xp, dy, argmax, dx.shape)
+        dx[...] = _ordered_scatter_add(xp, dy, argmax, dx.shape)
         return
     geo = pool2d_geometry(dx.shape, kernel_size, **params)
     height, width = dx.shape[2], dx.shape[3]
     corner = _corner(xp, geo, width)
     padded = _padded(xp, xp.zeros_like(dx), geo, 0)
-    for (top, left), window in _offset_slices(geo):
+    for (top, left), window in reversed(list(_offset_slices(geo))):
         padded[window] += xp.where(argmax == corner + (top * width + left), dy, 0)
     dx[...] = padded[:, :, geo.ph:geo.ph + height, geo.pw:geo.pw + width]
 

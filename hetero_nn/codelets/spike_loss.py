@@ -62,7 +62,7 @@ def _counts(xp, out, threshold):
 
 
 def _count_correct(xp, out, labels, threshold):
-    return int((_counts(xp, out, threshold).argmax(axis=1) == labels).sum())
+    return (_counts(xp, out, threshold).argmax(axis=1) == labels).sum()  # stays on the device
 
 
 _XENT = {  # variant -> (with gradient, without): the cross-entropy of loss.py over rows
@@ -75,7 +75,7 @@ _XENT = {  # variant -> (with gradient, without): the cross-entropy of loss.py o
 def _labels_ok(variant, xp, name, out, labels):
     if variant == "cpu":
         _check_labels_cpu(name, out[:, 0], labels)
-    else:
+    elif xp is np:  # on a device the cross-entropy variant flags bad labels there
         _check_labels_xp(name, xp, labels, out.shape[2])
 
 

@@ -1,7 +1,8 @@
 """The array module of a set of arrays: NumPy, or CuPy when the arrays live on a GPU.
 
-Variants written once against ``xp`` run under NumPy in CI and under CuPy on a
-GPU. CuPy is never imported here: an array is a CuPy array only if CuPy was
+Variants written once against ``xp`` run under NumPy in CI (or the strict CuPy
+stand-in, :mod:`hetero_nn.codelets.strict_xp`) and under CuPy on a GPU. CuPy is
+never imported here: an array is a CuPy array only if CuPy was
 already imported by whoever made it.
 """
 
@@ -11,12 +12,18 @@ import numpy as np
 
 
 def array_module(*arrays):
-    """Return ``cupy`` if any of ``arrays`` is a CuPy array, else ``numpy``."""
+    """Return ``cupy`` if any of ``arrays`` is a CuPy array, the strict stand-in
+    (:mod:`hetero_nn.codelets.strict_xp`) if any is one of its device arrays, else ``numpy``."""
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         for a in arrays:
             if isinstance(a, cupy.ndarray):
                 return cupy
+    stand_in = sys.modules.get("hetero_nn.codelets.strict_xp")
+    if stand_in is not None:
+        for a in arrays:
+            if isinstance(a, stand_in.DeviceArray):
+                return stand_in.strict
     return np
 
 

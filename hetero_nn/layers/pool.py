@@ -66,7 +66,7 @@ class MaxPool2d(Layer):
             return None
         dxs = self.outputs(rt, dys, shape=self.input_shape)
         for dy, a, dx in zip(dys, self._argmax, dxs):
-            rt.submit(maxpool2d_bwd, dy, a, dx)
+            rt.submit(maxpool2d_bwd, dy, a, dx, **self._kw)  # the geometry: no scatter on a GPU
         return dxs
 
     def extra_repr(self):

@@ -484,7 +484,9 @@ class LocalExecutor:
                 with node.context(), stream.activate():
                     arrays = self._bind(task, w)
                     task.t_start = _perf()  # launched; the stream's thread stamps the real start
+                    began = stream.record()
                     stream.launch(self._run_on_stream, task, fn, arrays)
+                    ended = stream.record()
             except BaseException:
                 node.release(task.handles)
                 raise
@@ -492,8 +494,15 @@ class LocalExecutor:
             task.t_end = _perf()
             task.error = exc
             return task
-        stream.add_callback(lambda: self._completed(task, w))
+        # on a runtime thread (not CUDA's); a device fault the wait reports is this task's
+        stream.add_callback(lambda: self._completed(task, w, lambda: stream.elapsed(began, ended)),
+                            fault=lambda exc: self._device_fault(task, exc))
         return None
+
+    @staticmethod
+    def _device_fault(task, exc):
+        if task.error is None:
+            task.error = exc
 
     @staticmethod
     def _run_on_stream(task, fn, arrays):
@@ -504,9 +513,10 @@ class LocalExecutor:
         except BaseException as exc:  # noqa: BLE001 - reported at completion
             task.error = exc
 
-    def _completed(self, task, w):
+    def _completed(self, task, w, device_time=None):
         """Stream callback: the task's kernels are done. Hand it to its worker, whatever
-        fails on the way (the worker waits for it)."""
+        fails on the way (the worker waits for it). ``device_time()``: the seconds the
+        stream's events measured around the kernels (what the model learns)."""
         fault = None
         step = "the completion callback"
         try:
@@ -514,6 +524,8 @@ class LocalExecutor:
             w.node.release(task.handles)
             task.t_start = max(task.t_start, w.last_end)
             task.t_end = w.last_end = now
+            if device_time is not None and task.error is None:
+                task.t_start = now - device_time()
             if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
                 self.rt._temporaries.plain.finished(task)
             if task.error is None:
