@@ -41,11 +41,13 @@ from collections import Counter
 
 import numpy as np
 
+from ..errors import HeteroNNError
+
 __all__ = ["DeviceArray", "StrictError", "strict", "guard", "checking", "counters",
            "Counters"]
 
 
-class StrictError(TypeError):
+class StrictError(HeteroNNError, TypeError):
     """Code that CuPy refuses, or that would synchronise with or reorder on a GPU."""
 
 

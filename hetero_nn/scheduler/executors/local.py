@@ -77,6 +77,7 @@ from ..flush import record_of
 from ..policies.policies import Policy
 from ..stalls import stalled, wait_progress
 from .state import ExecutorState, prefetch_error, queued_tasks, task_error
+from .streamed import device_fault, run_on_stream
 from .timing import caller
 
 _perf = time.perf_counter
@@ -485,7 +486,7 @@ class LocalExecutor:
                     arrays = self._bind(task, w)
                     task.t_start = _perf()  # launched; the stream's thread stamps the real start
                     began = stream.record()
-                    stream.launch(self._run_on_stream, task, fn, arrays)
+                    stream.launch(run_on_stream, task, fn, arrays)
                     ended = stream.record()
             except BaseException:
                 node.release(task.handles)
@@ -496,22 +497,8 @@ class LocalExecutor:
             return task
         # on a runtime thread (not CUDA's); a device fault the wait reports is this task's
         stream.add_callback(lambda: self._completed(task, w, lambda: stream.elapsed(began, ended)),
-                            fault=lambda exc: self._device_fault(task, exc))
+                            fault=lambda exc: device_fault(task, exc))
         return None
-
-    @staticmethod
-    def _device_fault(task, exc):
-        if task.error is None:
-            task.error = exc
-
-    @staticmethod
-    def _run_on_stream(task, fn, arrays):
-        """The kernel as the stream runs it (a launch into CuPy's stream on a GPU)."""
-        task.t_start = max(task.t_start, _perf())
-        try:
-            fn(*arrays, **task.params)
-        except BaseException as exc:  # noqa: BLE001 - reported at completion
-            task.error = exc
 
     def _completed(self, task, w, device_time=None):
         """Stream callback: the task's kernels are done. Hand it to its worker, whatever
