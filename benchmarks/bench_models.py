@@ -246,22 +246,23 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="add torch.compile")
     ap.add_argument("--roofline", action="store_true", help="per-layer kernel GFLOP/s")
+    ap.add_argument("--roofline-only", action="store_true", help="no steps, only --roofline")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(args.workers)
     out = {"uptime": os.getloadavg(), "workers": args.workers, "rows": [], "roofline": []}
-    for name in args.models:
-        for batch in args.batches:
-            for row in bench_model(name, batch, args):
-                out["rows"].append(row)
-                if "failed" in row:
-                    print(f"{name:12s} {batch:4d} {row['config']:24s} failed: {row['failed']}")
-                else:
-                    ratio = f"{row['vs_torch']:.2f}x" if row["vs_torch"] else ""
-                    print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
-                          f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
-    if args.roofline:
+    runs = [] if args.roofline_only else [(m, b) for m in args.models for b in args.batches]
+    for name, batch in runs:
+        for row in bench_model(name, batch, args):
+            out["rows"].append(row)
+            if "failed" in row:
+                print(f"{name:12s} {batch:4d} {row['config']:24s} failed: {row['failed']}")
+            else:
+                ratio = f"{row['vs_torch']:.2f}x" if row["vs_torch"] else ""
+                print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
+                      f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
+    if args.roofline or args.roofline_only:
         rate = sgemm_rate()
         out["sgemm_gflops_one_thread"] = rate
         print(f"sgemm, one thread: {rate:.1f} GFLOP/s")
