@@ -217,7 +217,8 @@ def roofline(name, batch, args, rate):
             out = conv.conv2d_output_shape(x.shape, w.shape, **params)
             dy = rng.standard_normal(out, dtype=np.float32)
             flops = 2.0 * np.prod(out) * np.prod(w.shape[1:])
-            row = {"model": name, "layer": path, "shape": f"{x.shape[1]}->{out[1]} "
+            row = {"model": name, "layer": path, "gflop": flops / 1e9,
+                   "shape": f"{x.shape[1]}->{out[1]} "
                    f"{x.shape[2]}x{x.shape[3]} k{w.shape[2]} s{layer.stride[0]}", "images": n}
             for label, codelet, ops in (
                     ("fwd", conv.conv2d_fwd_nobias, (x, w, np.empty(out, np.float32))),
