@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import ConfigError, ShapeError
 from .layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, RateEncode,
-                     ReLU, Residual, Sequential)
+                     ReLU, ReLU6, Residual, Sequential)
 from .layers.base import default_rng
 from .snn_models import OPTIONS as SPIKING_OPTIONS, SPIKING_MODELS
 
@@ -73,9 +73,56 @@ def resnet_small(input_shape, num_classes=10) -> list:
             GlobalAvgPool2D(), Flatten(), Dense(64, num_classes)]
 
 
+def resnet18(input_shape, num_classes=10) -> list:
+    """ResNet-18 in its CIFAR layout (He et al.; the layout of most CIFAR-10 recipes): a
+    3x3 conv + batch norm + ReLU stem of 64 channels with no max pool, four stages of two
+    basic blocks (64, 128, 256, 512 channels; stages 2-4 start at stride 2 with a 1x1 conv
+    + batch norm shortcut), global average pooling, one Dense (11.2 M parameters)."""
+    layers = [Conv2D(input_shape[0], 64, 3, padding=1, bias=False), BatchNorm2D(64), ReLU()]
+    channels = 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [*_basic_block(channels, width, stride), *_basic_block(width, width)]
+        channels = width
+    return [*layers, GlobalAvgPool2D(), Flatten(), Dense(512, num_classes)]
+
+
+def _inverted_residual(in_channels, out_channels, stride, expand) -> list:
+    """MobileNetV2's block: a 1x1 expansion (unless ``expand == 1``), a 3x3 depthwise conv
+    and a linear 1x1 projection, each with batch norm (ReLU6 after the first two); an
+    identity shortcut where the shape stays."""
+    hidden = in_channels * expand
+    body = [] if expand == 1 else [Conv2D(in_channels, hidden, 1, bias=False),
+                                   BatchNorm2D(hidden), ReLU6()]
+    body += [Conv2D(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+             BatchNorm2D(hidden), ReLU6(),
+             Conv2D(hidden, out_channels, 1, bias=False), BatchNorm2D(out_channels)]
+    return [Residual(body)] if stride == 1 and in_channels == out_channels else body
+
+
+MOBILENETV2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2),
+                      (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+"""``(expansion, channels, blocks, stride of the first)`` per stage: torchvision's, with the
+CIFAR strides (stem and second stage at stride 1, so 32x32 images end at 4x4)."""
+
+
+def mobilenetv2(input_shape, num_classes=10) -> list:
+    """MobileNetV2 (width 1.0) with CIFAR strides: a 3x3 conv stem of 32 channels at stride
+    1, the inverted residual stages of ``MOBILENETV2_STAGES``, a 1x1 conv to 1280 channels,
+    global average pooling and one Dense (no dropout; 2.2 M parameters for 10 classes)."""
+    layers = [Conv2D(input_shape[0], 32, 3, padding=1, bias=False), BatchNorm2D(32), ReLU6()]
+    channels = 32
+    for expand, width, blocks, stride in MOBILENETV2_STAGES:
+        for i in range(blocks):
+            layers += _inverted_residual(channels, width, stride if i == 0 else 1, expand)
+            channels = width
+    return [*layers, Conv2D(channels, 1280, 1, bias=False), BatchNorm2D(1280), ReLU6(),
+            GlobalAvgPool2D(), Flatten(), Dense(1280, num_classes)]
+
+
 #: Model name -> builder ``(input_shape, num_classes) -> list of layers``.
 MODELS = {"dahl-basic": dahl_basic, "lenet5": lenet5, "cifar-small": cifar_small,
-          "resnet-small": resnet_small, **SPIKING_MODELS}
+          "resnet-small": resnet_small, "resnet18": resnet18, "mobilenetv2": mobilenetv2,
+          **SPIKING_MODELS}
 
 
 def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
@@ -84,7 +131,8 @@ def build_model(name: str, input_shape, num_classes: int = 10, dtype="float32",
 
     Parameters
     ----------
-    name : {"dahl-basic", "lenet5", "cifar-small", "resnet-small"}
+    name : {"dahl-basic", "lenet5", "cifar-small", "resnet-small", "resnet18", "mobilenetv2"}
+        (or a spiking model's, :mod:`hetero_nn.snn_models`)
     input_shape : tuple of int
         One sample's ``(C, H, W)``.
     num_classes : int

@@ -25,7 +25,7 @@ ULPS = {np.float64: 64, np.float32: 64}
 DTYPES = [np.float64, np.float32]
 CODELETS = [conv.conv2d_fwd, conv.conv2d_fwd_nobias, conv.conv2d_bwd_input,
             conv.conv2d_bwd_params, conv.conv2d_bwd_weight]
-VARIANTS = ["ref", "cpu:direct", "cpu:im2col", "cuda"]
+VARIANTS = ["ref", "cpu:direct", "cpu:im2col", "cpu:gemm", "cuda"]
 
 # (N, C, H, W, O, kernel, stride, padding): batch 1 and > 1, 1 channel and > 16,
 # kernels 1/3/5, strides 1/2, paddings 0/1/2, odd sizes, pairs, a 1x1 output.
@@ -225,7 +225,7 @@ def test_declarations():
     assert conv.conv2d_bwd_weight.modes == (R, R, REDUX)
     for codelet in CODELETS:
         assert sorted(codelet.variants) == sorted(VARIANTS), codelet
-        assert codelet.kinds["cpu"] == ("ref", "cpu:direct", "cpu:im2col")
+        assert codelet.kinds["cpu"] == ("ref", "cpu:direct", "cpu:im2col", "cpu:gemm")
         if REDUX in codelet.modes:
             assert codelet.init is zero_init and codelet.redux is add_redux
 

@@ -228,22 +228,9 @@ def batches(name, steps=STEPS + 1):
             for _ in range(steps)]
 
 
-def node_targets(module):
-    """fx node name -> the qualified name of the module it calls (how from_torch names)."""
-    graph = torch.fx.Tracer().trace(module)
-    return {n.name: n.target for n in graph.nodes if n.op == "call_module"}
-
-
-def torch_state_of(model, hn_model, targets):
-    """The torch model's weights and buffers under the converted model's keys."""
-    out = {}
-    for path, layer in hn_model.named_modules():
-        source = targets.get(path.rsplit(".", 1)[-1])
-        if source is None:
-            continue
-        for key, value in model.get_submodule(source).state_dict().items():
-            out[f"{path}.{key}"] = value.numpy()
-    return out
+def torch_state_of(model):
+    """The torch model's weights and buffers: under the converted model's keys too."""
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
 
 def torch_train(model, data):
@@ -277,11 +264,10 @@ def test_converted_model_trains_as_torch_and_the_policies_agree(name):
     with torch.no_grad():
         assert rel_err(hn_model(data[-1][0]), model(x).numpy()) <= REL
     hn.close_default_runtime()
-    targets = node_targets(model)
     initial = hn_model.state_dict()
-    assert initial.keys() == torch_state_of(model, hn_model, targets).keys()
+    assert list(initial) == list(torch_state_of(model))
     expected_losses = torch_train(model, data[:STEPS])
-    expected = torch_state_of(model, hn_model, targets)
+    expected = torch_state_of(model)
     model.eval()
     with torch.no_grad():
         expected_logits = model(x * 0.5).numpy()
@@ -321,8 +307,40 @@ def test_resnet18_converts_with_its_forward_pass_and_loss_equal_to_torch():
         shifted = ours - ours.max(axis=1, keepdims=True)
         loss = -np.mean(shifted[np.arange(len(y)), y] - np.log(np.exp(shifted).sum(axis=1)))
         assert abs(loss - expected) <= REL * abs(expected), mode
-    state = torch_state_of(model, converted, node_targets(model))
+    state = torch_state_of(model)
     assert all(rel_err(converted.state_dict()[k], v) <= REL for k, v in state.items())
+    hn.close_default_runtime()
+
+
+def test_torch_state_dict_loads_strictly_both_ways():
+    """A torch ResNet-18's ``state_dict`` (torch's keys, tensors) loads into the converted
+    model with ``strict=True`` and the converted model's loads back into torch's; the keys
+    survive the model's recorded architecture and ``to_torch``."""
+    from hetero_nn.layers.registry import architecture, build
+    model = torch_model("resnet18").float().eval()
+    converted = hn.from_torch(model, MODELS["resnet18"][1]).eval()
+    assert list(converted.state_dict()) == list(model.state_dict())
+    assert "layer2.0.downsample.1.running_var" in converted.state_dict()
+    torch.manual_seed(5)
+    other = MODELS["resnet18"][0]().float()
+    randomize_batch_norm(other, torch.Generator().manual_seed(6))
+    other.eval()
+    converted.load_state_dict(other.state_dict(), strict=True)
+    x = np.random.default_rng(4).standard_normal((3, *MODELS["resnet18"][1])).astype(np.float32)
+    with torch.no_grad():
+        expected = other(torch.from_numpy(x)).numpy()
+    assert rel_err(converted(x), expected) <= 1e-4
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in converted.state_dict().items()},
+                          strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                  other.state_dict().values()))
+    with torch.no_grad():
+        back = hn.to_torch(converted).eval()(torch.from_numpy(x)).numpy()
+    assert rel_err(back, expected) <= 1e-4
+    with pytest.raises(hn.errors.CheckpointError, match="unexpected keys"):
+        converted.load_state_dict({**other.state_dict(), "fc.extra": torch.zeros(1)})
+    rebuilt = build(architecture(converted))
+    assert rebuilt.state_names == converted.state_names
     hn.close_default_runtime()
 
 

@@ -38,8 +38,15 @@ Variants
 ``cpu:im2col``
     A Numba kernel unfolds a chunk of samples into columns and BLAS runs one
     GEMM per sample and group, in one Numba call (``conv_im2col.py``). The
-    fastest CPU variant on the layers of
+    fastest CPU variant on the small layers of
     ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM bounds it.
+``cpu:gemm``
+    One GEMM per chunk of the partition's samples (at least
+    ``conv_gemm.GEMM_COLUMNS`` columns wide) instead of one per sample, and
+    1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``): the
+    pinned CPU variant, 2-9x ``cpu:im2col`` on ResNet-18's late layers
+    (``benchmarks/bench_conv_gemm.py``). Groups, and images whose one sample
+    already makes a wide GEMM, go to ``cpu:im2col``'s kernels.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -58,7 +65,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import conv_direct, conv_im2col
+from . import conv_direct, conv_gemm, conv_im2col
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .gather import col2im_index, device_table, im2col_index
@@ -409,6 +416,64 @@ def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, **params):
                                                    params))
 
 
+# --------------------------------------------------------------------------- cpu:gemm
+
+def _fwd_gemm_calls(buffers, x, w, b, y, params):
+    require_contiguous("conv2d_fwd", y=y)
+    geo = conv2d_geometry(x.shape, w.shape, **params)
+    if not conv_gemm.handles(geo, x.shape):
+        return _fwd_im2col_calls(buffers, x, w, b, y, params)
+    return conv_gemm.fwd_calls(buffers, x, w, b, y, geo)
+
+
+def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
+    require_contiguous("conv2d_bwd_input", dx=dx)
+    geo = conv2d_geometry(dx.shape, w.shape, **params)
+    if not conv_gemm.handles(geo, dx.shape):
+        return [(conv_im2col.bwd_input_im2col_cpu,
+                 (_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
+    return conv_gemm.bwd_input_calls(buffers, dy, w, dx, geo)
+
+
+def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
+    require_contiguous("conv2d_bwd_params", dw=dw)
+    geo = conv2d_geometry(x.shape, dw.shape, **params)
+    if not conv_gemm.handles(geo, x.shape):
+        return _bwd_params_im2col_calls(buffers, x, dy, dw, db, params)
+    return conv_gemm.bwd_params_calls(buffers, x, dy, dw, db, geo)
+
+
+def _gemm_variant(calls, absent, doc):
+    """The ``cpu:gemm`` variant running ``calls(buffers, *operands, params)``, None inserted
+    at index ``absent`` of the operands (the missing ``b`` or ``db``; None: nothing
+    missing), and its ``prepare``."""
+    def operands(arrays):
+        return arrays if absent is None else (*arrays[:absent], None, *arrays[absent:])
+
+    def prepare(buffers, *arrays, **params):
+        if not conv_im2col.views(arrays[-1].dtype, *arrays):
+            return None
+        return calls(buffers, *operands(arrays), params)
+
+    @prepares(prepare)
+    def variant(*arrays, **params):
+        conv_im2col.run_calls(calls(conv_im2col.worker_buffer, *operands(arrays), params))
+    variant.__doc__ = doc
+    return variant
+
+
+conv2d_fwd_cpu_gemm = _gemm_variant(_fwd_gemm_calls, None, "``conv2d_fwd`` by partition GEMMs.")
+conv2d_fwd_nobias_cpu_gemm = _gemm_variant(_fwd_gemm_calls, 2,
+                                           "``conv2d_fwd_nobias`` by partition GEMMs.")
+conv2d_bwd_input_cpu_gemm = _gemm_variant(lambda buffers, dy, w, _, dx, params:
+                                          _bwd_input_gemm_calls(buffers, dy, w, dx, params),
+                                          2, "``conv2d_bwd_input`` by partition GEMMs.")
+conv2d_bwd_params_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, None,
+                                           "``conv2d_bwd_params`` by partition GEMMs.")
+conv2d_bwd_weight_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, 3,
+                                           "``conv2d_bwd_weight`` by partition GEMMs.")
+
+
 # --------------------------------------------------------------------------- cuda (array module)
 
 def _plane_key(geo):
@@ -488,34 +553,39 @@ def conv2d_bwd_params_cuda(x, dy, dw, db, **params):
 conv2d_fwd = Codelet(
     "conv2d_fwd", modes=(R, R, R, W),
     variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
-              "cpu:im2col": conv2d_fwd_cpu_im2col, "cuda": conv2d_fwd_cuda},
+              "cpu:im2col": conv2d_fwd_cpu_im2col,
+              "cpu:gemm": conv2d_fwd_cpu_gemm, "cuda": conv2d_fwd_cuda},
     flops=_fwd_flops)
 """``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
 
 conv2d_fwd_nobias = Codelet(
     "conv2d_fwd_nobias", modes=(R, R, W),
     variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
-              "cpu:im2col": conv2d_fwd_nobias_cpu_im2col, "cuda": conv2d_fwd_nobias_cuda},
+              "cpu:im2col": conv2d_fwd_nobias_cpu_im2col,
+              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm, "cuda": conv2d_fwd_nobias_cuda},
     flops=_fwd_nobias_flops)
 """``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
 
 conv2d_bwd_input = Codelet(
     "conv2d_bwd_input", modes=(R, R, W),
     variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
-              "cpu:im2col": conv2d_bwd_input_cpu_im2col, "cuda": conv2d_bwd_input_cuda},
+              "cpu:im2col": conv2d_bwd_input_cpu_im2col,
+              "cpu:gemm": conv2d_bwd_input_cpu_gemm, "cuda": conv2d_bwd_input_cuda},
     flops=_bwd_input_flops)
 """``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
 
 conv2d_bwd_params = Codelet(
     "conv2d_bwd_params", modes=(R, R, REDUX, REDUX),
     variants={"ref": conv2d_bwd_params_ref, "cpu:direct": conv2d_bwd_params_cpu_direct,
-              "cpu:im2col": conv2d_bwd_params_cpu_im2col, "cuda": conv2d_bwd_params_cuda},
+              "cpu:im2col": conv2d_bwd_params_cpu_im2col,
+              "cpu:gemm": conv2d_bwd_params_cpu_gemm, "cuda": conv2d_bwd_params_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_params_flops)
 """``dw += dL/dw, db += dL/db``: operands ``(x R, dy R, dw REDUX, db REDUX)``."""
 
 conv2d_bwd_weight = Codelet(
     "conv2d_bwd_weight", modes=(R, R, REDUX),
     variants={"ref": conv2d_bwd_weight_ref, "cpu:direct": conv2d_bwd_weight_cpu_direct,
-              "cpu:im2col": conv2d_bwd_weight_cpu_im2col, "cuda": conv2d_bwd_weight_cuda},
+              "cpu:im2col": conv2d_bwd_weight_cpu_im2col,
+              "cpu:gemm": conv2d_bwd_weight_cpu_gemm, "cuda": conv2d_bwd_weight_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_weight_flops)
 """``dw += dL/dw`` for a convolution without bias: operands ``(x R, dy R, dw REDUX)``."""

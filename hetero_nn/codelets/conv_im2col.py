@@ -160,6 +160,18 @@ def _unfold_sample_long(src, s0, colf, r0, n_in, geo):
 
 
 @jit
+def sample_source(x, xf, n, xpad, geo):
+    """``(src, s0)``: where sample ``n``'s planes start, ``xf`` being ``x`` flat; with
+    padding, the sample padded into ``xpad`` first (``_pad_buffer``)."""
+    _, n_in, height, width = x.shape
+    x0 = n * n_in * height * width
+    if geo.hp != height or geo.wp != width:
+        pad_planes(xf, x0, n_in, height, width, xpad, START, geo)
+        return xpad, START
+    return xf, np.intp(x0)
+
+
+@jit
 def im2col_cpu(x, n0, n1, xpad, cols, geo):
     """Unfold samples ``n0 <= n < n1`` of ``x`` into ``cols[n - n0, :C*KH*KW, :OH*OW]``.
 
@@ -167,17 +179,11 @@ def im2col_cpu(x, n0, n1, xpad, cols, geo):
     padding. Rows of ``cols`` past ``C*KH*KW`` are left as they are (the
     caller's row of ones for the bias).
     """
-    _, n_in, height, width = x.shape
+    n_in = x.shape[1]
     per_sample = cols.shape[1] * geo.out_h * geo.out_w
     xf, colf = x.reshape(-1), cols.reshape(-1)
-    padded = geo.hp != height or geo.wp != width
     for n in range(n0, n1):
-        x0 = n * n_in * height * width
-        if padded:
-            pad_planes(xf, x0, n_in, height, width, xpad, START, geo)
-            src, s0 = xpad, 0
-        else:
-            src, s0 = xf, x0
+        src, s0 = sample_source(x, xf, n, xpad, geo)
         r0 = (n - n0) * per_sample
         if geo.sw != 1 or geo.out_w < 8:
             _unfold_sample(src, s0, colf, r0, n_in, geo)

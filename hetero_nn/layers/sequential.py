@@ -53,10 +53,16 @@ class Sequential(Layer):
     (a fused run takes its first layer's), or None for every block at the
     partitions the model is given (module docstring). ``granularity="auto"`` sets it
     where the performance models say a block pays at its own g.
+
+    ``state_names`` (default None): a map from parameter and buffer paths
+    (``"layer1_0.body.layer1_0_bn1.weight"``) to the names ``named_state``,
+    ``state_dict`` and checkpoints use instead (``"layer1.0.bn1.weight"``): how a
+    model from ``from_torch`` keeps the torch module's ``state_dict`` keys.
     """
 
-    def __init__(self, *layers, fuse=True):
+    def __init__(self, *layers, fuse=True, state_names=None):
         super().__init__()
+        self.state_names = dict(state_names) if state_names else None
         names = None
         if len(layers) == 1 and isinstance(layers[0], dict):
             names, layers = [str(k) for k in layers[0]], list(layers[0].values())
@@ -109,9 +115,12 @@ class Sequential(Layer):
 
     def constructor_args(self):
         """The current layers (an ``OrderedDict`` where they have names) and ``fuse``."""
+        kwargs = {"fuse": self.fuse}
+        if self.state_names:
+            kwargs["state_names"] = dict(self.state_names)
         if self.names == [str(i) for i in range(len(self.layers))]:
-            return tuple(self.layers), {"fuse": self.fuse}
-        return (OrderedDict(zip(self.names, self.layers)),), {"fuse": self.fuse}
+            return tuple(self.layers), kwargs
+        return (OrderedDict(zip(self.names, self.layers)),), kwargs
 
     def __len__(self):
         return len(self.layers)
@@ -145,6 +154,13 @@ class Sequential(Layer):
 
     def named_children(self):
         return list(zip(self.names, self.layers))
+
+    def _prefixed(self, method):
+        """Children's names prefixed, then renamed by ``state_names`` (``from_torch``'s map
+        from these paths to the torch module's ``state_dict`` keys) where given."""
+        named = super()._prefixed(method)
+        rename = self.state_names
+        return [(rename.get(k, k), v) for k, v in named] if rename else named
 
     def reset_parameters(self, rng=None):
         for layer in self.layers:

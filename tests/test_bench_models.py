@@ -1,0 +1,24 @@
+"""benchmarks/bench_models.py on a run of one step: every configuration gives a row (the
+ratio to PyTorch beside hetero_nn's), and the per-layer roofline a share of the sgemm
+rate for each pass of each convolution."""
+
+import json
+
+import pytest
+from helpers import load_script
+
+
+def test_rows_and_roofline(tmp_path, capsys):
+    pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
+    out = tmp_path / "models.json"
+    load_script("benchmarks/bench_models.py").main([
+        "--models", "lenet5", "--batches", "4", "--rounds", "1", "--steps", "1",
+        "--warmup", "1", "--roofline", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    configs = [r["config"] for r in doc["rows"]]
+    assert configs == ["hn train g=2", "torch train", "hn infer g=2", "torch infer"]
+    assert all(r["img_s"] > 0 and r["vs_torch"] > 0 for r in doc["rows"])
+    assert [r["layer"] for r in doc["roofline"]] == ["0", "3"]  # LeNet-5's two convolutions
+    assert all(0 < r[f"{k}_share"] for r in doc["roofline"]
+               for k in ("fwd", "bwd_input", "bwd_weight"))
+    assert "hn train g=2" in capsys.readouterr().out
