@@ -308,7 +308,8 @@ def test_resnet18_converts_with_its_forward_pass_and_loss_equal_to_torch():
         loss = -np.mean(shifted[np.arange(len(y)), y] - np.log(np.exp(shifted).sum(axis=1)))
         assert abs(loss - expected) <= REL * abs(expected), mode
     state = torch_state_of(model)
-    assert all(rel_err(converted.state_dict()[k], v) <= REL for k, v in state.items())
+    ours = converted.state_dict()
+    assert all(rel_err(ours[k], v) <= REL for k, v in state.items())
     hn.close_default_runtime()
 
 

@@ -82,8 +82,15 @@ def test_pointwise_special_values_as_torch():
             fwd.variants[variant](x, y)
             bwd.variants[variant](x, dy, dx)
             np.testing.assert_allclose(y, y_ref, rtol=1e-14, err_msg=f"{op} {variant}")
-            np.testing.assert_array_equal(np.signbit(y), np.signbit(y_ref))
-            np.testing.assert_allclose(dx, dx_ref, rtol=1e-14, err_msg=f"{op} {variant}")
+            # the sign of -0.0 and of infinities as torch's; a NaN's sign bit is not a value
+            # (IEEE 754 leaves it to the implementation: numpy's and torch's builds differ)
+            num = ~np.isnan(y_ref)
+            np.testing.assert_array_equal(np.signbit(y[num]), np.signbit(y_ref[num]))
+            # at a NaN input torch's gradient depends on which vectorised kernel its CPU
+            # runs (hardswish: NaN on one machine, the upstream gradient on another)
+            real = ~np.isnan(x)
+            np.testing.assert_allclose(dx[real], dx_ref[real], rtol=1e-14,
+                                       err_msg=f"{op} {variant}")
 
 
 @PROPERTY

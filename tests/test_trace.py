@@ -116,6 +116,11 @@ def test_utilisation():
     assert "cpu1" in text and "55.6" in text and "33.3" in text and "makespan 9.000 ms" in text
 
 
+def test_every_utilisation_column_has_a_label():
+    header = diamond().format_utilisation().splitlines()[0].split()
+    assert header == ["worker", "device", "tasks", "busy", "ms", "util", "%", "util", "bar"]
+
+
 def test_dot_has_nodes_edges_and_worker_colours(tmp_path):
     path = diamond().to_dot(tmp_path / "dag.dot")
     text = path.read_text()

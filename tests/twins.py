@@ -54,7 +54,7 @@ def torch_module(layer):
     if isinstance(layer, hn.LeakyReLU):
         return nn.LeakyReLU(layer.negative_slope)
     simple = {hn.ReLU: nn.ReLU, hn.Sigmoid: nn.Sigmoid, hn.Tanh: nn.Tanh, hn.GELU: nn.GELU,
-              hn.Flatten: nn.Flatten}
+              hn.Flatten: nn.Flatten, hn.ReLU6: nn.ReLU6}
     return simple[type(layer)]()
 
 

@@ -221,7 +221,7 @@ class Trace:
             fraction = utilisation[w]
             lines.append((w, devices.get(w, "-"), str(counts[w]), f"{1e3 * busy[w]:.3f}",
                           f"{100 * fraction:.1f}", "#" * round(20 * fraction)))
-        table = format_table(("worker", "device", "tasks", "busy ms", "util %", ""), lines)
+        table = format_table(("worker", "device", "tasks", "busy ms", "util %", "util bar"), lines)
         return f"{table}\nmakespan {1e3 * self.makespan:.3f} ms over {len(self.workers)} workers"
 
     def links(self) -> dict[tuple[str, str], dict]:
