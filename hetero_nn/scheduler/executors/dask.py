@@ -64,7 +64,7 @@ class DaskExecutor:
                 self._client = Client(self._cluster)
             self._own_client = True
         if not getattr(self._client, "_hetero_nn_blas", False):
-            self._client.register_plugin(OneBlasThread(), name="hetero_nn-one-blas-thread")
+            self._client.register_plugin(one_blas_thread_plugin(), name="hetero_nn-one-blas-thread")
             self._client._hetero_nn_blas = True
         return self._client
 
@@ -135,14 +135,14 @@ def _one_blas_thread():
         return None
 
 
-try:
-    from distributed import WorkerPlugin as _WorkerPlugin
-except ImportError:  # the threads executor needs only dask
-    _WorkerPlugin = object
+def one_blas_thread_plugin():
+    """A distributed worker plugin: BLAS at one thread, so a worker's N Dask threads use N
+    cores. Made on first use: importing ``distributed`` costs 0.7 s, which a runtime that
+    never meets a cluster should not pay."""
+    from distributed import WorkerPlugin  # distributed: only a Client's runtime gets here
 
+    class OneBlasThread(WorkerPlugin):
+        def setup(self, worker):
+            self.limits = _one_blas_thread()
 
-class OneBlasThread(_WorkerPlugin):
-    """A distributed worker plugin: BLAS at one thread, so a worker's N Dask threads use N cores."""
-
-    def setup(self, worker):
-        self.limits = _one_blas_thread()
+    return OneBlasThread()
