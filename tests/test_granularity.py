@@ -1,11 +1,14 @@
 """``granularity="auto"`` decides from the performance models (hetero_nn/training/granularity.py),
-and ``Sequential.granularities`` runs blocks at a g of their own.
+re-checks that choice on measured steps (hetero_nn/training/recheck.py), and
+``Sequential.granularities`` runs blocks at a g of their own.
 
 The decision tests give the runtime a performance model already holding many
 measurements per footprint (1000 each, so the few real runs calibration adds do
-not move the means): what the models say about g = 1 and g = 2 decides, not the
-wall clock. The footprints are those of the real step graphs, captured without
-running them.
+not move the medians): what the models say about g = 1 and g = 2 decides the
+models' choice (``recheck["chosen_by_models"]``), not the wall clock. The footprints
+are those of the real step graphs, captured without running them. The re-check
+tests give it a model saved to disk that is wrong about the machine: the measured
+steps, not the model, then decide.
 """
 
 import json
@@ -54,49 +57,55 @@ def _step_keys(g, fuse):
                 for graph in step.graphs for t in graph}
 
 
-def _told(tmp_path, seconds):
-    """A performance model that says ``seconds(codelet, g)`` for the tasks of g = 1 and
-    g = 2 (fused and not); a footprint in both graphs (the optimizer's, the gradients'
-    adds) takes the mean of both figures."""
+def _told(tmp_path, seconds, gs=(1, 2)):
+    """A performance model that says ``seconds(codelet, g, fuse)`` for the tasks of each
+    g in ``gs`` (fused and not); a footprint in several graphs (the optimizer's, the
+    gradients' adds) takes the figure of the last."""
     pm = PerfModel(tmp_path, load=False)
     runs = []
-    for g in (1, 2):
+    for g in gs:
         for fuse in (True, False):
             for name, variant, fp, size in _step_keys(g, fuse):
-                runs += [(name, variant, "cpu", fp, size, seconds(name, g))] * 1000
+                runs += [(name, variant, "cpu", fp, size, seconds(name, g, fuse))] * 1000
     pm.record_many(runs)
     return pm
 
 
-def _decide(pm, per_layer=True, policy="eager"):
+def _decide(pm, per_layer=True, policy="eager", candidates=(1, 2)):
     x, y = _batch()
     model = _lenet()
     with hn.Runtime(devices="cpu:2", perfmodel=pm, trace=False, policy=policy) as rt:
         trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity="auto")
-        trainer.tune_granularity(x, y, candidates=[1, 2], per_layer=per_layer)
+        trainer.tune_granularity(x, y, candidates=list(candidates), per_layer=per_layer)
         return trainer.granularity_decision, model
 
 
 @pytest.mark.parametrize("faster", [1, 2])
 def test_the_granularity_the_models_say_is_faster_is_chosen(tmp_path, faster):
-    decision, model = _decide(_told(tmp_path, lambda name, g: 1e-3 if g == faster else 1e-2))
-    assert decision.granularity == faster
+    decision, model = _decide(_told(tmp_path, lambda name, g, fuse: 1e-3 if g == faster
+                                    else 1e-2))
+    by_models = decision.recheck["chosen_by_models"]
+    assert by_models["granularity"] == faster
     rows = {(r["granularity"], r["fuse"]): r["predicted_seconds"] for r in decision.candidates}
     assert set(rows) == {(1, True), (1, False), (2, True), (2, False)}
     slower = 3 - faster
     assert max(rows[faster, f] for f in (True, False)) < min(rows[slower, f]
                                                             for f in (True, False))
-    assert decision.layer_granularity is None and model.granularities is None
+    assert by_models["layer_granularity"] is None and model.granularities is None
     # the decision record: predicted and measured step times, and how it was reached
-    assert decision.predicted_seconds == min(rows.values())
+    assert by_models["predicted_seconds"] == min(rows.values())
     assert decision.measured_seconds > 0 and decision.dispatch_seconds >= 0
+    # the decision is the re-check's final configuration, measured
+    final = decision.recheck["final"]
+    assert (decision.granularity, decision.fuse) == (final["granularity"], final["fuse"])
+    assert decision.measured_seconds == final["measured_seconds"]
     doc = json.loads(json.dumps(decision.to_json()))
-    assert doc["granularity"] == faster and len(doc["candidates"]) == 4
+    assert doc["granularity"] == decision.granularity and len(doc["candidates"]) == 4
     assert "predicted" in decision.format() and "measured" in decision.format()
 
 
 def test_blocks_get_their_own_granularity_where_the_models_say_so(tmp_path):
-    def seconds(name, g):  # convolutions pay at g = 2, the dense tail at g = 1
+    def seconds(name, g, fuse):  # convolutions pay at g = 2, the dense tail at g = 1
         if "conv" in name:
             return 1e-3 if g == 2 else 1e-2
         if "dense" in name:
@@ -104,14 +113,17 @@ def test_blocks_get_their_own_granularity_where_the_models_say_so(tmp_path):
         return 1e-5
 
     decision, model = _decide(_told(tmp_path, seconds), policy="dmda")
-    layers = decision.layer_granularity
-    assert layers is not None and model.granularities == layers
+    by_models = decision.recheck["chosen_by_models"]
+    layers = by_models["layer_granularity"]
+    assert layers is not None
+    assert model.granularities == (None if decision.layer_granularity is None
+                                   else tuple(decision.layer_granularity))
     assert [layers[i] for i in (0, 3)] == [2, 2]          # the convolutions' blocks
     assert [layers[i] for i in (7, 9)] == [1, 1]          # the dense layers' blocks
-    assert decision.predicted_seconds * 1.05 < min(r["predicted_seconds"]
-                                                   for r in decision.candidates)
+    assert by_models["predicted_seconds"] * 1.05 < min(r["predicted_seconds"]
+                                                       for r in decision.candidates)
     assert any(row["kept"] for row in decision.blocks)
-    model.fuse = decision.fuse
+    model.fuse = by_models["fuse"]
     assert all(len(set(layers[first:last])) == 1 for first, last, _ in model.blocks())
 
 
@@ -174,9 +186,64 @@ def test_the_cli_prints_the_decision_and_records_it(tmp_path, capsys):
                  "--epochs", "1", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "granularity auto" in err and "predicted" in err and "measured" in err
+    assert len([line for line in err.splitlines() if "re-checked on measured steps" in line]) == 1
     doc = json.loads((out / "metrics.json").read_text())
     decision = doc["granularity_decision"]
     assert decision["granularity"] == doc["granularity"]
+    check = decision["recheck"]  # the models' choice against measured steps
+    assert check["final"]["granularity"] == decision["granularity"]
+    assert len(check["measured"]) >= 2 and check["measured"][0] == check["chosen_by_models"]
+    assert all(r["measured_seconds"] > 0 and r["predicted_seconds"] > 0
+               for r in check["measured"])
     assert decision["measured_seconds"] > 0 and decision["predicted_seconds"] > 0
     assert {r["granularity"] for r in decision["candidates"]} == {1, 2, 4, 8}
     assert "epochs" in doc and "variants_run" in doc  # the existing keys stay
+
+
+def _wrong(tmp_path):
+    """A performance model saved to disk that says g = 8 unfused is 10,000 times faster
+    than anything else; on the machine its 8 partitions of a batch of 8 small images
+    cost several times the task overhead of g = 1 (or g = 8 fused)."""
+    _told(tmp_path, lambda name, g, fuse: 1e-6 if (g, fuse) == (8, False) else 1e-2,
+          gs=(1, 8)).save()
+    return PerfModel(tmp_path)
+
+
+def test_a_choice_the_measured_steps_contradict_is_switched(tmp_path):
+    decision, model = _decide(_wrong(tmp_path), candidates=(1, 8))
+    check = decision.recheck
+    first = check["chosen_by_models"]
+    assert (first["granularity"], first["fuse"]) == (8, False)  # what the wrong model says
+    assert check["mispredicted"] and len(check["measured"]) == 4  # so every candidate ran
+    assert check["switched"] and (decision.granularity, decision.fuse) != (8, False)
+    best = min(check["measured"], key=lambda r: r["measured_seconds"])
+    assert check["final"] == best and best["measured_seconds"] * 1.1 < first["measured_seconds"]
+    assert (decision.granularity, decision.fuse) == (best["granularity"], best["fuse"])
+    assert model.fuse == decision.fuse and decision.layer_granularity is None
+    assert decision.predicted_seconds == best["predicted_seconds"]
+    assert "switched to g=" in decision.format()
+    # the choice that stood in the models is gone from the trainer, not from the record
+    doc = json.loads(json.dumps(decision.to_json()))
+    assert doc["recheck"]["chosen_by_models"]["granularity"] == 8
+
+
+def test_a_switched_auto_run_is_the_same_bits_as_a_run_given_its_choice(tmp_path):
+    pm = _wrong(tmp_path)
+    batches = [_batch(seed) for seed in range(4)]
+    results = []
+    for granularity in ("auto", None):
+        model = _lenet(seed=4)
+        with hn.Runtime(devices="cpu:2", perfmodel=pm, trace=False) as rt:
+            if granularity is None:  # the configuration the auto run ended at
+                model.fuse = decision.fuse
+                granularity = decision.granularity
+            trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity=granularity)
+            if granularity == "auto":
+                trainer.tune_granularity(*batches[0], candidates=[1, 8])
+                decision = trainer.granularity_decision
+                assert decision.recheck["switched"]
+            losses = [trainer.train_step(x, y) for x, y in batches]
+            results.append((losses, model.state_dict()))
+    (auto_losses, auto_state), (losses, state) = results
+    assert auto_losses == losses
+    assert all(np.array_equal(auto_state[k], state[k]) for k in state)

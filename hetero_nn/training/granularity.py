@@ -45,10 +45,15 @@ Policy
    when the whole model is at ``g``), so this costs simulations only:
    ``blocks * (candidates - 1)`` of them.
 6. *Measurement*: real steps of the chosen configuration, after ``WARMUP_STEPS``
-   (capture, the replay engine's binding and its second plan); their median is the
-   measured step time recorded beside the prediction.
+   (capture, the replay engine's binding and its second plan).
+7. *Re-check* (:mod:`~hetero_nn.training.recheck`): that measure against the
+   prediction and against measured steps of the runner-up candidates (all of them
+   when the prediction was far off), interleaved; another candidate that measures
+   more than 10 % faster replaces the choice. The final configuration's median is the
+   measured step time recorded beside its prediction.
 
-No wall-clock timing of a candidate enters the decision: only the models.
+Steps 2-6 choose from the models alone; step 7 is the one place wall-clock timings
+of candidates decide, and only against a choice the models made.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from ..simulation.paths import PathCosts, step_path
 from ..simulation.simulate import Platform, capture, simulate
 from ..scheduler.trace.buffer import TraceBuffer
 from ..scheduler.perfmodel.model import PerfModel
+from .recheck import describe, recheck
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -87,7 +93,9 @@ class GranularityDecision:
     "block", "granularity", "predicted_seconds", "kept"}``; ``granularity``, ``fuse``
     and ``layer_granularity`` (per layer of the model, or None when every block runs
     at ``granularity``) the choice; ``predicted_seconds`` and ``measured_seconds``
-    its step time, predicted and measured (median of real steps).
+    its step time, predicted and measured (median of real steps); ``recheck`` the
+    re-check of the models' choice against measured steps
+    (:func:`~hetero_nn.training.recheck.recheck`), None where none ran.
     """
 
     granularity: int
@@ -104,6 +112,7 @@ class GranularityDecision:
     platform: str = ""
     calibration_steps: int = 0
     seconds: float = 0.0
+    recheck: dict | None = None
 
     def to_json(self) -> dict:
         return {"granularity": self.granularity, "fuse": self.fuse,
@@ -116,7 +125,7 @@ class GranularityDecision:
                 "handoff_seconds": self.handoff_seconds, "path": self.path,
                 "policy": self.policy,
                 "platform": self.platform, "calibration_steps": self.calibration_steps,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "recheck": self.recheck}
 
     def format(self) -> str:
         """The decision as a few lines: the candidates' predictions, the choice, the measure."""
@@ -139,6 +148,8 @@ class GranularityDecision:
         lines.append(f"  chosen g={self.granularity}{fuse}{layers}: predicted "
                      f"{1e3 * self.predicted_seconds:.3f} ms, measured "
                      f"{1e3 * self.measured_seconds:.3f} ms per step")
+        if self.recheck is not None:
+            lines.insert(-1, describe(self.recheck))
         return "\n".join(lines)
 
 
@@ -194,10 +205,15 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
                 layers, predicted, trials = _per_block(model, g, fuse, candidates, predicted,
                                                        predict)
             _configure(trainer, g, fuse, layers)
-            measured = _measure(trainer, x, y)
+            checked = recheck(trainer, x, y, (g, fuse, layers, predicted), rows,
+                              _measure(trainer, x, y), _configure, WARMUP_STEPS)
+            final = checked["final"]
+            g, fuse, layers = final["granularity"], final["fuse"], final["layer_granularity"]
+            layers = None if layers is None else tuple(layers)
+            predicted, measured = final["predicted_seconds"], final["measured_seconds"]
     return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials,
                                costs.dispatch, costs.handoff, path, rt.policy_name,
-                               platform.name, steps, _perf() - t_start)
+                               platform.name, steps, _perf() - t_start, checked)
 
 
 def _per_block(model, g, fuse, candidates, predicted, predict):

@@ -1,0 +1,108 @@
+"""Re-checking ``granularity="auto"``'s choice against the steps it leads to.
+
+This module owns the last step of the decision (:mod:`hetero_nn.training.granularity`):
+the configuration the performance models chose has run its measured steps; that
+measure is compared with its prediction and with measured steps of the runner-up
+candidates, and the decision moves to another candidate that measures faster by more
+than :data:`MARGIN`.
+
+Policy
+------
+- *Which*: the chosen configuration and the next :data:`RUNNERS_UP` uniform candidates
+  by prediction; every uniform candidate when the chosen one measured more than
+  :data:`MISPREDICTED` times off its prediction, either way (the models then do not
+  describe the machine as it is, a busy neighbour process say, so their ranking is
+  not trusted either).
+- *How*: each runner-up first takes ``warmup`` steps (its capture, the engine's binding
+  and second plan); then :data:`ROUNDS` rounds each time one step of every configuration
+  in turn, so a load that comes and goes falls on all of them; a configuration's time
+  is the median of its rounds.
+- *Switch*: to the fastest measured when it is faster than the chosen one by more than
+  :data:`MARGIN`; otherwise the choice stands.
+- These are steps of the decision, on the state it puts back after (weights,
+  optimizer state, dropout steps): every trained step then runs at the final
+  configuration, so an ``"auto"`` run is the same bits as a run given that
+  configuration (a change of granularity changes the rounding of the gradient sums,
+  so the switch is never made between trained steps).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+__all__ = ["MARGIN", "MISPREDICTED", "ROUNDS", "RUNNERS_UP", "recheck", "describe"]
+
+MARGIN = 1.10        # switch when another candidate measures more than 10 % faster
+MISPREDICTED = 1.5   # measured / predicted beyond this (or below its inverse): re-check all
+ROUNDS = 5           # interleaved rounds, one step of each configuration per round
+RUNNERS_UP = 2       # candidates re-checked beside the choice when its prediction held
+_perf = time.perf_counter
+
+
+def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
+    """Measure ``chosen`` against the runner-ups and keep the fastest (module docstring).
+
+    ``chosen``: ``(g, fuse, layers, predicted_seconds)`` of the models' choice, which has
+    just run its measured steps (``measured``, their median); ``rows``: the decision's
+    candidate rows; ``configure(trainer, g, fuse, layers)`` sets a configuration. Leaves the
+    trainer at the final configuration and returns the record
+    (``GranularityDecision.recheck``).
+    """
+    predicted = chosen[3]
+    ratio = measured / predicted if predicted > 0 else float("inf")
+    mispredicted = not 1 / MISPREDICTED <= ratio <= MISPREDICTED
+    others = sorted((r for r in rows if (r["granularity"], r["fuse"], None) != chosen[:3]),
+                    key=lambda r: r["predicted_seconds"])
+    if not mispredicted:
+        others = others[:RUNNERS_UP]
+    configs = [chosen] + [(r["granularity"], r["fuse"], None, r["predicted_seconds"])
+                          for r in others]
+    for config in configs[1:]:  # the chosen one is warm: it ran its measured steps last
+        configure(trainer, *config[:3])
+        for _ in range(warmup):
+            trainer.train_step(x, y)
+    times = [[] for _ in configs]
+    for _ in range(ROUNDS):
+        for config, seconds in zip(configs, times):
+            configure(trainer, *config[:3])
+            t0 = _perf()
+            trainer.train_step(x, y)
+            seconds.append(_perf() - t0)
+    medians = [statistics.median(t) for t in times]
+    best = min(range(len(configs)), key=medians.__getitem__)
+    switched = best != 0 and medians[best] * MARGIN < medians[0]
+    configure(trainer, *configs[best if switched else 0][:3])
+    measured_rows = [{"granularity": g, "fuse": fuse,
+                      "layer_granularity": None if layers is None else list(layers),
+                      "predicted_seconds": p, "measured_seconds": m}
+                     for (g, fuse, layers, p), m in zip(configs, medians)]
+    return {"switched": switched, "margin": MARGIN, "rounds": ROUNDS,
+            "mispredicted": mispredicted, "measured_over_predicted": ratio,
+            "chosen_by_models": measured_rows[0],
+            "final": measured_rows[best if switched else 0], "measured": measured_rows}
+
+
+def _name(row) -> str:
+    fuse = "" if row["fuse"] is None else (" fused" if row["fuse"] else " unfused")
+    layers = "" if row["layer_granularity"] is None else f" per layer {row['layer_granularity']}"
+    return f"g={row['granularity']}{fuse}{layers}"
+
+
+def describe(record) -> str:
+    """The re-check as one line of output."""
+    first, final = record["chosen_by_models"], record["final"]
+    best_other = min(record["measured"][1:], key=lambda r: r["measured_seconds"], default=None)
+    head = (f"  re-checked on measured steps ({len(record['measured'])} configurations, "
+            f"{record['rounds']} rounds): {_name(first)} predicted "
+            f"{1e3 * first['predicted_seconds']:.3f} ms, measured "
+            f"{1e3 * first['measured_seconds']:.3f} ms")
+    if record["switched"]:
+        gain = first["measured_seconds"] / final["measured_seconds"] - 1
+        return (f"{head}; {_name(final)} measured {1e3 * final['measured_seconds']:.3f} ms, "
+                f"{100 * gain:.0f}% faster: switched to {_name(final)}")
+    if best_other is None:
+        return f"{head}; kept"
+    return (f"{head}; kept (best other {_name(best_other)} measured "
+            f"{1e3 * best_other['measured_seconds']:.3f} ms, not "
+            f"{100 * (record['margin'] - 1):.0f}% faster)")
