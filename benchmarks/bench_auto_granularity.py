@@ -1,0 +1,187 @@
+"""``granularity="auto"`` beside a busy neighbour: is its choice within 10% of the best?
+
+Issue 30's goal: on a machine with a busy neighbour process, ``granularity="auto"``
+chooses a configuration within 10% of the best measured one, for LeNet-5 and
+dahl-basic. This benchmark starts that neighbour itself (a Python process spinning on
+one core, ``os.sched_setaffinity``; ended when the benchmark ends), then per model:
+
+1. *auto*: a Trainer with ``granularity="auto"`` (``Runtime(devices, policy)`` with a
+   performance model of its own, empty: the decision calibrates it) decides on one
+   synthetic batch (``Trainer.tune_granularity``): the models' choice and its prediction,
+   the re-check on measured steps, the final choice;
+2. *every candidate*: each configuration the decision considered (g x fusion, and the
+   chosen per-layer mix if any) as a trainer of its own (``benchmarks/step_timing.py``,
+   SGD, capture and replay, sharing the decision's performance model), ``--warmup``
+   untimed steps each, then ``--rounds`` interleaved rounds of ``--steps`` steps (round r
+   times every configuration in turn, so the neighbour and other load fall on all);
+   a configuration's step time is the median of its rounds' medians;
+3. *verdict*: the chosen configuration's measured step over the best one's; within the
+   goal when at most ``1 + --within`` (1.10).
+
+It prints a line per model (predicted, chosen, best, ratio) with the load average, and
+``--json`` writes every measured configuration with the decision and provenance.
+Examples::
+
+    python benchmarks/bench_auto_granularity.py --json auto.json
+    python benchmarks/bench_auto_granularity.py --models dahl-basic --rounds 2 --steps 2
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_timing import Local, Parser, interleave, synthetic_batches  # noqa: E402
+from bench_training import model_shape, write_json  # noqa: E402
+
+from hetero_nn.cli.options import positive_int  # noqa: E402
+
+SPIN = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def neighbour(enabled=True):
+    """A Python process spinning on the last core this process may use (its Popen;
+    None when ``enabled`` is false), killed at the end of the block."""
+    if not enabled:
+        yield None
+        return
+    core = max(os.sched_getaffinity(0))
+    proc = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        os.sched_setaffinity(proc.pid, {core})
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _label(g, fuse, layers=None) -> str:
+    fused = "" if fuse is None else (" fused" if fuse else " unfused")
+    return f"g={g}{fused}" + ("" if layers is None else f" per layer {list(layers)}")
+
+
+def decide(name, shape, args, cache):
+    """``granularity="auto"`` on one synthetic batch of ``name``: its decision."""
+    import hetero_nn as hn
+    from hetero_nn.scheduler.perfmodel.model import PerfModel
+    from step_timing import CLASSES, LR, MOMENTUM
+    model = hn.build_model(name, shape, CLASSES, seed=0)
+    x, y = next(synthetic_batches(shape, args.batch, 1, 0))
+    with hn.Runtime(devices=args.devices, policy=args.policy,
+                    perfmodel=PerfModel(cache)) as rt:
+        trainer = hn.Trainer(model, runtime=rt, batch_size=args.batch, granularity="auto",
+                             optimizer=hn.optim.SGD(lr=LR, momentum=MOMENTUM))
+        t0 = time.perf_counter()
+        trainer.tune_granularity(x, y)
+        seconds = time.perf_counter() - t0
+        rt.perfmodel.save()  # the candidates' trainers start from the same calibration
+        trainer.close()
+    return trainer.granularity_decision, seconds
+
+
+def measure(name, shape, configs, args, cache) -> list[float]:
+    """Step seconds of each ``(g, fuse, layers)`` in ``configs``, interleaved."""
+    runners = []
+    try:
+        for g, fuse, layers in configs:
+            runner = Local({"kind": "hetero_nn", "model": name, "shape": list(shape),
+                            "batch": args.batch, "g": g, "fuse": bool(fuse),
+                            "workers": None, "devices": args.devices, "policy": args.policy,
+                            "cache": cache})
+            runner.side.model.granularities = layers
+            runners.append(runner)
+        interleave(runners, args.warmup, args.rounds, args.steps)
+        return [r.summary()["step_s"] for r in runners]
+    finally:
+        for r in runners:
+            r.close()
+
+
+def bench(name, args) -> dict:
+    """Decide, then measure every candidate; the model's row."""
+    shape = model_shape(name, args.image_size)
+    with tempfile.TemporaryDirectory(prefix="bench-auto-") as cache:
+        decision, seconds = decide(name, shape, args, cache)
+        configs = [(r["granularity"], r["fuse"], None) for r in decision.candidates]
+        chosen = (decision.granularity, decision.fuse, decision.layer_granularity)
+        if chosen not in configs:  # a per-layer mix: measured beside the uniform ones
+            configs.append(chosen)
+        steps = measure(name, shape, configs, args, cache)
+    measured = [{"config": _label(*c), "granularity": c[0], "fuse": c[1],
+                 "layer_granularity": None if c[2] is None else list(c[2]), "step_ms": 1e3 * s}
+                for c, s in zip(configs, steps)]
+    chosen_row = measured[configs.index(chosen)]
+    best = min(measured, key=lambda r: r["step_ms"])
+    models = decision.recheck["chosen_by_models"]
+    by_models = next((r for r in measured if (r["granularity"], r["fuse"], r["layer_granularity"])
+                      == (models["granularity"], models["fuse"], models["layer_granularity"])),
+                     None)
+    ratio = chosen_row["step_ms"] / best["step_ms"]
+    return {"model": name, "shape": list(shape), "batch": args.batch,
+            "devices": args.devices, "policy": args.policy,
+            "predicted_ms": 1e3 * models["predicted_seconds"],
+            "models_choice": _label(models["granularity"], models["fuse"],
+                                    models["layer_granularity"]),
+            "models_choice_ms": None if by_models is None else by_models["step_ms"],
+            "switched": decision.recheck["switched"],
+            "chosen": chosen_row["config"], "chosen_ms": chosen_row["step_ms"],
+            "chosen_predicted_ms": 1e3 * decision.predicted_seconds,
+            "best": best["config"], "best_ms": best["step_ms"],
+            "chosen_over_best": ratio, "within": ratio <= 1 + args.within,
+            "decision_seconds": seconds, "decision": decision.to_json(),
+            "measured": measured, "loadavg": list(os.getloadavg())}
+
+
+def format_row(row) -> str:
+    models = "" if not row["switched"] else \
+        f" (models chose {row['models_choice']}, re-check switched)"
+    return (f"{row['model']:<10} predicted {row['predicted_ms']:.2f} ms; chosen "
+            f"{row['chosen']} {row['chosen_ms']:.2f} ms{models}; best {row['best']} "
+            f"{row['best_ms']:.2f} ms; chosen/best {row['chosen_over_best']:.2f} "
+            f"({'within' if row['within'] else 'NOT within'} goal) "
+            f"[load {row['loadavg'][0]:.2f}]")
+
+
+def main(argv=None) -> int:
+    p = Parser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["lenet5", "dahl-basic"],
+                   choices=["lenet5", "dahl-basic", "cifar-small"])
+    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--image-size", type=positive_int, default=None,
+                   help="square images of this side (default: the model's own)")
+    p.add_argument("--devices", default="cpu:2")
+    p.add_argument("--policy", default="dmda")
+    p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--rounds", type=positive_int, default=5)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--within", type=float, default=0.10,
+                   help="the goal: chosen within this share of the best (default 0.10)")
+    p.add_argument("--no-neighbour", action="store_true",
+                   help="do not start the busy neighbour process")
+    p.add_argument("--json", help="write the rows, with provenance, to this file")
+    args = p.parse_args(argv)
+    rows = []
+    with neighbour(not args.no_neighbour) as proc:
+        core = None if proc is None else min(os.sched_getaffinity(proc.pid))
+        where = "no neighbour" if core is None else f"neighbour spinning on core {core}"
+        print(f"{Path(__file__).name}: {where}, {args.devices}, {args.policy}, batch "
+              f"{args.batch}", flush=True)
+        for name in args.models:
+            rows.append(bench(name, args))
+            print(format_row(rows[-1]), flush=True)
+    if args.json:
+        for row in rows:
+            row["neighbour_core"] = core
+        write_json(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
