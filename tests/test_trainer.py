@@ -243,12 +243,19 @@ def test_auto_granularity_chooses_the_best_prediction_without_touching_the_weigh
         assert sorted({r["granularity"] for r in rows}) == [1, 2, 4, 8]
         assert {r["fuse"] for r in rows} == {True, False}
         assert g == decision.granularity == tr.granularity and model.fuse == decision.fuse
+        # the models' choice: the smallest g within the tolerance of the best prediction
+        by_models = decision.recheck["chosen_by_models"]
         best = min(r["predicted_seconds"] for r in rows)
-        chosen = next(r for r in rows if (r["granularity"], r["fuse"]) == (g, model.fuse))
+        chosen = next(r for r in rows if (r["granularity"], r["fuse"]) ==
+                      (by_models["granularity"], by_models["fuse"]))
         assert chosen["predicted_seconds"] <= 1.05 * best
         assert all(r["predicted_seconds"] > 1.05 * best for r in rows
-                   if r["granularity"] < g)  # the smallest g within the tolerance
-        assert decision.predicted_seconds <= chosen["predicted_seconds"]
+                   if r["granularity"] < chosen["granularity"])
+        assert by_models["predicted_seconds"] <= chosen["predicted_seconds"]
+        # then the re-check on measured steps: the decision is its final configuration
+        final = decision.recheck["final"]
+        assert (final["granularity"], final["fuse"]) == (g, model.fuse)
+        assert decision.predicted_seconds == final["predicted_seconds"]
         assert decision.measured_seconds > 0 and decision.calibration_steps >= 2 * len(rows)
         assert model.granularities == decision.layer_granularity
         history = tr.fit(train, epochs=1, verbose=0)
