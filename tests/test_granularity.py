@@ -34,18 +34,18 @@ def _lenet(seed=0):
     return model
 
 
-def _batch(seed=0):
+def _batch(seed=0, batch=BATCH):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((BATCH, *SHAPE)).astype(np.float32), rng.integers(0, 10, BATCH)
+    return rng.standard_normal((batch, *SHAPE)).astype(np.float32), rng.integers(0, 10, batch)
 
 
-def _step_keys(g, fuse):
+def _step_keys(g, fuse, batch=BATCH):
     """``{(codelet, variant, footprint, size)}`` of one training step at ``(g, fuse)``."""
-    x, y = _batch()
+    x, y = _batch(batch=batch)
     model = _lenet()
     model.fuse = fuse
     with hn.Runtime(devices="cpu:2", perfmodel=False, trace=False) as rt:
-        trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity=g)
+        trainer = hn.Trainer(model, runtime=rt, batch_size=batch, granularity=g)
         trainer.train_step(x, y)  # bound and built: the captured steps are steady ones
 
         def submit():
@@ -57,7 +57,7 @@ def _step_keys(g, fuse):
                 for graph in step.graphs for t in graph}
 
 
-def _told(tmp_path, seconds, gs=(1, 2)):
+def _told(tmp_path, seconds, gs=(1, 2), batch=BATCH):
     """A performance model that says ``seconds(codelet, g, fuse)`` for the tasks of each
     g in ``gs`` (fused and not); a footprint in several graphs (the optimizer's, the
     gradients' adds) takes the figure of the last."""
@@ -65,17 +65,18 @@ def _told(tmp_path, seconds, gs=(1, 2)):
     runs = []
     for g in gs:
         for fuse in (True, False):
-            for name, variant, fp, size in _step_keys(g, fuse):
+            for name, variant, fp, size in _step_keys(g, fuse, batch):
                 runs += [(name, variant, "cpu", fp, size, seconds(name, g, fuse))] * 1000
     pm.record_many(runs)
     return pm
 
 
-def _decide(pm, per_layer=True, policy="eager", candidates=(1, 2)):
-    x, y = _batch()
+def _decide(pm, per_layer=True, policy="eager", candidates=(1, 2), batch=BATCH, replay=True):
+    x, y = _batch(batch=batch)
     model = _lenet()
     with hn.Runtime(devices="cpu:2", perfmodel=pm, trace=False, policy=policy) as rt:
-        trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity="auto")
+        trainer = hn.Trainer(model, runtime=rt, batch_size=batch, granularity="auto",
+                             replay=replay)
         trainer.tune_granularity(x, y, candidates=list(candidates), per_layer=per_layer)
         return trainer.granularity_decision, model
 
@@ -200,36 +201,46 @@ def test_the_cli_prints_the_decision_and_records_it(tmp_path, capsys):
     assert "epochs" in doc and "variants_run" in doc  # the existing keys stay
 
 
+WRONG = 16  # the batch of the re-check tests, and the g the wrong model favours
+
+
 def _wrong(tmp_path):
-    """A performance model saved to disk that says g = 8 unfused is 10,000 times faster
-    than anything else; on the machine its 8 partitions of a batch of 8 small images
-    cost several times the task overhead of g = 1 (or g = 8 fused)."""
-    _told(tmp_path, lambda name, g, fuse: 1e-6 if (g, fuse) == (8, False) else 1e-2,
-          gs=(1, 8)).save()
+    """A performance model saved to disk that says every task of g = 1 takes 100 ms (some
+    thousand times what it does) and those of g = 16 a microsecond. The calibration's real
+    runs correct g = 16's figures (16 of a footprint per step outvote the median's
+    window), not g = 1's (one per step), so the models choose g = 16, whose 16 partitions
+    of one image submit 16 times the tasks of g = 1, and take several times its step.
+    The steps are submitted (``replay=False``): a replayed step's engine waits by the
+    models' figures, so a wrong model would slow g = 1 itself."""
+    _told(tmp_path, lambda name, g, fuse: 1e-1 if g == 1 else 1e-6, gs=(1, WRONG),
+          batch=WRONG).save()
     return PerfModel(tmp_path)
 
 
 def test_a_choice_the_measured_steps_contradict_is_switched(tmp_path):
-    decision, model = _decide(_wrong(tmp_path), candidates=(1, 8))
+    decision, model = _decide(_wrong(tmp_path), candidates=(1, WRONG), batch=WRONG,
+                              replay=False)
     check = decision.recheck
     first = check["chosen_by_models"]
-    assert (first["granularity"], first["fuse"]) == (8, False)  # what the wrong model says
-    assert check["mispredicted"] and len(check["measured"]) == 4  # so every candidate ran
-    assert check["switched"] and (decision.granularity, decision.fuse) != (8, False)
+    assert first["granularity"] == WRONG  # what the wrong model says
+    assert check["switched"] and decision.granularity == 1, decision.format()  # measured
+    mixed = first["layer_granularity"] is not None  # a per-block mix beside the uniform ones
+    assert len(check["measured"]) == 4 + mixed  # every candidate's steps
     best = min(check["measured"], key=lambda r: r["measured_seconds"])
     assert check["final"] == best and best["measured_seconds"] * 1.1 < first["measured_seconds"]
     assert (decision.granularity, decision.fuse) == (best["granularity"], best["fuse"])
     assert model.fuse == decision.fuse and decision.layer_granularity is None
     assert decision.predicted_seconds == best["predicted_seconds"]
-    assert "switched to g=" in decision.format()
+    assert decision.measured_seconds == best["measured_seconds"]
+    assert "switched to g=1" in decision.format()
     # the choice that stood in the models is gone from the trainer, not from the record
     doc = json.loads(json.dumps(decision.to_json()))
-    assert doc["recheck"]["chosen_by_models"]["granularity"] == 8
+    assert doc["recheck"]["chosen_by_models"]["granularity"] == WRONG
 
 
 def test_a_switched_auto_run_is_the_same_bits_as_a_run_given_its_choice(tmp_path):
     pm = _wrong(tmp_path)
-    batches = [_batch(seed) for seed in range(4)]
+    batches = [_batch(seed, WRONG) for seed in range(4)]
     results = []
     for granularity in ("auto", None):
         model = _lenet(seed=4)
@@ -237,9 +248,10 @@ def test_a_switched_auto_run_is_the_same_bits_as_a_run_given_its_choice(tmp_path
             if granularity is None:  # the configuration the auto run ended at
                 model.fuse = decision.fuse
                 granularity = decision.granularity
-            trainer = hn.Trainer(model, runtime=rt, batch_size=BATCH, granularity=granularity)
+            trainer = hn.Trainer(model, runtime=rt, batch_size=WRONG, granularity=granularity,
+                                 replay=False)
             if granularity == "auto":
-                trainer.tune_granularity(*batches[0], candidates=[1, 8])
+                trainer.tune_granularity(*batches[0], candidates=[1, WRONG])
                 decision = trainer.granularity_decision
                 assert decision.recheck["switched"]
             losses = [trainer.train_step(x, y) for x, y in batches]

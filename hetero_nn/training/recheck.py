@@ -2,18 +2,19 @@
 
 This module owns the last step of the decision (:mod:`hetero_nn.training.granularity`):
 the configuration the performance models chose has run its measured steps; that
-measure is compared with its prediction and with measured steps of the runner-up
+measure is compared with its prediction and with measured steps of the other
 candidates, and the decision moves to another candidate that measures faster by more
 than :data:`MARGIN`.
 
 Policy
 ------
-- *Which*: the chosen configuration and the next :data:`RUNNERS_UP` uniform candidates
-  by prediction; every uniform candidate when the chosen one measured more than
-  :data:`MISPREDICTED` times off its prediction, either way (the models then do not
-  describe the machine as it is, a busy neighbour process say, so their ranking is
-  not trusted either).
-- *How*: each runner-up first takes ``warmup`` steps (its capture, the engine's binding
+- *Which*: the chosen configuration (a per-block mix included) and every uniform
+  candidate of the decision. Not only the next few by prediction: a model wrong about
+  one configuration (calibrated under a load that has gone, or beside a busy neighbour
+  process) ranks it wrongly while predicting the chosen one well, and only its own
+  steps show it. The chosen one's measure over its prediction is recorded
+  (``measured_over_predicted``).
+- *How*: each other configuration first takes ``warmup`` steps (its capture, the engine's binding
   and second plan); then :data:`ROUNDS` rounds each time one step of every configuration
   in turn, so a load that comes and goes falls on all of them; a configuration's time
   is the median of its rounds.
@@ -31,17 +32,15 @@ from __future__ import annotations
 import statistics
 import time
 
-__all__ = ["MARGIN", "MISPREDICTED", "ROUNDS", "RUNNERS_UP", "recheck", "describe"]
+__all__ = ["MARGIN", "ROUNDS", "recheck", "describe"]
 
 MARGIN = 1.10        # switch when another candidate measures more than 10 % faster
-MISPREDICTED = 1.5   # measured / predicted beyond this (or below its inverse): re-check all
-ROUNDS = 5           # interleaved rounds, one step of each configuration per round
-RUNNERS_UP = 2       # candidates re-checked beside the choice when its prediction held
+ROUNDS = 7           # interleaved rounds, one step of each configuration per round
 _perf = time.perf_counter
 
 
 def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
-    """Measure ``chosen`` against the runner-ups and keep the fastest (module docstring).
+    """Measure ``chosen`` against the other candidates, keep the fastest (module docstring).
 
     ``chosen``: ``(g, fuse, layers, predicted_seconds)`` of the models' choice, which has
     just run its measured steps (``measured``, their median); ``rows``: the decision's
@@ -51,11 +50,8 @@ def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
     """
     predicted = chosen[3]
     ratio = measured / predicted if predicted > 0 else float("inf")
-    mispredicted = not 1 / MISPREDICTED <= ratio <= MISPREDICTED
     others = sorted((r for r in rows if (r["granularity"], r["fuse"], None) != chosen[:3]),
                     key=lambda r: r["predicted_seconds"])
-    if not mispredicted:
-        others = others[:RUNNERS_UP]
     configs = [chosen] + [(r["granularity"], r["fuse"], None, r["predicted_seconds"])
                           for r in others]
     for config in configs[1:]:  # the chosen one is warm: it ran its measured steps last
@@ -78,7 +74,7 @@ def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
                       "predicted_seconds": p, "measured_seconds": m}
                      for (g, fuse, layers, p), m in zip(configs, medians)]
     return {"switched": switched, "margin": MARGIN, "rounds": ROUNDS,
-            "mispredicted": mispredicted, "measured_over_predicted": ratio,
+            "measured_over_predicted": ratio,
             "chosen_by_models": measured_rows[0],
             "final": measured_rows[best if switched else 0], "measured": measured_rows}
 
