@@ -48,8 +48,9 @@ Policy
    (capture, the replay engine's binding and its second plan).
 7. *Re-check* (:mod:`~hetero_nn.training.recheck`): that measure against the
    prediction and against measured steps of every other candidate, interleaved;
-   another candidate that measures more than 10 % faster replaces the choice. The final configuration's median is the
-   measured step time recorded beside its prediction.
+   another candidate that measures more than 10 % faster replaces the choice. The
+   final configuration's median is the measured step time recorded beside its
+   prediction.
 
 Steps 2-6 choose from the models alone; step 7 is the one place wall-clock timings
 of candidates decide, and only against a choice the models made.

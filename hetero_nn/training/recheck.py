@@ -14,10 +14,10 @@ Policy
   process) ranks it wrongly while predicting the chosen one well, and only its own
   steps show it. The chosen one's measure over its prediction is recorded
   (``measured_over_predicted``).
-- *How*: each other configuration first takes ``warmup`` steps (its capture, the engine's binding
-  and second plan); then :data:`ROUNDS` rounds each time one step of every configuration
-  in turn, so a load that comes and goes falls on all of them; a configuration's time
-  is the median of its rounds.
+- *How*: each other configuration first takes ``warmup`` steps (its capture, the
+  engine's binding and second plan); then :data:`ROUNDS` rounds each time one step of
+  every configuration in turn, so a load that comes and goes falls on all of them; a
+  configuration's time is the median of its rounds.
 - *Switch*: to the fastest measured when it is faster than the chosen one by more than
   :data:`MARGIN`; otherwise the choice stands.
 - These are steps of the decision, on the state it puts back after (weights,
@@ -44,12 +44,12 @@ def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
 
     ``chosen``: ``(g, fuse, layers, predicted_seconds)`` of the models' choice, which has
     just run its measured steps (``measured``, their median); ``rows``: the decision's
-    candidate rows; ``configure(trainer, g, fuse, layers)`` sets a configuration. Leaves the
-    trainer at the final configuration and returns the record
+    candidate rows; ``configure(trainer, g, fuse, layers)`` sets a configuration. Leaves
+    the trainer at the final configuration and returns the record
     (``GranularityDecision.recheck``).
     """
     predicted = chosen[3]
-    ratio = measured / predicted if predicted > 0 else float("inf")
+    ratio = measured / predicted if predicted > 0 else None  # None: JSON has no infinity
     others = sorted((r for r in rows if (r["granularity"], r["fuse"], None) != chosen[:3]),
                     key=lambda r: r["predicted_seconds"])
     configs = [chosen] + [(r["granularity"], r["fuse"], None, r["predicted_seconds"])
