@@ -45,8 +45,7 @@ from hetero_nn.cli.simulate import _trainer
 from hetero_nn.simulation.paths import PathCosts, step_path
 
 MODELS = "cifar-small:256,dahl-basic-512:100,resnet18:256,cifar-small:1024,resnet18:1024"
-SLOW = {("resnet18", "cpu"), ("resnet18", "mixed")}  # fixed g, no auto calibration
-FIXED_G = {"gpu": 1, "cpu": 16, "mixed": 4}
+SLOW = {("resnet18", "cpu"), ("resnet18", "mixed")}  # fixed g (--fixed), no auto calibration
 
 
 def nvml_energy():
@@ -219,6 +218,10 @@ def main(argv=None) -> int:
     ap.add_argument("--energy", action="store_true")
     ap.add_argument("--energy-window", type=float, default=2.0)
     ap.add_argument("--phases", default="1,2,3")
+    ap.add_argument("--no-auto", action="store_true",
+                    help="phase 1 at the fixed g of --fixed everywhere (no auto calibration)")
+    ap.add_argument("--fixed", default="gpu=1,mixed=4,cpu=16",
+                    help="the g of phase 1 where it does not run auto")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--mixed-cpus", type=int, default=0,
                     help="CPU workers beside the GPU (default: all but one core, which "
@@ -247,12 +250,13 @@ def main(argv=None) -> int:
     print("| model | batch | platform | policy | g | ms/step | images/s | tasks per device | "
           "MB moved | predicted ms (auto) | J/image (GPU) |")
     print("|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|")
+    fixed = {k: int(v) for k, v in (kv.split("=") for kv in args.fixed.split(","))}
     first_g = {}
     if "1" in phases:
         for name, batch in models:
             for platform in platforms:
-                if (name, platform) in SLOW:
-                    first_g[(name, batch, platform)] = g = FIXED_G[platform]
+                if args.no_auto or (name, platform) in SLOW:
+                    first_g[(name, batch, platform)] = g = fixed[platform]
                     exp.row(name, batch, platform, "dmda", g, energy=True)
                 else:
                     first_g[(name, batch, platform)] = None
