@@ -8,7 +8,8 @@
 # raw CuPy launch), mixed (the CPU+GPU experiment, benchmarks/gpu/mixed.py, its rows and
 # traces under OUTDIR/mixed) and models (the performance models the run calibrated, as
 # perfmodels.tgz). Each stage's arguments and time limit can be set from the
-# environment: SPEED_ARGS, MIXED_ARGS, STEPS18_ARGS; SPEED_LIMIT, MIXED_LIMIT, STEPS_LIMIT.
+# environment: SPEED_ARGS, MIXED_ARGS, STEPS18_ARGS; SPEED_LIMIT, MIXED_LIMIT, STEPS_LIMIT,
+# VARIANTS_LIMIT, HETERO_NN_PYTEST_TIMEOUT.
 # With HETERO_NN_PACK=FILE.tgz the whole OUTDIR is packed into FILE after each stage, with
 # the performance models so far (a device run returns few files: one archive that is
 # current whenever the run is cut).
@@ -88,7 +89,7 @@ for s in $STAGES; do
         echo SUMMARY env: done" ;;
     pytest) stage pytest "${HETERO_NN_PYTEST_TIMEOUT:-100}" $PY -m pytest -m cuda -q -rs -p no:cacheprovider \
             -o addopts="" --continue-on-collection-errors tests ;;
-    variants) stage variants 90 $PY benchmarks/gpu/variants.py $QUICK ;;
+    variants) stage variants "${VARIANTS_LIMIT:-90}" $PY benchmarks/gpu/variants.py $QUICK ;;
     steps) stage steps "${STEPS_LIMIT:-110}" $PY benchmarks/gpu/steps.py $QUICK ;;
     steps18) stage steps18 "${STEPS_LIMIT:-110}" $PY benchmarks/gpu/steps.py $QUICK \
             ${STEPS18_ARGS:---models resnet18 --policies eager,dmda} ;;
