@@ -62,13 +62,13 @@ def nvml_energy():
 
 
 def timed_steps(trainer, x, y, steps, window, energy, rt):
-    """The wall seconds of ``steps`` steps (at least ``window`` seconds of them, where
-    energy is read), their records for the path's costs, joules per step, the window's
+    """``steps`` traced steps (wall seconds, records for the path's costs, bytes moved),
+    then, where energy is read, untraced steps for at least ``window`` seconds (reading a
+    trace costs host time that is no part of a step): returns the step times (of the
+    energy window where there is one), the records, joules per step, the window's
     seconds and the median bytes a step moved between memory nodes."""
     times, runs, moved = [], [], []
-    joules0 = energy() if energy and window else None
-    t_start = time.perf_counter()
-    while len(times) < steps or (joules0 is not None and time.perf_counter() - t_start < window):
+    for _ in range(steps):
         rt.trace(clear=True)
         t0 = time.perf_counter()
         trainer.train_step(x, y)
@@ -76,8 +76,18 @@ def timed_steps(trainer, x, y, steps, window, energy, rt):
         trace = rt.trace()
         runs.append((times[-1], trace.records))
         moved.append(trace.bytes_moved)
-    joules = (energy() - joules0) / len(times) if joules0 is not None else None
-    return times, runs, joules, time.perf_counter() - t_start, statistics.median(moved)
+    joules, span = None, 0.0
+    if energy and window:
+        rt.trace(clear=True)
+        plain, joules0, t_start = [], energy(), time.perf_counter()
+        while time.perf_counter() - t_start < window:
+            t0 = time.perf_counter()
+            trainer.train_step(x, y)
+            plain.append(time.perf_counter() - t0)
+        span = time.perf_counter() - t_start
+        joules = (energy() - joules0) / len(plain)
+        times = plain
+    return times, runs, joules, span, statistics.median(moved)
 
 
 class Experiment:
