@@ -12,7 +12,12 @@ on disk as soon as it is measured):
    candidate, predicts each by simulation, measures the choice), or, where a step is
    too slow to calibrate every candidate (``SLOW``), at one fixed g;
 2. the same points under ``heft``;
-3. the rest of the ``--grains`` sweep, ``dmda`` then ``heft``.
+3. the rest of the ``--grains`` sweep, ``dmda`` then ``heft`` (``--sweep-models``: for
+   these models only).
+
+``--phases`` gives their order (``1,3,2``: a sweep before the ``heft`` points);
+``--no-auto`` puts phase 1 at the ``--fixed`` g everywhere (a run that follows one
+whose ``"auto"`` choices are known).
 
 The trainer is the simulator's (``hetero_nn.cli.simulate._trainer``: the model's own
 loss, SGD with momentum), so ``benchmarks/gpu/simulate_rows.py`` can replay each row
@@ -227,7 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--energy", action="store_true")
     ap.add_argument("--energy-window", type=float, default=2.0)
-    ap.add_argument("--phases", default="1,2,3")
+    ap.add_argument("--phases", default="1,2,3", help="the phases, in the order to run them")
+    ap.add_argument("--sweep-models", help="phase 3 for these models only (name,...)")
     ap.add_argument("--no-auto", action="store_true",
                     help="phase 1 at the fixed g of --fixed everywhere (no auto calibration)")
     ap.add_argument("--fixed", default="gpu=1,mixed=4,cpu=16",
@@ -256,38 +262,38 @@ def main(argv=None) -> int:
     exp.grains = [int(g) for g in args.grains.split(",")]
     models = [(m.split(":")[0], int(m.split(":")[1])) for m in args.models.split(",")]
     platforms = ("gpu", "mixed", "cpu")
-    phases = set(args.phases.split(","))
+    phases = args.phases.split(",")
+    fixed = {k: int(v) for k, v in (kv.split("=") for kv in args.fixed.split(","))}
+    sweep = args.sweep_models.split(",") if args.sweep_models else None
     print("| model | batch | platform | policy | g | ms/step | images/s | tasks per device | "
           "MB moved | predicted ms (auto) | J/image (GPU) |")
     print("|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|")
-    fixed = {k: int(v) for k, v in (kv.split("=") for kv in args.fixed.split(","))}
     first_g = {}
-    if "1" in phases:
+    for name, batch in models:
+        for platform in platforms:
+            auto = not (args.no_auto or (name, platform) in SLOW)
+            first_g[(name, batch, platform)] = None if auto else fixed[platform]
+    for phase in phases:
         for name, batch in models:
-            for platform in platforms:
-                if args.no_auto or (name, platform) in SLOW:
-                    first_g[(name, batch, platform)] = g = fixed[platform]
-                    exp.row(name, batch, platform, "dmda", g, energy=True)
-                else:
-                    first_g[(name, batch, platform)] = None
-                    exp.row(name, batch, platform, "dmda", None, auto=True, energy=True)
-            if cp is not None and args.energy:
-                try:
-                    exp.torch_row(name, batch)
-                except Exception as exc:
-                    checks.line("FAIL", f"{name}/{batch} PyTorch CUDA",
-                                f"raised {type(exc).__name__}: {exc}")
-    if "2" in phases:
-        for name, batch in models:
-            for platform in platforms:
-                g = first_g.get((name, batch, platform))
-                exp.row(name, batch, platform, "heft", g, auto=g is None)
-    if "3" in phases:
-        for name, batch in models:
-            for platform in platforms:
-                for policy in ("dmda", "heft"):
-                    for g in exp.grains:
-                        exp.row(name, batch, platform, policy, g)
+            if phase == "1":
+                for platform in platforms:
+                    g = first_g[(name, batch, platform)]
+                    exp.row(name, batch, platform, "dmda", g, auto=g is None, energy=True)
+                if cp is not None and args.energy:
+                    try:
+                        exp.torch_row(name, batch)
+                    except Exception as exc:
+                        checks.line("FAIL", f"{name}/{batch} PyTorch CUDA",
+                                    f"raised {type(exc).__name__}: {exc}")
+            elif phase == "2":
+                for platform in platforms:
+                    g = first_g[(name, batch, platform)]
+                    exp.row(name, batch, platform, "heft", g, auto=g is None)
+            elif phase == "3" and (sweep is None or name in sweep):
+                for platform in platforms:
+                    for policy in ("dmda", "heft"):
+                        for g in exp.grains:
+                            exp.row(name, batch, platform, policy, g)
     return checks.done()
 
 
