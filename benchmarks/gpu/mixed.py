@@ -12,8 +12,8 @@ on disk as soon as it is measured):
    candidate, predicts each by simulation, measures the choice), or, where a step is
    too slow to calibrate every candidate (``SLOW``), at one fixed g;
 2. the same points under ``heft``;
-3. the rest of the ``--grains`` sweep, ``dmda`` then ``heft`` (``--sweep-models``: for
-   these models only).
+3. the ``--grains`` sweep (``--sweep``: of these models, default all), ``dmda`` then
+   ``heft``, both devices first.
 
 ``--phases`` gives their order (``1,3,2``: a sweep before the ``heft`` points);
 ``--no-auto`` puts phase 1 at the ``--fixed`` g everywhere (a run that follows one
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--energy", action="store_true")
     ap.add_argument("--energy-window", type=float, default=2.0)
     ap.add_argument("--phases", default="1,2,3", help="the phases, in the order to run them")
-    ap.add_argument("--sweep-models", help="phase 3 for these models only (name,...)")
+    ap.add_argument("--sweep", help="phase 3 for these (name:batch,...; default: --models)")
     ap.add_argument("--no-auto", action="store_true",
                     help="phase 1 at the fixed g of --fixed everywhere (no auto calibration)")
     ap.add_argument("--fixed", default="gpu=1,mixed=4,cpu=16",
@@ -264,7 +264,8 @@ def main(argv=None) -> int:
     platforms = ("gpu", "mixed", "cpu")
     phases = args.phases.split(",")
     fixed = {k: int(v) for k, v in (kv.split("=") for kv in args.fixed.split(","))}
-    sweep = args.sweep_models.split(",") if args.sweep_models else None
+    sweep = [(m.split(":")[0], int(m.split(":")[1])) for m in args.sweep.split(",")] \
+        if args.sweep else models
     print("| model | batch | platform | policy | g | ms/step | images/s | tasks per device | "
           "MB moved | predicted ms (auto) | J/image (GPU) |")
     print("|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|")
@@ -274,6 +275,13 @@ def main(argv=None) -> int:
             auto = not (args.no_auto or (name, platform) in SLOW)
             first_g[(name, batch, platform)] = None if auto else fixed[platform]
     for phase in phases:
+        if phase == "3":  # dmda's sweep first, both devices first: the most informative
+            for name, batch in sweep:
+                for policy in ("dmda", "heft"):
+                    for platform in ("mixed", "gpu", "cpu"):
+                        for g in exp.grains:
+                            exp.row(name, batch, platform, policy, g)
+            continue
         for name, batch in models:
             if phase == "1":
                 for platform in platforms:
@@ -289,11 +297,6 @@ def main(argv=None) -> int:
                 for platform in platforms:
                     g = first_g[(name, batch, platform)]
                     exp.row(name, batch, platform, "heft", g, auto=g is None)
-            elif phase == "3" and (sweep is None or name in sweep):
-                for platform in platforms:
-                    for policy in ("dmda", "heft"):
-                        for g in exp.grains:
-                            exp.row(name, batch, platform, policy, g)
     return checks.done()
 
 
