@@ -8,7 +8,10 @@ replayed by :func:`hetero_nn.cli.simulate.simulate_step` on the row's platform
 (``--models DIR``: a performance-model cache whose ``perfmodels/<--hostname>/`` holds
 them, e.g. ``benchmarks/models/<gpu name>`` unpacked under ``perfmodels/vm``) and
 the per-task costs the row measured on its path. Prints predicted against measured
-per row and the error; ``--json`` writes the rows with ``predicted_seconds`` added.
+per row and the error (and, for an ``"auto"`` row, the prediction its decision made on
+the device, at the fusion it chose: the offline replay builds the model unfused or fused
+as the trainer does by default); ``--json`` writes the rows with
+``predicted_seconds_offline`` added.
 
     python benchmarks/gpu/simulate_rows.py ROWS.jsonl --models CACHE [--hostname vm]
 """
@@ -47,8 +50,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = [json.loads(line) for line in open(args.rows) if line.strip()]
     perfmodel = PerfModel(args.models, hostname=args.hostname, save_every=None)
-    print("| model | batch | platform | policy | g | measured ms | predicted ms | error |")
-    print("|---|---:|---|---|---:|---:|---:|---:|")
+    print("| model | batch | platform | policy | g | measured ms | predicted ms | error | "
+          "auto's own prediction (error) |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     errors, out = [], []
     for row in rows:
         if row.get("platform") == "torch":
@@ -64,8 +68,12 @@ def main(argv=None) -> int:
         errors.append(abs(err))
         out.append(row)
         g = ("auto=" if row.get("auto") else "") + str(row["granularity"])
+        own = row.get("predicted_seconds")  # made on the device, at the fusion auto chose
+        own = f"{own * 1e3:.2f} ({100 * (own - row['seconds']) / row['seconds']:+.1f}%)" \
+            if own else "-"
         print(f"| {row['model']} | {row['batch']} | {row['devices']} | {row['policy']} | {g} | "
-              f"{row['seconds'] * 1e3:.2f} | {sec * 1e3:.2f} | {100 * err:+.1f}% |", flush=True)
+              f"{row['seconds'] * 1e3:.2f} | {sec * 1e3:.2f} | {100 * err:+.1f}% | {own} |",
+              flush=True)
     if errors:
         within = sum(e <= 0.15 for e in errors)
         print(f"# {len(errors)} rows: median |error| {100 * statistics.median(errors):.1f}%, "
