@@ -245,6 +245,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.models, args.grains, args.steps, args.energy_window = "cifar-small:16", "1,2", 2, 0.2
+        args.sweep = None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     watchdog = threading.Timer(args.budget + 30, lambda: (print("# watchdog: past the budget",
