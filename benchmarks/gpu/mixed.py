@@ -112,6 +112,10 @@ class Experiment:
         if key in self.done:
             return
         self.done.add(key)
+        if (name, str(batch), platform) in getattr(self, "skip", ()):
+            self.checks.line("SKIP", f"{name}/{batch} {self.specs[platform]} {policy} g={g}",
+                             "cut beforehand (--skip)")
+            return
         est = self.step_s.get((name, batch, platform), 0) * (self.args.steps + 3)
         what = f"{name}/{batch} {self.specs[platform]} {policy} g={'auto' if auto else g}"
         if self.left() <= est or self.left() <= 0:
@@ -233,6 +237,9 @@ def main(argv=None) -> int:
     ap.add_argument("--energy", action="store_true")
     ap.add_argument("--energy-window", type=float, default=2.0)
     ap.add_argument("--phases", default="1,2,3", help="the phases, in the order to run them")
+    ap.add_argument("--skip", default="",
+                    help="configurations cut beforehand, name:batch:platform,... (a step "
+                         "known to take seconds: ResNet-18 at 1024 on the cores alone)")
     ap.add_argument("--sweep", help="phase 3 for these (name:batch,...; default: --models)")
     ap.add_argument("--no-auto", action="store_true",
                     help="phase 1 at the fixed g of --fixed everywhere (no auto calibration)")
@@ -261,6 +268,7 @@ def main(argv=None) -> int:
                      else None, out)
     exp.checks = checks = gc.Checks("mixed")
     exp.grains = [int(g) for g in args.grains.split(",")]
+    exp.skip = {tuple(k.split(":")) for k in args.skip.split(",") if k}
     models = [(m.split(":")[0], int(m.split(":")[1])) for m in args.models.split(",")]
     platforms = ("gpu", "mixed", "cpu")
     phases = args.phases.split(",")
