@@ -25,8 +25,8 @@ offline with the calibrated models and the path costs the row measured. Per row:
 median step time, images/s, the share of tasks per device, bytes moved, the path's
 costs and, with ``--energy``, the GPU's joules per step from NVML over a window of at
 least ``--energy-window`` seconds (the first point of each model and platform, and
-PyTorch CUDA on the same work). One step of the first mixed row of each model is
-kept as a trace (``--out``/trace_<model>.json) for its Gantt chart.
+PyTorch CUDA on the same work). One step of each mixed row is kept as a trace
+(``--out``/trace_<model>_<batch>_<policy>_g<g>.json) for its Gantt chart.
 
     python3 benchmarks/gpu/mixed.py [--quick] [--budget 150] [--energy] [--out DIR]
 """
@@ -101,7 +101,6 @@ class Experiment:
         self.t0 = time.perf_counter()
         self.done = set()
         self.step_s = {}          # (model, platform) -> last median step seconds
-        self.traced = set()
         self.rows = out / "mixed_rows.jsonl"
 
     def left(self):
@@ -156,11 +155,10 @@ class Experiment:
             slow = time.perf_counter() - first > 1.0
             for _ in range(0 if slow else 2):  # replay binds, plans again after its second
                 trainer.train_step(x, y)
-            if platform == "mixed" and name not in self.traced:
-                self.traced.add(name)
+            if platform == "mixed":  # one step of each mixed row, for its Gantt chart
                 rt.trace(clear=True)
                 trainer.train_step(x, y)
-                rt.trace().to_json(self.out / f"trace_{name}_{batch}.json")
+                rt.trace().to_json(self.out / f"trace_{name}_{batch}_{policy}_g{g}.json")
             window = self.args.energy_window if energy and self.energy else 0
             times, runs, joules, span, moved = timed_steps(trainer, x, y, 2 if slow else self.args.steps,
                                                     window, self.energy, rt)
@@ -172,7 +170,7 @@ class Experiment:
                "policy": policy, "granularity": g, "auto": auto,
                "fuse": getattr(trainer.model, "fuse", None), "seconds": statistics.median(times),
                "steps": len(times), "window_seconds": span, "joules_per_step": joules,
-               "tasks": {k: v // len(times) for k, v in share.items()},
+               "tasks": {k: v // len(runs) for k, v in share.items()},
                "mb_moved": moved / 1e6, "costs": costs.to_json(),
                "wall": time.perf_counter() - t_start}
         if decision is not None:

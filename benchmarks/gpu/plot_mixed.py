@@ -62,13 +62,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", help="mixed.py's --out folder (mixed_rows.jsonl, trace_*.json)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gantt", default="trace_*.json", help="which traces to chart (a glob)")
     args = ap.parse_args(argv)
     folder, out = Path(args.folder), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in open(folder / "mixed_rows.jsonl") if line.strip()]
     throughput_figure(rows).savefig(out / "images_per_s_vs_g.png", dpi=110)
     print(out / "images_per_s_vs_g.png")
-    for path in sorted(folder.glob("trace_*.json")):
+    for path in sorted(folder.glob(args.gantt)):
         png = out / (path.stem.replace("trace_", "gantt_") + ".png")
         Trace.from_json(path).gantt(png, title=f"one step on both devices: {path.stem[6:]}")
         print(png)
