@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from hetero_nn.codelets.strict_xp import guard
-from hetero_nn.codelets import loss  # noqa: E402
+from hetero_nn.codelets import loss, loss_rows  # noqa: E402
 from helpers import assert_ulp, rel_err  # noqa: E402
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
@@ -103,7 +103,7 @@ def test_zero_smoothing_gives_the_same_bits_as_before():
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", sorted(loss.log_softmax.variants))
+@pytest.mark.parametrize("variant", sorted(loss_rows.log_softmax.variants))
 def test_log_softmax_forward_and_backward_match_torch(variant, dtype, shape):
     x, _ = logits_labels(shape, dtype, seed=1)
     dy = np.random.default_rng(2).standard_normal(shape).astype(dtype)
@@ -111,11 +111,11 @@ def test_log_softmax_forward_and_backward_match_torch(variant, dtype, shape):
     ty = torch.log_softmax(tx, dim=1)
     ty.backward(torch.from_numpy(dy))
     y = np.full(shape, np.nan, dtype)
-    loss.log_softmax.variants[variant](x, y)
+    loss_rows.log_softmax.variants[variant](x, y)
     assert rel_err(y, ty.detach().numpy()) <= TOL[dtype]
     assert_ulp(y, ty.detach().numpy(), ULPS, floor="scale", name="log_softmax")
     dx = np.full(shape, np.nan, dtype)
-    loss.log_softmax_bwd.variants[variant](y, dy, dx)
+    loss_rows.log_softmax_bwd.variants[variant](y, dy, dx)
     assert rel_err(dx, tx.grad.numpy()) <= TOL[dtype]
     assert_ulp(dx, tx.grad.numpy(), ULPS, floor="scale", name="log_softmax_bwd")
 
@@ -126,12 +126,12 @@ def test_log_softmax_backward_matches_finite_differences():
 
     def f(z):
         y = np.empty_like(z)
-        loss.log_softmax.variants["cpu"](z, y)
+        loss_rows.log_softmax.variants["cpu"](z, y)
         return float((w * y).sum())
 
     y, dx = np.empty_like(x), np.empty_like(x)
-    loss.log_softmax.variants["cpu"](x, y)
-    loss.log_softmax_bwd.variants["cpu"](y, w, dx)
+    loss_rows.log_softmax.variants["cpu"](x, y)
+    loss_rows.log_softmax_bwd.variants["cpu"](y, w, dx)
     assert rel_err(dx, fd_grad(f, x.copy())) <= 1e-7
 
 
@@ -140,7 +140,7 @@ def test_log_softmax_backward_matches_finite_differences():
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", sorted(loss.nll_loss.variants))
+@pytest.mark.parametrize("variant", sorted(loss_rows.nll_loss.variants))
 def test_nll_loss_matches_torch(variant, dtype, shape, reduction):
     x, y = logits_labels(shape, dtype, seed=6)
     logp = torch.log_softmax(torch.from_numpy(x), 1).numpy()
@@ -149,23 +149,23 @@ def test_nll_loss_matches_torch(variant, dtype, shape, reduction):
     tl.backward()
     total = np.zeros((), dtype)
     dlogp = np.full(shape, np.nan, dtype)
-    loss.nll_loss.variants[variant](logp, y, dlogp, total,
+    loss_rows.nll_loss.variants[variant](logp, y, dlogp, total,
                                     batch=shape[0] if reduction == "mean" else 1)
     assert rel_err(total, tl.item()) <= TOL[dtype]
     assert_ulp(total, tl.item(), ULPS, dtype=dtype, floor="scale", name="nll_loss")
     np.testing.assert_array_equal(dlogp, tp.grad.numpy())
 
 
-@pytest.mark.parametrize("variant", sorted(loss.nll_loss.variants))
+@pytest.mark.parametrize("variant", sorted(loss_rows.nll_loss.variants))
 def test_nll_loss_names_a_bad_label(variant):
     logp = np.zeros((3, 4))
     if variant == "cuda":  # on a device: flagged there, no host sync (docs/gpu.md)
         total, dlogp = np.zeros(()), np.empty_like(logp)
-        guard(loss.nll_loss.variants[variant])(logp, np.array([0, 4, 1]), dlogp, total, batch=3)
+        guard(loss_rows.nll_loss.variants[variant])(logp, np.array([0, 4, 1]), dlogp, total, batch=3)
         assert np.isnan(total) and np.isnan(dlogp).all()
         return
     with pytest.raises(ValueError, match="label 4 of row 1"):
-        loss.nll_loss.variants[variant](logp, np.array([0, 4, 1]), np.empty_like(logp),
+        loss_rows.nll_loss.variants[variant](logp, np.array([0, 4, 1]), np.empty_like(logp),
                                         np.zeros(()), batch=3)
 
 
@@ -174,7 +174,7 @@ def test_nll_loss_names_a_bad_label(variant):
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape", [(1, 1), (6, 10), (4, 3, 5, 5)])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", sorted(loss.mse_loss.variants))
+@pytest.mark.parametrize("variant", sorted(loss_rows.mse_loss.variants))
 def test_mse_loss_matches_torch(variant, dtype, shape, reduction):
     rng = np.random.default_rng(len(shape))
     x = rng.standard_normal(shape).astype(dtype)
@@ -184,7 +184,7 @@ def test_mse_loss_matches_torch(variant, dtype, shape, reduction):
     tl.backward()
     total = np.zeros((), dtype)
     dx = np.full(shape, np.nan, dtype)
-    loss.mse_loss.variants[variant](x, t, dx, total,
+    loss_rows.mse_loss.variants[variant](x, t, dx, total,
                                     numel=x.size if reduction == "mean" else 1)
     assert rel_err(total, tl.item()) <= TOL[dtype]
     assert rel_err(dx, tx.grad.numpy()) <= TOL[dtype]
@@ -198,35 +198,35 @@ def test_mse_gradient_matches_finite_differences():
 
     def f(z):
         total = np.zeros(())
-        loss.mse_loss.variants["cpu"](z, t, np.empty_like(z), total, numel=12)
+        loss_rows.mse_loss.variants["cpu"](z, t, np.empty_like(z), total, numel=12)
         return float(total)
 
     dx = np.empty_like(x)
-    loss.mse_loss.variants["cpu"](x, t, dx, np.zeros(()), numel=12)
+    loss_rows.mse_loss.variants["cpu"](x, t, dx, np.zeros(()), numel=12)
     assert rel_err(dx, fd_grad(f, x.copy())) <= 1e-8
 
 
 # --------------------------------------------------------------------------- one-hot, count
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", sorted(loss.one_hot.variants))
+@pytest.mark.parametrize("variant", sorted(loss_rows.one_hot.variants))
 def test_one_hot_and_count_correct_match_torch(variant, dtype):
     x, y = logits_labels((13, 5), dtype, seed=9)
     x[0, :] = 1.0  # a tie: the first index wins, as torch.argmax
     out = np.full(x.shape, np.nan, dtype)
-    loss.one_hot.variants[variant](y, out)
+    loss_rows.one_hot.variants[variant](y, out)
     np.testing.assert_array_equal(out, F.one_hot(torch.from_numpy(y), 5).numpy().astype(dtype))
     correct = np.full((), 2, np.int64)  # REDUX: adds to what is there
-    loss.count_correct.variants[variant](x, y, correct)
+    loss_rows.count_correct.variants[variant](x, y, correct)
     expected = int((torch.from_numpy(x).argmax(1) == torch.from_numpy(y)).sum())
     assert correct == 2 + expected
     if variant == "cuda":  # on a device: flagged there, no host sync (docs/gpu.md)
         out = np.empty((1, 5), dtype)
-        guard(loss.one_hot.variants[variant])(np.array([-1]), out)
+        guard(loss_rows.one_hot.variants[variant])(np.array([-1]), out)
         assert np.isnan(out).all()
         return
     with pytest.raises(ValueError, match="label -1 of row 0"):
-        loss.one_hot.variants[variant](np.array([-1]), np.empty((1, 5), dtype))
+        loss_rows.one_hot.variants[variant](np.array([-1]), np.empty((1, 5), dtype))
 
 
 @pytest.mark.cuda
@@ -240,8 +240,8 @@ def test_new_loss_cuda_variants_on_cupy_match_ref(cupy):
                                        cupy.zeros((), np.int64), batch=8, label_smoothing=0.1)
     assert rel_err(cupy.asnumpy(dx_d), dx_h) <= 1e-12
     y_h, y_d = np.empty_like(x), cupy.empty(x.shape)
-    loss.log_softmax.variants["ref"](x, y_h)
-    loss.log_softmax.variants["cuda"](cupy.asarray(x), y_d)
+    loss_rows.log_softmax.variants["ref"](x, y_h)
+    loss_rows.log_softmax.variants["cuda"](cupy.asarray(x), y_d)
     assert rel_err(cupy.asnumpy(y_d), y_h) <= 1e-12
 
 

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from . import kernels_cuda_layers
 from ._jit import jit
 from .codelet import R, W, Codelet
 from .prepared import contiguous
@@ -96,6 +97,11 @@ _relu_fwd_cpu_wrapper = _flat_variant(_relu_fwd_cpu, "relu_fwd")
 
 def _relu_fwd_cuda(x, y):
     xp = array_module(x, y)
+    if not kernels_cuda_layers.relu(xp, x, None, y, _relu_fwd_xp, xp, x, y):
+        _relu_fwd_xp(xp, x, y)
+
+
+def _relu_fwd_xp(xp, x, y):
     xp.maximum(x, xp.zeros((), x.dtype), out=y)
 
 
@@ -127,6 +133,11 @@ _relu_bwd_cpu_wrapper = _flat_variant(_relu_bwd_cpu, "relu_bwd")
 
 def _relu_bwd_cuda(y, dy, dx):
     xp = array_module(y, dy, dx)
+    if not kernels_cuda_layers.relu(xp, y, dy, dx, _relu_bwd_xp, xp, y, dy, dx):
+        _relu_bwd_xp(xp, y, dy, dx)
+
+
+def _relu_bwd_xp(xp, y, dy, dx):
     xp.copyto(dx, xp.where(y <= 0, xp.zeros((), dy.dtype), dy))
 
 

@@ -58,7 +58,8 @@ from ._jit import as_dtype_of, jit
 from .codelet import R, REDUX, RW, W, Codelet
 from .prepared import from_calls
 from .reduce import add_redux, zero_init
-from .xp import by_xp
+from . import kernels_cuda_norm
+from .xp import array_module, by_xp
 
 __all__ = ["bn_sum", "bn_mean", "bn_sqdev", "bn_var", "bn_running", "bn_fwd", "bn_bwd_sums",
            "bn_param_grads", "bn_bwd_input"]
@@ -294,8 +295,20 @@ def _running_cpu_wrapper(view, mean, sqdev, running_mean, running_var, momentum,
 
 # --------------------------------------------------------------------------- codelets
 
+def _kernel_first(launcher, fn, name):
+    """The ``cuda`` variant: one kernel (:mod:`.kernels_cuda_norm`) where it takes the
+    operands, else ``fn`` in the operands' array module."""
+    def cuda(*arrays, **params):
+        xp = array_module(*arrays)
+        if not launcher(xp, fn, *arrays, **params):
+            fn(xp, *arrays, **params)
+    cuda.__name__ = name
+    return cuda
+
+
 def _codelet(name, modes, fn, cpu, flops=_size_flops, reduce=False):
     ref, cuda = by_xp(fn)
+    cuda = _kernel_first(kernels_cuda_norm.LAUNCHERS[name], fn, cuda.__name__)
     extra = {"init": zero_init, "redux": add_redux} if reduce else {}
     return Codelet(name, modes=modes, variants={"ref": ref, "cpu": cpu, "cuda": cuda},
                    flops=flops, **extra)

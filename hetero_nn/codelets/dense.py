@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from . import kernels_cuda_layers
 from ._jit import jit
 from .codelet import REDUX, R, W, Codelet
 from .prepared import calls_of, contiguous, prepares
@@ -108,6 +109,12 @@ def _dense_fwd_nobias_cpu_wrapper(x, w, y):
 
 
 def _dense_fwd_cuda(x, w, b, y):
+    if not kernels_cuda_layers.dense_fwd(array_module(x, w, b, y), x, w, b, y, False,
+                                         _dense_fwd_xp, x, w, b, y):
+        _dense_fwd_xp(x, w, b, y)
+
+
+def _dense_fwd_xp(x, w, b, y):
     xp = array_module(x, w, b, y)
     xp.matmul(x, w.T, out=y)
     y += b
@@ -115,7 +122,8 @@ def _dense_fwd_cuda(x, w, b, y):
 
 def _dense_fwd_nobias_cuda(x, w, y):
     xp = array_module(x, w, y)
-    xp.matmul(x, w.T, out=y)
+    if not kernels_cuda_layers.dense_fwd(xp, x, w, None, y, False, xp.matmul, x, w.T, out=y):
+        xp.matmul(x, w.T, out=y)
 
 
 # --------------------------------------------------------------------------- BLAS in Numba
@@ -357,7 +365,9 @@ def _dense_bwd_input_cpu_wrapper(dy, w, dx):
 
 def _dense_bwd_input_cuda(dy, w, dx):
     xp = array_module(dy, w, dx)
-    xp.matmul(dy, w, out=dx)
+    if not kernels_cuda_layers.dense_bwd(xp, None, w, None, dy, dx, None, None, False,
+                                         xp.matmul, dy, w, out=dx):
+        xp.matmul(dy, w, out=dx)
 
 
 dense_bwd_input = Codelet(
@@ -422,12 +432,24 @@ def _dense_bwd_weight_cpu_wrapper(x, dy, dw):
 
 
 def _dense_bwd_params_cuda(x, dy, dw, db):
+    if not kernels_cuda_layers.dense_bwd(array_module(x, dy, dw, db), x, None, None, dy, None,
+                                         dw, db, False, _dense_bwd_params_xp, x, dy, dw, db):
+        _dense_bwd_params_xp(x, dy, dw, db)
+
+
+def _dense_bwd_params_xp(x, dy, dw, db):
     xp = array_module(x, dy, dw, db)
     dw += xp.matmul(dy.T, x)
     db += dy.sum(axis=0)
 
 
 def _dense_bwd_weight_cuda(x, dy, dw):
+    if not kernels_cuda_layers.dense_bwd(array_module(x, dy, dw), x, None, None, dy, None, dw,
+                                         None, False, _dense_bwd_weight_xp, x, dy, dw):
+        _dense_bwd_weight_xp(x, dy, dw)
+
+
+def _dense_bwd_weight_xp(x, dy, dw):
     xp = array_module(x, dy, dw)
     dw += xp.matmul(dy.T, x)
 

@@ -66,7 +66,7 @@ import threading
 
 import numpy as np
 
-from . import conv, conv_im2col, dense, pool
+from . import conv, conv_im2col, dense, kernels_cuda_layers, pool
 from ._checks import require_contiguous
 from ._jit import jit
 from .activation import _relu_bwd_cpu, _relu_bwd_ref, _relu_fwd_cpu
@@ -349,8 +349,24 @@ def conv2d_relu_pool_bwd_params_cpu_im2col(x, y, argmax, dy, dw, db, **params):
                                             argmax, dy, None, dw, db, params))
 
 
+def _geometries(name, x, w_shape, y, params):
+    conv_kw, pool_kw = _split(params)
+    geo = conv.conv2d_geometry(x.shape, w_shape, **conv_kw)
+    return geo, _pool_geometry(name, (x.shape[0], w_shape[0], geo.out_h, geo.out_w), y.shape,
+                               pool_kw)
+
+
 def conv2d_relu_pool_fwd_cuda(x, w, b, y, argmax, **params):
-    """The forward chain by the ``cuda`` variants, in ``xp``."""
+    """The forward chain by one kernel (:mod:`.kernels_cuda_layers`), else in ``xp``."""
+    xp = array_module(x, w, b, y)
+    if not kernels_cuda_layers.conv_relu_pool_fwd(
+            xp, x, w, b, y, argmax, *_geometries("conv2d_relu_pool_fwd", x, w.shape, y, params),
+            _conv2d_relu_pool_fwd_xp, x, w, b, y, argmax, **params):
+        _conv2d_relu_pool_fwd_xp(x, w, b, y, argmax, **params)
+
+
+def _conv2d_relu_pool_fwd_xp(x, w, b, y, argmax, **params):
+    """The forward chain by the ``cuda`` variants, in ``xp`` (the kernel's twin)."""
     conv_kw, pool_kw = _split(params)
     xp = array_module(x, w, b, y)
     z = xp.empty(_conv_shape(x.shape, w.shape, conv_kw), dtype=y.dtype)
@@ -369,7 +385,16 @@ def _masked_dz_cuda(y, argmax, dy, z_shape, pool_kw):
 
 
 def conv2d_relu_pool_bwd_cuda(x, w, y, argmax, dy, dx, dw, db, **params):
-    """The backward chain by the ``cuda`` variants, in ``xp``."""
+    """The backward chain by two kernels (:mod:`.kernels_cuda_layers`), else in ``xp``."""
+    if not kernels_cuda_layers.conv_relu_pool_bwd(
+            array_module(x, w, y, dy), x, w, y, argmax, dy, dx, dw, db,
+            *_geometries("conv2d_relu_pool_bwd", x, w.shape, y, params),
+            _conv2d_relu_pool_bwd_xp, x, w, y, argmax, dy, dx, dw, db, **params):
+        _conv2d_relu_pool_bwd_xp(x, w, y, argmax, dy, dx, dw, db, **params)
+
+
+def _conv2d_relu_pool_bwd_xp(x, w, y, argmax, dy, dx, dw, db, **params):
+    """The backward chain by the ``cuda`` variants, in ``xp`` (the kernels' twin)."""
     conv_kw, pool_kw = _split(params)
     dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, w.shape, conv_kw), pool_kw)
     conv.conv2d_bwd_params_cuda(x, dz, dw, db, **conv_kw)
@@ -378,6 +403,14 @@ def conv2d_relu_pool_bwd_cuda(x, w, y, argmax, dy, dx, dw, db, **params):
 
 def conv2d_relu_pool_bwd_params_cuda(x, y, argmax, dy, dw, db, **params):
     """``conv2d_relu_pool_bwd_cuda`` without the input gradient."""
+    if not kernels_cuda_layers.conv_relu_pool_bwd(
+            array_module(x, y, dy), x, None, y, argmax, dy, None, dw, db,
+            *_geometries("conv2d_relu_pool_bwd_params", x, dw.shape, y, params),
+            _conv2d_relu_pool_bwd_params_xp, x, y, argmax, dy, dw, db, **params):
+        _conv2d_relu_pool_bwd_params_xp(x, y, argmax, dy, dw, db, **params)
+
+
+def _conv2d_relu_pool_bwd_params_xp(x, y, argmax, dy, dw, db, **params):
     conv_kw, pool_kw = _split(params)
     dz = _masked_dz_cuda(y, argmax, dy, _conv_shape(x.shape, dw.shape, conv_kw), pool_kw)
     conv.conv2d_bwd_params_cuda(x, dz, dw, db, **conv_kw)
@@ -464,6 +497,13 @@ def _dense_relu_fwd_cpu_blas(x, w, b, y):
 
 
 def _dense_relu_fwd_cuda(x, w, b, y):
+    xp = array_module(x, w, b, y)
+    if kernels_cuda_layers.dense_fwd(xp, x, w, b, y, True, _dense_relu_fwd_xp, x, w, b, y):
+        return
+    _dense_relu_fwd_xp(x, w, b, y)
+
+
+def _dense_relu_fwd_xp(x, w, b, y):
     xp = array_module(x, w, b, y)
     dense._dense_fwd_cuda(x, w, b, y)
     xp.maximum(y, xp.zeros((), y.dtype), out=y)
@@ -556,6 +596,12 @@ def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
 
 
 def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):
+    if not kernels_cuda_layers.dense_bwd(array_module(x, w, y, dy), x, w, y, dy, dx, dw, db,
+                                         True, _dense_relu_bwd_xp, x, w, y, dy, dx, dw, db):
+        _dense_relu_bwd_xp(x, w, y, dy, dx, dw, db)
+
+
+def _dense_relu_bwd_xp(x, w, y, dy, dx, dw, db):
     xp = array_module(x, w, y, dy)
     dz = xp.where(y <= 0, xp.zeros((), dy.dtype), dy)
     dense._dense_bwd_params_cuda(x, dz, dw, db)
@@ -563,6 +609,12 @@ def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):
 
 
 def _dense_relu_bwd_params_cuda(x, y, dy, dw, db):
+    if not kernels_cuda_layers.dense_bwd(array_module(x, y, dy), x, None, y, dy, None, dw, db,
+                                         True, _dense_relu_bwd_params_xp, x, y, dy, dw, db):
+        _dense_relu_bwd_params_xp(x, y, dy, dw, db)
+
+
+def _dense_relu_bwd_params_xp(x, y, dy, dw, db):
     xp = array_module(x, y, dy)
     dense._dense_bwd_params_cuda(x, xp.where(y <= 0, xp.zeros((), dy.dtype), dy), dw, db)
 

@@ -11,12 +11,17 @@ Python floats, done in float64 on the device and rounded to the parameter's dtyp
 otherwise; ``xp.power`` keeps ``x ** 0.5`` a ``pow`` as Python's is, not a ``sqrt``).
 On a device the ``ref`` variant's check (``step >= 1``, else ``ValueError``) would read
 ``hyper`` on the host: there a step 0 makes the parameters NaN instead.
+
+Each step is one whole-operation kernel (:mod:`.kernels_cuda`: ``sgd_kernel``,
+``adam_kernel``) where the operands are contiguous float32/float64; the array-module
+code here (``*_xp``) is its twin and the path for other operands.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import kernels_cuda
 from .xp import array_module
 
 
@@ -28,7 +33,26 @@ def _scalars(xp, hyper, count):
 
 def sgd_step_cuda(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
                   nesterov=False):
-    """One SGD step (momentum, dampening, Nesterov, weight decay) with ``hyper`` on the device."""
+    """One SGD step (momentum, dampening, Nesterov, weight decay) with ``hyper`` on the device:
+    one kernel (``sgd_kernel``)."""
+    xp = array_module(param, grad, hyper)
+    if not (kernels_cuda.covers(param, grad, momentum_buffer) and hyper.dtype == np.float64
+            and param.shape == grad.shape and hyper.flags.c_contiguous):
+        sgd_step_xp(param, grad, momentum_buffer, hyper, dampening=dampening,
+                    weight_decay=weight_decay, nesterov=nesterov)
+        return
+    buf = param if momentum_buffer is None else momentum_buffer
+    kernels_cuda.launch(
+        xp, kernels_cuda.sgd_kernel(param.dtype.name), param.size,
+        (param, grad, buf, hyper, dampening, weight_decay, nesterov,
+         momentum_buffer is not None, param.size),
+        sgd_step_xp, param, grad, momentum_buffer, hyper, dampening=dampening,
+        weight_decay=weight_decay, nesterov=nesterov)
+
+
+def sgd_step_xp(param, grad, momentum_buffer, hyper, *, dampening=0.0, weight_decay=0.0,
+                nesterov=False):
+    """:func:`sgd_step_cuda` in the array module: the kernel's twin."""
     xp = array_module(param, grad, hyper)
     lr, momentum, first = _scalars(xp, hyper, 3)
     dtype = param.dtype
@@ -53,7 +77,25 @@ def sgd_step_plain_cuda(param, grad, hyper, *, weight_decay=0.0):
 
 def adam_step_cuda(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
                    decoupled=False):
-    """One Adam (``decoupled``: AdamW) step with ``hyper`` on the device."""
+    """One Adam (``decoupled``: AdamW) step with ``hyper`` on the device: one kernel
+    (``adam_kernel``)."""
+    xp = array_module(param, grad, exp_avg, exp_avg_sq, hyper)
+    if not (kernels_cuda.covers(param, grad, exp_avg, exp_avg_sq) and hyper.dtype == np.float64
+            and param.shape == grad.shape == exp_avg.shape == exp_avg_sq.shape
+            and hyper.flags.c_contiguous):
+        adam_step_xp(param, grad, exp_avg, exp_avg_sq, hyper, eps=eps,
+                     weight_decay=weight_decay, decoupled=decoupled)
+        return
+    kernels_cuda.launch(
+        xp, kernels_cuda.adam_kernel(param.dtype.name), param.size,
+        (param, grad, exp_avg, exp_avg_sq, hyper, eps, weight_decay, decoupled, param.size),
+        adam_step_xp, param, grad, exp_avg, exp_avg_sq, hyper, eps=eps,
+        weight_decay=weight_decay, decoupled=decoupled)
+
+
+def adam_step_xp(param, grad, exp_avg, exp_avg_sq, hyper, *, eps=1e-8, weight_decay=0.0,
+                 decoupled=False):
+    """:func:`adam_step_cuda` in the array module: the kernel's twin."""
     xp = array_module(param, grad, exp_avg, exp_avg_sq, hyper)
     lr, beta1, beta2, step = _scalars(xp, hyper, 4)
     dtype = param.dtype

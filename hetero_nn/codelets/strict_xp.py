@@ -18,7 +18,8 @@ land in another order on every run. This module makes those visible without a GP
   makes or writes an array counted as one kernel launch (CuPy may use a few for
   some, e.g. ``pad``: the count is a lower bound that compares code, not a profile).
   ``ufunc.at`` (``np.add.at``: CuPy's ``scatter_add``) and weighted ``bincount`` are
-  unordered accumulations on a GPU: they raise.
+  unordered accumulations on a GPU: they raise. A whole-operation kernel
+  (:mod:`.kernels_cuda`) runs its NumPy twin under these rules, counted as one launch.
 * :func:`guard` wraps a ``cuda`` variant so that its NumPy operands reach it as
   :class:`DeviceArray` views (writes land in the caller's arrays);
   :func:`checking` guards every codelet's ``cuda`` variant for a block of code, and
@@ -69,8 +70,11 @@ class Counters:
             self.transfers = 0      # host -> device copies (asarray of host data)
             self.by_codelet: dict[str, Counter] = {}
             self.variants: Counter = Counter()  # guarded variant calls per codelet
+            self.kernels: Counter = Counter()   # whole-operation kernel launches (kernels_cuda)
 
     def add(self, what: str, n: int = 1):
+        if what == "launches" and getattr(self._local, "kernel", None):
+            return  # inside one whole-operation kernel's twin: its launch is counted once
         with self._lock:
             setattr(self, what, getattr(self, what) + n)
             name = getattr(self._local, "codelet", None)
@@ -87,6 +91,20 @@ class Counters:
             yield
         finally:
             self._local.codelet = previous
+
+    @contextlib.contextmanager
+    def kernel(self, name):
+        """The block runs one whole-operation kernel's twin: one launch, counted here."""
+        outer = getattr(self._local, "kernel", None)
+        if outer is None:
+            self.add("launches")
+            with self._lock:
+                self.kernels[name] += 1
+        self._local.kernel = outer or name
+        try:
+            yield
+        finally:
+            self._local.kernel = outer
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -324,6 +342,20 @@ def _asnumpy(a):
     return np.asarray(a)
 
 
+def _launch_twin(name, twin, args, kwargs):
+    """A whole-operation kernel (:mod:`.kernels_cuda`) here: its twin under this module's
+    rules, counted as one launch."""
+    with counters.kernel(name):
+        return twin(*args, **kwargs)
+
+
+def _allocation(fn):
+    def allocate(*args, **kwargs):
+        return _wrap(fn(*_unwrap(args, fn.__name__), **_unwrap(kwargs, fn.__name__)))
+    allocate.__name__ = fn.__name__
+    return allocate
+
+
 def _erf(x):
     from scipy.special import erf
     return _Function(erf)(x)
@@ -338,6 +370,9 @@ class _StrictModule(types.ModuleType):
         self.asarray = self.array = _asarray
         self.asnumpy = _asnumpy
         self.erf = _erf  # cupyx.scipy.special.erf's place
+        self.launch_twin = _launch_twin  # cupy.RawKernel's place (kernels_cuda.launch)
+        for name in ("empty", "empty_like"):  # CuPy allocates these without a kernel
+            setattr(self, name, _allocation(getattr(np, name)))
 
     def __getattr__(self, name):
         if name.startswith("__"):

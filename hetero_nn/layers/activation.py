@@ -15,7 +15,7 @@ from ..codelets.activation import (gelu_bwd, gelu_fwd, hardswish_bwd, hardswish_
                                    leaky_relu_bwd, leaky_relu_fwd, relu6_bwd, relu6_fwd, relu_bwd,
                                    relu_fwd, sigmoid_bwd, sigmoid_fwd, silu_bwd, silu_fwd,
                                    tanh_bwd, tanh_fwd)
-from ..codelets.loss import log_softmax, log_softmax_bwd
+from ..codelets.loss_rows import log_softmax, log_softmax_bwd
 from ..codelets.softmax import softmax_bwd, softmax_fwd
 from ..errors import ConfigError, ShapeError
 from .base import Layer
