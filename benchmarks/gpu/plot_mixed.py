@@ -1,6 +1,7 @@
 """Plots of the CPU+GPU experiment (issue 32), made on any machine from what
 ``mixed.py`` wrote on the device: images/s against g per device mix (one panel per
-model and batch, a line per platform and policy, the ``"auto"`` choices marked), and
+model and batch, a line per platform and policy, the ``"auto"`` choices marked, and the
+simulated curve each ``"auto"`` decision predicted over its candidates, dotted), and
 the Gantt chart of each kept trace (one step on both devices).
 
     python benchmarks/gpu/plot_mixed.py RUN/mixed --out docs/gpu_results/plots
@@ -44,11 +45,19 @@ def throughput_figure(rows):
                             label=f"{platform} {policy}")
                 autos = [(r["granularity"], batch / r["seconds"]) for r in mine
                          if r["platform"] == platform and r["policy"] == policy and r.get("auto")]
+                for r in mine:  # the auto decision's simulated curve over the candidates
+                    d = r.get("decision")
+                    if r["platform"] == platform and r.get("policy") == policy and d:
+                        pred = sorted((c["granularity"], batch / c["predicted_seconds"])
+                                      for c in d["candidates"] if c["fuse"] in (True, None))
+                        ax.plot(*zip(*pred), ls=":", color=STYLE[platform], alpha=0.7,
+                                label=f"{platform} {policy} simulated (auto's candidates)")
                 for g, ips in autos:
                     ax.plot([g], [ips], marker="*" if policy == "dmda" else "P", ms=11,
                             color=STYLE[platform], ls="none",
                             label=f"{platform} {policy} auto")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("granularity g (partitions per batch)")
         ax.set_ylabel("images / s")
         ax.set_title(f"{model}, batch {batch}")
