@@ -3,9 +3,16 @@
 #
 #   bash benchmarks/gpu/acceptance.sh OUTDIR [stage ...]
 #
-# Stages (default: the first five): env pytest variants steps speed; and mixed (the
-# CPU+GPU experiment, benchmarks/gpu/mixed.py) and models (the performance models the
-# run calibrated, as perfmodels.tgz).
+# Stages (default: the first five): env pytest variants steps speed; and steps18 (the
+# float64 step check of ResNet-18), launch (a replayed graph's cost per task against a
+# raw CuPy launch), mixed (the CPU+GPU experiment, benchmarks/gpu/mixed.py, its rows and
+# traces under OUTDIR/mixed) and models (the performance models the run calibrated, as
+# perfmodels.tgz). Each stage's arguments and time limit can be set from the
+# environment: SPEED_ARGS, MIXED_ARGS, STEPS18_ARGS; SPEED_LIMIT, MIXED_LIMIT, STEPS_LIMIT,
+# VARIANTS_LIMIT, HETERO_NN_PYTEST_TIMEOUT.
+# With HETERO_NN_PACK=FILE.tgz the whole OUTDIR is packed into FILE after each stage, with
+# the performance models so far (a device run returns few files: one archive that is
+# current whenever the run is cut).
 # Wheels for what the machine lacks (dask, distributed and their pure-Python needs,
 # snntorch) are installed from $HETERO_NN_WHEELS (default: ../.whl beside the tree, or
 # .whl in it) into /tmp/site, with pip --no-index. Without a GPU (or with
@@ -60,6 +67,15 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a timeout, log to NAME.txt,
     local line
     line=$(grep -E '^SUMMARY|^[0-9]+ (passed|failed)|passed|failed|skipped' "$OUT/$name.txt" | tail -1)
     echo "stage $name: rc=$rc$why in $((SECONDS - t0)) s -- $line" | tee -a "$OUT/summary.txt"
+    pack
+}
+pack() {
+    [ -z "${HETERO_NN_PACK:-}" ] && return 0
+    local models=()
+    [ -d "$HETERO_NN_CACHE/perfmodels" ] && models=(-C "$HETERO_NN_CACHE" perfmodels)
+    tar -czf "$HETERO_NN_PACK.part" -C "$OUT" . "${models[@]}" &&
+        mv "$HETERO_NN_PACK.part" "$HETERO_NN_PACK"
+    return 0
 }
 
 for s in $STAGES; do
@@ -73,10 +89,14 @@ for s in $STAGES; do
         echo SUMMARY env: done" ;;
     pytest) stage pytest "${HETERO_NN_PYTEST_TIMEOUT:-100}" $PY -m pytest -m cuda -q -rs -p no:cacheprovider \
             -o addopts="" --continue-on-collection-errors tests ;;
-    variants) stage variants 90 $PY benchmarks/gpu/variants.py $QUICK ;;
-    steps) stage steps 110 $PY benchmarks/gpu/steps.py $QUICK ;;
-    speed) stage speed 90 $PY benchmarks/gpu/speed.py $QUICK --budget 60 ;;
-    mixed) stage mixed 170 $PY benchmarks/gpu/mixed.py $QUICK --budget 130 --energy ;;
+    variants) stage variants "${VARIANTS_LIMIT:-90}" $PY benchmarks/gpu/variants.py $QUICK ;;
+    steps) stage steps "${STEPS_LIMIT:-110}" $PY benchmarks/gpu/steps.py $QUICK ;;
+    steps18) stage steps18 "${STEPS_LIMIT:-110}" $PY benchmarks/gpu/steps.py $QUICK \
+            ${STEPS18_ARGS:---models resnet18 --policies eager,dmda} ;;
+    speed) stage speed "${SPEED_LIMIT:-90}" $PY benchmarks/gpu/speed.py $QUICK ${SPEED_ARGS:---budget 60} ;;
+    launch) stage launch 40 $PY benchmarks/gpu/launch.py $QUICK ;;
+    mixed) stage mixed "${MIXED_LIMIT:-170}" $PY benchmarks/gpu/mixed.py $QUICK \
+            ${MIXED_ARGS:---budget 130 --energy} --out "$OUT/mixed" ;;
     models) stage models 30 bash -c "tar -C '$HETERO_NN_CACHE' -czf '$OUT/perfmodels.tgz' . &&
             tar -tzf '$OUT/perfmodels.tgz' | head -50; echo SUMMARY models: the performance models" ;;
     *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; FAILED=1 ;;

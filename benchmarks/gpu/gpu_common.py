@@ -74,10 +74,19 @@ def zoo_model(name: str):
         options = {"time_steps": 3, "encoding": "rate" if name == "snn-mlp" else "direct",
                    "rate_seed": 1}
         return hn.Sequential(*MODELS[name](shape, 10, **options)), shape
-    shape = {"lenet5": (1, 28, 28), "dahl-basic": (1, 28, 28), "cifar-small": (3, 32, 32),
-             "resnet-small": (3, 32, 32)}[name]
+    name, shape = model_shape(name)
     from hetero_nn.models import MODELS
     return hn.Sequential(*MODELS[name](shape, 10)), shape
+
+
+SHAPES = {"lenet5": (1, 28, 28), "dahl-basic": (1, 28, 28), "cifar-small": (3, 32, 32),
+          "resnet-small": (3, 32, 32), "resnet18": (3, 32, 32),
+          "dahl-basic-512": (1, 512, 512)}  # issue 32's dahl-basic on 512x512 images
+
+
+def model_shape(name: str) -> tuple[str, tuple]:
+    """``(built-in model name, sample shape)`` of a benchmark model name."""
+    return ("dahl-basic" if name == "dahl-basic-512" else name), SHAPES[name]
 
 
 def batch(shape, n, dtype, seed=0):

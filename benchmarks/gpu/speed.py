@@ -6,10 +6,13 @@ momentum; the step's loss read back, so the step is complete) of hetero_nn on th
 GPU alone (``cuda:0``) and of the same network in PyTorch on the same GPU, after
 warm-up steps; their ratio (> 1: hetero_nn is faster); and, on a GPU, the CUDA
 kernels one hetero_nn step launches, counted by PyTorch's profiler (CUPTI sees every
-kernel of the process, CuPy's included). Stops starting new rows once ``--budget``
+kernel of the process, CuPy's included); and the GPU memory each used at its peak:
+hetero_nn's through CuPy's memory pool (the pool's bytes in use, read at every
+allocation by an allocator wrapped around the pool), PyTorch's by
+``torch.cuda.max_memory_allocated``. Stops starting new rows once ``--budget``
 seconds have passed.
 
-    python3 benchmarks/gpu/speed.py [--quick] [--budget 120]
+    python3 benchmarks/gpu/speed.py [--quick] [--budget 120] [--models resnet18] [--batches 64,256]
 """
 
 from __future__ import annotations
@@ -23,8 +26,25 @@ import traceback
 import gpu_common as gc
 import hetero_nn as hn
 
-MODELS = ("lenet5", "cifar-small", "dahl-basic")
+MODELS = ("lenet5", "cifar-small", "dahl-basic", "resnet18")
 BATCHES = (64, 256, 1024)
+
+
+class PoolPeak:
+    """The peak of CuPy's default memory pool's bytes in use, read at each allocation."""
+
+    def __init__(self, cp):
+        self.cp, self.pool, self.peak = cp, cp.get_default_memory_pool(), 0
+        cp.cuda.set_allocator(self.malloc)
+
+    def malloc(self, nbytes):
+        mem = self.pool.malloc(nbytes)
+        self.peak = max(self.peak, self.pool.used_bytes())
+        return mem
+
+    def reset(self):
+        self.pool.free_all_blocks()
+        self.peak = self.pool.used_bytes()
 
 
 def hn_steps(name, devices, batch, steps, granularity=1, policy="eager", dtype="float32"):
@@ -75,6 +95,7 @@ def torch_steps(name, batch, steps):
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x, y = gc.batch(shape, batch, "float32")
     x, y = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(steps + 2):
         torch.cuda.synchronize()
@@ -86,7 +107,7 @@ def torch_steps(name, batch, steps):
         loss.item()
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), torch.cuda.max_memory_allocated()
 
 
 def main(argv=None) -> int:
@@ -94,26 +115,36 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="LeNet-5 at batch 16 (CI's dry run)")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds before no new row starts")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = ap.parse_args(argv)
     checks = gc.Checks("speed")
     cp = gc.gpu()
     spec = gc.device_specs(cp)["gpu"]
-    rows = [("lenet5", 16)] if args.quick else [(m, b) for b in BATCHES for m in MODELS]
+    rows = [("lenet5", 16)] if args.quick else [
+        (m, int(b)) for b in args.batches.split(",") for m in args.models.split(",")]
     steps = 2 if args.quick else args.steps
+    peak = PoolPeak(cp) if cp is not None else None
     t0 = time.perf_counter()
-    print("| model | batch | hetero_nn ms/step | PyTorch CUDA ms/step | speed-up | kernels/step |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| model | batch | hetero_nn ms/step | PyTorch CUDA ms/step | speed-up | kernels/step "
+          "| hetero_nn peak MB | PyTorch peak MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, batch in rows:
         if time.perf_counter() - t0 > args.budget:
             checks.line("SKIP", f"{name} batch {batch}", f"past the {args.budget:.0f} s budget")
             continue
         try:
+            if peak:
+                peak.reset()
             ours, launches = hn_steps(name, spec, batch, steps)
-            theirs = torch_steps(name, batch, steps) if not args.quick else None
+            ours_mb = f"{peak.peak / 2**20:.0f}" if peak else "-"
+            theirs, theirs_mb = (torch_steps(name, batch, steps) or (None, None)) \
+                if not args.quick else (None, None)
             ratio = f"{theirs / ours:.2f}x" if theirs else "-"
             print(f"| {name} | {batch} | {ours * 1e3:.2f} | "
                   f"{theirs * 1e3 if theirs else float('nan'):.2f} | {ratio} | "
-                  f"{launches if launches is not None else '-'} |", flush=True)
+                  f"{launches if launches is not None else '-'} | {ours_mb} | "
+                  f"{theirs_mb / 2**20 if theirs_mb else float('nan'):.0f} |", flush=True)
             checks.line("PASS", f"{name} batch {batch} on {spec}", "measured")
         except Exception as exc:
             checks.line("FAIL", f"{name} batch {batch}", f"raised {type(exc).__name__}: {exc}")

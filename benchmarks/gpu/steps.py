@@ -9,7 +9,7 @@ must give the same bits under every policy and on every run. (On the mixed platf
 the bits depend on which device ran each convolution, so only the agreement with
 PyTorch is checked there, and whether the bits agreed is printed.)
 
-    python3 benchmarks/gpu/steps.py [--quick]
+    python3 benchmarks/gpu/steps.py [--quick] [--models resnet18 --policies eager,dmda]
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="LeNet-5 only, two policies (CI's dry run)")
     ap.add_argument("--models", default="lenet5,cifar-small,dahl-basic,resnet-small")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="policies on the GPU alone (dmda,heft on the mixed platform if listed)")
     args = ap.parse_args(argv)
     checks = gc.Checks("steps")
     try:
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
     specs = gc.device_specs(cp)
     print(f"# platforms: {specs['gpu']} and {specs['mixed']}")
     models = ["lenet5"] if args.quick else args.models.split(",")
-    policies = ("eager", "heft") if args.quick else POLICIES
+    policies = ("eager", "heft") if args.quick else tuple(args.policies.split(","))
     steps = 2 if args.quick else STEPS
     refs = {}
     for name in models:  # the GPU alone first: a timeout in the mixed runs loses only those
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
     for name, ref in refs.items():
         try:
             mixed = {}
-            for policy in ("dmda", "heft"):
+            for policy in [p for p in ("dmda", "heft") if p in policies] or ["dmda"]:
                 mixed[policy] = compare(checks, f"{name} {specs['mixed']} {policy}",
                                         hn_run(name, specs["mixed"], policy, steps,
                                                ("ref", "cuda") if args.quick else None), ref)
