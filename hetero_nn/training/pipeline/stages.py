@@ -383,11 +383,8 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
             saved, trainer.pipeline = trainer.pipeline, None  # the same tasks, unplaced
             try:
                 with _state_kept(trainer):
-                    models, rt.perfmodel = rt.perfmodel, None
-                    try:  # capture, compilation (tasks wait on it): no measurement kept
-                        trainer.train_step(x, y)
-                    finally:
-                        rt.perfmodel = models
+                    with rt.measuring(None):  # capture, compilation (tasks wait on it):
+                        trainer.train_step(x, y)  # no measurement kept
                     for _ in range(CALIBRATION_STEPS):
                         trainer.train_step(x, y)
                         if all(predict(kind) is not None for kind in kinds):
