@@ -159,11 +159,13 @@ class Flushes:
         """Inside the block each flush is recorded without running: its tasks, closed as a
         DAG (nothing streams), go to ``sink.run(tasks)`` in the executor's place, and a
         graph's replay goes there too (:meth:`Runtime.recording
-        <hetero_nn.scheduler.runtime.Runtime.recording>`)."""
+        <hetero_nn.scheduler.runtime.Runtime.recording>`). Work submitted before is run
+        first; what is pending when the block ends is recorded then."""
         self.rt.wait()
         previous, self.sink = self.sink, sink
         try:
             yield sink
+            self.rt.wait()
         finally:
             self.sink = previous
 
