@@ -27,14 +27,8 @@ WAIVED = {
     "codelets/loss.py": "loss codelets (issue 28): split by loss",
 }
 #: Import cycles known and owned elsewhere, as sorted module tuples with the reason (each
-#: must still be a cycle, so the waiver goes when it is broken; issue 33 leaves them to
-#: the owners of these packages).
-CYCLES_WAIVED = {
-    ("hetero_nn.lr_scheduler", "hetero_nn.optim"):
-        "optim re-exports the schedulers (hn.optim.StepLR, PyTorch's spelling)",
-    ("hetero_nn.layers", "hetero_nn.layers.registry"):
-        "the registry lists the built-in layers from the package (registry._builtins)",
-}
+#: must still be a cycle, so the waiver goes when it is broken). None is left.
+CYCLES_WAIVED: dict = {}
 
 
 def _modules():

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from .errors import CheckpointError, ConfigError
-from .optim import SGD, Optimizer, _check
+from ..errors import CheckpointError, ConfigError
+from .optimizers import SGD, Optimizer, _check
 
 
 class LRScheduler:
