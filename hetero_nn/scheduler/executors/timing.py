@@ -29,6 +29,7 @@ import inspect
 import time
 
 import numba
+from numba.core.registry import CPUDispatcher  # to recognise a compiled dispatcher
 
 from ..trace.clock import HAVE_CLOCK, clock_offset, monotonic_ns
 
@@ -85,11 +86,6 @@ def _positional(fn, nops, params) -> list:
 
 
 def _is_nogil_dispatcher(fn) -> bool:
-    try:
-        # numba.core: only to recognise a compiled dispatcher
-        from numba.core.registry import CPUDispatcher
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return False
     return isinstance(fn, CPUDispatcher) and bool(fn.targetoptions.get("nogil"))
 
 
