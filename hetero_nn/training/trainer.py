@@ -292,7 +292,7 @@ class Trainer:
 
     def _submit_step(self, xs, ys):
         if self.pipeline is not None:
-            return self.pipeline.submit_step(self, xs, ys)
+            return self.pipeline.submit_stages(self, xs, ys)
         rt = self.runtime
         self.model.zero_grad(rt)
         logits = self.model.forward(rt, xs)
@@ -327,15 +327,17 @@ class Trainer:
     def graphs_captured(self, value):
         self.step_cache.captured = value
 
-    def sync(self) -> None:
+    def pull_state(self) -> None:
         """Bring the run's state here from the cluster's workers (done before evaluations,
         predictions, checkpoints, at the end of ``fit`` and when the cluster closes)."""
         if self.cluster is not None:
             self.cluster.pull(self)
 
+    sync = pull_state  # the former name (not an executor="sync" matter), kept for callers
+
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
-        self.sync()
+        self.pull_state()
         rt = self.runtime
         with evaluating(self.model):
             key = self.step_cache.key(self.ready(x, y), y, "eval")
@@ -354,7 +356,7 @@ class Trainer:
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
-        self.sync()
+        self.pull_state()
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self.register_batch(x[start:start + self.batch_size], None)
@@ -522,7 +524,7 @@ class Trainer:
                 on_epoch_end(self, record)
         if ckdir is not None:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
-        self.sync()
+        self.pull_state()
         return [dict(r) for r in self.history]
 
     def _end_epoch(self, validation, energy=None) -> dict:
@@ -555,7 +557,7 @@ class Trainer:
         optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
         disk stays the last good one.
         """
-        self.sync()
+        self.pull_state()
         return checkpoint.save_trainer(self, path, require_finite)
 
     def load_checkpoint(self, path):

@@ -223,7 +223,7 @@ class Pipeline:
         return bounds, predicted
 
     # ------------------------------------------------------------ a step
-    def submit_step(self, trainer, xs, ys):
+    def submit_stages(self, trainer, xs, ys):
         """Submit one optimizer step as the trainer would, each block on its stage's
         workers, the schedule's order added; returns the trainer's result handles."""
 
