@@ -188,7 +188,7 @@ class MemoryNode:
                 return free.pop()
         if self.emulated:
             return np.empty(nbytes, dtype=np.uint8)
-        import cupyx
+        import cupyx  # cupy: optional, only on a real CUDA node
         return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
 
     def _return_staging(self, buf):

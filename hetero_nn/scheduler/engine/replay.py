@@ -5,8 +5,9 @@ Policy
 ------
 ``graph.replay()`` on a runtime the engine serves (:func:`engine_refusal` says which:
 the local executor, with workers of one kind or under ``heft``) runs each recorded
-flush (*segment*) as follows. At the first replay, and once more after the first one
-measured its own tasks (one memory node), the segment is *compiled*
+flush (*segment*) as follows. At the first replay, and (on one memory node; on several
+the placement made at capture or by heft is kept) once more after the first one measured
+its own tasks, the segment is *compiled*
 (:mod:`~hetero_nn.scheduler.engine.segment`):
 
 1. a fixed schedule (:mod:`~hetero_nn.scheduler.policies.list_scheduling`): ``heft``'s plan when
