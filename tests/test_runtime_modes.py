@@ -116,3 +116,17 @@ def test_a_compiled_replay_ends_each_segment_at_the_flush_s_one_end(tmp_path, mo
         assert rt.generation == generation + 2
         np.testing.assert_array_equal(rt.fetch(h), np.full(4, 16.0))
         assert len(rt.trace().records) >= 2
+
+
+def test_a_replay_while_recording_is_recorded_not_run():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.ones(4))
+        with rt.capture() as graph:
+            rt.submit(DOUBLE, h)
+        sink = Sink()
+        with rt.recording(sink):
+            graph.replay()
+        assert sink.flushes == [["modes_double"]]
+        np.testing.assert_array_equal(rt.fetch(h), np.full(4, 2.0))  # the capture's run only
+        within(60, graph.replay)
+        np.testing.assert_array_equal(rt.fetch(h), np.full(4, 4.0))
