@@ -274,7 +274,7 @@ class Rank:
         submit = functools.partial(submit_share, t, ex, starts, n)
         try:
             opt_key = t.optimizer.replay_key()
-            key = t.step_cache.key(x, y, None if opt_key is None else
+            key = t.step_cache.key(t.ready(x, y), y, None if opt_key is None else
                                    ("cluster", opt_key, n, tuple(starts), offset))
             if key is None:
                 results = submit(*t.register_batch(x, y))

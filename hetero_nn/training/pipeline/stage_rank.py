@@ -428,7 +428,7 @@ class StageRank(Rank):
         submit = functools.partial(submit_stage, t, link, plan)
         try:
             opt_key = t.optimizer.replay_key()
-            key = t.step_cache.key(x, y, None if opt_key is None else
+            key = t.step_cache.key(t.ready(x, y), y, None if opt_key is None else
                                    ("stage", opt_key, plan.key()))
             if key is None:
                 loss, correct, self.ops = submit(*t.register_batch(x, y))
