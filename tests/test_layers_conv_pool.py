@@ -176,14 +176,14 @@ def test_depthwise_layer_submits_the_depthwise_codelets():
 def test_fusion_takes_every_option_but_depthwise():
     chain = [hn.Conv2d(4, 8, 3, padding="same", dilation=2, groups=2, padding_mode="circular"),
              hn.ReLU(), hn.MaxPool2d(3, 2, padding=1, dilation=(1, 2), ceil_mode=True)]
-    blocks = fused.plan(chain)
+    blocks = fused.choose_fusion(chain)
     assert [type(b).__name__ for _, b in blocks] == ["ConvReLUPool"]
     assert blocks[0][1]._kw() == {"stride": 1, "padding": "same", "dilation": 2, "groups": 2,
                                   "padding_mode": "circular", "pool_size": 3, "pool_stride": 2,
                                   "pool_padding": 1, "pool_dilation": (1, 2),
                                   "pool_ceil_mode": True}
     depthwise = [hn.Conv2d(4, 4, 3, groups=4), hn.ReLU(), hn.MaxPool2d(2)]
-    assert [type(b).__name__ for _, b in fused.plan(depthwise)] == ["Conv2d", "ReLU",
+    assert [type(b).__name__ for _, b in fused.choose_fusion(depthwise)] == ["Conv2d", "ReLU",
                                                                     "MaxPool2d"]
 
 

@@ -26,14 +26,8 @@ WAIVED = {
     "codelets/fused.py": "fused codelets (issue 28): split by fused operation",
 }
 #: Import cycles known and owned elsewhere, as sorted module tuples with the reason (each
-#: must still be a cycle, so the waiver goes when it is broken; issue 33 leaves them to
-#: the owners of these packages).
-CYCLES_WAIVED = {
-    ("hetero_nn.lr_scheduler", "hetero_nn.optim"):
-        "optim re-exports the schedulers (hn.optim.StepLR, PyTorch's spelling)",
-    ("hetero_nn.layers", "hetero_nn.layers.registry"):
-        "the registry lists the built-in layers from the package (registry._builtins)",
-}
+#: must still be a cycle, so the waiver goes when it is broken). None is left.
+CYCLES_WAIVED: dict = {}
 
 
 def _modules():
@@ -197,9 +191,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 #: Packages whose function-level imports are of optional or heavy dependencies only, each
-#: with a comment saying why (cli/, layers/, codelets/, arena/ and the top level are left
-#: to their owners).
-LAZY_CHECKED = ("scheduler", "simulation", "training")
+#: with a comment saying why (codelets/ and the top level are left to their owners; cli/
+#: keeps one hetero_nn import lazy, the cluster planner, and comments each lazy import).
+LAZY_CHECKED = ("arena", "scheduler", "simulation", "layers", "training")
 
 
 def test_function_level_imports_are_few_and_say_why():

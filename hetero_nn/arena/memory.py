@@ -43,6 +43,8 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import DeviceMemoryError
+from .arena import Arena
+from .handle import drop_replicas
 from .stream import CupyStream, EmulatedStream, emulated_device
 
 _perf = time.perf_counter
@@ -54,8 +56,6 @@ class MemoryNode:
 
     def __init__(self, index: int, kind: str, name: str, xp=np, device_id: int | None = None,
                  *, emulated: bool = False, limit: int | None = None):
-        from .arena import Arena
-
         self.index = index
         self.kind = kind
         self.name = name
@@ -147,8 +147,6 @@ class MemoryNode:
     def evict(self, root) -> bool:
         """Drop ``root``'s replica here (written back to the host first if valid only
         here). False when its lock is busy or a task holds it."""
-        from .handle import drop_replicas
-
         if not root._lock.acquire(blocking=False):
             return False
         try:
@@ -190,7 +188,7 @@ class MemoryNode:
                 return free.pop()
         if self.emulated:
             return np.empty(nbytes, dtype=np.uint8)
-        import cupyx
+        import cupyx  # cupy: optional, only on a real CUDA node
         return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
 
     def _return_staging(self, buf):

@@ -26,9 +26,10 @@ earlier work is done; ``fault(error)`` first if the device faulted meanwhile),
 calls made by the host go to this stream.
 
 The emulated device context (:func:`emulated_device`) is thread-local, as
-CUDA's current device is; allocations on an emulated node check it, so an
-allocation made outside the target device's context fails in CI as it would
-land on the wrong GPU on a real machine.
+CUDA's current device is: an emulated stream's thread runs in its device's context, and
+``MemoryNode.context()`` enters it for an emulated node as ``cupy.cuda.Device`` does for
+a real one; :func:`current_emulated_device` reads it. No allocation checks it (an
+emulated node's arrays are host arrays wherever they are made).
 """
 
 from __future__ import annotations

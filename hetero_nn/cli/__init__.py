@@ -48,6 +48,7 @@ from ..errors import ArenaError, ClusterError, HeteroNNError, TaskError, Trainin
 from . import datasets, evaluate, models, perfmodel, plot, simulate, trace, train
 from .options import PROG, Parser, one_line
 from .run_folder import version
+from ..datasets import DownloadError
 
 __all__ = ["main", "build_parser", "PROG"]
 
@@ -72,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run ``hetero-nn`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from ..datasets import DownloadError
 
     try:
         with warnings.catch_warnings():

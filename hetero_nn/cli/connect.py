@@ -16,9 +16,13 @@ import os
 import sys
 import warnings
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeviceError
 from .options import DEFAULT_CONNECT_TIMEOUT, PROG
 from .run_folder import ignoring_sigint
+from ..scheduler.devices import parse_devices
+from ..scheduler.runtime import Runtime
+from ..training.cluster.client import connect
+from ..training.pipeline.stage_cluster import StageCluster
 
 
 def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=False, trace=False,
@@ -26,9 +30,6 @@ def make_runtime(devices, policy, executor, *, deterministic=True, calibrate=Fal
     """The Runtime the CLI trains on; a failing device or executor names its option.
     Its trace keeps every flush (``trace_flushes=None``): the commands take the records
     step by step with ``trace(clear=True)``, so it never grows past a step or a pass."""
-    from ..errors import DeviceError
-    from ..scheduler.runtime import Runtime
-
     warn_oversubscribed(devices)
     try:
         return Runtime(devices=devices, policy=policy, executor=executor,
@@ -52,8 +53,6 @@ def cores() -> int:
 def warn_oversubscribed(devices, option="--devices") -> None:
     """One warning line when ``devices`` asks for more CPU workers than there are cores:
     each worker is a thread that computes, and more of them than cores only slows a step."""
-    from ..scheduler.devices import parse_devices
-
     workers, have = parse_devices(devices)[0], cores()
     if workers > have:
         warnings.warn(f"{option} {devices}: {workers} CPU workers on {have} cores; the extra "
@@ -74,6 +73,7 @@ def dask_client(executor, devices, stack, timeout=DEFAULT_CONNECT_TIMEOUT):
     name, _, address = executor.partition("=")
     if name != "distributed":
         return None
+    # distributed: only for --executor distributed (heavy at start-up)
     from distributed import Client, LocalCluster
 
     if address:
@@ -85,7 +85,6 @@ def dask_client(executor, devices, stack, timeout=DEFAULT_CONNECT_TIMEOUT):
                               f"within {timeout:g} s (--connect-timeout): {reason}") from None
         stack.callback(client.close)
         return client
-    from ..scheduler.devices import parse_devices
 
     cpu_workers = parse_devices(devices)[0]
     with ignoring_sigint():
@@ -111,8 +110,6 @@ def connect_cluster(args, stack):
                       f"workers train, each with --cluster-threads {args.cluster_threads} "
                       "core(s); --devices is this process's, which only evaluates (give "
                       f"--cluster-devices {args.devices} for the workers' devices)", stacklevel=2)
-    from ..training.cluster.client import connect
-    from ..training.pipeline.stage_cluster import StageCluster
 
     try:
         with ignoring_sigint():  # --pipeline: a stage per worker

@@ -14,12 +14,11 @@ import argparse
 import sys
 
 from ..tables import format_table
+from ..datasets import DATASETS, describe, download, resolve_data_dir
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``datasets`` and its actions to the subcommands ``sub``."""
-    from ..datasets import DATASETS
-
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds.set_defaults(datasets_usage=ds.format_help)  # ``hetero-nn datasets`` alone prints it
     ds_sub = ds.add_subparsers(dest="action", metavar="ACTION")
@@ -40,8 +39,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """``hetero-nn datasets list|download``."""
-    from ..datasets import describe, download, resolve_data_dir
-
     if args.action is None:
         print(args.datasets_usage(), end="")
         return 0
@@ -62,7 +59,7 @@ def command(args) -> int:
     bars = {}
 
     def progress(url, done, total):
-        from tqdm import tqdm
+        from tqdm import tqdm  # tqdm: optional, only while downloading
         bar = bars.get(url)
         if bar is None:
             bar = bars[url] = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,

@@ -20,13 +20,15 @@ from . import options
 from .connect import dask_client, make_runtime
 from .options import dataset_error
 from .run_folder import Interrupts
+from ..datasets import DATASETS, load
+from ..scheduler.policies.policies import POLICIES
+from ..training import Trainer
+from ..training.checkpoint import read_checkpoint, rebuild_model
+from ..transforms import Normalize, NormalizedData
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the subcommands ``sub``."""
-    from ..datasets import DATASETS
-    from ..scheduler.policies.policies import POLICIES
-
     ev = sub.add_parser("evaluate", help="loss and accuracy of a checkpoint on a dataset",
                         description="Evaluate a checkpoint; the model and dtype come from it.")
     ev.add_argument("--checkpoint", required=True, metavar="FILE")
@@ -42,10 +44,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """``hetero-nn evaluate``: the model and dtype come from the checkpoint."""
-    from ..training.checkpoint import read_checkpoint, rebuild_model
-    from ..datasets import load
-    from ..training import Trainer
-
     ckpt = read_checkpoint(args.checkpoint)
     model = rebuild_model(ckpt)
     run = ckpt.config.get("run", {})
@@ -63,7 +61,6 @@ def command(args) -> int:
         intensities(data)
     stats = ckpt.config.get("normalize")
     if stats:  # the run standardised its channels (--normalize): evaluate the same way
-        from ..transforms import Normalize, NormalizedData
         data = NormalizedData(data, Normalize(stats["mean"], stats["std"]))
     if tuple(data.input_shape) != tuple(model.input_shape):
         raise ConfigError(f"--dataset {name}: samples of shape {data.input_shape}, but the "

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 
 from . import options
+from ..models import MODELS, build_model
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``models`` to the subcommands ``sub``."""
-    from ..models import MODELS
-
     models = sub.add_parser("models", help="list the built-in models, or one's layer summary")
     models.add_argument("--summary", choices=list(MODELS), metavar="MODEL",
                         help="print MODEL's layers: output shapes and parameter counts")
@@ -23,8 +22,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def command(args) -> int:
     """``hetero-nn models``: each built-in model with its parameter count for MNIST and
     CIFAR-10 inputs; with ``--summary MODEL``, that model's layer table."""
-    from ..models import MODELS, build_model
-
     if args.summary:
         model = build_model(args.summary, args.input_shape, 10, seed=0)
         print(f"{args.summary} for input {'x'.join(map(str, args.input_shape))}, 10 classes")

@@ -12,6 +12,7 @@ import argparse
 import math
 
 from ..errors import HeteroNNError
+from ..scheduler.devices import parse_devices
 
 PROG = "hetero-nn"
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds to reach a distributed=ADDRESS scheduler
@@ -71,8 +72,6 @@ def fraction(text):
 
 
 def devices(text):
-    from ..scheduler.devices import parse_devices
-
     try:
         parse_devices(text)
     except HeteroNNError as exc:

@@ -9,6 +9,7 @@ import sys
 
 from ..tables import format_table
 from .options import PROG
+from ..scheduler.perfmodel.model import PerfModel
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -26,8 +27,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """``hetero-nn perfmodel``: the performance models, like ``starpu_perfmodel_display``."""
-    from ..scheduler.perfmodel.model import PerfModel
-
     model = PerfModel(args.cache_dir, hostname=args.host)
     if args.list:
         names = model.codelets()

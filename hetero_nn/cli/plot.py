@@ -63,8 +63,9 @@ def _label(folder, document) -> str:
 
 def figure(runs, title=None):
     """The matplotlib Figure of ``runs``: ``[(label, metrics.json document)]``."""
+    # matplotlib: the optional plot extra, and heavy at start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: as above
 
     fig = Figure(figsize=(15, 4.6), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)

@@ -49,8 +49,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import ConfigError
+import numba
+import numpy
+
+from ..errors import ConfigError, TrainingDiverged
 from ..training.progress import energy_total
+from .. import __version__
+from .launch import LAUNCH_DEFAULTS, LAUNCH_OPTIONS, flag
+from ..fileio import atomic_write_text
+from ..scheduler.trace.views import Trace
+from ..training import HISTORY_KEYS
+from ..training.checkpoint import CHECKPOINT_NAME, FINAL_NAME, remove_stale_temporaries
 
 #: The files of a run in its --out folder besides its checkpoints (another run's refuse
 #: a new run there).
@@ -62,7 +71,6 @@ RUN_FILES = ("metrics.json", "metrics.csv", "trace.json")
 # ---------------------------------------------------------------------------------------
 
 def version() -> str:
-    from .. import __version__
     return __version__
 
 
@@ -84,9 +92,6 @@ def git_commit(path=None) -> str | None:
 
 def environment() -> dict:
     """Versions of the stack and a description of the machine, for result files."""
-    import numba
-    import numpy
-
     versions = {"hetero_nn": version(), "python": platform.python_version(),
                 "numpy": numpy.__version__, "numba": numba.__version__}
     for name in ("dask", "distributed", "torch", "cupy"):
@@ -137,7 +142,6 @@ def check_out(out, *, resuming, overwrite) -> list[Path]:
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    from ..training.checkpoint import CHECKPOINT_NAME, FINAL_NAME
 
     names = (*RUN_FILES, CHECKPOINT_NAME, FINAL_NAME)
     found = [path / name for name in names if (path / name).exists()]
@@ -167,8 +171,6 @@ class RunFiles:
         self.variants_run: dict[str, dict[str, int]] = {}
         self.bubbles: list[dict] = []  # per pipelined step, Pipeline.bubble of its records
         if self.dir is not None:
-            from ..training.checkpoint import remove_stale_temporaries
-
             self.dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(self.dir, RUN_FILES)  # a killed run's half-written files
 
@@ -204,7 +206,6 @@ class RunFiles:
         """Keep the bubble fraction of a pipelined step from its task records."""
         pipeline = self.trainer.pipeline
         if pipeline is not None and pipeline.ops:
-            from ..scheduler.trace.views import Trace
             bubble = pipeline.bubble(Trace(records))
             if bubble is not None:
                 self.bubbles.append(bubble)
@@ -230,8 +231,6 @@ class RunFiles:
     def write_metrics_after(self, exc) -> None:
         """The metrics of a run that ``exc`` ended (diverged, interrupted, failed); a
         failure to write them (the disk that filled up) never hides ``exc``."""
-        from ..errors import TrainingDiverged
-
         status = ("diverged" if isinstance(exc, TrainingDiverged) else
                   "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
         try:
@@ -240,9 +239,6 @@ class RunFiles:
             pass
 
     def write_metrics(self, status, error=None):
-        from ..fileio import atomic_write_text
-        from ..training import HISTORY_KEYS
-
         if self.dir is None:
             return
         atomic_write_text(self.dir / "metrics.json",
@@ -339,8 +335,6 @@ def resume_command(args) -> str:
     """The command line that continues the run of ``args`` from its folder's checkpoint
     (which holds the options; those of where and how it ran are repeated when given,
     :mod:`.launch`)."""
-    from .launch import LAUNCH_DEFAULTS, LAUNCH_OPTIONS, flag
-
     words = ["hetero-nn", "train", "--out", str(args.out), "--resume"]
     for name in LAUNCH_OPTIONS:
         value = getattr(args, name, None)

@@ -28,6 +28,11 @@ from ..simulation.paths import PathCosts, engine_serves, step_path
 from ..simulation.platforms import load_platform
 from ..simulation.simulate import Platform, capture, format_result, simulate
 from . import options
+from ..models import MODELS, build_model
+from ..scheduler.policies.policies import POLICIES
+from ..scheduler.runtime import Runtime
+from ..snn_models import spiking_loss
+from ..training import Trainer
 
 __all__ = ["SAMPLE_SHAPES", "sample_shape", "simulate_step", "measure_step", "calibrate",
            "kind_specs"]
@@ -51,10 +56,6 @@ def sample_shape(dataset="mnist", image_size=None) -> tuple:
 
 
 def _trainer(model, shape, batch_size, granularity, dtype, runtime, seed=0):
-    from ..models import build_model
-    from ..snn_models import spiking_loss
-    from ..training import Trainer
-
     net = build_model(model, shape, dtype=dtype, seed=seed)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch_size, *shape)).astype(dtype)
@@ -70,8 +71,6 @@ def measure_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=2
     """Run real training steps; returns ``(median step seconds, PathCosts)``: the costs of
     the path the steps ran on (:mod:`hetero_nn.simulation.paths`). With ``calibrate`` the
     runtime explores every variant (StarPU's calibration)."""
-    from ..scheduler.runtime import Runtime
-
     with Runtime(devices=devices, policy=policy, calibrate=calibrate, calibrate_samples=3,
                  perfmodel=perfmodel) as rt:
         trainer, x, y = _trainer(model, shape, batch_size, granularity, dtype, rt)
@@ -120,8 +119,6 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
     the compiled path, the handoff between workers and the replay's host time); none:
     no per-task cost, the path the platform's steps would take (the compiled engine's
     on CPU workers alone)."""
-    from ..scheduler.runtime import Runtime
-
     platform = platform or Platform.from_devices(devices)
     # deterministic=False: each kind's candidates are all its variants (the fastest modelled)
     with Runtime(devices="cpu:1", trace=False, perfmodel=perfmodel, deterministic=False) as rt:
@@ -143,9 +140,6 @@ def simulate_step(model="lenet5", shape=(1, 28, 28), batch_size=64, granularity=
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``simulate`` to the subcommands ``sub``."""
-    from ..models import MODELS
-    from ..scheduler.policies.policies import POLICIES
-
     p = sub.add_parser(
         "simulate", help="predict a training step's time on a platform",
         description="Predict the time of one training step on a platform by replaying its "
@@ -234,8 +228,9 @@ def command(args) -> int:
 def cluster_command(args, shape) -> int:
     """``--cluster-workers``: the cluster path's step on each worker count, by
     :mod:`hetero_nn.training.cluster.planner`; with ``--measure``, real steps on ``local:N`` beside."""
+    # the cluster planner and the platforms it reads (45 ms) load with --cluster-workers only
     from ..training.cluster.planner import (format_scaling, local_platform, measure_cluster_step,
-                                    scaling, shares)
+                                            scaling, shares)
 
     workers = args.cluster_workers
     if args.platform:

@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..scheduler.trace.views import Trace
 
 __all__ = ["StepTraces", "TRACE_NAME", "add_parser", "command", "describe", "read"]
 
@@ -51,8 +52,6 @@ class StepTraces:
 
     def merged(self):
         """One Trace of every step kept (and the tail), with ``global_steps`` metadata."""
-        from ..scheduler.trace.views import Trace
-
         parts = [t for _, t in self.steps] + ([self.tail] if self.tail is not None else [])
         trace = Trace([r for t in parts for r in t.records], self.workers,
                       transfers=[c for t in parts for c in t.transfers])
@@ -103,8 +102,6 @@ def _window(text):
 
 def read(path):
     """The trace at ``path`` (a run folder or a trace file), and the run folder or None."""
-    from ..scheduler.trace.views import Trace
-
     path = Path(path)
     folder = None
     if path.is_dir():

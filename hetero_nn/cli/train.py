@@ -50,6 +50,15 @@ from .options import PROG, UNSET, dataset_error
 from .run_folder import (Interrupts, RunFiles, check_out, environment, resume_command,
                          resumes_own)
 from .trace import StepTraces
+from ..datasets import DATASETS, load
+from ..layers.loss import SoftmaxCrossEntropy
+from ..models import MODELS, build_model
+from ..optim import CosineAnnealingLR, OPTIMIZERS, OneCycleLR, StepLR
+from ..scheduler.policies.policies import POLICIES
+from ..training import Trainer
+from ..training.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from ..training.progress import position
+from ..transforms import Normalize, NormalizedData, channel_stats, standard_augmentation
 
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0},
                       "adam": {"lr": 0.001, "weight_decay": 0.0},
@@ -62,10 +71,6 @@ SCHEDULE_OPTIONS = {"step": {"step_size": 10, "gamma": 0.1},
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``train`` to the subcommands ``sub``."""
-    from ..datasets import DATASETS
-    from ..models import MODELS
-    from ..scheduler.policies.policies import POLICIES
-
     train = sub.add_parser("train", help="train a built-in model on a dataset",
                            description="Train a built-in model. Without options: lenet5 on "
                                        "MNIST for 3 epochs, SGD lr 0.02 momentum 0.9.")
@@ -192,8 +197,6 @@ _RESULT_OPTIONS = (("dataset", "--dataset", "mnist"), ("model", "--model", "lene
 
 def _resolve_run_options(args) -> tuple[dict, object]:
     """The options of a training run: the command line's, or a resumed checkpoint's."""
-    from ..training.checkpoint import CHECKPOINT_NAME, read_checkpoint
-
     ckpt = None
     if args.resume is not None:
         if args.resume:
@@ -304,8 +307,6 @@ def make_schedule(run, optimizer, steps_per_epoch):
     ``epochs`` in intervals; both are fixed at the start (``run["schedule_length"]``)
     so a resumed run keeps them.
     """
-    from ..optim import CosineAnnealingLR, OneCycleLR, StepLR
-
     kind = run.get("schedule")
     if kind is None:
         return None
@@ -331,8 +332,6 @@ def _check_run(run, args):
 
 
 def _load_datasets(run, data_dir):
-    from ..datasets import load
-
     try:
         train = load(run["dataset"], "train", data_dir=data_dir, limit=run["limit"])
         test = load(run["dataset"], "test", data_dir=data_dir, limit=run["limit"])
@@ -344,8 +343,6 @@ def _load_datasets(run, data_dir):
 def _transformed_data(run, train, test):
     """``--normalize`` (the training split's channel statistics, for both splits) and
     ``--augment``; returns ``(train, test, {"augment": ..., "config": ...})``."""
-    from ..transforms import Normalize, NormalizedData, channel_stats, standard_augmentation
-
     out = {}
     if run.get("normalize"):
         mean, std = channel_stats(train)
@@ -386,16 +383,12 @@ def _summary(history, document) -> str:
 
 
 def _checkpoint(args) -> Path:
-    from ..training.checkpoint import CHECKPOINT_NAME
-
     return Path(args.out) / CHECKPOINT_NAME
 
 
 def _stop_here(args, trainer, write: bool) -> str:
     """At a step boundary after a signal: the checkpoint of this very step (``write``),
     and what to say: where the run stopped and the command that resumes it."""
-    from ..training.progress import position
-
     where = position(trainer.epoch, trainer.step_in_epoch, trainer.global_step)
     if not args.out:
         return f"stopped at {where}; nothing was saved (no --out)"
@@ -431,11 +424,6 @@ def command(args) -> int:
 
 def _train(args, run, ckpt, rt, train, test, earlier_run, interrupts, cluster=None) -> int:
     """The training run proper, on ``rt``: writes the output folder, prints the summary."""
-    from ..models import build_model
-    from ..layers.loss import SoftmaxCrossEntropy
-    from ..optim import OPTIMIZERS
-    from ..training import Trainer
-
     # A diverging run overflows before its loss turns NaN; the error says so in one line.
     warnings.filterwarnings("ignore", category=RuntimeWarning,
                             message="(overflow|invalid value|divide by zero) encountered")

@@ -20,7 +20,7 @@ from .dense import Identity, Linear
 from .dropout import Dropout2d
 from .layernorm import LayerNorm
 from .normalization import BatchNorm1d, BatchNorm2d
-from .registry import register
+from .registry import add_builtins, register
 
 __all__ = ["AvgPool2D", "BatchNorm2D", "Buffer", "Checkpoint", "Conv2D", "Dense", "Dropout", "Flatten", "GELU",
            "GlobalAvgPool2D", "Layer", "LeakyReLU", "LogSoftmax", "MaxPool2D", "Parameter", "ReLU",
@@ -34,3 +34,5 @@ from .lif import LIF  # noqa: E402
 from .time import RateEncode, Repeat  # noqa: E402
 
 __all__ += ["LIF", "RateEncode", "Repeat"]
+
+add_builtins(vars())  # the classes above, found by name when a model is rebuilt from data

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..codelets.reduce import fill_zero, overwriting
 from ..errors import CheckpointError, ShapeError
+from ..scheduler.default import default_runtime
 
 _rng = np.random.default_rng(0)
 _CONSTRUCTOR_NAMES: dict = {}  # class -> names of its __init__'s named arguments
@@ -427,7 +428,6 @@ class Layer:
             self.build(x.shape[1:], dtype)
         rt = self._bound_runtime()
         if rt is None:
-            from ..scheduler.default import default_runtime
             rt = default_runtime()
         self.bind(rt)
         ys = self.forward(rt, [rt.register(np.array(x, dtype=dtype, order="C"), name="x")])

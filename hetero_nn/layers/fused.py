@@ -109,12 +109,13 @@ class DenseReLU(_FusedRun):
 _CHAINS = ((ConvReLUPool, (Conv2d, ReLU, MaxPool2d)), (DenseReLU, (Dense, ReLU)))
 
 
-def plan(layers):
-    """``[(index of the block's first layer, block)]``: fused runs where a chain occurs.
+def choose_fusion(layers):
+    """``[(index of the block's first layer, block)]``: fused runs where a chain occurs
+    (the *fusion choice*; formerly ``plan``, a name the glossary keeps for partition plans).
 
     >>> from hetero_nn.layers import Flatten
-    >>> [type(b).__name__ for _, b in plan([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(),
-    ...                                     Dense(8, 4), ReLU(), Dense(4, 2)])]
+    >>> [type(b).__name__ for _, b in choose_fusion([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2),
+    ...                                              Flatten(), Dense(8, 4), ReLU(), Dense(4, 2)])]
     ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Linear']
     """
     blocks, i = [], 0
@@ -130,3 +131,6 @@ def plan(layers):
             blocks.append((i, layers[i]))
             i += 1
     return blocks
+
+
+plan = choose_fusion  # the former name, kept for code that imported it

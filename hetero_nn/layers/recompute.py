@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 
 from .base import Layer, temporarily
+from .residual import Residual
 
 
 @contextlib.contextmanager
@@ -127,7 +128,6 @@ def checkpoint_blocks(model, kinds=None):
     (3, True)
     """
     if kinds is None:
-        from .residual import Residual
         kinds = (Residual,)
     wrapped = 0
     for i, layer in enumerate(model.layers):

@@ -54,10 +54,19 @@ def register(cls=None, *, name=None):
     return apply if cls is None else apply(cls)
 
 
+_BUILTINS: dict[str, type] = {}
+
+
+def add_builtins(namespace) -> None:
+    """Take the package's own layers from ``namespace`` (``hetero_nn.layers`` hands its
+    own over once imported: the registry imports nothing from the package)."""
+    _BUILTINS.update({key: value for key, value in namespace.items()
+                      if isinstance(value, type) and issubclass(value, Layer)
+                      and not key.startswith("_")})
+
+
 def _builtins() -> dict:
-    from .. import layers
-    return {key: value for key, value in vars(layers).items()
-            if isinstance(value, type) and issubclass(value, Layer) and not key.startswith("_")}
+    return _BUILTINS
 
 
 def layer_class(name: str) -> type:

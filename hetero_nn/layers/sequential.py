@@ -111,7 +111,7 @@ class Sequential(Layer):
 
     def _plan(self):
         """``[(first layer index, block)]``: fused runs when ``fuse``, else every layer."""
-        return fused.plan(self.layers) if self.fuse else list(enumerate(self.layers))
+        return fused.choose_fusion(self.layers) if self.fuse else list(enumerate(self.layers))
 
     def constructor_args(self):
         """The current layers (an ``OrderedDict`` where they have names) and ``fuse``."""

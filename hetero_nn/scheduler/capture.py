@@ -14,8 +14,10 @@ bound by writing into the captured handles' buffers, or parts of them (see
 :meth:`Graph.write`), before ``replay()``; numbers that change between replays
 are *step parameters* (:meth:`Graph.param`, ``replay(name=value)``).
 
-Two engines run replays. Where the runtime allows it (local executor, CPU
-workers, one memory node; ``Runtime(replay_engine=...)``), the replay engine of
+Two engines run replays. Where the runtime allows it (local executor, workers of one
+kind or ``heft``, on one memory node or several: the rule is
+:func:`~hetero_nn.scheduler.engine.replay.engine_refusal`;
+``Runtime(replay_engine=...)``), the replay engine of
 :mod:`~hetero_nn.scheduler.engine.replay`: bound tasks on fixed worker schedules, each
 worker's share in one compiled loop. Elsewhere the executor: the same task
 objects run again (only their per-run state reset), a static policy (``heft``)

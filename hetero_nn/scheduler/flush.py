@@ -48,10 +48,12 @@ lifetimes (trace memory records), as many flushes as the trace buffer keeps.
 from __future__ import annotations
 
 from collections import deque
+import contextlib
 from operator import attrgetter
 import heapq
 
 from ..errors import TaskError
+from .trace.buffer import TraceBuffer
 
 
 class Flushes:
@@ -68,6 +70,7 @@ class Flushes:
         self.records: list = []  # this flush's trace records (tuples), one list for its life
         self.memory: deque = deque(maxlen=runtime._trace.flushes)
         self.reordered = False  # a dependency on a task submitted later (add_dependency)
+        self.sink = None  # recording without running: takes the closed DAGs (recording)
 
     def add(self, task, preds):
         """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
@@ -95,7 +98,7 @@ class Flushes:
         rt = self.rt
         self.open = True
         self.first_id = task.id
-        self.streaming = rt.overlap and self.capturing is None
+        self.streaming = rt.overlap and self.capturing is None and self.sink is None
         if self.streaming:
             for node in rt.nodes:
                 node.arena.reset()
@@ -127,29 +130,70 @@ class Flushes:
             self.capturing._lifetimes.append(lifetimes)
         self.run(tasks, False, lifetimes)
 
-    def run(self, tasks, planned, lifetimes=None):
-        """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
-        its plan; ``lifetimes``: its temporaries' layout), then end the flush."""
+    def begin(self, lifetimes=None):
+        """A closed DAG starts to run (on the executor, or compiled: a replay): the node
+        arenas reset, its temporaries (``lifetimes``: their layout, if laid out) counted."""
         rt = self.rt
         self.open = True
         for node in rt.nodes:
             node.arena.reset()
         rt._temporaries.begin(lifetimes)
+
+    def run(self, tasks, planned, lifetimes=None):
+        """Run a closed DAG on the executor (``planned``: a replay; a static policy keeps
+        its plan; ``lifetimes``: its temporaries' layout), then end the flush."""
+        runner = self.sink or self.rt.executor
+        self.begin(lifetimes)
         try:
             if planned:
-                rt.executor.run(tasks, planned=True)
+                runner.run(tasks, planned=True)
             else:
-                rt.executor.run(tasks)
+                runner.run(tasks)
         except BaseException:
             self.end(tasks, lifetimes, failed=True)
             raise
         self.end(tasks, lifetimes)
 
-    def end(self, tasks, lifetimes=None, failed=False):
+    @contextlib.contextmanager
+    def recording(self, sink):
+        """Inside the block each flush is recorded without running: its tasks, closed as a
+        DAG (nothing streams), go to ``sink.run(tasks)`` in the executor's place, and a
+        graph's replay goes there too (:meth:`Runtime.recording
+        <hetero_nn.scheduler.runtime.Runtime.recording>`). Work submitted before is run
+        first; what is pending when the block ends is recorded then."""
+        self.rt.wait()
+        previous, self.sink = self.sink, sink
+        try:
+            yield sink
+            self.rt.wait()
+        finally:
+            self.sink = previous
+
+    @contextlib.contextmanager
+    def tracing_apart(self):
+        """Inside the block the runtime traces into a :class:`TraceBuffer` of its own,
+        unbounded (yielded); after it, its flushes join the runtime's trace if that is on
+        (:meth:`Runtime.tracing_apart <hetero_nn.scheduler.runtime.Runtime.tracing_apart>`)."""
+        rt = self.rt
+        tracing, kept = rt.tracing, rt._trace
+        rt.tracing, rt._trace = True, TraceBuffer(None, workers=kept.workers)
+        try:
+            yield rt._trace
+        finally:
+            apart, rt._trace, rt.tracing = rt._trace, kept, tracing
+            if tracing:
+                kept.extend(apart)
+
+    def end(self, tasks, lifetimes=None, failed=False, replayed=None, samples=None):
         """After ``tasks`` ran (streamed ones are not listed: the executor finished
         them): dependency state dropped, the temporaries' and arenas' generation ended,
         measurements and records kept (the local executor records each task as it
-        finishes).
+        finishes). The one end of every flush: a compiled replay ends its segment's run
+        here too, giving no tasks, ``replayed`` (its trace records, a
+        :class:`~hetero_nn.scheduler.engine.replay.ReplayRecords`, when tracing) and
+        ``samples`` (its measurements, :meth:`Variants.feed_replay
+        <hetero_nn.scheduler.variants.Variants.feed_replay>`'s arguments; None after a
+        failure).
 
         A failing update of the performance model raises a ``TaskError`` naming it,
         once the flush has ended, unless the flush already ``failed`` (its error wins)."""
@@ -159,15 +203,20 @@ class Flushes:
         rt._temporaries.end(self.generation)
         self.generation += 1
         fault = None
-        if rt._variants.has_measurements():
+        if samples is not None or rt._variants.has_measurements():
             try:
-                rt._variants.feed()
+                if samples is not None:
+                    rt._variants.feed_replay(*samples)
+                if rt._variants.has_measurements():
+                    rt._variants.feed()
             except BaseException as exc:  # noqa: BLE001 - raised below, as the flush's
                 fault = exc
         if rt.perfmodel is not None:
             rt.perfmodel.save_if_due()  # a killed run keeps its calibration (perfmodel.py)
         records = self.records
-        if rt.tracing:
+        if rt.tracing and replayed is not None:
+            rt._trace.add_flush(replayed)
+        elif rt.tracing:
             if not getattr(rt.executor, "records_tasks", False):
                 for t in tasks:
                     if t.members is not None:

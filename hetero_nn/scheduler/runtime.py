@@ -495,6 +495,18 @@ class Runtime(RuntimeHandles):
         finally:
             reductions.across = previous
 
+    def recording(self, sink):
+        """Flushes recorded, not run, in the block (:meth:`.flush.Flushes.recording`)."""
+        return self._flushes.recording(sink)
+
+    def measuring(self, model):
+        """Measure and predict with ``model`` in the block (:meth:`.variants.Variants.measuring`)."""
+        return self._variants.measuring(model)
+
+    def tracing_apart(self):
+        """Trace into a buffer of its own in the block (:meth:`.flush.Flushes.tracing_apart`)."""
+        return self._flushes.tracing_apart()
+
     def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
 

@@ -37,12 +37,13 @@ State
 runs not yet given to the model; ``_warm``: the (codelet, variant, footprint) whose
 warm-up run was seen; ``pinned``: kind -> {codelet: variant} for the codelets with
 one candidate, which executors read instead of calling :meth:`Variants.choose`. The model itself is the
-runtime's ``perfmodel`` (read at each use: it may be swapped, as
-:mod:`hetero_nn.training.granularity` does).
+runtime's ``perfmodel`` (read at each use: :meth:`Variants.measuring` gives it another for a
+block).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from ..codelets.pinned import PINNED_VARIANTS
@@ -172,14 +173,47 @@ class Variants:
             runs = []
             for task, kind in measured:
                 fp, size = task._fp or self.footprint(task)
-                wkey = (task.codelet, task.variant, fp)
-                if wkey not in self._warm:
-                    self._warm.add(wkey)
+                if self._warming((task.codelet, task.variant, fp)):
                     continue
                 runs.append((task.codelet.name, task.variant, kind, fp, size,
                              task.t_end - task.t_start))
             if runs:
                 pm.record_many(runs)
+
+    def feed_replay(self, groups, durations):
+        """Hand a compiled replay's measurements to the model, warm-up runs left out as
+        :meth:`feed` leaves them: ``groups``, ``((codelet, variant, kind, footprint, size),
+        task indices)`` pairs; ``durations``, per task index, nanoseconds."""
+        pm = self.rt.perfmodel
+        if pm is None:
+            return
+        with self._lock:
+            for (codelet, variant, kind, fp, size), idx in groups:
+                seconds = durations[idx] * 1e-9
+                if self._warming((codelet, variant, fp)):
+                    seconds = seconds[1:]
+                pm.record_array(codelet.name, variant, kind, fp, size, seconds)
+
+    def _warming(self, key) -> bool:
+        """Whether this is the first run of ``key`` (codelet, variant, footprint) in the
+        process, a warm-up the model does not get (now marked seen)."""
+        if key in self._warm:
+            return False
+        self._warm.add(key)
+        return True
+
+    @contextlib.contextmanager
+    def measuring(self, model):
+        """Inside the block the runtime's measurements go to ``model`` (a
+        :class:`~hetero_nn.scheduler.perfmodel.PerfModel`; None: nowhere) and its
+        predictions come from it (:meth:`Runtime.measuring
+        <hetero_nn.scheduler.runtime.Runtime.measuring>`)."""
+        rt = self.rt
+        previous, rt.perfmodel = rt.perfmodel, model
+        try:
+            yield model
+        finally:
+            rt.perfmodel = previous
 
     def has_measurements(self) -> bool:
         return any(self._measured)

@@ -137,11 +137,11 @@ class StepGraph:
 
 
 class _GraphRecorder:
-    """An executor that keeps each flushed DAG as SimTasks instead of running it."""
+    """What a runtime recording without running hands each flushed DAG to
+    (:meth:`~hetero_nn.scheduler.runtime.Runtime.recording`): it keeps it as SimTasks."""
 
     def __init__(self, runtime, handles):
         self.rt = runtime
-        self.real = runtime.executor  # the one it stands in for while capturing
         self.handles = handles      # real Handle -> SimHandle, across the captured steps
         self.graphs = []
         self.flushed_at = []
@@ -172,26 +172,17 @@ class _GraphRecorder:
             graph.append(st)
         self.graphs.append(graph)
 
-    def constrain(self):
-        """A task was given ``worker=``: the executor this one stands in for checks
-        eligibility from now on (the simulated policy learns it from the graph)."""
-        self.real.constrain()
-
-    def close(self):
-        pass
-
 
 def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
-    """Run ``submit_step()`` ``steps`` times on ``runtime`` with its executor replaced by a
-    recorder: the DAGs it flushes are kept, not run. Returns one :class:`StepGraph` per step.
+    """Run ``submit_step()`` ``steps`` times on ``runtime`` recording without running
+    (:meth:`~hetero_nn.scheduler.runtime.Runtime.recording`): the DAGs it flushes are
+    kept, not run (work submitted before is run first). Returns one :class:`StepGraph` per step.
 
     The runtime's data are left as they were (nothing ran); use a runtime made for this.
     """
     recorder = _GraphRecorder(runtime, {})
-    executor, runtime.executor = runtime.executor, recorder
-    overlap, runtime.overlap = runtime.overlap, False  # the recorder takes whole DAGs
     out = []
-    try:
+    with runtime.recording(recorder):  # whole DAGs, none run
         for _ in range(steps):
             first = len(recorder.graphs)
             t0 = _perf()
@@ -200,9 +191,6 @@ def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
             graphs = recorder.graphs[first:]
             # host time outside the flushes' execution: everything, since none ran
             out.append(StepGraph(graphs, t1 - t0))
-    finally:
-        runtime.executor = executor
-        runtime.overlap = overlap
     return out
 
 

@@ -68,7 +68,6 @@ import numpy as np
 from ..layers.base import keeping_state
 from ..simulation.paths import PathCosts, step_path
 from ..simulation.simulate import Platform, capture, simulate
-from ..scheduler.trace.buffer import TraceBuffer
 from ..scheduler.perfmodel.model import PerfModel
 from .recheck import describe, recheck
 
@@ -257,31 +256,21 @@ def _calibrate(trainer, x, y, platform, runs):
     graph = _step_graphs(trainer, x, y, False)[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
     kinds = [k for k, n in platform.workers.items() if n]
-    tracing, rt.tracing = rt.tracing, True
     # the calibration's records in a buffer of their own, unbounded (the runtime's keeps
     # only its last flushes); they join the runtime's trace afterwards if it is on
-    kept, rt._trace = rt._trace, TraceBuffer(None, workers=rt._trace.workers)
-    try:
-        model, rt.perfmodel = rt.perfmodel, None
-        try:  # capture, compilation (Numba compiles per signature), first touch: unrecorded
-            trainer.train_step(x, y)
-        finally:
-            rt.perfmodel = model
+    with rt.tracing_apart() as trace:
+        with rt.measuring(None):  # capture, compilation (Numba compiles per signature),
+            trainer.train_step(x, y)  # first touch: unrecorded
         timed = []
         steps = 1
         while steps < MAX_CALIBRATION_STEPS:
-            before = len(rt._trace)
+            before = len(trace)
             t0 = _perf()
             trainer.train_step(x, y)
-            timed.append((_perf() - t0, rt._trace.records()[before:]))
+            timed.append((_perf() - t0, trace.records()[before:]))
             steps += 1
             if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
                 break
-    finally:
-        calibration, rt._trace = rt._trace, kept
-        rt.tracing = tracing
-        if tracing:
-            kept.extend(calibration)
     runs.append(timed)
     return steps
 
@@ -337,11 +326,8 @@ def _models_for(rt):
     if rt.perfmodel is not None:
         yield rt.perfmodel
         return
-    rt.perfmodel = PerfModel(load=False)  # never saved: only this decision reads it
-    try:
-        yield rt.perfmodel
-    finally:
-        rt.perfmodel = None
+    with rt.measuring(PerfModel(load=False)) as model:  # never saved: only this decision reads it
+        yield model
 
 
 @contextlib.contextmanager

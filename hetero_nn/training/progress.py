@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import TrainingDiverged
+
 __all__ = ["new_progress", "add_step", "epoch_record", "energy_total", "format_epoch",
-           "position"]
+           "position", "last_checkpoint", "diverged"]
 
 
 def new_progress() -> dict:
@@ -115,3 +117,22 @@ def position(epoch, step, global_step) -> str:
     where = f"the end of epoch {epoch}" if step == 0 and epoch > 0 else \
         f"step {step} of epoch {epoch + 1}"
     return f"{where}, global step {global_step}"
+
+
+def last_checkpoint(trainer) -> str:
+    """Where ``trainer``'s run's last good checkpoint is, for error messages."""
+    last = trainer.last_checkpoint
+    if last is None and trainer._checkpoint_dir is not None:
+        return f"no checkpoint was written in {trainer._checkpoint_dir} yet"
+    if last is None:
+        return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
+    return (f"the last good checkpoint is {last['path']} (after "
+            f"{position(last['epoch'], last['step'], last['global_step'])})")
+
+
+def diverged(trainer, loss, epoch, b, epochs, num_batches) -> TrainingDiverged:
+    """The error of a run whose loss ``loss`` at step ``b`` of ``epoch`` is not finite."""
+    where = (f"epoch {epoch + 1}/{epochs}, step {b + 1}/{num_batches} (global step "
+             f"{trainer.global_step + 1})")
+    return TrainingDiverged(f"training diverged: the loss is {loss} at {where}; "
+                            f"{last_checkpoint(trainer)}")

@@ -93,14 +93,12 @@ class StepCache:
 
     def key(self, x, y, what):
         """The step key of ``(x, y)`` for a step of kind ``what``, or None when the step
-        must be submitted. Resolves the granularity and builds and binds the model first."""
+        must be submitted; it computes the key and nothing else (the trainer resolved the
+        granularity and built the model first: :meth:`Trainer.ready
+        <hetero_nn.training.trainer.Trainer.ready>`)."""
         t = self.trainer
         if not self.replays(what):
             return None
-        x = np.ascontiguousarray(x, dtype=t.dtype)
-        if t.granularity is None:
-            t.tune_granularity(x, y)
-        t.prepare(x)
         layers = tuple((layer.training, layer.settings()) for _, layer in t.model.named_modules())
         return (x.shape, np.shape(y), t.dtype, t.granularity, what, layers,
                 settings_signature(t.loss), t.clip_grad_norm,

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..arena.arena import ArenaPair
-from ..errors import CheckpointError, ConfigError, TrainingDiverged
+from ..errors import CheckpointError, ConfigError
 from ..layers.base import evaluating
 from ..layers.events import measure_rates
 from ..layers.loss import SoftmaxCrossEntropy
@@ -57,8 +57,8 @@ from ..scheduler.runtime import Runtime
 from . import checkpoint
 from .checkpoint import CHECKPOINT_NAME, FINAL_NAME
 from .loader import as_data, epoch_batches, trainer_dtype
-from .progress import (add_step, epoch_record, new_progress, position, print_epoch,
-                       progress_bar, running)
+from .progress import (add_step, diverged, epoch_record, last_checkpoint, new_progress,
+                       print_epoch, progress_bar, running)
 from .runners import connect_trainer, make_pipeline
 from .step_cache import StepCache
 from .granularity import choose_granularity
@@ -231,6 +231,15 @@ class Trainer:
             self.optimizer.bind(self.model.named_parameters(), rt)
             self._bound = rt
 
+    def ready(self, x, y):
+        """``x`` contiguous in the trainer's dtype, once the granularity is resolved (tuned
+        on ``(x, y)`` if "auto") and the model built and bound for it (:meth:`prepare`)."""
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        if self.granularity is None:
+            self.tune_granularity(x, y)
+        self.prepare(x)
+        return x
+
     def unbind(self) -> None:
         """Forget the binding and the captured graphs: the next batch binds the model's
         arrays afresh (after its state was replaced behind the runtime's back)."""
@@ -248,10 +257,7 @@ class Trainer:
         """``(xs, ys)``: the batch registered with the runtime and split into partitions
         (``ys`` None without labels); resolves the granularity and prepares the model."""
         rt = self.runtime
-        x = np.ascontiguousarray(x, dtype=self.dtype)
-        if self.granularity is None:
-            self.tune_granularity(x, y)
-        self.prepare(x)
+        x = self.ready(x, y)
         xs = self.split(rt.register(x, name="x"))
         ys = None
         if y is not None:
@@ -273,7 +279,7 @@ class Trainer:
             return self.cluster.train_step(self, x, y)
         if self.pipeline is not None and self.pipeline.runtime is not self.runtime:
             self.pipeline.bind(self, x, y)  # its stages and workers, at the first step
-        key = self.step_cache.key(x, y, self.optimizer.replay_key())
+        key = self.step_cache.key(self.ready(x, y), y, self.optimizer.replay_key())
         if key is None:
             return self._read_step(*self.submit_step(x, y))
         return self._read_step(*self.step_cache.run(key, x, y, self._submit_step))
@@ -286,7 +292,7 @@ class Trainer:
 
     def _submit_step(self, xs, ys):
         if self.pipeline is not None:
-            return self.pipeline.submit_step(self, xs, ys)
+            return self.pipeline.submit_stages(self, xs, ys)
         rt = self.runtime
         self.model.zero_grad(rt)
         logits = self.model.forward(rt, xs)
@@ -321,18 +327,20 @@ class Trainer:
     def graphs_captured(self, value):
         self.step_cache.captured = value
 
-    def sync(self) -> None:
+    def pull_state(self) -> None:
         """Bring the run's state here from the cluster's workers (done before evaluations,
         predictions, checkpoints, at the end of ``fit`` and when the cluster closes)."""
         if self.cluster is not None:
             self.cluster.pull(self)
 
+    sync = pull_state  # the former name (not an executor="sync" matter), kept for callers
+
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
-        self.sync()
+        self.pull_state()
         rt = self.runtime
         with evaluating(self.model):
-            key = self.step_cache.key(x, y, "eval")
+            key = self.step_cache.key(self.ready(x, y), y, "eval")
         if key is None:
             loss, correct = self._submit_eval(*self.register_batch(x, y))
         else:
@@ -348,7 +356,7 @@ class Trainer:
 
     def predict(self, x) -> np.ndarray:
         """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
-        self.sync()
+        self.pull_state()
         out = []
         for start in range(0, len(x), self.batch_size):
             xs, _ = self.register_batch(x[start:start + self.batch_size], None)
@@ -481,7 +489,7 @@ class Trainer:
                 for b, (x, y) in enumerate(batches, self.step_in_epoch):
                     loss = self.train_step(x, y)
                     if not math.isfinite(loss):
-                        raise self._diverged(loss, e, b, epochs, num_batches)
+                        raise diverged(self, loss, e, b, epochs, num_batches)
                     add_step(progress, loss, self.last_correct, len(y),
                              time.perf_counter() - t_last, warmup=not self._warmed_up)
                     self._warmed_up = True  # the first step (compilation): out of images/s
@@ -516,7 +524,7 @@ class Trainer:
                 on_epoch_end(self, record)
         if ckdir is not None:
             self.save_checkpoint(ckdir / FINAL_NAME, require_finite=True)
-        self.sync()
+        self.pull_state()
         return [dict(r) for r in self.history]
 
     def _end_epoch(self, validation, energy=None) -> dict:
@@ -532,21 +540,9 @@ class Trainer:
         self.progress = new_progress()
         return record
 
-    def _diverged(self, loss, epoch, b, epochs, num_batches) -> TrainingDiverged:
-        where = (f"epoch {epoch + 1}/{epochs}, step {b + 1}/{num_batches} (global step "
-                 f"{self.global_step + 1})")
-        return TrainingDiverged(f"training diverged: the loss is {loss} at {where}; "
-                                f"{self.describe_last_checkpoint()}")
-
     def describe_last_checkpoint(self) -> str:
         """Where the run's last good checkpoint is, for error messages."""
-        last = self.last_checkpoint
-        if last is None and self._checkpoint_dir is not None:
-            return f"no checkpoint was written in {self._checkpoint_dir} yet"
-        if last is None:
-            return "no checkpoint was written (give checkpoint_dir= or --out to keep one)"
-        return (f"the last good checkpoint is {last['path']} (after "
-                f"{position(last['epoch'], last['step'], last['global_step'])})")
+        return last_checkpoint(self)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint_config(self) -> dict:
@@ -561,7 +557,7 @@ class Trainer:
         optimizer buffer raises :class:`TrainingDiverged` instead, so the file on
         disk stays the last good one.
         """
-        self.sync()
+        self.pull_state()
         return checkpoint.save_trainer(self, path, require_finite)
 
     def load_checkpoint(self, path):

@@ -15,9 +15,10 @@ built from these (Numba's ``extending.intrinsic``, as its parallel backend does)
     (:data:`HAVE_FUTEX` False) the wait is a short ``nanosleep`` and the wake
     does nothing, which is still correct (waiters poll).
 ``monotonic_ns()``
-    ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds: the clock of
-    ``time.perf_counter()`` on Linux (:data:`CLOCK_OFFSET` corrects for any
-    difference measured at import).
+    ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds: the runtime's one compiled clock,
+    which the executors' timed calls share, so it lives in
+    :mod:`~hetero_nn.scheduler.trace.clock` (with :func:`clock_offset`, what to add to
+    read ``time.perf_counter()``) and is re-exported here.
 ``cpu_pause()``
     The spin-wait hint (``pause`` on x86-64, ``yield`` on AArch64).
 ``cpu_yield()``
@@ -45,7 +46,6 @@ from __future__ import annotations
 import functools
 import platform
 import sys
-import time
 
 from llvmlite import ir
 from numba import njit, types
@@ -53,16 +53,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import make_array, populate_array
 
+from ..trace.clock import HAVE_CLOCK, clock_offset, monotonic_ns  # noqa: F401 - re-exported
+
 _MACHINE = platform.machine().lower()
 _FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(_MACHINE)
 HAVE_FUTEX = sys.platform.startswith("linux") and _FUTEX_SYSCALL is not None
 """Whether ``futex_wait``/``futex_wake`` are the kernel's (else: polling with sleeps)."""
-HAVE_CLOCK = sys.platform.startswith(("linux", "darwin", "freebsd"))
-"""Whether ``clock_gettime`` exists (the compiled loop needs it to time tasks)."""
 
 _FUTEX_WAIT_PRIVATE = 128
 _FUTEX_WAKE_PRIVATE = 129
-_CLOCK_MONOTONIC = 1 if sys.platform.startswith("linux") else 6  # Darwin: CLOCK_MONOTONIC = 6
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _I8P = ir.IntType(8).as_pointer()
@@ -172,23 +171,6 @@ def futex_wake(typingctx, a, i):
 
 
 @intrinsic
-def monotonic_ns(typingctx):
-    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds."""
-    sig = types.int64()
-
-    def codegen(context, builder, sig, args):
-        ts_t = ir.LiteralStructType([_I64, _I64])
-        fnty = ir.FunctionType(_I32, [_I32, ts_t.as_pointer()])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
-        ts = cgutils.alloca_once(builder, ts_t)
-        builder.call(fn, [_I32(_CLOCK_MONOTONIC), ts])
-        sec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 0))
-        nsec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 1))
-        return builder.add(builder.mul(sec, _I64(1_000_000_000)), nsec)
-    return sig, codegen
-
-
-@intrinsic
 def cpu_pause(typingctx):
     """The processor's spin-wait hint (nothing where there is none)."""
     sig = types.void()
@@ -280,37 +262,3 @@ def array_view(arrtype: types.Array):
             return ary._getvalue()
         return sig, codegen
     return view
-
-
-@njit(nogil=True, cache=True)
-def _now_ns():
-    return monotonic_ns()
-
-
-def _clock_offset() -> float:
-    """``time.perf_counter() - monotonic_ns() / 1e9``, the median of a few readings."""
-    if not HAVE_CLOCK:
-        return 0.0
-    _now_ns()  # compiled first
-    readings = []
-    for _ in range(5):
-        a = time.perf_counter()
-        b = _now_ns()
-        c = time.perf_counter()
-        readings.append((a + c) / 2 - b * 1e-9)
-    readings.sort()
-    return readings[2]
-
-
-CLOCK_OFFSET = None
-"""Seconds to add to ``monotonic_ns() * 1e-9`` to read ``time.perf_counter()``; set by
-:func:`clock_offset` on first use (0 on Linux, where both read one clock, to the
-precision of a reading)."""
-
-
-def clock_offset() -> float:
-    """:data:`CLOCK_OFFSET`, measured once per process."""
-    global CLOCK_OFFSET
-    if CLOCK_OFFSET is None:
-        CLOCK_OFFSET = _clock_offset()
-    return CLOCK_OFFSET

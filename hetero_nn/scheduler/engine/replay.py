@@ -5,8 +5,9 @@ Policy
 ------
 ``graph.replay()`` on a runtime the engine serves (:func:`engine_refusal` says which:
 the local executor, with workers of one kind or under ``heft``) runs each recorded
-flush (*segment*) as follows. At the first replay, and once more after the first one
-measured its own tasks (one memory node), the segment is *compiled*
+flush (*segment*) as follows. At the first replay, and (on one memory node; on several
+the placement made at capture or by heft is kept) once more after the first one measured
+its own tasks, the segment is *compiled*
 (:mod:`~hetero_nn.scheduler.engine.segment`):
 
 1. a fixed schedule (:mod:`~hetero_nn.scheduler.policies.list_scheduling`): ``heft``'s plan when
@@ -32,18 +33,20 @@ A replay then resets the node arenas, runs the shares at once (the calling
 thread runs worker 0's, one engine thread per other worker runs the others),
 a CPU worker's through :func:`~hetero_nn.scheduler.engine.dispatch.run_compiled` without
 the interpreter lock, Python tasks in between, a CUDA worker's on its stream, and
-ends the flush as ``wait()`` does (the nodes' streams synchronized). On several
+ends the flush where ``wait()`` does, in :meth:`Flushes.end
+<hetero_nn.scheduler.flush.Flushes.end>` (the nodes' streams synchronized first). On several
 memory nodes the data plan's inputs are made valid first and the roots get the
 coherence state the replay leaves after; a plan made on cells a later split has cut
 again is made again first. No task object, policy hook, variant choice, handle lock or dependency
 count is touched per task.
 
 Measurement: the loop stamps each task's start and end into the segment's
-``times``. After the run, the performance model gets one batch per model key
-(the first run of a key in the process is a warm-up and is dropped, as
-``Runtime`` does), each worker's ``busy`` time grows, and the trace gets one
-:class:`ReplayRecords`: the records are made from the stamps when the trace is
-read.
+``times``. After the run each worker's ``busy`` time grows, and the flush's end
+gives the performance model one batch per model key (the first run of a key in the
+process is a warm-up and is dropped, by the rule of every flush:
+:meth:`Variants.feed_replay <hetero_nn.scheduler.variants.Variants.feed_replay>`) and
+the trace one :class:`ReplayRecords`: the records are made from the stamps when the
+trace is read.
 
 Failures: a task that raises (in its kernel or in Python) stops its share and
 sets ``abort``, which every other share sees before its next task or in its wait
@@ -100,11 +103,13 @@ ENGINE_FUSES = ("the compiled replay engine runs each task by one indirect call:
 
 def unavailable(rt) -> str | None:
     """Why ``rt``'s replays cannot use the engine, or None when they can
-    (:func:`engine_refusal` on the runtime's settings)."""
+    (:func:`engine_refusal` on the runtime's settings; a runtime recording without running,
+    :meth:`~hetero_nn.scheduler.runtime.Runtime.recording`, hands its replays to the
+    recorder in the executor's place)."""
+    runner = rt._flushes.sink or rt.executor
     return engine_refusal({w.kind for w in rt.workers}, rt.policy_name, rt.executor_name,
                           getattr(rt, "replay_engine", "compiled"), getattr(rt, "arenas", True),
-                          None if type(rt.executor) is LocalExecutor
-                          else type(rt.executor).__name__)
+                          None if type(runner) is LocalExecutor else type(runner).__name__)
 
 
 def engine_refusal(kinds, policy, executor="local", replay_engine="compiled", arenas=True,
@@ -320,8 +325,7 @@ _ids_lock = threading.Lock()
 
 
 def _run_segment(rt, seg, epoch, threads):
-    for node in rt.nodes:
-        node.arena.reset()
+    rt._flushes.begin()
     n = len(seg.tasks)
     with _ids_lock:  # fresh task ids for the records, as a submitted flush would take
         base = next(rt._ids)
@@ -343,18 +347,22 @@ def _run_segment(rt, seg, epoch, threads):
     failures = [r for r in results if r is not None]
     if seg.data is not None:
         seg.copies_done(bool(failures))
-    rt._flushes.generation += 1
+    records = None
     if rt.tracing:
         for i, t in enumerate(seg.tasks):  # the ids its records carry, as the executor's
             t.id = base + i  # replay rearms them: a record is found from its task
-        rt._trace.add_flush(ReplayRecords(seg, seg.times.copy(), base, t_submit,
-                                          failures[0] if failures else None,
-                                          seg.bytes_in.copy() if seg.multinode else None,
-                                          None if mode == "parallel" else shares[0].worker))
+        records = ReplayRecords(seg, seg.times.copy(), base, t_submit,
+                                failures[0] if failures else None,
+                                seg.bytes_in.copy() if seg.multinode else None,
+                                None if mode == "parallel" else shares[0].worker)
+    timed_out = seg.abort[0] == TIMED_OUT
+    durations = None if failures or timed_out else _measure(seg, shares)
+    rt._flushes.end((), failed=bool(failures) or timed_out, replayed=records,
+                    samples=None if durations is None else (seg.groups, durations))
     interrupted = [exc for _, exc in failures if isinstance(exc, KeyboardInterrupt)]
     if interrupted:  # in a Python task of the calling thread's share: the shares stopped
         raise interrupted[0]
-    if seg.abort[0] == TIMED_OUT and not failures:
+    if timed_out and not failures:
         raise stalled("a replay", rt.wait_timeout, engine_state(seg, epoch))
     if failures:
         t, exc = failures[0]
@@ -371,31 +379,17 @@ def _run_segment(rt, seg, epoch, threads):
                         f"{type(exc).__name__}: {exc}", codelet=b.task.codelet.name,
                         task_id=task_id)
         raise err from exc
-    task_seconds = _measure(rt, seg, shares)
     if contention is not None:
-        contention.observe(mode, wall, task_seconds)
+        contention.observe(mode, wall, float(durations.sum()) * 1e-9)
 
 
-def _measure(rt, seg, shares):
-    """After a successful run: busy time per worker, samples for the performance model;
-    returns the tasks' seconds."""
+def _measure(seg, shares):
+    """After a successful run: busy time per worker; returns each task's nanoseconds
+    (the flush's end gives them to the performance model)."""
     durations = seg.times[:, 1] - seg.times[:, 0]
     for share in shares:
         share.worker.busy += float(durations[share.order].sum()) * 1e-9
-    task_seconds = float(durations.sum()) * 1e-9
-    pm = rt.perfmodel
-    if pm is None:
-        return task_seconds
-    pm.save_if_due()  # a killed run keeps its calibration (perfmodel.py), as flushes do
-    warm = rt._variants._warm
-    for (codelet, variant, kind, fp, size), idx in seg.groups:
-        seconds = durations[idx] * 1e-9
-        wkey = (codelet, variant, fp)
-        if wkey not in warm:  # the first run of a key in this process: a warm-up
-            warm.add(wkey)
-            seconds = seconds[1:]
-        pm.record_array(codelet.name, variant, kind, fp, size, seconds)
-    return task_seconds
+    return durations
 
 
 def record_layout(seg, worker=None) -> tuple:

@@ -9,10 +9,10 @@ afterwards (a 4.8 µs kernel recorded as 18.5 µs beside a second worker). Where
 variant *is* a Numba dispatcher compiled ``nogil=True`` (not a Python wrapper around
 one), it is called through a compiled trampoline made once per variant,
 ``timed(*args)``: it calls the kernel and reads the clock before returning to Python,
-so the recorded end excludes the wait for the lock. The clock is ``clock_gettime
-(CLOCK_MONOTONIC)`` through ``ctypes``, the clock of ``time.perf_counter`` on Linux;
-where that does not hold (checked at import) or the variant is Python code, the end is
-``time.perf_counter()`` after the call, as before. Keyword parameters reach the
+so the recorded end excludes the wait for the lock. The clock is the runtime's one
+compiled clock, the replay engine's (:mod:`~hetero_nn.scheduler.trace.clock`), where it
+is the clock of ``time.perf_counter`` (Linux); where it is not, or the variant is Python
+code, the end is ``time.perf_counter()`` after the call, as before. Keyword parameters reach the
 trampoline positionally, in the order of the kernel's signature (defaults filled in).
 
 State
@@ -25,12 +25,13 @@ grow once per variant (and per set of parameter names) and are read without a lo
 
 from __future__ import annotations
 
-import ctypes
 import inspect
 import time
 
 import numba
-import numpy as np
+from numba.core.registry import CPUDispatcher  # to recognise a compiled dispatcher
+
+from ..trace.clock import HAVE_CLOCK, clock_offset, monotonic_ns
 
 _perf = time.perf_counter
 _callers: dict = {}
@@ -85,11 +86,6 @@ def _positional(fn, nops, params) -> list:
 
 
 def _is_nogil_dispatcher(fn) -> bool:
-    try:
-        # numba.core: only to recognise a compiled dispatcher
-        from numba.core.registry import CPUDispatcher
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return False
     return isinstance(fn, CPUDispatcher) and bool(fn.targetoptions.get("nogil"))
 
 
@@ -105,24 +101,11 @@ def _kernel_clock():
 
 
 def _build_clock():
-    try:
-        libc = ctypes.CDLL(None)
-        clock_gettime = libc.clock_gettime
-        clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        clock_gettime.restype = ctypes.c_int
-    except (OSError, AttributeError):  # no libc clock_gettime (Windows)
+    if not HAVE_CLOCK or clock_offset() != 0.0:  # not perf_counter's clock (macOS)
         return None
-    monotonic = getattr(time, "CLOCK_MONOTONIC", 1)
 
     @numba.njit(nogil=True)
     def clock():
-        ts = np.empty(2, np.int64)
-        clock_gettime(monotonic, ts.ctypes.data)
-        return ts[0] + ts[1] * 1e-9
+        return monotonic_ns() / 1e9  # as perf_counter divides
 
-    before = _perf()
-    now = clock()
-    after = _perf()
-    if not before - 1e-3 <= now <= after + 1e-3:  # not perf_counter's clock (macOS)
-        return None
     return clock

@@ -62,28 +62,53 @@ def plan(costs, preds, workers: int, handoff: float = HANDOFF, allowed=None):
     rank = upward_ranks(costs, preds)
     worker_of = [-1] * n
     finish = [0.0] * n
-    avail = [0.0] * workers
     orders: list = [[] for _ in range(workers)]
-    for u in sorted(range(n), key=lambda u: (-rank[u], u)):
-        ps = preds[u]
+
+    def candidates(u):
+        return (allowed[u] or every) if allowed is not None else every
+
+    def ready_on(u, w):
+        ready = 0.0
+        for p in preds[u]:
+            f = finish[p] if worker_of[p] == w else finish[p] + handoff
+            if f > ready:
+                ready = f
+        return ready
+
+    def prefer(u):  # the worker of the predecessor finishing last: its data is in cache
         last_pred_worker, last_pred_finish = -1, -1.0
-        for p in ps:
+        for p in preds[u]:
             if finish[p] > last_pred_finish:
                 last_pred_finish, last_pred_worker = finish[p], worker_of[p]
-        best, best_eft = 0, None
-        for w in (allowed[u] or every) if allowed is not None else every:
-            ready = 0.0
-            for p in ps:
-                f = finish[p] if worker_of[p] == w else finish[p] + handoff
-                if f > ready:
-                    ready = f
-            eft = max(avail[w], ready) + costs[u]
-            if best_eft is None or eft < best_eft or (eft == best_eft and w == last_pred_worker):
-                best, best_eft = w, eft
-        worker_of[u] = best
-        finish[u] = avail[best] = best_eft
-        orders[best].append(u)
+        return last_pred_worker
+
+    order = sorted(range(n), key=lambda u: (-rank[u], u))
+    for u, w, eft in earliest_finish(order, candidates, ready_on, lambda u, w: costs[u],
+                                     [0.0] * workers, prefer):
+        worker_of[u] = w
+        finish[u] = eft
+        orders[w].append(u)
     return worker_of, orders
+
+
+def earliest_finish(order, candidates, ready_on, cost_on, avail, prefer=None):
+    """The list scheduler :func:`plan` and ``heft`` (``Heft.prepare``) share: each unit of
+    ``order`` (by decreasing upward rank) goes to the worker among ``candidates(u)`` where
+    it finishes first, ``max(avail[w], ready_on(u, w)) + cost_on(u, w)``; on a tie, to
+    ``prefer(u)`` when it is one of them, else to the first. Yields ``(u, worker, finish)``
+    as it places each (the caller records the finish before the next is placed) and
+    advances ``avail`` (indexed by worker)."""
+    for u in order:
+        pref = prefer(u) if prefer is not None else None
+        best, best_eft = None, None
+        for w in candidates(u):
+            a = avail[w]
+            ready = ready_on(u, w)
+            eft = (a if a > ready else ready) + cost_on(u, w)
+            if best_eft is None or eft < best_eft or (eft == best_eft and w == pref):
+                best, best_eft = w, eft
+        avail[best] = best_eft
+        yield u, best, best_eft
 
 
 def from_assignment(worker_of, priority, workers: int):

@@ -58,6 +58,7 @@ import time
 from collections import deque
 
 from ...errors import PolicyError
+from .list_scheduling import earliest_finish, upward_ranks
 
 _perf = time.perf_counter
 UNKNOWN_COST = 1e-5  # seconds assumed for a task the models know nothing about
@@ -393,39 +394,36 @@ class Heft(Policy):
                     _, p = rt.predict(t, kind)
                     c[kind] = p if p is not None else UNKNOWN_COST
                 cost[t] = c
-        for t in reversed(tasks):  # submission order is topological: successors come first
-            c = cost[t]
-            top = 0.0
-            for s in t.succ:
-                if s.rank > top:
-                    top = s.rank
-            t.rank = sum(c.values()) / len(c) + top  # upward rank
-        avail = {w: 0.0 for w in self.workers}
+        index = {t: i for i, t in enumerate(tasks)}  # (topological: submission order)
+        ranks = upward_ranks([sum(c.values()) / len(c) for c in map(cost.get, tasks)],
+                             [[index[p] for p in t.preds if p in index] for t in tasks])
+        for t, rank in zip(tasks, ranks):
+            t.rank = rank
         finish = {}
-        for t in sorted(tasks, key=lambda t: (-t.rank, t.id)):
-            c = cost[t]
-            ready = 0.0
-            if not multi_node:
+
+        def ready_on(t, w):
+            if multi_node:
+                ready = self._resident(t, w.node)
                 for p in t.preds:
                     f = finish.get(p, 0.0)
+                    if p.assigned is not None and p.assigned.node is not w.node:
+                        f += self._comm(t, p.assigned.node, w.node)
                     if f > ready:
                         ready = f
-            best, best_eft = None, None
-            for w in t.eligible:
-                if multi_node:
-                    ready = self._resident(t, w.node)
-                    for p in t.preds:
-                        f = finish.get(p, 0.0)
-                        if p.assigned is not None and p.assigned.node is not w.node:
-                            f += self._comm(t, p.assigned.node, w.node)
-                        if f > ready:
-                            ready = f
-                a = avail[w]
-                eft = (a if a > ready else ready) + c[w.kind]
-                if best_eft is None or eft < best_eft:
-                    best, best_eft = w, eft
+                return ready
+            ready = 0.0
+            for p in t.preds:
+                f = finish.get(p, 0.0)
+                if f > ready:
+                    ready = f
+            return ready
+
+        order = sorted(tasks, key=lambda t: (-t.rank, t.id))
+        for t, best, eft in earliest_finish(order, _eligible, ready_on,
+                                            lambda t, w: cost[t][w.kind],
+                                            dict.fromkeys(self.workers, 0.0)):
             t.assigned = best
-            avail[best] = finish[t] = best_eft
+            finish[t] = eft
 
     def _comm(self, task, src, dst):
         pm = self.rt.perfmodel
@@ -454,6 +452,10 @@ class Heft(Policy):
     def pop(self, worker):
         q = worker.queue
         return heapq.heappop(q)[3] if q else None
+
+
+def _eligible(task):
+    return task.eligible
 
 
 def _writes(task, h) -> bool:

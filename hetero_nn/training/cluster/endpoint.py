@@ -38,6 +38,14 @@ __all__ = ["Endpoint"]
 CONNECT_TIMEOUT = 10.0
 
 
+def serialized(obj):
+    """``obj`` as a message part that travels out of band: an array as frames, a state
+    pickled with its arrays as frames (``distributed.protocol.to_serialize``)."""
+    # distributed loads with the first cluster (heavy at start-up)
+    from distributed.protocol import to_serialize
+    return to_serialize(obj)
+
+
 class _Link:
     """One comm to one peer: a send queue drained by a writer, a reader."""
 

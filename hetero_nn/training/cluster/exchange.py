@@ -74,6 +74,7 @@ import numpy as np
 
 from ...codelets.codelet import RW, R, W, Codelet
 from ...errors import HeteroNNError
+from .endpoint import serialized
 
 __all__ = ["tree_ops", "Exchange", "GroupBroken", "SCATTER_MIN_BYTES", "BUCKET_BYTES"]
 
@@ -264,7 +265,7 @@ class Exchange:
             self._order = rt.register(np.zeros(1), name="cluster.order")
         return self._order
 
-    def submit_step(self, rt, params, fresh, scalars):
+    def submit_exchange(self, rt, params, fresh, scalars):
         """Submit the step's gradient buckets and scalar reductions, then the task that
         writes their results (see the module docstring).
 
@@ -317,9 +318,6 @@ class Exchange:
         operations of the tree."""
         q = shape.local_part(self.rank, values)
         step = self.step
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
         for r, ((lo, hi), owners) in enumerate(shape.ranges):
             piece = {i: v[lo:hi] for i, v in q.items()}
             part_head = None if head is None else head[lo:hi]
@@ -330,9 +328,9 @@ class Exchange:
                     self.endpoint.post(self.peers[owner], {
                         "op": "piece", "gen": self.generation, "step": step, "tag": tag,
                         "range": r, "src": self.rank,
-                        "leaves": list(piece), "values": [to_serialize(np.ascontiguousarray(v))
+                        "leaves": list(piece), "values": [serialized(np.ascontiguousarray(v))
                                                           for v in piece.values()],
-                        "head": None if part_head is None else to_serialize(
+                        "head": None if part_head is None else serialized(
                             np.ascontiguousarray(part_head))})
 
     def wait(self, tag, shape) -> np.ndarray:
@@ -356,12 +354,9 @@ class Exchange:
         return parts
 
     def _post(self, rank, tag, key, values):
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
         self.endpoint.post(self.peers[rank], {
             "op": "reduced", "gen": self.generation, "step": self.step, "tag": tag,
-            "range": key, "values": to_serialize(np.ascontiguousarray(values))})
+            "range": key, "values": serialized(np.ascontiguousarray(values))})
 
     def along_tree(self, tag, shape, values, head) -> np.ndarray:
         """Reduce along the tree between the ranks (blocks): each rank adds what it owns
@@ -436,14 +431,11 @@ class Exchange:
         result = head + q[0] if shape.m else np.array(head, copy=True)
         _, owners = shape.ranges[r]
         if len(owners) == 1:  # a scattered range: its owner tells the others
-            # distributed loads with the first cluster (heavy at start-up)
-            from distributed.protocol import to_serialize
-
             for other in range(self.ranks):
                 if other != self.rank:
                     self.endpoint.post(self.peers[other], {
                         "op": "reduced", "gen": self.generation, "step": step, "tag": tag,
-                        "range": r, "values": to_serialize(result)})
+                        "range": r, "values": serialized(result)})
         with self._cond:
             self._results[key] = result
             self._cond.notify_all()

@@ -35,7 +35,7 @@ from ...layers.base import Parameter
 from ...scheduler.runtime import Runtime
 from ...layers.dropout import dropout_state
 from ...layers.dropout import load_dropout_state
-from .endpoint import Endpoint
+from .endpoint import Endpoint, serialized
 
 __all__ = ["partition_starts", "blocks", "DatasetBatch", "rank_spec", "run_state",
            "load_run_state", "scatter", "ClientLinks", "RankLost", "step_terms"]
@@ -197,19 +197,13 @@ class ClientLinks:
     @staticmethod
     def array(a):
         """``a`` as a message part that travels as frames (not pickled)."""
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
-        return to_serialize(np.ascontiguousarray(a))
+        return serialized(np.ascontiguousarray(a))
 
     @staticmethod
     def serialized(obj):
         """``obj`` (a state with many arrays) as one message part, pickled with its
         arrays out of band."""
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
-        return to_serialize(obj)
+        return serialized(obj)
 
     def connect(self, address):
         """A link to the rank whose endpoint is at ``address``."""

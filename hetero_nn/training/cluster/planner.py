@@ -57,7 +57,7 @@ from ...models import build_model
 from ...scheduler.runtime import Runtime
 from ..trainer import Trainer
 from ...simulation.paths import PathCosts, engine_serves
-from .endpoint import Endpoint
+from .endpoint import Endpoint, serialized
 from ...datasets import load
 from .client import connect
 
@@ -260,10 +260,6 @@ def measure_network(trips=40) -> Network:
     endpoints in this process, ping-pong of 8 bytes (half the round trip: the
     per-message cost) and of 4 MiB (the bandwidth); medians."""
 
-    # distributed loads with the first cluster (heavy at start-up)
-    from distributed.protocol import to_serialize
-
-
     got = threading.Event()
     b = Endpoint("b", "127.0.0.1", lambda peer, m: b.post(peer, m))
     a = Endpoint("a", "127.0.0.1", lambda peer, m: got.set())
@@ -271,7 +267,7 @@ def measure_network(trips=40) -> Network:
         a.connect("b", b.address)
 
         def half_trip(nbytes):
-            payload = to_serialize(np.zeros(max(1, nbytes // 4), np.float32))
+            payload = serialized(np.zeros(max(1, nbytes // 4), np.float32))
             times = []
             for _ in range(trips):
                 got.clear()

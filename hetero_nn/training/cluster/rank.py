@@ -56,7 +56,7 @@ from ...optim import submit_clip_grad_norm
 from .messages import load_run_state, run_state
 from .exchange import Exchange, GroupBroken
 from ...scheduler.runtime import Runtime
-from .endpoint import Endpoint
+from .endpoint import Endpoint, serialized
 
 __all__ = ["Rank", "live_ranks", "drop_run", "place_share", "submit_share"]
 
@@ -229,20 +229,14 @@ class Rank:
         return {"op": "ready"}
 
     def _state(self, m):
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
         t = self.trainer
-        return {"op": "state", "state": to_serialize(run_state(t.model, t.optimizer,
+        return {"op": "state", "state": serialized(run_state(t.model, t.optimizer,
                                                                self.completed))}
 
     def _abort(self, m):
         return {"op": "aborted", "result": self.last_result}
 
     def _tune(self, m):
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
         x, y = self._batch(m)
         t = self.trainer
         t.granularity = None
@@ -251,7 +245,7 @@ class Rank:
         finally:
             t.unbind()
         return {"op": "tuned", "granularity": int(t.granularity),
-                "decision": to_serialize(t.granularity_decision)}
+                "decision": serialized(t.granularity_decision)}
 
     def _batch(self, m):
         dtype = self.trainer.dtype
@@ -280,7 +274,7 @@ class Rank:
         submit = functools.partial(submit_share, t, ex, starts, n)
         try:
             opt_key = t.optimizer.replay_key()
-            key = t.step_cache.key(x, y, None if opt_key is None else
+            key = t.step_cache.key(t.ready(x, y), y, None if opt_key is None else
                                    ("cluster", opt_key, n, tuple(starts), offset))
             if key is None:
                 results = submit(*t.register_batch(x, y))
@@ -360,7 +354,7 @@ def submit_share(trainer, exchange, starts, n, xs, ys):
         logits = model.forward(rt, xs)
         loss, correct, dlogits = t.loss(rt, logits, ys, batch=n)
         model.backward(rt, dlogits)
-    ex.submit_step(rt, [(named.get(id(p), "?"), p, per) for p, per in params], fresh,
+    ex.submit_exchange(rt, [(named.get(id(p), "?"), p, per) for p, per in params], fresh,
                    (loss, correct))
     norm_sq = (submit_clip_grad_norm(t.optimizer, t.clip_grad_norm)
                if t.clip_grad_norm is not None else None)

@@ -73,13 +73,15 @@ import numpy as np
 import types
 
 from ...codelets.codelet import Codelet, R, W
+from ..cluster.endpoint import serialized
 from ..cluster.exchange import GroupBroken
 from .pipedream import WeightStash, stage_parameters, zero_stage_grads
 from .passes import submit_backward, submit_forward
 from .stages import _chain, _operations, balanced_cut, block_costs, schedule_order
 from ..cluster.rank import Rank, _clock, _set_hyper
 
-__all__ = ["StageRank", "StageLink", "StagePlan", "submit_stage", "submit_pipedream_stage"]
+__all__ = ["StageRank", "StageLink", "StageAssignment", "StagePlan", "submit_stage",
+           "submit_pipedream_stage"]
 
 #: Seconds a stage waits for a neighbour's micro-batch before giving the step up.
 WAIT_LIMIT = 600.0
@@ -130,12 +132,9 @@ class StageLink:
     def send(self, what, k, array):
         """Post micro-batch ``k``'s ``what`` ("act": to the next stage; "grad": to the
         previous one), a copy: the buffer serves the rest of the step."""
-        # distributed loads with the first cluster (heavy at start-up)
-        from distributed.protocol import to_serialize
-
         self.endpoint.post(self.next if what == "act" else self.prev, {
             "op": "stage", "what": what, "k": k, "gen": self.generation, "step": self.step,
-            "value": to_serialize(np.array(array, copy=True))})
+            "value": serialized(np.array(array, copy=True))})
 
     def deliver(self, message):
         """A neighbour's message (on the endpoint's loop thread)."""
@@ -181,10 +180,11 @@ STAGE_SEND = Codelet("stage_send", modes=(R,), variants={"ref": _send_variant})
 STAGE_RECV = Codelet("stage_recv", modes=(W,), variants={"ref": _recv_variant})
 
 
-class StagePlan:
-    """What a stage rank needs of the run's pipeline for a step (from the client's
+class StageAssignment:
+    """What a stage rank is assigned of the run's pipeline for a step (from the client's
     message): its index, every stage's blocks ``(first, end)``, the schedule and whether
-    its order is added (not ``dataflow``)."""
+    its order is added (not ``dataflow``). (Formerly ``StagePlan``: a *plan* is a
+    partition plan, see docs/architecture.md's glossary.)"""
 
     def __init__(self, stage, bounds, schedule, dataflow):
         self.stage = stage
@@ -197,6 +197,9 @@ class StagePlan:
     def key(self):
         return (self.stage, tuple(self.bounds), self.schedule, self.dataflow)
 
+
+
+StagePlan = StageAssignment  # the former name, kept for code that imported it
 
 def _layer_range(model, a, b):
     """The model's layers ``[lo, hi)`` that blocks ``[a, b)`` of its plan run."""
@@ -414,7 +417,7 @@ class StageRank(Rank):
 
     def _run_stage(self, m, link):
         t_got = _clock()
-        plan = StagePlan(link.stage, m["bounds"], m["schedule"], m["dataflow"])
+        plan = StageAssignment(link.stage, m["bounds"], m["schedule"], m["dataflow"])
         x, y = self._stage_batch(m, plan)
         t_data = _clock()
         t, rt = self.trainer, self.runtime
@@ -425,7 +428,7 @@ class StageRank(Rank):
         submit = functools.partial(submit_stage, t, link, plan)
         try:
             opt_key = t.optimizer.replay_key()
-            key = t.step_cache.key(x, y, None if opt_key is None else
+            key = t.step_cache.key(t.ready(x, y), y, None if opt_key is None else
                                    ("stage", opt_key, plan.key()))
             if key is None:
                 loss, correct, self.ops = submit(*t.register_batch(x, y))

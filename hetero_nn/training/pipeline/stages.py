@@ -223,7 +223,7 @@ class Pipeline:
         return bounds, predicted
 
     # ------------------------------------------------------------ a step
-    def submit_step(self, trainer, xs, ys):
+    def submit_stages(self, trainer, xs, ys):
         """Submit one optimizer step as the trainer would, each block on its stage's
         workers, the schedule's order added; returns the trainer's result handles."""
 
@@ -383,11 +383,8 @@ def block_costs(trainer, pipeline, x, y, kinds) -> list[list[float]]:
             saved, trainer.pipeline = trainer.pipeline, None  # the same tasks, unplaced
             try:
                 with _state_kept(trainer):
-                    models, rt.perfmodel = rt.perfmodel, None
-                    try:  # capture, compilation (tasks wait on it): no measurement kept
-                        trainer.train_step(x, y)
-                    finally:
-                        rt.perfmodel = models
+                    with rt.measuring(None):  # capture, compilation (tasks wait on it):
+                        trainer.train_step(x, y)  # no measurement kept
                     for _ in range(CALIBRATION_STEPS):
                         trainer.train_step(x, y)
                         if all(predict(kind) is not None for kind in kinds):

@@ -1,5 +1,5 @@
-"""Optimizers and gradient clipping with ``torch.optim``'s arguments; the schedules are in
-:mod:`hetero_nn.lr_scheduler` (reached from here too, ``hn.optim.StepLR``).
+"""Optimizers and gradient clipping with ``torch.optim``'s arguments (``hn.optim.SGD``); the
+schedules are in :mod:`hetero_nn.optim.lr_scheduler`, which imports this module.
 
 ``hn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)`` takes the parameters first,
 or parameter groups with their own options, as torch's; ``hn.optim.SGD(lr=0.05)`` is a
@@ -30,11 +30,11 @@ import numbers
 
 import numpy as np
 
-from .codelets.optim import (adam_hyper, adam_step, adamw_step, clip_scale, sgd_hyper, sgd_step,
+from ..codelets.optim import (adam_hyper, adam_step, adamw_step, clip_scale, sgd_hyper, sgd_step,
                               sgd_step_plain, sum_squares)
-from .codelets.reduce import fill_zero
-from .errors import CheckpointError, ConfigError
-from .layers.base import Parameter, note_step_input
+from ..codelets.reduce import fill_zero
+from ..errors import CheckpointError, ConfigError
+from ..layers.base import Parameter, note_step_input
 
 
 def _check(value, name, owner, minimum=0.0, maximum=None, open_max=False):
@@ -526,7 +526,3 @@ def clip_grad_norm(parameters, max_norm) -> float:
         return 0.0
     value = total.owner.fetch(total)
     return float(np.sqrt(value))
-
-
-from .lr_scheduler import (SCHEDULES, CosineAnnealingLR, LRScheduler, OneCycleLR,  # noqa: E402,F401
-                           StepLR)
