@@ -110,13 +110,15 @@ _CHAINS = ((ConvReLUPool, (Conv2d, ReLU, MaxPool2d)), (DenseReLU, (Dense, ReLU))
 
 
 def plan(layers):
-    """``[(index of the block's first layer, block)]``: fused runs where a chain occurs.
+    """``[(index of the block's first layer, block)]``: fused runs where a chain occurs
+    (this module's, then ``fused_blocks.RUNS``).
 
     >>> from hetero_nn.layers import Flatten
     >>> [type(b).__name__ for _, b in plan([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(),
     ...                                     Dense(8, 4), ReLU(), Dense(4, 2)])]
     ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Linear']
     """
+    from .fused_blocks import RUNS  # it imports Residual, whose module imports this one
     blocks, i = [], 0
     while i < len(layers):
         for run, chain in _CHAINS:
@@ -127,6 +129,7 @@ def plan(layers):
                 i += len(chain)
                 break
         else:
-            blocks.append((i, layers[i]))
-            i += 1
+            run, length = next(((r, n) for r in RUNS if (n := r.match(layers, i))), (None, 1))
+            blocks.append((i, run(layers[i:i + length]) if run else layers[i]))
+            i += length
     return blocks
