@@ -74,7 +74,7 @@ def test_conv_bn_eval_matches_ref_twin_and_torch(geometry, dtype, activation):
     codelet = conv2d_bn_eval_fwd if bias else conv2d_nobias_bn_eval_fwd
     kw = dict(params, eps=1e-3, activation=activation)
     ref = run(codelet, "ref", operands, kw)
-    got = run(codelet, "cpu:gemm", operands, kw)
+    got = run(codelet, "cpu", operands, kw)
     assert rel_err(got, ref) <= TOL[dtype]
     assert rel_err(got, torch_chain(operands, params, bias, activation, 1e-3)) <= TOL[dtype]
     assert rel_err(run(codelet, "cuda", operands, kw), ref) <= TOL[dtype]  # NumPy in CI
@@ -91,10 +91,10 @@ def test_prepared_calls_give_the_variant_bits(geometry, dtype):
     params, operands = problem(*geometry, dtype)
     codelet = conv2d_bn_eval_fwd if geometry[-1] else conv2d_nobias_bn_eval_fwd
     kw = dict(params, eps=1e-5, activation="relu")
-    want = run(codelet, "cpu:gemm", operands, kw)
+    want = run(codelet, "cpu", operands, kw)
     assert rel_err(want, torch_chain(operands, params, geometry[-1], "relu", 1e-5)) <= TOL[dtype]
     arrays = [a.copy() for a in operands]
-    calls = calls_of(codelet.variants["cpu:gemm"], WorkerBuffers(), arrays, kw)
+    calls = calls_of(codelet.variants["cpu"], WorkerBuffers(), arrays, kw)
     assert calls is not None
     for _ in range(2):  # the fold is redone per call: new parameters are read
         for kernel, args in calls:
@@ -105,13 +105,13 @@ def test_prepared_calls_give_the_variant_bits(geometry, dtype):
         kernel(*args)
     moved = [a.copy() for a in operands]
     moved[2 + geometry[-1]] += 1
-    np.testing.assert_array_equal(arrays[-1], run(codelet, "cpu:gemm", moved, kw))
+    np.testing.assert_array_equal(arrays[-1], run(codelet, "cpu", moved, kw))
 
 
 def test_unknown_activation_is_refused():
     params, operands = problem(1, 2, 2, 3, 3, 1, 1, 0, 1, False, np.float64)
     with pytest.raises(ValueError, match="activation must be one of"):
-        run(conv2d_nobias_bn_eval_fwd, "cpu:gemm", operands, dict(params, activation="gelu"))
+        run(conv2d_nobias_bn_eval_fwd, "cpu", operands, dict(params, activation="gelu"))
 
 
 @pytest.mark.parametrize("variant", ["ref", "cpu", "cuda"])

@@ -36,17 +36,16 @@ Variants
     vectorised inner loops. Needs the least memory; at best on layers with
     few channels per group, where GEMMs are thin.
 ``cpu:im2col``
-    A Numba kernel unfolds a chunk of samples into columns and BLAS runs one
-    GEMM per sample and group, in one Numba call (``conv_im2col.py``). The
-    fastest CPU variant on the small layers of
-    ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM bounds it.
+    A Numba kernel unfolds a chunk of samples into columns and BLAS runs one GEMM per
+    sample and group, in one Numba call (``conv_im2col.py``). The fastest CPU variant on
+    the small layers of ``benchmarks/bench_codelets_conv_pool.py``.
 ``cpu:gemm``
-    One GEMM per chunk of the partition's samples (at least
-    ``conv_gemm.GEMM_COLUMNS`` columns wide) instead of one per sample, and
-    1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``): the
-    pinned CPU variant, 2-9x ``cpu:im2col`` on ResNet-18's late layers
-    (``benchmarks/bench_conv_gemm.py``). Groups, and images whose one sample
-    already makes a wide GEMM, go to ``cpu:im2col``'s kernels.
+    One GEMM per chunk of the partition's samples (at least ``conv_gemm.GEMM_COLUMNS``
+    columns wide), 1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``):
+    the pinned CPU variant of the gradients, 2-9x ``cpu:im2col`` on ResNet-18's late
+    layers. Groups, and images whose one sample makes a wide GEMM, go to ``cpu:im2col``.
+``cpu:winograd`` (forward, pinned): Winograd F(2x2, 3x3) on 3x3 stride-1 layers
+    (``conv_winograd.py``), ``cpu:gemm`` on the others.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -65,7 +64,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import conv_direct, conv_gemm, conv_im2col
+from . import conv_direct, conv_gemm, conv_im2col, conv_winograd
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .gather import col2im_index, device_table, im2col_index
@@ -426,6 +425,12 @@ def _fwd_gemm_calls(buffers, x, w, b, y, params):
     return conv_gemm.fwd_calls(buffers, x, w, b, y, geo)
 
 
+def _fwd_winograd_calls(buffers, x, w, b, y, params):
+    geo = conv2d_geometry(x.shape, w.shape, **params)
+    return (conv_winograd.fwd_calls(buffers, x, w, b, y, geo) if conv_winograd.handles(
+        geo, x.shape) else _fwd_gemm_calls(buffers, x, w, b, y, params))
+
+
 def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
     require_contiguous("conv2d_bwd_input", dx=dx)
     geo = conv2d_geometry(dx.shape, w.shape, **params)
@@ -444,7 +449,7 @@ def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
 
 
 def _gemm_variant(calls, absent, doc):
-    """The ``cpu:gemm`` variant running ``calls(buffers, *operands, params)``, None inserted
+    """The variant running ``calls(buffers, *operands, params)``, None inserted
     at index ``absent`` of the operands (the missing ``b`` or ``db``; None: nothing
     missing), and its ``prepare``."""
     def operands(arrays):
@@ -465,6 +470,8 @@ def _gemm_variant(calls, absent, doc):
 conv2d_fwd_cpu_gemm = _gemm_variant(_fwd_gemm_calls, None, "``conv2d_fwd`` by partition GEMMs.")
 conv2d_fwd_nobias_cpu_gemm = _gemm_variant(_fwd_gemm_calls, 2,
                                            "``conv2d_fwd_nobias`` by partition GEMMs.")
+conv2d_fwd_cpu_winograd = _gemm_variant(_fwd_winograd_calls, None, "Winograd or GEMMs.")
+conv2d_fwd_nobias_cpu_winograd = _gemm_variant(_fwd_winograd_calls, 2, "Winograd or GEMMs.")
 conv2d_bwd_input_cpu_gemm = _gemm_variant(lambda buffers, dy, w, _, dx, params:
                                           _bwd_input_gemm_calls(buffers, dy, w, dx, params),
                                           2, "``conv2d_bwd_input`` by partition GEMMs.")
@@ -554,7 +561,8 @@ conv2d_fwd = Codelet(
     "conv2d_fwd", modes=(R, R, R, W),
     variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
               "cpu:im2col": conv2d_fwd_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_cpu_gemm, "cuda": conv2d_fwd_cuda},
+              "cpu:gemm": conv2d_fwd_cpu_gemm, "cpu:winograd": conv2d_fwd_cpu_winograd,
+              "cuda": conv2d_fwd_cuda},
     flops=_fwd_flops)
 """``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
 
@@ -562,7 +570,8 @@ conv2d_fwd_nobias = Codelet(
     "conv2d_fwd_nobias", modes=(R, R, W),
     variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
               "cpu:im2col": conv2d_fwd_nobias_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm, "cuda": conv2d_fwd_nobias_cuda},
+              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm,
+              "cpu:winograd": conv2d_fwd_nobias_cpu_winograd, "cuda": conv2d_fwd_nobias_cuda},
     flops=_fwd_nobias_flops)
 """``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
 

@@ -29,10 +29,11 @@ nothing but the parameters, so results stay bit-identical across policies and
 granularities. ``add2_relu`` is ``relu(a + b)`` with ``add2``'s and ``relu_fwd``'s
 roundings: bit-identical to the unfused pair.
 
-Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu:gemm`` (the
-fold in one Numba kernel into worker buffers, then ``conv2d_fwd``'s ``cpu:gemm`` calls,
-then the activation kernel: all prepared calls, so a replayed task is three kernel
-calls), ``cpu`` for ``add2_relu``, and ``cuda`` (written against the array module).
+Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
+in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
+``cpu:winograd`` variant, Winograd or partition GEMMs, then ReLU's kernel in place: all
+prepared calls, so a replayed task is three kernel calls), and ``cuda`` (written against
+the array module).
 """
 
 from __future__ import annotations
@@ -46,8 +47,7 @@ from ._checks import require_contiguous
 from ._jit import jit
 from .activation import _relu6_fwd_cpu, _relu_fwd_cpu
 from .codelet import R, W, Codelet
-from .conv_im2col import run_calls, views, worker_buffer
-from .prepared import from_calls, prepares
+from .prepared import from_calls
 from .xp import array_module
 
 __all__ = ["conv2d_bn_eval_fwd", "conv2d_nobias_bn_eval_fwd", "add2_relu", "ACTIVATIONS"]
@@ -107,7 +107,7 @@ def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
 
 
 def _bn_eval_calls(buffers, x, w, b, mean, var, weight, bias, y, params):
-    """The fold, ``conv2d_fwd``'s ``cpu:gemm`` calls on the folded operands, the
+    """The fold, ``conv2d_fwd``'s ``cpu:winograd`` calls on the folded operands, the
     activation: the calls (:mod:`~hetero_nn.codelets.prepared`)."""
     require_contiguous("conv2d_bn_eval_fwd", y=y)
     conv_params, eps, code = _split(params)
@@ -118,7 +118,7 @@ def _bn_eval_calls(buffers, x, w, b, mean, var, weight, bias, y, params):
     b = w2[0, :0] if b is None else np.ascontiguousarray(b)
     calls = [(fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (mean, var, weight, bias)),
                             eps, wf.reshape(n_out, -1), bf))]
-    calls += conv._fwd_gemm_calls(buffers, x, wf, bf, y, conv_params)
+    calls += conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
     if code:  # relu_fwd's or relu6_fwd's kernel, in place
         flat = y.reshape(-1)
         calls.append(((_relu_fwd_cpu, _relu6_fwd_cpu)[code - 1], (flat, flat)))
@@ -139,16 +139,8 @@ def _variants(absent):
     def operands(arrays):
         return arrays if absent is None else (*arrays[:absent], None, *arrays[absent:])
 
-    def prepare(buffers, *arrays, **params):
-        if not views(arrays[-1].dtype, *arrays):
-            return None
-        return _bn_eval_calls(buffers, *operands(arrays), params)
-
-    @prepares(prepare)
-    def cpu_gemm(*arrays, **params):
-        run_calls(_bn_eval_calls(worker_buffer, *operands(arrays), params))
-
-    return {"ref": lambda *a, **p: _bn_eval_ref(*operands(a), **p), "cpu:gemm": cpu_gemm,
+    return {"ref": lambda *a, **p: _bn_eval_ref(*operands(a), **p),
+            "cpu": conv._gemm_variant(_bn_eval_calls, absent, "Folded, then the convolution."),
             "cuda": lambda *a, **p: _bn_eval_cuda(*operands(a), **p)}
 
 

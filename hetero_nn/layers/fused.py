@@ -28,6 +28,7 @@ from .activation import ReLU
 from .base import contribution
 from .conv import Conv2d
 from .dense import Dense
+from .fused_blocks import RUNS
 from .pool import MaxPool2d
 
 
@@ -118,7 +119,6 @@ def plan(layers):
     ...                                     Dense(8, 4), ReLU(), Dense(4, 2)])]
     ['ConvReLUPool', 'Flatten', 'DenseReLU', 'Linear']
     """
-    from .fused_blocks import RUNS  # it imports Residual, whose module imports this one
     blocks, i = [], 0
     while i < len(layers):
         for run, chain in _CHAINS:

@@ -24,8 +24,6 @@ from ..codelets.fused_blocks import add2_relu, conv2d_bn_eval_fwd, conv2d_nobias
 from .activation import ReLU, ReLU6
 from .conv import Conv2d
 from .normalization import BatchNorm2d
-from .residual import Residual
-from .sequential import release_dead
 
 _ACTIVATION = {ReLU: "relu", ReLU6: "relu6"}
 
@@ -85,8 +83,9 @@ class ResidualReLU:
 
     @staticmethod
     def match(layers, i):
-        window = layers[i:i + 2]
-        return 2 if [type(l) for l in window] == [Residual, ReLU] else 0
+        window = layers[i:i + 2]  # Residual's class says so (its module imports this one's)
+        return 2 if (len(window) == 2 and getattr(type(window[0]), "join_fusable", False)
+                     and type(window[1]) is ReLU) else 0
 
     def forward(self, rt, xs):
         ys = self.residual.forward(rt, xs, join=add2_relu)
@@ -96,7 +95,7 @@ class ResidualReLU:
     def backward(self, rt, dys, need_input_grad=True):
         dzs = self.relu.backward(rt, dys)
         dxs = self.residual.backward(rt, dzs, need_input_grad=need_input_grad)
-        release_dead(rt, [dzs[0].root], set(), dxs)  # as Sequential does between the two
+        rt.release(dzs[0].root)  # read by no later task: as Sequential releases it unfused
         return dxs
 
     def __repr__(self):

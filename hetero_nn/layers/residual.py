@@ -35,6 +35,9 @@ class Residual(Layer):
     ['body.0.weight', 'body.0.bias']
     """
 
+    join_fusable = True
+    """``layers/fused_blocks.py`` may join with the ``ReLU`` after the block (``add2_relu``)."""
+
     def __init__(self, body, shortcut=None):
         super().__init__()
         self.body = _as_sequential(body, "body")
