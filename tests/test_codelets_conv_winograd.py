@@ -1,7 +1,7 @@
 """The ``cpu:winograd`` forward convolutions (``codelets/conv_winograd.py``) against their
 ``ref`` twins and PyTorch: float64 to 1e-10, float32 to 1e-4 of the scale, over
-hypothesis geometries the Winograd kernels take (odd and 1x1 images, padding 0-2,
-partial last tiles, chunks that do not divide the partition), the layers they hand to
+hypothesis geometries the Winograd kernels take (odd images, padding 0-2, partial last
+tiles, chunks that do not divide the partition), the layers they hand to
 ``cpu:gemm``, and their prepared calls giving the variant's bits."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def forward(variant, x, wt, b, **params):
 
 geometries = st.tuples(
     st.integers(1, 7), st.integers(16, 24), st.integers(1, 20),    # n, c, o
-    st.integers(1, 11), st.integers(1, 11), st.integers(0, 2),     # h, w, padding
+    st.integers(2, 11), st.integers(2, 11), st.integers(0, 2),     # h, w, padding
     st.booleans())                                                  # bias
 
 
@@ -48,7 +48,7 @@ def test_winograd_matches_ref_twin_and_torch(geometry, dtype):
         return
     x, wt, b = operands(n, c, o, h, w, 3, dtype, bias)
     geo = conv.conv2d_geometry(x.shape, wt.shape, padding=padding)
-    assert conv_winograd.handles(geo, x.shape)
+    assert conv_winograd.handles(geo, x.shape) == (min(geo.out_h, geo.out_w) >= 4)
     got = forward("cpu:winograd", x, wt, b, padding=padding)
     assert rel_err(got, forward("ref", x, wt, b, padding=padding)) <= TOL[dtype]
     torch = pytest.importorskip("torch")
@@ -58,15 +58,16 @@ def test_winograd_matches_ref_twin_and_torch(geometry, dtype):
     assert rel_err(got, want) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("params, c, k", [
-    ({"stride": 2, "padding": 1}, 16, 3),          # strided: partition GEMMs
-    ({"padding": 1, "dilation": 2}, 16, 3),        # dilated
-    ({"padding": 1, "padding_mode": "reflect"}, 16, 3),
-    ({"padding": 1}, 8, 3),                        # too few input channels
-    ({}, 16, 1),                                   # 1x1
+@pytest.mark.parametrize("params, c, k, h", [
+    ({"stride": 2, "padding": 1}, 16, 3, 6),          # strided: partition GEMMs
+    ({"padding": 1, "dilation": 2}, 16, 3, 6),        # dilated
+    ({"padding": 1, "padding_mode": "reflect"}, 16, 3, 6),
+    ({"padding": 1}, 8, 3, 6),                        # too few input channels
+    ({}, 16, 1, 6),                                   # 1x1
+    ({"padding": 1}, 16, 3, 2),                       # 2x2 images
 ])
-def test_other_layers_go_to_partition_gemms(params, c, k):
-    x, wt, b = operands(4, c, 16, 6, 6, k, np.float64, True)
+def test_other_layers_go_to_partition_gemms(params, c, k, h):
+    x, wt, b = operands(4, c, 16, h, h, k, np.float64, True)
     geo = conv.conv2d_geometry(x.shape, wt.shape, **params)
     assert not conv_winograd.handles(geo, x.shape)
     np.testing.assert_array_equal(forward("cpu:winograd", x, wt, b, **params),
@@ -74,7 +75,7 @@ def test_other_layers_go_to_partition_gemms(params, c, k):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("n, h", [(70, 3), (5, 32), (3, 1)])  # chunks of 64 samples; 1x1
+@pytest.mark.parametrize("n, h", [(70, 8), (5, 32), (3, 4)])  # chunks of 64 and 6 samples
 def test_prepared_calls_give_the_variant_bits(n, h, dtype):
     x, wt, b = operands(n, 16, 32, h, h, 3, dtype, True)
     want = forward("cpu:winograd", x, wt, b, padding=1)

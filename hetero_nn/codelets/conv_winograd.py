@@ -19,8 +19,8 @@ differs from a direct convolution's by a few units of the last place (float32 wi
 1e-5 of the scale on ResNet-18's layers; the tests bound it at 1e-4, 1e-10 in float64).
 
 ``handles`` says which convolutions these kernels take: one group, a 3x3 kernel, stride
-and dilation 1, zero padding, at least ``MIN_CHANNELS`` input and output channels (on
-fewer the GEMMs are too thin to pay for the transforms). ``geo`` is a
+and dilation 1, zero padding, at least ``MIN_CHANNELS`` input channels and output images of at least
+``MIN_SIDE`` pixels a side (elsewhere the GEMMs are too thin to pay for the transforms). ``geo`` is a
 :class:`~hetero_nn.codelets.conv.Conv2dGeometry`.
 """
 
@@ -33,14 +33,19 @@ from .conv_gemm import chunk_samples
 from .conv_im2col import worker_buffer
 
 MIN_CHANNELS = 16
-"""Fewest input and output channels the Winograd kernels take."""
+"""Fewest input channels the Winograd kernels take."""
+
+MIN_SIDE = 4
+"""Least output height and width they take: on 2x2 and 1x1 images the filter transform
+and a GEMM one tile per sample wide cost more than they save (0.2-0.6x ``cpu:gemm`` on
+ResNet-18's late layers at 32x32 torchvision input, ``benchmarks/bench_conv_gemm.py``)."""
 
 
 def handles(geo, x_shape) -> bool:
     """Whether ``fwd_winograd_cpu`` takes the convolution (module docstring)."""
     return (geo.groups == 1 and geo.kh == geo.kw == 3 and geo.sh == geo.sw == 1
             and geo.dh == geo.dw == 1 and geo.mode == 0 and x_shape[1] >= MIN_CHANNELS
-            and geo.out_h >= 1 and geo.out_w >= 1)
+            and geo.out_h >= MIN_SIDE and geo.out_w >= MIN_SIDE)
 
 
 def tiles(geo):
