@@ -86,3 +86,42 @@ def test_prepared_calls_give_the_variant_bits(n, h, dtype):
     for kernel, args in calls:
         kernel(*args)
     np.testing.assert_array_equal(y, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(geometries, st.sampled_from([np.float64, np.float32]))
+def test_input_gradient_matches_ref_twin_and_torch(geometry, dtype):
+    n, o, c, h, w, padding, _ = geometry  # o >= 16: the gradient's convolution reads dy's o
+    if min(h, w) + 2 * padding < 3:
+        return
+    x, wt, _ = operands(n, c, o, h, w, 3, dtype, False)
+    geo = conv.conv2d_geometry(x.shape, wt.shape, padding=padding)
+    dy = np.random.default_rng(1).standard_normal(
+        conv.conv2d_output_shape(x.shape, wt.shape, padding=padding)).astype(dtype)
+    assert conv_winograd.handles_input(geo, dy.shape) == (min(h, w) >= 4)
+    got, ref = (np.full(x.shape, np.nan, dtype) for _ in range(2))
+    conv.conv2d_bwd_input.variants["cpu:winograd"](dy, wt, got, padding=padding)
+    conv.conv2d_bwd_input.variants["ref"](dy, wt, ref, padding=padding)
+    assert rel_err(got, ref) <= TOL[dtype]
+    torch = pytest.importorskip("torch")
+    want = torch.nn.grad.conv2d_input(x.shape, torch.from_numpy(wt), torch.from_numpy(dy),
+                                      padding=padding).numpy()
+    assert rel_err(got, want) <= TOL[dtype]
+    calls = calls_of(conv.conv2d_bwd_input.variants["cpu:winograd"], WorkerBuffers(),
+                     [dy, wt, ref], {"padding": padding})
+    for kernel, args in calls or ():
+        kernel(*args)
+    np.testing.assert_array_equal(ref if calls else got, got)
+
+
+@pytest.mark.parametrize("params", [{"padding": 3}, {"stride": 2, "padding": 1},
+                                    {"padding": "same", "dilation": 2}])
+def test_other_input_gradients_go_to_partition_gemms(params):
+    x, wt, _ = operands(3, 16, 16, 8, 8, 3, np.float64, False)
+    dy = np.ones(conv.conv2d_output_shape(x.shape, wt.shape, **params))
+    assert not conv_winograd.handles_input(conv.conv2d_geometry(x.shape, wt.shape, **params),
+                                           dy.shape)
+    got, want = np.empty_like(x), np.empty_like(x)
+    conv.conv2d_bwd_input.variants["cpu:winograd"](dy, wt, got, **params)
+    conv.conv2d_bwd_input.variants["cpu:gemm"](dy, wt, want, **params)
+    np.testing.assert_array_equal(got, want)

@@ -28,13 +28,11 @@ convolutions (``groups == C``) have codelets of their own (``depthwise.py``).
 Variants
 --------
 ``ref``
-    NumPy: a sliding-window view of the padded input (dilated taps)
-    contracted with each group's weights by ``tensordot``.
+    NumPy: a sliding-window view of the padded input contracted by ``tensordot``.
 ``cpu:direct``
-    Numba loops, one kernel tap at a time over "wide" rows of a padded copy
-    of each group's planes (``conv_direct.py``): no column buffer, long
-    vectorised inner loops. Needs the least memory; at best on layers with
-    few channels per group, where GEMMs are thin.
+    Numba loops, one kernel tap at a time over "wide" rows of a padded copy of each
+    group's planes (``conv_direct.py``): no column buffer, long vectorised inner loops,
+    the least memory; at best with few channels per group, where GEMMs are thin.
 ``cpu:im2col``
     A Numba kernel unfolds a chunk of samples into columns and BLAS runs one GEMM per
     sample and group, in one Numba call (``conv_im2col.py``). The fastest CPU variant on
@@ -44,8 +42,8 @@ Variants
     columns wide), 1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``):
     the pinned CPU variant of the gradients, 2-9x ``cpu:im2col`` on ResNet-18's late
     layers. Groups, and images whose one sample makes a wide GEMM, go to ``cpu:im2col``.
-``cpu:winograd`` (forward, pinned): Winograd F(2x2, 3x3) on 3x3 stride-1 layers
-    (``conv_winograd.py``), ``cpu:gemm`` on the others.
+``cpu:winograd`` (forward and input gradient, pinned): Winograd F(2x2, 3x3) on 3x3
+    stride-1 layers (``conv_winograd.py``), ``cpu:gemm`` on the others.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -175,24 +173,16 @@ def _macs(dy_shape, w_shape):
     return math.prod(dy_shape) * math.prod(w_shape[1:])
 
 
-def _fwd_flops(x, w, b, y, **params):
-    return 2.0 * _macs(y, w) + math.prod(y)
+def _flops(out, weight, bias=False):
+    """The FLOP count of a codelet whose operands ``out`` (``y`` or ``dy``) and ``weight`` (``w``
+    or ``dw``) are at these indices; ``bias``: plus one addition per output element."""
+    return lambda *shapes, **params: (2.0 * _macs(shapes[out], shapes[weight])
+                                      + (math.prod(shapes[out]) if bias else 0))
 
 
-def _fwd_nobias_flops(x, w, y, **params):
-    return 2.0 * _macs(y, w)
-
-
-def _bwd_input_flops(dy, w, dx, **params):
-    return 2.0 * _macs(dy, w)
-
-
-def _bwd_params_flops(x, dy, dw, db, **params):
-    return 2.0 * _macs(dy, dw) + math.prod(dy)
-
-
-def _bwd_weight_flops(x, dy, dw, **params):
-    return 2.0 * _macs(dy, dw)
+_fwd_flops, _fwd_nobias_flops = _flops(3, 1, bias=True), _flops(2, 1)
+_bwd_input_flops, _bwd_params_flops = _flops(0, 1), _flops(1, 2, bias=True)
+_bwd_weight_flops = _flops(1, 2)
 
 
 def _group_slices(geo, n_in, n_out):
@@ -440,6 +430,12 @@ def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
     return conv_gemm.bwd_input_calls(buffers, dy, w, dx, geo)
 
 
+def _bwd_input_winograd_calls(buffers, dy, w, dx, params):
+    geo = conv2d_geometry(dx.shape, w.shape, **params)
+    return (conv_winograd.bwd_input_calls(buffers, dy, w, dx, geo) if conv_winograd.handles_input(
+        geo, dy.shape) else _bwd_input_gemm_calls(buffers, dy, w, dx, params))
+
+
 def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
     require_contiguous("conv2d_bwd_params", dw=dw)
     geo = conv2d_geometry(x.shape, dw.shape, **params)
@@ -475,6 +471,9 @@ conv2d_fwd_nobias_cpu_winograd = _gemm_variant(_fwd_winograd_calls, 2, "Winograd
 conv2d_bwd_input_cpu_gemm = _gemm_variant(lambda buffers, dy, w, _, dx, params:
                                           _bwd_input_gemm_calls(buffers, dy, w, dx, params),
                                           2, "``conv2d_bwd_input`` by partition GEMMs.")
+conv2d_bwd_input_cpu_winograd = _gemm_variant(lambda buffers, dy, w, _, dx, params:
+                                              _bwd_input_winograd_calls(buffers, dy, w, dx, params),
+                                              2, "Winograd or GEMMs.")
 conv2d_bwd_params_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, None,
                                            "``conv2d_bwd_params`` by partition GEMMs.")
 conv2d_bwd_weight_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, 3,
@@ -579,7 +578,8 @@ conv2d_bwd_input = Codelet(
     "conv2d_bwd_input", modes=(R, R, W),
     variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
               "cpu:im2col": conv2d_bwd_input_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_input_cpu_gemm, "cuda": conv2d_bwd_input_cuda},
+              "cpu:gemm": conv2d_bwd_input_cpu_gemm,
+              "cpu:winograd": conv2d_bwd_input_cpu_winograd, "cuda": conv2d_bwd_input_cuda},
     flops=_bwd_input_flops)
 """``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
 

@@ -1,6 +1,8 @@
-"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass of 3x3,
-stride-1 convolutions, the ``cpu:winograd`` variants of ``conv2d_fwd`` and
-``conv2d_fwd_nobias``.
+"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass and the input
+gradient of 3x3, stride-1 convolutions, the ``cpu:winograd`` variants of ``conv2d_fwd``,
+``conv2d_fwd_nobias`` and ``conv2d_bwd_input``. The input gradient of such a layer with
+padding ``p`` is the same kind of convolution of ``dy`` with the filters flipped and
+transposed, at padding ``2 - p`` (``bwd_input_calls``).
 
 Lavin and Gray's minimal filtering: each 2x2 output tile is ``A^T [(G g G^T) * (B^T d
 B)] A`` for the 4x4 input tile ``d`` around it and the 3x3 filter ``g``, 16
@@ -46,6 +48,22 @@ def handles(geo, x_shape) -> bool:
     return (geo.groups == 1 and geo.kh == geo.kw == 3 and geo.sh == geo.sw == 1
             and geo.dh == geo.dw == 1 and geo.mode == 0 and x_shape[1] >= MIN_CHANNELS
             and geo.out_h >= MIN_SIDE and geo.out_w >= MIN_SIDE)
+
+
+def handles_input(geo, dy_shape) -> bool:
+    """Whether ``bwd_input_calls`` takes the input gradient: the layer's padding symmetric and
+    at most 2, so that the gradient is the 3x3 stride-1 convolution of ``dy`` with the
+    flipped, transposed filters at padding ``2 - p`` (``transposed``), one ``handles`` takes."""
+    return (geo.kh == geo.kw == 3 and geo.pt == geo.pb <= 2 and geo.pl == geo.pr <= 2
+            and geo.sh == geo.sw == 1 and handles(transposed(geo), dy_shape))
+
+
+def transposed(geo):
+    """The geometry of the input gradient as a convolution of ``dy`` (see ``handles_input``)."""
+    pt, pl = 2 - geo.pt, 2 - geo.pl
+    height, width = geo.hp - 2 * geo.pt, geo.wp - 2 * geo.pl
+    return geo._replace(pt=pt, pb=pt, pl=pl, pr=pl, hp=geo.out_h + 2 * pt,
+                        wp=geo.out_w + 2 * pl, out_h=height, out_w=width)
 
 
 def tiles(geo):
@@ -177,6 +195,24 @@ def fwd_calls(buffers, x, w, b, y, geo):
     return [(fwd_winograd_cpu, (np.ascontiguousarray(x, dtype=y.dtype),
                                 np.ascontiguousarray(w, dtype=y.dtype), bias, y, u, v, m,
                                 plane, rows, band, geo, step))]
+
+
+@jit
+def flip_filters(w, flipped):
+    """``flipped[c, o, i, j] = w[o, c, 2 - i, 2 - j]``: the filters of the input gradient."""
+    for o in range(w.shape[0]):
+        for c in range(w.shape[1]):
+            for i in range(3):
+                for j in range(3):
+                    flipped[c, o, i, j] = w[o, c, 2 - i, 2 - j]
+
+
+def bwd_input_calls(buffers, dy, w, dx, geo):
+    """The calls for ``dx = conv2d^T(dy, w)`` as the convolution of ``dy`` with the flipped
+    filters (``handles_input``); ``geo`` the layer's geometry."""
+    flipped = buffers("winograd:flipped", (w.shape[1], w.shape[0], 3, 3), dx.dtype)
+    return [(flip_filters, (np.ascontiguousarray(w, dtype=dx.dtype), flipped)),
+            *fwd_calls(buffers, dy, flipped, None, dx, transposed(geo))]
 
 
 def run(x, w, b, y, geo):
