@@ -2,8 +2,9 @@
 
 Policy: :func:`plan` scans a model's layers for the chains of
 ``codelets/fused.py`` -- ``Conv2d`` (with bias), ``ReLU``, ``MaxPool2d`` and
-``Dense`` (with bias), ``ReLU`` -- and returns the blocks to run: a fused run
-where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
+``Dense`` (with bias), ``ReLU`` -- then for the runs of ``layers/fused_blocks.py``
+(convolution + batch norm in evaluation, residual + ReLU), and returns the blocks to
+run: a fused run where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
 class (not a subclass with another slope or function). Every option of the
 convolution (stride, padding strings and modes, dilation, groups) and of the
 pooling (padding, dilation, ceil mode) goes through the fused chain, except a
