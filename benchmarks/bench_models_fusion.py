@@ -19,14 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-import hetero_nn as hn
 import hetero_nn.layers.fused as fused
 from hetero_nn.codelets import pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_models import MODELS, HnConfig, _copy  # noqa: E402
+from bench_models import MODELS, HnConfig, _copy, problem  # noqa: E402
 
 BEFORE = {name: ("cpu:gemm", "cpu:im2col", "cuda")
           for name in ("conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input")}
@@ -46,14 +43,7 @@ def before():
 
 
 def bench(name, args):
-    build, shape = MODELS[name]
-    hn.manual_seed(0)
-    model = build()
-    model.build(shape, "float32")
-    source = hn.to_torch(model)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, *shape), dtype=np.float32)
-    y = rng.integers(0, 10, args.batch)
+    source, shape, x, y = problem(name, args.batch)
     rows = []
     for infer in (False, True):
         configs = {}
