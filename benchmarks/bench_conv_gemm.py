@@ -9,6 +9,10 @@ Times are the thread's CPU time (``time.thread_time``) unless ``--clock wall``: 
 machine others load, a kernel's CPU time moves less than its wall time.
 
     python benchmarks/bench_conv_gemm.py --partition 32 --rounds 5
+    python benchmarks/bench_conv_gemm.py --variants cpu:gemm cpu:winograd  # forward passes
+
+``--variants A B``: compare those (the speed-up is A's time over B's), on the passes whose
+codelet has both.
 """
 
 from __future__ import annotations
@@ -67,24 +71,28 @@ def main(argv=None):
     ap.add_argument("--partition", type=int, default=32, help="images per task (default 32)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    ap.add_argument("--variants", nargs=2, default=list(VARIANTS), metavar="VARIANT")
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args(argv)
+    variants = tuple(args.variants)
     clock = CLOCKS[args.clock]
     rows = []
     with threadpool_limits(1):
         rate = sgemm_rate(args.rounds, clock)
         print(f"sgemm, one thread: {rate:.1f} GFLOP/s; partition of {args.partition} images; "
               f"{args.clock} time")
-        print(f"{'layer':26s} {'pass':10s} " + " ".join(f"{v:>20s}" for v in VARIANTS)
+        print(f"{'layer':26s} {'pass':10s} " + " ".join(f"{v:>20s}" for v in variants)
               + "  speed-up")
         for shape in SHAPES:
             passes, flops = kernels(shape, args.partition)
             for name, (codelet, operands, params) in passes.items():
-                times = {v: [] for v in VARIANTS}
-                for v in VARIANTS:  # compile and warm
+                if not all(v in codelet.variants for v in variants):
+                    continue
+                times = {v: [] for v in variants}
+                for v in variants:  # compile and warm
                     codelet.variants[v](*operands, **params)
                 for _ in range(args.rounds):  # interleaved rounds
-                    for v in VARIANTS:
+                    for v in variants:
                         t0 = clock()
                         codelet.variants[v](*operands, **params)
                         times[v].append(clock() - t0)
@@ -92,11 +100,11 @@ def main(argv=None):
                 c, o, h, k, s = shape
                 label = f"{c}->{o} {h}x{h} k{k} s{s}"
                 cells = " ".join(f"{med[v] * 1e3:8.2f} ms {flops / med[v] / 1e9:5.1f} GF/s"
-                                 for v in VARIANTS)
-                print(f"{label:26s} {name:10s} {cells}  {med[VARIANTS[0]] / med[VARIANTS[1]]:5.2f}x",
+                                 for v in variants)
+                print(f"{label:26s} {name:10s} {cells}  {med[variants[0]] / med[variants[1]]:5.2f}x",
                       flush=True)
                 rows.append({"layer": label, "pass": name, "gflop": flops / 1e9,
-                             **{f"{v}_ms": med[v] * 1e3 for v in VARIANTS}})
+                             **{f"{v}_ms": med[v] * 1e3 for v in variants}})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sgemm_gflops": rate, "partition": args.partition, "rows": rows}, f,

@@ -135,18 +135,23 @@ class TorchConfig:
         pass
 
 
-def bench_model(name, batch, args):
-    """One row per configuration: images per second (median over rounds) and the ratio
-    to PyTorch eager."""
-    import torch
+def problem(name, batch):
+    """``(torch module, sample shape, x, y)``: the model ``name`` with seeded weights as a
+    torch module, and one seeded batch."""
     build, shape = MODELS[name]
     hn.manual_seed(0)
     model = build()
     model.build(shape, "float32")
-    source = hn.to_torch(model)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, *shape), dtype=np.float32)
-    y = rng.integers(0, 10, batch)
+    return (hn.to_torch(model), shape, rng.standard_normal((batch, *shape), dtype=np.float32),
+            rng.integers(0, 10, batch))
+
+
+def bench_model(name, batch, args):
+    """One row per configuration: images per second (median over rounds) and the ratio
+    to PyTorch eager."""
+    import torch
+    source, shape, x, y = problem(name, batch)
     configs = {}
     for mode in ("train", "infer"):
         for g in args.granularities:

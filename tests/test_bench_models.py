@@ -22,3 +22,12 @@ def test_rows_and_roofline(tmp_path, capsys):
     assert all(0 < r[f"{k}_share"] for r in doc["roofline"]
                for k in ("fwd", "bwd_input", "bwd_weight"))
     assert "hn train g=2" in capsys.readouterr().out
+
+
+def test_fusion_bench_compares_before_and_now(capsys):
+    pytest.importorskip("torch", reason="the models come over by to_torch/from_torch")
+    rows = load_script("benchmarks/bench_models_fusion.py").main([
+        "--models", "cifar-small", "--batch", "4", "--rounds", "1", "--warmup", "1"])
+    assert [(r[0], r[1]) for r in rows] == [("cifar-small", "train"), ("cifar-small", "infer")]
+    assert all(r[2] > 0 and r[3] > 0 for r in rows)
+    assert "before" in capsys.readouterr().out

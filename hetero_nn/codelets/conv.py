@@ -28,25 +28,22 @@ convolutions (``groups == C``) have codelets of their own (``depthwise.py``).
 Variants
 --------
 ``ref``
-    NumPy: a sliding-window view of the padded input (dilated taps)
-    contracted with each group's weights by ``tensordot``.
+    NumPy: a sliding-window view of the padded input contracted by ``tensordot``.
 ``cpu:direct``
-    Numba loops, one kernel tap at a time over "wide" rows of a padded copy
-    of each group's planes (``conv_direct.py``): no column buffer, long
-    vectorised inner loops. Needs the least memory; at best on layers with
-    few channels per group, where GEMMs are thin.
+    Numba loops, one kernel tap at a time over "wide" rows of a padded copy of each
+    group's planes (``conv_direct.py``): no column buffer, long vectorised inner loops,
+    the least memory; at best with few channels per group, where GEMMs are thin.
 ``cpu:im2col``
-    A Numba kernel unfolds a chunk of samples into columns and BLAS runs one
-    GEMM per sample and group, in one Numba call (``conv_im2col.py``). The
-    fastest CPU variant on the small layers of
-    ``benchmarks/bench_codelets_conv_pool.py``; OpenBLAS's GEMM bounds it.
+    A Numba kernel unfolds a chunk of samples into columns and BLAS runs one GEMM per
+    sample and group, in one Numba call (``conv_im2col.py``). The fastest CPU variant on
+    the small layers of ``benchmarks/bench_codelets_conv_pool.py``.
 ``cpu:gemm``
-    One GEMM per chunk of the partition's samples (at least
-    ``conv_gemm.GEMM_COLUMNS`` columns wide) instead of one per sample, and
-    1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``): the
-    pinned CPU variant, 2-9x ``cpu:im2col`` on ResNet-18's late layers
-    (``benchmarks/bench_conv_gemm.py``). Groups, and images whose one sample
-    already makes a wide GEMM, go to ``cpu:im2col``'s kernels.
+    One GEMM per chunk of the partition's samples (at least ``conv_gemm.GEMM_COLUMNS``
+    columns wide), 1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``):
+    the pinned CPU variant of the gradients, 2-9x ``cpu:im2col`` on ResNet-18's late
+    layers. Groups, and images whose one sample makes a wide GEMM, go to ``cpu:im2col``.
+``cpu:winograd`` (forward and input gradient, pinned): Winograd F(2x2, 3x3) on 3x3
+    stride-1 layers (``conv_winograd.py``), ``cpu:gemm`` on the others.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -65,7 +62,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import conv_direct, conv_gemm, conv_im2col
+from . import conv_direct, conv_gemm, conv_im2col, conv_winograd
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .gather import col2im_index, device_table, im2col_index
@@ -176,24 +173,16 @@ def _macs(dy_shape, w_shape):
     return math.prod(dy_shape) * math.prod(w_shape[1:])
 
 
-def _fwd_flops(x, w, b, y, **params):
-    return 2.0 * _macs(y, w) + math.prod(y)
+def _flops(out, weight, bias=False):
+    """The FLOP count of a codelet whose operands ``out`` (``y`` or ``dy``) and ``weight`` (``w``
+    or ``dw``) are at these indices; ``bias``: plus one addition per output element."""
+    return lambda *shapes, **params: (2.0 * _macs(shapes[out], shapes[weight])
+                                      + (math.prod(shapes[out]) if bias else 0))
 
 
-def _fwd_nobias_flops(x, w, y, **params):
-    return 2.0 * _macs(y, w)
-
-
-def _bwd_input_flops(dy, w, dx, **params):
-    return 2.0 * _macs(dy, w)
-
-
-def _bwd_params_flops(x, dy, dw, db, **params):
-    return 2.0 * _macs(dy, dw) + math.prod(dy)
-
-
-def _bwd_weight_flops(x, dy, dw, **params):
-    return 2.0 * _macs(dy, dw)
+_fwd_flops, _fwd_nobias_flops = _flops(3, 1, bias=True), _flops(2, 1)
+_bwd_input_flops, _bwd_params_flops = _flops(0, 1), _flops(1, 2, bias=True)
+_bwd_weight_flops = _flops(1, 2)
 
 
 def _group_slices(geo, n_in, n_out):
@@ -426,6 +415,12 @@ def _fwd_gemm_calls(buffers, x, w, b, y, params):
     return conv_gemm.fwd_calls(buffers, x, w, b, y, geo)
 
 
+def _fwd_winograd_calls(buffers, x, w, b, y, params):
+    geo = conv2d_geometry(x.shape, w.shape, **params)
+    return (conv_winograd.fwd_calls(buffers, x, w, b, y, geo) if conv_winograd.handles(
+        geo, x.shape) else _fwd_gemm_calls(buffers, x, w, b, y, params))
+
+
 def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
     require_contiguous("conv2d_bwd_input", dx=dx)
     geo = conv2d_geometry(dx.shape, w.shape, **params)
@@ -433,6 +428,12 @@ def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
         return [(conv_im2col.bwd_input_im2col_cpu,
                  (_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
     return conv_gemm.bwd_input_calls(buffers, dy, w, dx, geo)
+
+
+def _bwd_input_winograd_calls(buffers, dy, w, dx, params):
+    geo = conv2d_geometry(dx.shape, w.shape, **params)
+    return (conv_winograd.bwd_input_calls(buffers, dy, w, dx, geo) if conv_winograd.handles_input(
+        geo, dy.shape) else _bwd_input_gemm_calls(buffers, dy, w, dx, params))
 
 
 def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
@@ -444,7 +445,7 @@ def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
 
 
 def _gemm_variant(calls, absent, doc):
-    """The ``cpu:gemm`` variant running ``calls(buffers, *operands, params)``, None inserted
+    """The variant running ``calls(buffers, *operands, params)``, None inserted
     at index ``absent`` of the operands (the missing ``b`` or ``db``; None: nothing
     missing), and its ``prepare``."""
     def operands(arrays):
@@ -465,9 +466,14 @@ def _gemm_variant(calls, absent, doc):
 conv2d_fwd_cpu_gemm = _gemm_variant(_fwd_gemm_calls, None, "``conv2d_fwd`` by partition GEMMs.")
 conv2d_fwd_nobias_cpu_gemm = _gemm_variant(_fwd_gemm_calls, 2,
                                            "``conv2d_fwd_nobias`` by partition GEMMs.")
+conv2d_fwd_cpu_winograd = _gemm_variant(_fwd_winograd_calls, None, "Winograd or GEMMs.")
+conv2d_fwd_nobias_cpu_winograd = _gemm_variant(_fwd_winograd_calls, 2, "Winograd or GEMMs.")
 conv2d_bwd_input_cpu_gemm = _gemm_variant(lambda buffers, dy, w, _, dx, params:
                                           _bwd_input_gemm_calls(buffers, dy, w, dx, params),
                                           2, "``conv2d_bwd_input`` by partition GEMMs.")
+conv2d_bwd_input_cpu_winograd = _gemm_variant(lambda buffers, dy, w, _, dx, params:
+                                              _bwd_input_winograd_calls(buffers, dy, w, dx, params),
+                                              2, "Winograd or GEMMs.")
 conv2d_bwd_params_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, None,
                                            "``conv2d_bwd_params`` by partition GEMMs.")
 conv2d_bwd_weight_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, 3,
@@ -554,7 +560,8 @@ conv2d_fwd = Codelet(
     "conv2d_fwd", modes=(R, R, R, W),
     variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
               "cpu:im2col": conv2d_fwd_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_cpu_gemm, "cuda": conv2d_fwd_cuda},
+              "cpu:gemm": conv2d_fwd_cpu_gemm, "cpu:winograd": conv2d_fwd_cpu_winograd,
+              "cuda": conv2d_fwd_cuda},
     flops=_fwd_flops)
 """``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
 
@@ -562,7 +569,8 @@ conv2d_fwd_nobias = Codelet(
     "conv2d_fwd_nobias", modes=(R, R, W),
     variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
               "cpu:im2col": conv2d_fwd_nobias_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm, "cuda": conv2d_fwd_nobias_cuda},
+              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm,
+              "cpu:winograd": conv2d_fwd_nobias_cpu_winograd, "cuda": conv2d_fwd_nobias_cuda},
     flops=_fwd_nobias_flops)
 """``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
 
@@ -570,7 +578,8 @@ conv2d_bwd_input = Codelet(
     "conv2d_bwd_input", modes=(R, R, W),
     variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
               "cpu:im2col": conv2d_bwd_input_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_input_cpu_gemm, "cuda": conv2d_bwd_input_cuda},
+              "cpu:gemm": conv2d_bwd_input_cpu_gemm,
+              "cpu:winograd": conv2d_bwd_input_cpu_winograd, "cuda": conv2d_bwd_input_cuda},
     flops=_bwd_input_flops)
 """``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 PINNED_VARIANTS = {
     "*": ("cpu:im2col", "cpu", "cuda"),
     **{name: ("cpu:gemm", "cpu:im2col", "cuda") for name in (
-        "conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input", "conv2d_bwd_params",
-        "conv2d_bwd_weight")},
+        "conv2d_bwd_params", "conv2d_bwd_weight")},
+    **{name: ("cpu:winograd", "cpu:gemm", "cpu:im2col", "cuda") for name in (
+        "conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input")},
     **{name: ("cpu:blas", "cuda") for name in (
         "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
         "dense_bwd_weight", "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},

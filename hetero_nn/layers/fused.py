@@ -1,9 +1,10 @@
 """Layer fusion: runs of layers a Sequential submits as one fused task per partition.
 
-Policy: :func:`plan` scans a model's layers for the chains of
+Policy: :func:`choose_fusion` scans a model's layers for the chains of
 ``codelets/fused.py`` -- ``Conv2d`` (with bias), ``ReLU``, ``MaxPool2d`` and
-``Dense`` (with bias), ``ReLU`` -- and returns the blocks to run: a fused run
-where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
+``Dense`` (with bias), ``ReLU`` -- then for the runs of ``layers/fused_blocks.py``
+(convolution + batch norm in evaluation, residual + ReLU), and returns the blocks to
+run: a fused run where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
 class (not a subclass with another slope or function). Every option of the
 convolution (stride, padding strings and modes, dilation, groups) and of the
 pooling (padding, dilation, ceil mode) goes through the fused chain, except a
@@ -28,6 +29,7 @@ from .activation import ReLU
 from .base import contribution
 from .conv import Conv2d
 from .dense import Dense
+from .fused_blocks import RUNS
 from .pool import MaxPool2d
 
 
@@ -111,7 +113,8 @@ _CHAINS = ((ConvReLUPool, (Conv2d, ReLU, MaxPool2d)), (DenseReLU, (Dense, ReLU))
 
 def choose_fusion(layers):
     """``[(index of the block's first layer, block)]``: fused runs where a chain occurs
-    (the *fusion choice*; formerly ``plan``, a name the glossary keeps for partition plans).
+    (this module's, then ``fused_blocks.RUNS``; the *fusion choice*, formerly ``plan``, a
+    name the glossary keeps for partition plans).
 
     >>> from hetero_nn.layers import Flatten
     >>> [type(b).__name__ for _, b in choose_fusion([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2),
@@ -128,8 +131,9 @@ def choose_fusion(layers):
                 i += len(chain)
                 break
         else:
-            blocks.append((i, layers[i]))
-            i += 1
+            run, length = next(((r, n) for r in RUNS if (n := r.match(layers, i))), (None, 1))
+            blocks.append((i, run(layers[i:i + length]) if run else layers[i]))
+            i += length
     return blocks
 
 

@@ -35,6 +35,9 @@ class Residual(Layer):
     ['body.0.weight', 'body.0.bias']
     """
 
+    join_fusable = True
+    """``layers/fused_blocks.py`` may join with the ``ReLU`` after the block (``add2_relu``)."""
+
     def __init__(self, body, shortcut=None):
         super().__init__()
         self.body = _as_sequential(body, "body")
@@ -88,12 +91,14 @@ class Residual(Layer):
         self.output_shape = outs["body"]
         return self.output_shape
 
-    def forward(self, rt, xs):
+    def forward(self, rt, xs, join=add2):
+        """``join(body, shortcut, y)`` per partition (``add2``; a fused run passes
+        ``add2_relu``)."""
         body = self.body.forward(rt, xs)
         short = xs if self.shortcut is None else self.shortcut.forward(rt, xs)
         ys = self.outputs(rt, xs)
         for a, b, y in zip(body, short, ys):
-            rt.submit(add2, a, b, y)
+            rt.submit(join, a, b, y)
         return ys
 
     def backward(self, rt, dys, need_input_grad=True):

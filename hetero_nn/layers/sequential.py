@@ -46,7 +46,9 @@ class Sequential(Layer):
 
     ``fuse`` (default True; an attribute, may be changed between steps): submit
     the runs ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as one fused task per
-    partition (``layers/fused.py``); ``fuse=False`` submits every layer's own tasks.
+    partition (``layers/fused.py``), and in evaluation ``Conv2D, BatchNorm2D[, ReLU]``
+    with the batch norm folded, and ``Residual, ReLU`` with one join task
+    (``layers/fused_blocks.py``); ``fuse=False`` submits every layer's own tasks.
 
     ``granularities`` (default None; may be changed between steps): one positive int
     per layer, the number of partitions the block starting at that layer runs at

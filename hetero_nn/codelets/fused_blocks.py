@@ -1,0 +1,202 @@
+"""Fused codelets of real models' blocks: convolution + batch norm (+ ReLU or ReLU6) with
+the batch norm folded into the convolution (evaluation), and the residual join + ReLU.
+
+This module owns three codelets:
+
+========================  ========================================================  ============
+codelet                   operands (access mode)                                    composes
+========================  ========================================================  ============
+conv2d_bn_eval_fwd        x, w, b, mean, var, weight, bias (R), y (W)               conv2d_fwd,
+                                                                                    bn_fwd,
+                                                                                    relu/relu6
+conv2d_nobias_bn_eval_fwd the same without the convolution's bias ``b``
+add2_relu                 a (R), b (R), y (W)                                       add2, relu_fwd
+========================  ========================================================  ============
+
+The convolution codelets take ``conv2d_fwd``'s parameters and the batch norm's ``eps``
+and ``activation`` (``"none"``, ``"relu"`` or ``"relu6"``). ``mean`` and ``var`` are the
+running statistics, so these are evaluation-mode codelets: each task first folds the
+batch norm into the convolution, as inference engines do,
+
+    ``alpha = weight / sqrt(var + eps)``, ``w' = w * alpha``, ``b' = (b - mean) * alpha
+    + bias``
+
+(per output channel, in float64, then cast to the dtype), runs ``conv2d_fwd(x, w', b')``
+and applies the activation in place: one pass over the output instead of three. The
+fold is a different rounding from the unfused chain's (``bn_fwd`` after the
+convolution), within the float tolerance of PyTorch's eval-mode result; it depends on
+nothing but the parameters, so results stay bit-identical across policies and
+granularities. ``add2_relu`` is ``relu(a + b)`` with ``add2``'s and ``relu_fwd``'s
+roundings: bit-identical to the unfused pair.
+
+Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
+in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
+``cpu:winograd`` variant, Winograd or partition GEMMs, then ReLU's kernel in place: all
+prepared calls, so a replayed task is three kernel calls), and ``cuda`` (written against
+the array module).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import conv
+from ._checks import require_contiguous
+from ._jit import jit
+from .activation import _relu6_fwd_cpu, _relu_fwd_cpu
+from .codelet import R, W, Codelet
+from .prepared import from_calls
+from .xp import array_module
+
+__all__ = ["conv2d_bn_eval_fwd", "conv2d_nobias_bn_eval_fwd", "add2_relu", "ACTIVATIONS"]
+
+ACTIVATIONS = ("none", "relu", "relu6")
+
+
+def _activation_code(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d_bn_eval_fwd: activation must be one of {ACTIVATIONS}, "
+                         f"got {activation!r}")
+    return ACTIVATIONS.index(activation)
+
+
+# --------------------------------------------------------------------------- fold
+
+def _fold_xp(xp, w, b, mean, var, weight, bias, eps, dtype):
+    """``(w', b')`` of the module docstring, computed in float64 and cast to ``dtype``."""
+    f8 = np.float64
+    alpha = weight.astype(f8) / xp.sqrt(var.astype(f8) + eps)
+    shift = -mean.astype(f8) if b is None else b.astype(f8) - mean.astype(f8)
+    wf = (w.astype(f8) * alpha.reshape(-1, *(1,) * (w.ndim - 1))).astype(dtype)
+    return wf, (shift * alpha + bias.astype(f8)).astype(dtype)
+
+
+@jit
+def fold_bn_cpu(w2, b, mean, var, weight, bias, eps, wf2, bf):
+    """``wf2 = w2 * alpha`` per row, ``bf = (b - mean) * alpha + bias`` (``b`` empty: no
+    bias), float64 arithmetic as ``_fold_xp``."""
+    for o in range(w2.shape[0]):
+        alpha = np.float64(weight[o]) / np.sqrt(np.float64(var[o]) + eps)
+        shift = -np.float64(mean[o])
+        if b.shape[0]:
+            shift = np.float64(b[o]) - np.float64(mean[o])
+        bf[o] = shift * alpha + np.float64(bias[o])
+        for k in range(w2.shape[1]):
+            wf2[o, k] = np.float64(w2[o, k]) * alpha
+
+
+def _split(params):
+    """``(conv2d_fwd's parameters, eps, activation code)``."""
+    params = dict(params)
+    eps = float(params.pop("eps", 1e-5))
+    return params, eps, _activation_code(params.pop("activation", "none"))
+
+
+# --------------------------------------------------------------------------- variants
+
+def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
+    conv_params, eps, code = _split(params)
+    wf, bf = _fold_xp(np, w, b, mean, var, weight, bias, eps, y.dtype)
+    conv.conv2d_fwd.variants["ref"](x, wf, bf, y, **conv_params)
+    if code == 1:
+        np.maximum(y, np.zeros((), y.dtype), out=y)
+    elif code == 2:
+        np.copyto(y, np.where(y < 0, y.dtype.type(0), np.where(y > 6, y.dtype.type(6), y)))
+
+
+def _bn_eval_calls(buffers, x, w, b, mean, var, weight, bias, y, params):
+    """The fold, ``conv2d_fwd``'s ``cpu:winograd`` calls on the folded operands, the
+    activation: the calls (:mod:`~hetero_nn.codelets.prepared`)."""
+    require_contiguous("conv2d_bn_eval_fwd", y=y)
+    conv_params, eps, code = _split(params)
+    n_out = w.shape[0]
+    wf = buffers("bn_fold:w", w.shape, y.dtype)
+    bf = buffers("bn_fold:b", (n_out,), y.dtype)
+    w2 = np.ascontiguousarray(w).reshape(n_out, -1)
+    b = w2[0, :0] if b is None else np.ascontiguousarray(b)
+    calls = [(fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (mean, var, weight, bias)),
+                            eps, wf.reshape(n_out, -1), bf))]
+    calls += conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
+    if code:  # relu_fwd's or relu6_fwd's kernel, in place
+        flat = y.reshape(-1)
+        calls.append(((_relu_fwd_cpu, _relu6_fwd_cpu)[code - 1], (flat, flat)))
+    return calls
+
+
+def _bn_eval_cuda(x, w, b, mean, var, weight, bias, y, **params):
+    conv_params, eps, code = _split(params)
+    xp = array_module(x, w, y)
+    wf, bf = _fold_xp(xp, w, b, mean, var, weight, bias, eps, y.dtype)
+    conv.conv2d_fwd.variants["cuda"](x, wf, bf, y, **conv_params)
+    if code:
+        xp.clip(y, 0, 6 if code == 2 else None, out=y)
+
+
+def _variants(absent):
+    """The variants of the codelet with (``absent`` None) or without (2) the bias ``b``."""
+    def operands(arrays):
+        return arrays if absent is None else (*arrays[:absent], None, *arrays[absent:])
+
+    return {"ref": lambda *a, **p: _bn_eval_ref(*operands(a), **p),
+            "cpu": conv._gemm_variant(_bn_eval_calls, absent, "Folded, then the convolution."),
+            "cuda": lambda *a, **p: _bn_eval_cuda(*operands(a), **p)}
+
+
+def _bn_eval_flops(x, w, *rest, **params):
+    y = conv.conv2d_output_shape(x, w, **_split(params)[0])
+    return 2.0 * math.prod(y) * math.prod(w[1:]) + 2.0 * math.prod(y)
+
+
+conv2d_bn_eval_fwd = Codelet("conv2d_bn_eval_fwd", modes=(R,) * 7 + (W,),
+                             variants=_variants(None), flops=_bn_eval_flops)
+"""``y = act(bn_eval(conv2d(x, w) + b))``, folded: operands ``(x, w, b, mean, var, weight,
+bias R, y W)``."""
+
+conv2d_nobias_bn_eval_fwd = Codelet("conv2d_nobias_bn_eval_fwd", modes=(R,) * 6 + (W,),
+                                    variants=_variants(2), flops=_bn_eval_flops)
+"""``y = act(bn_eval(conv2d(x, w)))``, folded: operands ``(x, w, mean, var, weight, bias R,
+y W)``."""
+
+
+# --------------------------------------------------------------------------- add2_relu
+
+def _check(a, b, y):
+    if not a.shape == b.shape == y.shape:
+        raise ValueError(f"add2_relu: operands must have one shape, got {a.shape}, {b.shape}, "
+                         f"{y.shape}")
+
+
+def _add2_relu_ref(a, b, y):
+    _check(a, b, y)
+    np.add(a, b, out=y)
+    np.maximum(y, np.zeros((), y.dtype), out=y)
+
+
+@jit
+def _add2_relu_cpu(a, b, y):
+    for i in range(y.shape[0]):
+        v = a[i] + b[i]
+        y[i] = 0 if v <= 0 else v
+
+
+@from_calls
+def _add2_relu_cpu_wrapper(view, a, b, y):
+    _check(a, b, y)
+    require_contiguous("add2_relu", y=y)
+    return [(_add2_relu_cpu, (view(a).reshape(-1), view(b).reshape(-1), y.reshape(-1)))]
+
+
+def _add2_relu_cuda(a, b, y):
+    _check(a, b, y)
+    xp = array_module(a, b, y)
+    xp.add(a, b, out=y)
+    xp.maximum(y, xp.zeros((), y.dtype), out=y)
+
+
+add2_relu = Codelet(
+    "add2_relu", modes=(R, R, W),
+    variants={"ref": _add2_relu_ref, "cpu": _add2_relu_cpu_wrapper, "cuda": _add2_relu_cuda},
+    flops=lambda a, b, y, **params: 2.0 * math.prod(y))
+"""``y = relu(a + b)`` (R a, R b, W y)."""

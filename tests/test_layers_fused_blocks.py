@@ -1,0 +1,115 @@
+"""The fused block runs (``layers/fused_blocks.py``) in whole models: where the plan puts
+them (convolution + batch norm only in evaluation), ResNet's and MobileNetV2's eval-mode outputs
+equal to PyTorch (float64 1e-10), to the unfused layers and across granularities (1e-12,
+as unfused: the partition GEMMs' widths change), with the same bits across policies; training steps with ``Residual, ReLU`` fused give the unfused steps' bits;
+an input gradient through an eval-mode run equals the unfused one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hetero_nn as hn
+from hetero_nn.layers import BatchNorm2d, Conv2d, ReLU6, Sequential
+from hetero_nn.models import build_model
+from helpers import rel_err
+
+
+def set_fuse(model, fuse):
+    for layer in model.modules():
+        if isinstance(layer, Sequential):
+            layer.fuse = fuse
+
+
+def block_names(model):
+    return [name for _, _, name in model.blocks()]
+
+
+def test_plan_fuses_conv_bn_only_in_evaluation():
+    model = build_model("resnet18", (3, 8, 8), 10, seed=0)
+    body = model.layers[3].body
+    assert block_names(model)[:5] == ["Conv2d", "BatchNorm2d", "ReLU", "ResidualReLU",
+                                      "ResidualReLU"]
+    assert block_names(body) == ["Conv2d", "BatchNorm2d", "ReLU", "Conv2d", "BatchNorm2d"]
+    model.eval()
+    assert block_names(model)[:3] == ["ConvBNEval", "ResidualReLU", "ResidualReLU"]
+    assert block_names(body) == ["ConvBNEval", "ConvBNEval"]
+    assert block_names(model.layers[7].shortcut) == ["ConvBNEval"]
+    mobile = build_model("mobilenetv2", (3, 16, 16), 10, seed=0).eval()
+    names = block_names(mobile)
+    assert names[0] == "ConvBNEval" and "Conv2d" in names  # depthwise ones stay unfused
+    untracked = Sequential(Conv2d(3, 4, 3), BatchNorm2d(4, track_running_stats=False), ReLU6())
+    assert block_names(untracked.eval()) == ["Conv2d", "BatchNorm2d", "ReLU6"]
+
+
+def predict(model, x, policy="eager", granularity=2):
+    with hn.Runtime(devices="cpu:2", policy=policy, perfmodel=False) as rt:
+        model.bind(rt)
+        xs = rt.register(x, name="x")
+        outs = model.forward(rt, list(xs.split(0, granularity)) if granularity > 1 else [xs])
+        rt.wait()
+        return np.concatenate([rt.fetch(o, copy=True) for o in outs])
+
+
+@pytest.mark.parametrize("name, shape", [("resnet18", (3, 8, 8)), ("mobilenetv2", (3, 8, 8))])
+def test_eval_outputs_equal_torch_and_unfused(name, shape, one_torch_thread):
+    torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-check needs it")
+    model = build_model(name, shape, 10, dtype="float64", seed=3)
+    rng = np.random.default_rng(4)
+    for _, buf in model.named_buffers():  # running statistics other than 0 and 1
+        if buf.data.dtype.kind == "f":
+            buf.data[...] = rng.uniform(0.5, 1.5, buf.data.shape) if "var" in buf.name \
+                else rng.standard_normal(buf.data.shape)
+    twin = hn.to_torch(model).eval()
+    model.eval()
+    x = rng.standard_normal((6, *shape))
+    fused = predict(model, x)
+    with torch.no_grad():
+        want = twin(torch.from_numpy(x)).numpy()
+    assert rel_err(fused, want) <= 1e-10
+    assert np.array_equal(predict(model, x, "heft"), fused)
+    for g in (1, 3):  # GEMMs of other widths: equal to rounding, fused or not
+        assert rel_err(predict(model, x, granularity=g), fused) <= 1e-12
+    set_fuse(model, False)
+    assert rel_err(predict(model, x), fused) <= 1e-12
+
+
+def test_training_steps_with_residual_relu_fused_give_unfused_bits():
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((4, 3, 8, 8)), rng.integers(0, 10, 4)) for _ in range(2)]
+    states = []
+    for fuse in (True, False):
+        model = build_model("resnet-small", (3, 8, 8), 10, dtype="float64", seed=6)
+        set_fuse(model, fuse)
+        with hn.Runtime(devices="cpu:2", perfmodel=False) as rt, \
+                hn.Trainer(model, optimizer=hn.optim.SGD(model.parameters(), lr=0.01,
+                                                         momentum=0.9),
+                           runtime=rt, batch_size=4, granularity=2) as trainer:
+            losses = [trainer.train_step(x, y) for x, y in batches]
+        states.append((losses, model.state_dict()))
+    assert states[0][0] == states[1][0]
+    assert all(np.array_equal(a, states[1][1][k]) for k, a in states[0][1].items())
+
+
+def test_input_gradient_through_an_eval_run_equals_unfused():
+    grads = []
+    x = np.random.default_rng(7).standard_normal((4, 3, 6, 6))
+    dy = np.random.default_rng(8).standard_normal((4, 5, 6, 6))
+    for fuse in (True, False):
+        hn.manual_seed(9)
+        model = Sequential(Conv2d(3, 5, 3, padding=1, bias=False), BatchNorm2d(5), ReLU6(),
+                           fuse=fuse)
+        model.build((3, 6, 6), "float64")
+        model.layers[1]._buffers["running_var"].data[...] = 0.7
+        model.eval()
+        assert (block_names(model) == ["ConvBNEval"]) == fuse
+        with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+            model.bind(rt)
+            model.zero_grad(rt)
+            model.forward(rt, [rt.register(x, name="x")])
+            dxs = model.backward(rt, [rt.register(dy, name="dy")], need_input_grad=True)
+            rt.wait()
+            grads.append([rt.fetch(dxs[0], copy=True)] + [
+                rt.fetch(p.grad, copy=True) for p in model.parameters()])
+    for a, b in zip(*grads):
+        assert rel_err(a, b) <= 1e-12
