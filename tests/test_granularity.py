@@ -239,6 +239,20 @@ def test_a_choice_the_measured_steps_contradict_is_switched(tmp_path):
     assert doc["recheck"]["chosen_by_models"]["granularity"] == WRONG
 
 
+def test_the_recheck_leaves_out_what_its_budget_cannot_pay_for(tmp_path, monkeypatch):
+    """With no time to spend, the re-check measures only the models' choice (already run),
+    names every other candidate as left out, and so cannot switch: a model whose steps
+    take seconds is never re-checked at the price of minutes."""
+    from hetero_nn.training import recheck
+    monkeypatch.setattr(recheck, "BUDGET", 0.0)
+    decision, _ = _decide(_wrong(tmp_path), candidates=(1, WRONG), batch=WRONG, replay=False)
+    check = decision.recheck
+    assert [r["granularity"] for r in check["measured"]] == [WRONG]
+    assert check["not_measured"] and not check["switched"]
+    assert decision.granularity == WRONG  # the wrong models' choice stands, unchecked
+    assert "left out by the 0 s budget" in decision.format()
+
+
 def test_a_switched_auto_run_is_the_same_bits_as_a_run_given_its_choice(tmp_path):
     pm = _wrong(tmp_path)
     batches = [_batch(seed, WRONG) for seed in range(4)]

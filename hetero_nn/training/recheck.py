@@ -14,6 +14,13 @@ Policy
   process) ranks it wrongly while predicting the chosen one well, and only its own
   steps show it. The chosen one's measure over its prediction is recorded
   (``measured_over_predicted``).
+- *How much*: the candidates are taken in the order of their predictions while the
+  projected cost of the whole re-check (the warm-ups taken so far, :data:`ROUNDS`
+  steps of each configuration taken at the time of its warm-up's last step, and the next
+  one's warm-up and rounds at the time of the last one taken) stays
+  under :data:`BUDGET` seconds. A model whose steps take seconds (ResNet-18 on two
+  cores) is thereby re-checked against its next candidates only, never at the price of
+  minutes; the candidates left out are named in the record (``not_measured``).
 - *How*: each other configuration first takes ``warmup`` steps (its capture, the
   engine's binding and second plan); then :data:`ROUNDS` rounds each time one step of
   every configuration in turn, so a load that comes and goes falls on all of them; a
@@ -32,10 +39,11 @@ from __future__ import annotations
 import statistics
 import time
 
-__all__ = ["MARGIN", "ROUNDS", "recheck", "describe"]
+__all__ = ["BUDGET", "MARGIN", "ROUNDS", "recheck", "describe"]
 
 MARGIN = 1.10        # switch when another candidate measures more than 10 % faster
 ROUNDS = 7           # interleaved rounds, one step of each configuration per round
+BUDGET = 10.0        # seconds the whole re-check may be projected to take
 _perf = time.perf_counter
 
 
@@ -54,10 +62,21 @@ def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
                     key=lambda r: r["predicted_seconds"])
     configs = [chosen] + [(r["granularity"], r["fuse"], None, r["predicted_seconds"])
                           for r in others]
+    start, step_seconds = _perf(), [measured]
+    taken = [chosen]
     for config in configs[1:]:  # the chosen one is warm: it ran its measured steps last
+        if (_perf() - start + ROUNDS * sum(step_seconds)
+                + (warmup + ROUNDS) * step_seconds[-1]) > BUDGET:
+            break  # this one's rounds would take the re-check past its budget
         configure(trainer, *config[:3])
+        last = measured  # this configuration's step time, as far as its warm-up says
         for _ in range(warmup):
+            t0 = _perf()
             trainer.train_step(x, y)
+            last = _perf() - t0
+        step_seconds.append(last)
+        taken.append(config)
+    left_out, configs = configs[len(taken):], taken
     times = [[] for _ in configs]
     for _ in range(ROUNDS):
         for config, seconds in zip(configs, times):
@@ -73,7 +92,9 @@ def recheck(trainer, x, y, chosen, rows, measured, configure, warmup) -> dict:
                       "layer_granularity": None if layers is None else list(layers),
                       "predicted_seconds": p, "measured_seconds": m}
                      for (g, fuse, layers, p), m in zip(configs, medians)]
-    return {"switched": switched, "margin": MARGIN, "rounds": ROUNDS,
+    return {"switched": switched, "margin": MARGIN, "rounds": ROUNDS, "budget": BUDGET,
+            "not_measured": [{"granularity": g, "fuse": fuse, "predicted_seconds": p}
+                             for g, fuse, _, p in left_out],
             "measured_over_predicted": ratio,
             "chosen_by_models": measured_rows[0],
             "final": measured_rows[best if switched else 0], "measured": measured_rows}
@@ -85,12 +106,17 @@ def _name(row) -> str:
     return f"g={row['granularity']}{fuse}{layers}"
 
 
+def _cut(record) -> str:
+    left = len(record.get("not_measured", ()))
+    return f", {left} more left out by the {record['budget']:g} s budget" if left else ""
+
+
 def describe(record) -> str:
     """The re-check as one line of output."""
     first, final = record["chosen_by_models"], record["final"]
     best_other = min(record["measured"][1:], key=lambda r: r["measured_seconds"], default=None)
     head = (f"  re-checked on measured steps ({len(record['measured'])} configurations, "
-            f"{record['rounds']} rounds): {_name(first)} predicted "
+            f"{record['rounds']} rounds{_cut(record)}): {_name(first)} predicted "
             f"{1e3 * first['predicted_seconds']:.3f} ms, measured "
             f"{1e3 * first['measured_seconds']:.3f} ms")
     if record["switched"]:
