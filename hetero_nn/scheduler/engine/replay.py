@@ -87,6 +87,7 @@ import numpy as np
 from ...errors import SubmitError, TaskError
 from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
+from .contention import QuickHandoffs
 from .dispatch import set_abort
 from .segment import CompiledSegment, explore
 from ..stalls import TIMED_OUT, engine_state, stalled
@@ -170,7 +171,7 @@ def param_uses(segments) -> dict:
 class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
-    def __init__(self, count, buffers=None):
+    def __init__(self, count, buffers=None, quick_handoffs=True):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
         #: replays never overlap, and a buffer's key fixes what it must hold)
         self.buffers: dict = {} if buffers is None else buffers
@@ -181,6 +182,7 @@ class EngineThreads:
                          for i, q in enumerate(self._queues)]
         for t in self._threads:
             t.start()
+        self.handoffs = QuickHandoffs() if quick_handoffs else None  # until close()
 
     @staticmethod
     def _loop(q):
@@ -248,6 +250,8 @@ class EngineThreads:
             q.put(None)
         for t in self._threads:
             t.join(STOP_GRACE if self.broken else None)  # a hung share's thread is lost
+        if self.handoffs is not None:
+            self.handoffs.close()
 
 
 def set_params(graph, values) -> None:
@@ -312,7 +316,8 @@ def _threads(rt):
         if engine is not None:
             engine.close()
         engine = rt._engine = EngineThreads(len(rt.workers) - 1,
-                                            None if engine is None else engine.buffers)
+                                            None if engine is None else engine.buffers,
+                                            rt.study.gil_handoff)
     return engine
 
 
