@@ -19,6 +19,10 @@ it on:
   carry, keeps ``calls = None`` and runs as Python (:meth:`BoundTask.run_python`);
 - the performance model's key (codelet, variant, kind, footprint, size).
 
+Before each replay the engine checks that the roots' replicas are still the ones bound
+(:func:`bound_roots`): one evicted or dropped since (a new buffer at its next use) makes
+the segment bind again, so a replay never writes through a stale address.
+
 A replay then runs a compiled task by its calls' trampolines alone; parameters
 declared as step parameters (:mod:`~hetero_nn.scheduler.engine.replay`) are the only
 thing that may change, and :meth:`BoundTask.rebind` prepares the task again
@@ -162,6 +166,35 @@ def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
         fp, size = rt.footprint(task)
         bound.model_key = (task.codelet, variant, worker.kind, fp, size)
     return bound
+
+
+def operand_replicas(b) -> list:
+    """``(handle, node index, array)`` for each operand ``b`` was bound to on its node's
+    replica (none for a dynamic task; a ``SCRATCH`` operand is the worker's buffer)."""
+    if b.arrays is None:
+        return []
+    idx = b.worker.node.index
+    return [(h, idx, a) for h, m, a in zip(b.task.handles, b.task.modes, b.arrays)
+            if m is not SCRATCH]
+
+
+def replicas_current(b) -> bool:
+    """Whether every replica ``b`` was bound to is still its handle's (an eviction, an
+    ``unregister`` drops them: a new one is allocated at the next use)."""
+    return all(h._replicas.get(i) is a for h, i, a in operand_replicas(b))
+
+
+def bound_roots(bound) -> list:
+    """``(root, node index, root's replica)`` for each root (not a temporary: its bytes
+    are the graph's layout) that the bound tasks read through a replica: what
+    :meth:`~hetero_nn.scheduler.engine.segment.CompiledSegment.moved` compares."""
+    seen = {}
+    for b in bound:
+        for h, i, _ in operand_replicas(b):
+            root = h.root
+            if not root.temporary and (root.id, i) not in seen:
+                seen[root.id, i] = (root, i, root._replicas.get(i))
+    return list(seen.values())
 
 
 class BoundTransfer:

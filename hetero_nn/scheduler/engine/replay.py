@@ -303,7 +303,7 @@ class CompiledGraph:
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
         for i, seg in enumerate(self.segments):
-            if seg.data is not None and not seg.data.current():  # a root cut again since
+            if seg.moved() or seg.data is not None and not seg.data.current():  # cut again
                 seg = self.segments[i] = CompiledSegment(rt, self.graph._segments[i], seg,
                                                          threads.buffers)
             self.epoch += 1
