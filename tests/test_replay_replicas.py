@@ -1,5 +1,7 @@
-"""A replay never goes through a stale replica: a segment whose bound replica was evicted
-since binds again, and a graph on a handle unregistered since is refused."""
+"""What a replay binds: never a stale replica (a segment whose bound replica was evicted
+since binds again, a graph on a handle unregistered since is refused), and a re-plan
+moves a bound task to another worker without binding it again where nothing it holds
+is its old worker's."""
 
 from __future__ import annotations
 
@@ -71,3 +73,32 @@ def test_a_graph_on_a_handle_unregistered_since_is_refused(engine):
             again.replay()
             np.testing.assert_array_equal(rt.fetch(b), np.full(8, 16.0))
     within(120, scenario)
+
+
+def _moves():
+    from test_replay_engine import COMPILED
+    from hetero_nn.scheduler.engine.bound import moved_to
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        x = rt.register(np.arange(8.0), name="x")
+        y = rt.register(np.ones(8), name="y")
+        with rt.capture() as graph:
+            for px, py in zip(x.split(0, 2), y.split(0, 2)):
+                rt.submit(SCALE, px, factor=2.0)
+                rt.submit(COMPILED["prop_axpy_scratch"], px, py, py, a=0.5)
+        graph.replay()
+        (seg,) = graph._compiled.segments
+        for b in seg.bound:
+            other = rt.workers[1 - b.worker.index]
+            moved = moved_to(b, other, seg.buffers[other.index])
+            assert moved_to(b, b.worker, None) is b
+            if b.task.codelet is SCALE:  # nothing of its worker's: the same calls, moved
+                assert not b.private and moved.worker is other and moved.calls is b.calls
+                assert moved.buffers is seg.buffers[other.index] and b.worker is not other
+            else:  # its SCRATCH operand is its worker's buffer: bound again
+                assert b.private and moved is None
+
+
+def test_a_replan_moves_a_bound_task_to_another_worker_without_binding_it_again():
+    """The second replay plans on measured times; a task that changes worker kept its
+    calls unless they hold its old worker's buffers (binding again cost 0.3 ms a task)."""
+    within(120, _moves)

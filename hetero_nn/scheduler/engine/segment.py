@@ -61,7 +61,7 @@ import statistics
 import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
-from .bound import BoundTransfer, bind_task, bound_roots, replicas_current
+from .bound import BoundTransfer, bind_task, bound_roots, moved_to
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
@@ -101,7 +101,8 @@ class CompiledSegment:
 
     def __init__(self, rt, segment, previous=None, buffers=None):
         """Compile ``segment``; ``previous``: its last compilation, whose measured times
-        plan this one and whose bound tasks are kept where their worker is; ``buffers``:
+        plan this one and whose bound tasks are kept where their worker is (or moved to
+        another of its node and kind, :func:`~.bound.moved_to`); ``buffers``:
         the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
         self.rt = rt
@@ -137,8 +138,7 @@ class CompiledSegment:
                         continue
                     kept = previous.bound[t] if previous is not None and \
                         previous.dynamic == self.dynamic else None
-                    self.bound[t] = kept if kept is not None and kept.worker is worker and \
-                        replicas_current(kept) else \
+                    self.bound[t] = moved_to(kept, worker, buf) or \
                         bind_task(rt, self.tasks[t], worker, buf, self.dynamic)
         self.roots = [] if self.dynamic else bound_roots(self.bound)  # moved() checks them
         n = n + len(self.moves)  # counters, stamps: the tasks, then the planned copies
