@@ -546,14 +546,14 @@ class LocalExecutor:
         codelet = task.codelet
         variants = self._variants
         try:
-            pinned = self._calls[kind].get(codelet)
-            if pinned is None:
+            calls = self._calls[kind]
+            if codelet not in calls:  # (a test, not calls.get: no call on the hot path)
                 variant = variants.choose(task, kind)
                 call = caller(codelet.variants[variant])
                 if codelet in variants.pinned[kind]:  # its only candidate: ask no more
-                    self._calls[kind][codelet] = (variant, call)
+                    calls[codelet] = (variant, call)
             else:
-                variant, call = pinned
+                variant, call = calls[codelet]
             task.variant = variant
             arrays = self._bind(task, w)
             task.t_start = start = _perf()
