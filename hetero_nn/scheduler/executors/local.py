@@ -332,7 +332,10 @@ class LocalExecutor:
                     while completed:  # tasks its stream finished (CUDA workers)
                         done, done_failed = completed.popleft()
                         prefetch = self._finish(done, w, done_failed, False, prefetch)
-                    task = take()
+                    # take(), its first step inlined for a worker with nothing running
+                    task = pop(w) if not running and not state.aborted else take()
+                    if task is not None and task.ended:
+                        task = take()
                     while task is None:
                         if state.closing and not running:
                             return
