@@ -45,7 +45,8 @@ More tables:
   (goal: <= 5);
 - ``calls``: the goal's programs once more under a profiler hook in every thread:
   Python function calls and C calls per task (load-independent: what the per-task
-  cost is made of, on any machine);
+  cost is made of, on any machine), and of those the calls in the submitting thread
+  (``submit``, its dependency inference and hand-over: the submission cost);
 - ``handles``: microseconds per ``rt.register`` of a small array, and per
   ``split(0, 2)`` and ``split(0, 8)`` of a registered root (goals: <= 2 and <= 5).
 
@@ -281,11 +282,18 @@ def time_goal(n, repeat, workers):
 
 def count_calls(n, workers, top=12):
     """Python and C calls per task of the goal's programs, in every thread; returns
-    ``{program: (calls per task, [(calls per task, where), ...] the most frequent)}``."""
+    ``{program: (calls per task, [(calls per task, where), ...] the most frequent,
+    calls per task in the submitting thread)}``."""
     import collections
     import threading
 
     counts = collections.Counter()
+    submitting = [0]
+
+    def hook_main(frame, event, arg):  # hook(), counting the submitting thread's calls too
+        if event == "call" or event == "c_call":
+            submitting[0] += 1
+        hook(frame, event, arg)
 
     def hook(frame, event, arg):
         if event == "call":
@@ -315,7 +323,8 @@ def count_calls(n, workers, top=12):
             h = rt.register(np.zeros(1))
             parts = rt.register(np.zeros(n)).split(axis=0, n=n)
             counts.clear()
-            sys.setprofile(hook)
+            submitting[0] = 0
+            sys.setprofile(hook_main)
             program()
             rt.wait()
             sys.setprofile(None)
@@ -326,7 +335,8 @@ def count_calls(n, workers, top=12):
                 rt.submit(uninstall, rt.register(np.zeros(1)), b=barrier)
             rt.wait()
             total = sum(counts.values()) / n
-            out[name] = (total, [(c / n, k) for k, c in counts.most_common(top)])
+            out[name] = (total, [(c / n, k) for k, c in counts.most_common(top)],
+                         submitting[0] / n)
     return out
 
 
@@ -439,9 +449,10 @@ def main(argv=None):
               f"{goal['wide']:.2f} us/task (goal <= 5)", flush=True)
     if "calls" in args.only:
         doc["calls_per_task"] = {}
-        for name, (total, top) in count_calls(n, workers).items():
-            doc["calls_per_task"][name] = {"total": total, "top": top}
-            print(f"{name}: {total:.1f} Python and C calls per task; most frequent: "
+        for name, (total, top, main) in count_calls(n, workers).items():
+            doc["calls_per_task"][name] = {"total": total, "submitting": main, "top": top}
+            print(f"{name}: {total:.1f} Python and C calls per task ({main:.1f} in the "
+                  "submitting thread); most frequent: "
                   + ", ".join(f"{c:.2f} {k}" for c, k in top[:8]), flush=True)
     if "handles" in args.only:
         doc["handles_us"] = made = {k: 1e6 * v for k, v in time_handles(repeat).items()}

@@ -426,6 +426,9 @@ def main(argv=None):
                         help="kernel iterations of the coarsest tasks (default 262144)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
     parser.add_argument("--peak-seconds", type=float, default=2.0)
+    parser.add_argument("--no-gil-handoff", action="store_true",
+                        help="StudyOptions(gil_handoff=False): the switch interval left as "
+                             "it is during replays (the A/B of issue 34)")
     parser.add_argument("--json", help="write every point here")
     parser.add_argument("--plot", help="write the efficiency curves here (PNG)")
     args = parser.parse_args(argv)
@@ -439,7 +442,8 @@ def main(argv=None):
     rt = None
     if {"submitted", "replayed"} & set(args.systems):
         import hetero_nn as hn
-        rt = hn.Runtime(devices=f"cpu:{args.width}")
+        rt = hn.Runtime(devices=f"cpu:{args.width}",
+                        study=hn.StudyOptions(gil_handoff=not args.no_gil_handoff))
     rows = []
     try:
         for pattern in args.patterns:

@@ -3,11 +3,14 @@ faster than its workers' threads, with the same bits, and tries the other mode a
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 import hetero_nn as hn
-from hetero_nn.scheduler.engine.contention import FIRST_PROBE, Contention, serial_order
+from hetero_nn.scheduler.engine.contention import (FIRST_PROBE, REPLAY_SWITCH_INTERVAL, Contention,
+                                                   QuickHandoffs, serial_order)
 from helpers import within
 from test_replay_engine import CODELETS, _captured
 from test_runtime_property import programs, run_reference
@@ -65,3 +68,42 @@ def test_serial_replays_give_the_bits_of_parallel_ones(program):
                             assert sorted(order) == list(range(len(seg.runs)))
                     assert {r.worker for r in rt.trace().records} <= {"cpu0"}
     within(120, scenario)
+
+
+def _replay_probing_interval(study, seen):
+    def probe(x):
+        seen.append(sys.getswitchinterval())
+    cl = hn.Codelet("probe_switch_interval", modes=(hn.RW,), variants={"ref": probe})
+    with hn.Runtime(devices="cpu:2", perfmodel=False, study=study) as rt:
+        h = rt.register(np.zeros(4))
+        with rt.capture() as graph:
+            for part in h.split(0, 2):
+                rt.submit(cl, part)
+        seen.clear()  # the capture run's: not a replay
+        graph.replay()
+        graph.replay()
+        between = sys.getswitchinterval()
+    return between
+
+
+def test_replays_lower_the_switch_interval_until_close_then_restore_the_programs():
+    """Beside a thread holding the interpreter lock, every lock handoff of a replay waited
+    a full switch interval (5 ms): the engine lowers it while its threads exist."""
+    saved = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        seen = []
+        between = within(60, _replay_probing_interval, hn.StudyOptions(), seen)
+        assert seen and max(seen) <= REPLAY_SWITCH_INTERVAL * 1.01
+        assert between <= REPLAY_SWITCH_INTERVAL * 1.01  # kept between replays
+        assert abs(sys.getswitchinterval() - 0.004) < 1e-6  # restored at close
+        seen.clear()
+        within(60, _replay_probing_interval, hn.StudyOptions(gil_handoff=False), seen)
+        assert seen and all(abs(s - 0.004) < 1e-6 for s in seen)
+        handoffs = QuickHandoffs()
+        sys.setswitchinterval(0.002)  # the program's own choice meanwhile: kept
+        handoffs.close()
+        handoffs.close()
+        assert abs(sys.getswitchinterval() - 0.002) < 1e-6
+    finally:
+        sys.setswitchinterval(saved)

@@ -43,10 +43,9 @@ class Binder:
         for h, m in zip(task.handles, task.modes):
             if m is SCRATCH:
                 arr = node.arena.empty(h.shape, h.dtype)
-            elif single:
-                arr = h._replicas.get(0)  # the host node's index; h.replica() makes it
-                if arr is None:
-                    arr = h.replica(node)
+            elif single:  # the host node's index 0; h.replica() makes it (no call if made)
+                replicas = h._replicas
+                arr = replicas[0] if 0 in replicas else h.replica(node)
             else:
                 arr, b = acquire(h, node, self.nodes, m.reads, m is not R)
                 moved += b

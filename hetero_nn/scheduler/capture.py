@@ -79,6 +79,7 @@ class Graph:
         self._arenas: dict = {}  # node index -> the Arena holding this graph's regions
         runtime._temporaries.graphs.add(self)
         self.nbytes = 0  # its own temporaries' bytes (activations, REDUX partials)
+        self._roots = None  # the roots its tasks access, listed at the first replay
 
     def __enter__(self):
         self.runtime._flushes.capturing = self
@@ -166,6 +167,7 @@ class Graph:
             else:
                 self.fuse_chains()
         rt._check_open()
+        self._check_roots(rt)
         rt.wait()  # work submitted since comes first, as in program order
         if engine:
             if self._compiled is None:
@@ -174,6 +176,23 @@ class Graph:
         else:
             self._run()
         self.replays += 1
+
+    def _check_roots(self, rt):
+        """Refuse to replay on a handle unregistered since the capture: its array is the
+        program's again, and the recorded tasks would still write it."""
+        if self._roots is None:
+            roots = {}
+            for segment in self._segments:
+                for t, _, _ in segment:
+                    for m in [t] + list(t.members or ()):
+                        for h in m.handles:
+                            roots[h.root.id] = h.root
+            self._roots = list(roots.values())
+        for root in self._roots:
+            if root.owner is not rt:
+                raise SubmitError(f"Graph.replay: handle {root.name!r} was unregistered after "
+                                  "the capture; capture the program again on a registered "
+                                  "handle")
 
     def _run(self):
         """Run the recorded segments through the executor, each as one flush."""

@@ -17,9 +17,10 @@ once and empties it, and empties the state of every handle inside the region
 it writes (it depends on them, so later accesses need only it). Finding the
 conflicting handles walks the ancestors, the descendants that hold state
 (``_live_below`` counts them), and, per other plan of an ancestor, only the
-children whose range meets the access (a bisection). All dependency state
-belongs to the tasks of one flush and is dropped when the flush ends
-(:meth:`Dependencies.drop`).
+children whose range meets the access (a bisection); for a child of a root's only
+plan, the root without state and nothing below the child with any, there is nothing
+to find and no walk. All dependency state belongs to the tasks of one flush and is
+dropped when the flush ends (:meth:`Dependencies.drop`).
 
 ``REDUX`` and ``SCRATCH`` operands make no dependency here (see
 :mod:`~hetero_nn.scheduler.redux`).
@@ -78,7 +79,12 @@ class Dependencies:
         ``task`` follows its last writer, and, when writing, its readers; a
         write then empties the state of the handles it covers.
         """
-        conflicting = _conflicting(h)
+        a = h.parent
+        if (a is not None and a.parent is None and a._last_writer is None and not a._readers
+                and not h._live_below and len(a.plans) == 1):
+            conflicting = ()  # the one plan of a root without state: siblings are disjoint
+        else:
+            conflicting = _conflicting(h)
         for x in conflicting:
             lw = x._last_writer
             if lw is not None:
@@ -98,10 +104,14 @@ class Dependencies:
                 for r in readers:
                     preds[r] = None
                 h._readers = ()
+            h._last_writer = task
             if own is None and not readers:  # h had no state: count it in its ancestors
-                _set_state(h, task, (), self.tracked)
-            else:
-                h._last_writer = task
+                h._readers = ()  # _set_state(h, task, (), self.tracked), inlined: the hot case
+                self.tracked.append(h)
+                a = h.parent
+                while a is not None:
+                    a._live_below += 1
+                    a = a.parent
         elif h._readers:
             h._readers.append(task)
         elif own is None:

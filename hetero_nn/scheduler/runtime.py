@@ -305,16 +305,18 @@ class Runtime(RuntimeHandles):
         """
         if self._closed:
             raise SubmitError("submit on a closed Runtime")
+        n = len(handles)  # the hot path makes no call it can avoid (docs/benchmarks.md)
         if modes is None and codelet.modes is not None:
             modes = codelet.modes
-            if len(handles) != len(modes):
-                codelet.check_operands(len(handles))
+            if n != len(modes):
+                codelet.check_operands(n)
         else:
-            modes = codelet.submission_modes(len(handles), modes)
-        if len(handles) > 1:
+            modes = codelet.submission_modes(n, modes)
+        if n > 1:
             check_overlap(codelet, handles, modes)
-        eligible = self._eligible.get(codelet)
-        if eligible is None:
+        try:
+            eligible = self._eligible[codelet]
+        except KeyError:
             eligible = self._compute_eligible(codelet)
         task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible

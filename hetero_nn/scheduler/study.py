@@ -27,15 +27,22 @@ class StudyOptions:
     ``replay_engine``: ``"compiled"`` replays through the compiled engine where it
     serves the runtime, ``"executor"`` through the executor and policy.
     ``fuse_chains``: a captured graph fuses its chains of small tasks into bundles.
+    ``gil_handoff``: from the first compiled replay to ``close()``, the interpreter's
+    switch interval is lowered so the engine's threads get the interpreter lock back at
+    once beside a thread that holds it
+    (:class:`~hetero_nn.scheduler.engine.contention.QuickHandoffs`).
 
-    >>> StudyOptions(overlap=False).with_keywords(arenas=False, replay_engine=None)
-    StudyOptions(overlap=False, arenas=False, replay_engine='compiled', fuse_chains=True)
+    >>> options = StudyOptions(overlap=False).with_keywords(arenas=False, replay_engine=None)
+    >>> options  # doctest: +NORMALIZE_WHITESPACE
+    StudyOptions(overlap=False, arenas=False, replay_engine='compiled', fuse_chains=True,
+    gil_handoff=True)
     """
 
     overlap: bool = True
     arenas: bool = True
     replay_engine: str = "compiled"
     fuse_chains: bool = True
+    gil_handoff: bool = True
 
     def __post_init__(self):
         if self.replay_engine not in REPLAY_ENGINES:

@@ -19,6 +19,10 @@ it on:
   carry, keeps ``calls = None`` and runs as Python (:meth:`BoundTask.run_python`);
 - the performance model's key (codelet, variant, kind, footprint, size).
 
+Before each replay the engine checks that the roots' replicas are still the ones bound
+(:func:`bound_roots`): one evicted or dropped since (a new buffer at its next use) makes
+the segment bind again, so a replay never writes through a stale address.
+
 A replay then runs a compiled task by its calls' trampolines alone; parameters
 declared as step parameters (:mod:`~hetero_nn.scheduler.engine.replay`) are the only
 thing that may change, and :meth:`BoundTask.rebind` prepares the task again
@@ -67,7 +71,7 @@ class BoundTask:
     """
 
     __slots__ = ("task", "worker", "variant", "fn", "arrays", "redux", "calls", "why",
-                 "model_key", "buffers", "binder")
+                 "model_key", "buffers", "binder", "private")
 
     def __init__(self, task, worker, variant, arrays, buffers, binder=None):
         self.task = task
@@ -85,14 +89,17 @@ class BoundTask:
 
     def rebind(self):
         """Prepare the calls again from the task's current parameters."""
+        self.private = True  # holds something of its worker's (moved_to)
         if self.arrays is None:
             self.calls, self.why = None, "dynamic: operands made coherent at every run"
             return
         if self.worker.stream is not None:
             self.calls, self.why = None, "launched on its device's stream"
             return
+        watched = _Watched(self.buffers)
         self.calls, self.why = _compiled_calls(self.task, self.fn, self.arrays, self.redux,
-                                               self.buffers)
+                                               watched)
+        self.private = watched.used or any(m is SCRATCH for m in self.task.modes)
 
     def run_python(self):
         """Run the task as the executor would: bind a dynamic task's operands, ``init``
@@ -162,6 +169,72 @@ def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
         fp, size = rt.footprint(task)
         bound.model_key = (task.codelet, variant, worker.kind, fp, size)
     return bound
+
+
+class _Watched:
+    """A worker's buffers, noting whether a prepare took any (its calls then point into
+    them: the bound task is that worker's alone)."""
+
+    __slots__ = ("buffers", "used")
+
+    def __init__(self, buffers):
+        self.buffers, self.used = buffers, False
+
+    def __call__(self, *args, **kwargs):
+        self.used = True
+        return self.buffers(*args, **kwargs)
+
+    def __getattr__(self, name):
+        self.used = True
+        return getattr(self.buffers, name)
+
+
+def moved_to(b, worker, buffers):
+    """The bound task ``b`` (of an earlier compilation) for ``worker``: ``b`` itself on its
+    own worker, a copy on another worker of its node and kind where nothing it holds is
+    its worker's (no ``SCRATCH``, no worker buffer, no stream), else None (bind again).
+    Either way only while the replicas it was bound to are still its handles'."""
+    if b is None or not replicas_current(b):
+        return None
+    if b.worker is worker:
+        return b
+    if b.private or worker.stream is not None or worker.node is not b.worker.node or \
+            worker.kind != b.worker.kind:
+        return None
+    c = BoundTask.__new__(BoundTask)
+    for name in BoundTask.__slots__:
+        setattr(c, name, getattr(b, name))
+    c.worker, c.buffers = worker, buffers
+    return c
+
+
+def operand_replicas(b) -> list:
+    """``(handle, node index, array)`` for each operand ``b`` was bound to on its node's
+    replica (none for a dynamic task; a ``SCRATCH`` operand is the worker's buffer)."""
+    if b.arrays is None:
+        return []
+    idx = b.worker.node.index
+    return [(h, idx, a) for h, m, a in zip(b.task.handles, b.task.modes, b.arrays)
+            if m is not SCRATCH]
+
+
+def replicas_current(b) -> bool:
+    """Whether every replica ``b`` was bound to is still its handle's (an eviction, an
+    ``unregister`` drops them: a new one is allocated at the next use)."""
+    return all(h._replicas.get(i) is a for h, i, a in operand_replicas(b))
+
+
+def bound_roots(bound) -> list:
+    """``(root, node index, root's replica)`` for each root (not a temporary: its bytes
+    are the graph's layout) that the bound tasks read through a replica: what
+    :meth:`~hetero_nn.scheduler.engine.segment.CompiledSegment.moved` compares."""
+    seen = {}
+    for b in bound:
+        for h, i, _ in operand_replicas(b):
+            root = h.root
+            if not root.temporary and (root.id, i) not in seen:
+                seen[root.id, i] = (root, i, root._replicas.get(i))
+    return list(seen.values())
 
 
 class BoundTransfer:

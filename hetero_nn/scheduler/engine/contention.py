@@ -16,6 +16,18 @@ doubling each time the try loses, to :data:`MAX_PROBE`; back to 4 when it wins),
 neighbour that comes or goes is noticed. A parallel replay slower than the sum of its
 tasks' own times (what one thread would take) tries serial at the next replay.
 
+The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
+each share's thread coming back from the compiled loop, the calling thread collecting
+the results). Beside a thread that holds the lock (pure Python in a loop: an event
+loop's callbacks, a profiler, a neighbour library's worker), each of those waits lasts
+the interpreter's switch interval (5 ms by default), so a 1 ms replay took 15-20 ms.
+:class:`QuickHandoffs` lowers the switch interval to :data:`REPLAY_SWITCH_INTERVAL`
+from a runtime's first compiled replay (when its engine threads start) to its
+``close()``, then restores the program's value (``StudyOptions(gil_handoff=False)``
+leaves it alone). Not per replay: the program's own Python between two replays (a
+training step's other code) would pay the same waits, and a value restored at the end
+of a replay makes the calling thread's next wait for the lock a full 5 ms one.
+
 Tasks keep their binding (their worker's buffers): a serial replay runs the same
 kernels on the same replicas in an order their dependencies allow, so its results
 are the parallel replay's bit for bit. Its trace records name the worker whose thread
@@ -30,10 +42,13 @@ replay; ``probe``, ``countdown``: replays between tries of the other mode.
 from __future__ import annotations
 
 import statistics
+import sys
+import threading
 
 KEEP = 5          # wall times kept per mode
 FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while it loses)
 MAX_PROBE = 256
+REPLAY_SWITCH_INTERVAL = 1e-4  # seconds: the interpreter's switch interval during replays
 WIN = 0.9         # the other mode wins when its time is under this share of the current's
 
 
@@ -96,3 +111,37 @@ class Contention:
         self.countdown -= 1
         if mode == "parallel" and wall > task_seconds and not self.walls["serial"]:
             self.countdown = 0  # worse than one thread would do: try it now
+
+
+class QuickHandoffs:
+    """The switch interval is :data:`REPLAY_SWITCH_INTERVAL` while any holder (the engine
+    threads of a runtime) is open; the last one closed restores the program's value,
+    unless the program set another meanwhile (module docstring)."""
+
+    _lock = threading.Lock()
+    _active = 0
+    _saved = None
+    _set = None  # the value read back after setting it (the interpreter keeps microseconds)
+
+    def __init__(self):
+        cls = QuickHandoffs
+        self.open = True
+        with cls._lock:
+            if cls._active == 0:
+                cls._saved = sys.getswitchinterval()
+                if cls._saved > REPLAY_SWITCH_INTERVAL:
+                    sys.setswitchinterval(REPLAY_SWITCH_INTERVAL)
+                cls._set = sys.getswitchinterval()
+            cls._active += 1
+
+    def close(self):
+        cls = QuickHandoffs
+        with cls._lock:
+            if not self.open:
+                return
+            self.open = False
+            cls._active -= 1
+            if cls._active == 0:
+                if sys.getswitchinterval() == cls._set:  # else the program changed it
+                    sys.setswitchinterval(cls._saved)
+                cls._saved = cls._set = None

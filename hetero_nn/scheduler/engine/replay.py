@@ -90,6 +90,7 @@ import numpy as np
 from ...errors import SubmitError, TaskError
 from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
+from .contention import QuickHandoffs
 from .dispatch import set_abort
 from .segment import CompiledSegment, explore
 from ..stalls import TIMED_OUT, engine_state, stalled
@@ -175,7 +176,7 @@ def param_uses(segments) -> dict:
 class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
-    def __init__(self, count, buffers=None):
+    def __init__(self, count, buffers=None, quick_handoffs=True):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
         #: replays never overlap, and a buffer's key fixes what it must hold)
         self.buffers: dict = {} if buffers is None else buffers
@@ -186,6 +187,7 @@ class EngineThreads:
                          for i, q in enumerate(self._queues)]
         for t in self._threads:
             t.start()
+        self.handoffs = QuickHandoffs() if quick_handoffs else None  # until close()
 
     @staticmethod
     def _loop(q):
@@ -253,6 +255,8 @@ class EngineThreads:
             q.put(None)
         for t in self._threads:
             t.join(STOP_GRACE if self.broken else None)  # a hung share's thread is lost
+        if self.handoffs is not None:
+            self.handoffs.close()
 
 
 def set_params(graph, values) -> None:
@@ -304,7 +308,7 @@ class CompiledGraph:
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
         for i, seg in enumerate(self.segments):
-            if seg.data is not None and not seg.data.current():  # a root cut again since
+            if seg.moved() or seg.data is not None and not seg.data.current():  # cut again
                 seg = self.segments[i] = CompiledSegment(rt, self.graph._segments[i], seg,
                                                          threads.buffers)
             self.epoch += 1
@@ -317,7 +321,8 @@ def _threads(rt):
         if engine is not None:
             engine.close()
         engine = rt._engine = EngineThreads(len(rt.workers) - 1,
-                                            None if engine is None else engine.buffers)
+                                            None if engine is None else engine.buffers,
+                                            rt.study.gil_handoff)
     return engine
 
 

@@ -47,7 +47,8 @@ State
 ``task_preds``, ``bound``, ``data`` (the data plan or None) and ``moves`` (its copies,
 bound), ``runs`` (``bound + moves``, by counter index), ``worker_of`` (per unit),
 ``share_tasks`` (per worker), ``shares``, ``waits_of`` / ``notify_of`` (per counter),
-``choices`` (tasks whose variant the model chooses), the run arrays ``done``,
+``choices`` (tasks whose variant the model chooses), ``roots`` (the replicas bound,
+checked by :meth:`CompiledSegment.moved` before each replay), the run arrays ``done``,
 ``times``, ``sleepers``, ``abort``, ``bytes_in`` (``planned_bytes``: each planned
 copy's, at its first reader), and ``groups`` (the performance model's keys and their
 tasks).
@@ -60,7 +61,7 @@ import statistics
 import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
-from .bound import BoundTransfer, bind_task
+from .bound import BoundTransfer, bind_task, bound_roots, moved_to
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
@@ -100,7 +101,8 @@ class CompiledSegment:
 
     def __init__(self, rt, segment, previous=None, buffers=None):
         """Compile ``segment``; ``previous``: its last compilation, whose measured times
-        plan this one and whose bound tasks are kept where their worker is; ``buffers``:
+        plan this one and whose bound tasks are kept where their worker is (or moved to
+        another of its node and kind, :func:`~.bound.moved_to`); ``buffers``:
         the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's."""
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
         self.rt = rt
@@ -136,8 +138,9 @@ class CompiledSegment:
                         continue
                     kept = previous.bound[t] if previous is not None and \
                         previous.dynamic == self.dynamic else None
-                    self.bound[t] = kept if kept is not None and kept.worker is worker else \
+                    self.bound[t] = moved_to(kept, worker, buf) or \
                         bind_task(rt, self.tasks[t], worker, buf, self.dynamic)
+        self.roots = [] if self.dynamic else bound_roots(self.bound)  # moved() checks them
         n = n + len(self.moves)  # counters, stamps: the tasks, then the planned copies
         # cross-worker waits (per other worker, the latest predecessor in its order
         # is enough) and who publishes
@@ -203,6 +206,14 @@ class CompiledSegment:
     def python_tasks(self) -> int:
         """Tasks of this segment that run as Python."""
         return sum(b.calls is None for b in self.bound)
+
+    def moved(self) -> bool:
+        """Whether a root's replica bound here was dropped or replaced since (evicted,
+        unregistered): the segment must bind again before it replays."""
+        for root, i, arr in self.roots:
+            if root._replicas.get(i) is not arr:
+                return True
+        return False
 
     def run_copies(self):
         """Before a replay: the inputs made valid where the data plan reads them."""

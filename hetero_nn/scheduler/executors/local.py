@@ -332,7 +332,10 @@ class LocalExecutor:
                     while completed:  # tasks its stream finished (CUDA workers)
                         done, done_failed = completed.popleft()
                         prefetch = self._finish(done, w, done_failed, False, prefetch)
-                    task = take()
+                    # take(), its first step inlined for a worker with nothing running
+                    task = pop(w) if not running and not state.aborted else take()
+                    if task is not None and task.ended:
+                        task = take()
                     while task is None:
                         if state.closing and not running:
                             return
@@ -546,14 +549,14 @@ class LocalExecutor:
         codelet = task.codelet
         variants = self._variants
         try:
-            pinned = self._calls[kind].get(codelet)
-            if pinned is None:
+            calls = self._calls[kind]
+            if codelet not in calls:  # (a test, not calls.get: no call on the hot path)
                 variant = variants.choose(task, kind)
                 call = caller(codelet.variants[variant])
                 if codelet in variants.pinned[kind]:  # its only candidate: ask no more
-                    self._calls[kind][codelet] = (variant, call)
+                    calls[codelet] = (variant, call)
             else:
-                variant, call = pinned
+                variant, call = calls[codelet]
             task.variant = variant
             arrays = self._bind(task, w)
             task.t_start = start = _perf()
