@@ -314,10 +314,8 @@ class Runtime(RuntimeHandles):
             modes = codelet.submission_modes(n, modes)
         if n > 1:
             check_overlap(codelet, handles, modes)
-        try:
-            eligible = self._eligible[codelet]
-        except KeyError:
-            eligible = self._compute_eligible(codelet)
+        eligible = (self._eligible[codelet] if codelet in self._eligible
+                    else self._compute_eligible(codelet))
         task = Task(next(self._ids), codelet, handles, modes, params, _perf())
         task.eligible = eligible
         task.runtime = self
