@@ -86,3 +86,17 @@ def test_the_mixed_experiment_dry_runs_and_its_rows_simulate_and_plot(tmp_path):
     assert plots.returncode == 0, plots.stderr
     assert (tmp_path / "plots" / "images_per_s_vs_g.png").stat().st_size > 0
     assert list((tmp_path / "plots").glob("gantt_*.png"))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_device_run_keeps_its_deadline_and_packs_what_it_has(tmp_path):
+    # no stage has time left: the timed stage is not started, said so, and packed
+    env = {**os.environ, "PYTHON": "true", "CHECKS": "", "TIMED": "mixed", "DEADLINE": "0",
+           "HETERO_NN_WHEELS": str(tmp_path / "no-wheels")}
+    out, pack = tmp_path / "out", tmp_path / "run.tgz"
+    done = subprocess.run(["bash", str(REPO / "benchmarks/gpu/device_run.sh"), str(out),
+                           str(pack)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "mixed: not started" in (out / "env.txt").read_text()
+    with tarfile.open(pack) as tar:
+        assert "./env.txt" in tar.getnames()

@@ -18,6 +18,7 @@ seconds have passed.
 from __future__ import annotations
 
 import argparse
+import gc as garbage
 import statistics
 import sys
 import time
@@ -31,10 +32,12 @@ BATCHES = (64, 256, 1024)
 
 
 class PoolPeak:
-    """The peak of CuPy's default memory pool's bytes in use, read at each allocation."""
+    """The peak of CuPy's default memory pool's bytes in use, read at each allocation,
+    above what was in use when :meth:`reset` was called (the arrays of earlier rows that
+    are still referenced are not this row's)."""
 
     def __init__(self, cp):
-        self.cp, self.pool, self.peak = cp, cp.get_default_memory_pool(), 0
+        self.cp, self.pool, self.peak, self.base = cp, cp.get_default_memory_pool(), 0, 0
         cp.cuda.set_allocator(self.malloc)
 
     def malloc(self, nbytes):
@@ -43,8 +46,12 @@ class PoolPeak:
         return mem
 
     def reset(self):
+        garbage.collect()  # the earlier rows' runtimes and models, held in reference cycles
         self.pool.free_all_blocks()
-        self.peak = self.pool.used_bytes()
+        self.base = self.peak = self.pool.used_bytes()
+
+    def used(self) -> int:
+        return self.peak - self.base
 
 
 def hn_steps(name, devices, batch, steps, granularity=1, policy="eager", dtype="float32"):
@@ -137,7 +144,7 @@ def main(argv=None) -> int:
             if peak:
                 peak.reset()
             ours, launches = hn_steps(name, spec, batch, steps)
-            ours_mb = f"{peak.peak / 2**20:.0f}" if peak else "-"
+            ours_mb = f"{peak.used() / 2**20:.0f}" if peak else "-"
             theirs, theirs_mb = (torch_steps(name, batch, steps) or (None, None)) \
                 if not args.quick else (None, None)
             ratio = f"{theirs / ours:.2f}x" if theirs else "-"
@@ -145,6 +152,8 @@ def main(argv=None) -> int:
                   f"{theirs * 1e3 if theirs else float('nan'):.2f} | {ratio} | "
                   f"{launches if launches is not None else '-'} | {ours_mb} | "
                   f"{theirs_mb / 2**20 if theirs_mb else float('nan'):.0f} |", flush=True)
+            if peak:
+                print(f"# {name} {batch}: {peak.base / 2**20:.0f} MB in CuPy's pool before the row")
             checks.line("PASS", f"{name} batch {batch} on {spec}", "measured")
         except Exception as exc:
             checks.line("FAIL", f"{name} batch {batch}", f"raised {type(exc).__name__}: {exc}")
