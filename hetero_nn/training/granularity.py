@@ -15,8 +15,8 @@ Policy
    none), real training steps on the batch (weights,
    optimizer state, running statistics and dropout steps are put back after)
    until every task of the step's graph has at least ``CALIBRATION_SAMPLES``
-   measurements of the variant it runs on some worker kind of the runtime; the
-   first step of each candidate (capture, compilation: Numba compiles once per
+   measurements of the variant it runs on some worker kind of the runtime (one,
+   where another step would end past the budget); the first step of each candidate (capture, compilation: Numba compiles once per
    signature, first touch of the memory) feeds neither the models nor the
    overhead. The other steps run on the path the trained steps will run on
    (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
@@ -210,7 +210,8 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
                             _step_graphs(trainer, x, y, False)[-1].graphs, kinds):
                         left_out.append([g, fuse])
                     continue  # predicted by its shape families, or left out
-                steps += _calibrate(trainer, x, y, platform, runs)
+                steps += _calibrate(trainer, x, y, platform, runs,
+                                    t_calibration + CALIBRATION_BUDGET)
                 calibrated.append([g, fuse])
             calibration_seconds = _perf() - t_calibration
             configs = [c for c in configs if list(c) not in left_out]
@@ -284,10 +285,13 @@ def _configure(trainer, g, fuse, layers):
         model.granularities = layers
 
 
-def _calibrate(trainer, x, y, platform, runs):
+def _calibrate(trainer, x, y, platform, runs, deadline=float("inf")):
     """Real steps at the trainer's configuration until the models know every task of
-    its graph; appends ``[(wall seconds, records), ...]`` of its timed steps to ``runs``,
-    returns the steps run."""
+    its graph, or, where another step would end past ``deadline``, have measured each
+    footprint once (a task that runs once a step, the last layer's optimizer step, would
+    otherwise cost three steps of a model that takes seconds a step); appends
+    ``[(wall seconds, records), ...]`` of its timed steps to ``runs``, returns the steps
+    run."""
     rt = trainer.runtime
     graph = _step_graphs(trainer, x, y, False)[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
@@ -305,16 +309,17 @@ def _calibrate(trainer, x, y, platform, runs):
             trainer.train_step(x, y)
             timed.append((_perf() - t0, trace.records()[before:]))
             steps += 1
-            if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
+            samples = 1 if _perf() + timed[-1][0] > deadline else CALIBRATION_SAMPLES
+            if steps >= 2 and all(_known(rt, c, fp, kinds, samples) for c, fp in tasks):
                 break
     runs.append(timed)
     return steps
 
 
-def _known(rt, codelet, footprint, kinds) -> bool:
+def _known(rt, codelet, footprint, kinds, samples=CALIBRATION_SAMPLES) -> bool:
     pm = rt.perfmodel
     return any(kind in codelet.kinds and all(
-        pm.count(codelet.name, v, kind, footprint) >= CALIBRATION_SAMPLES
+        pm.count(codelet.name, v, kind, footprint) >= samples
         for v in rt.candidates(codelet, kind)) for kind in kinds)
 
 

@@ -23,7 +23,9 @@ Policy
   model's first fusion, then the smallest with the other, then the rest from large to
   small. The first is always calibrated; each further one while the projected
   calibration (seconds so far, plus two steps of the slowest step measured: a
-  configuration's first step and one timed) stays under ``CALIBRATION_BUDGET``. Past
+  configuration's first step and one timed) stays under ``CALIBRATION_BUDGET``
+  (a configuration whose next step would end past it stops once each footprint has
+  one measurement: ``granularity._calibrate``). Past
   it, a configuration is predicted by its families, or left out of the candidates
   where one of its tasks has neither a measured footprint nor a family (a codelet no
   calibrated configuration ran, such as the other fusion's).
