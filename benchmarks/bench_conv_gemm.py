@@ -10,6 +10,7 @@ machine others load, a kernel's CPU time moves less than its wall time.
 
     python benchmarks/bench_conv_gemm.py --partition 32 --rounds 5
     python benchmarks/bench_conv_gemm.py --variants cpu:gemm cpu:winograd  # forward passes
+    python benchmarks/bench_conv_gemm.py --variants cpu:gemm cpu:winograd --shapes 64,64,8,3,1
 
 ``--variants A B``: compare those (the speed-up is A's time over B's), on the passes whose
 codelet has both.
@@ -73,7 +74,10 @@ def main(argv=None):
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     ap.add_argument("--variants", nargs=2, default=list(VARIANTS), metavar="VARIANT")
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--shapes", nargs="+", metavar="C,O,H,K,S",
+                    help="these layer shapes instead of ResNet-18's (e.g. 64,64,8,3,1)")
     args = ap.parse_args(argv)
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes] if args.shapes else SHAPES
     variants = tuple(args.variants)
     clock = CLOCKS[args.clock]
     rows = []
@@ -83,7 +87,7 @@ def main(argv=None):
               f"{args.clock} time")
         print(f"{'layer':26s} {'pass':10s} " + " ".join(f"{v:>20s}" for v in variants)
               + "  speed-up")
-        for shape in SHAPES:
+        for shape in shapes:
             passes, flops = kernels(shape, args.partition)
             for name, (codelet, operands, params) in passes.items():
                 if not all(v in codelet.variants for v in variants):

@@ -256,7 +256,7 @@ def test_auto_granularity_chooses_the_best_prediction_without_touching_the_weigh
         final = decision.recheck["final"]
         assert (final["granularity"], final["fuse"]) == (g, model.fuse)
         assert decision.predicted_seconds == final["predicted_seconds"]
-        assert decision.measured_seconds > 0 and decision.calibration_steps >= 2 * len(rows)
+        assert decision.measured_seconds > 0 and decision.calibration_steps >= 2 * len(decision.calibrated)
         assert model.granularities == decision.layer_granularity
         history = tr.fit(train, epochs=1, verbose=0)
     assert all(np.array_equal(before[k], after[k]) for k in before)

@@ -1,8 +1,10 @@
 """Fused codelets: the layer chains every CNN has, each run as one task.
 
-This module owns six codelets. Each is the composition of existing codelets,
-built from their kernels (nothing is re-derived here), so one task does the
-work of three or four and the intermediate never leaves the worker:
+This module owns the three codelets of the convolution chain; the dense chain's
+three live in :mod:`.fused_dense` and are re-exported here, so ``fused`` names all
+six. Each is the composition of existing codelets, built from their kernels
+(nothing is re-derived here), so one task does the work of three or four and the
+intermediate never leaves the worker:
 
 =============================  ===================================================  ==============
 codelet                        operands (access mode)                               composes
@@ -14,11 +16,7 @@ conv2d_relu_pool_bwd           x (R), w (R), y (R), argmax (R), dy (R),         
                                dx (W), dw (REDUX), db (REDUX)                       relu_bwd,
                                                                                     conv2d_bwd_*
 conv2d_relu_pool_bwd_params    the same without w and dx (a first layer)
-dense_relu_fwd                 x (R), w (R), b (R), y (W)                            dense_fwd,
-                                                                                    relu_fwd
-dense_relu_bwd                 x (R), w (R), y (R), dy (R), dx (W),                  relu_bwd,
-                               dw (REDUX), db (REDUX)                               dense_bwd_*
-dense_relu_bwd_params          the same without w and dx (a first layer)
+dense_relu_*                   in :mod:`.fused_dense`
 =============================  ===================================================  ==============
 
 The convolution codelets take the convolution's parameters (``stride``,
@@ -36,19 +34,18 @@ iff ``y > 0`` (PyTorch's ``threshold_backward``). So the backward chain masks
 gradient ``dz`` (a worker-private buffer) and runs the convolution's parameter
 and input gradients on ``dz``: results equal to the unfused chain's, with
 ``relu_bwd`` on a quarter of the elements and no activation kept but ``y``.
-The dense chain likewise masks ``dy`` by ``y > 0``.
 
 Variants
 --------
 ``ref``
     The composition of the reference variants: the maths in one place, and
     what the other variants are checked against.
-``cpu:direct`` (convolution) and ``cpu`` (dense)
+``cpu:direct``
     The Numba kernels of the composed codelets, called in turn on
     worker-private buffers (``_scratch``); the forward convolution
     runs chunk by chunk of samples, so ReLU and pooling read its output while
     it is still in cache.
-``cpu:im2col`` (convolution) and ``cpu:blas`` (dense), the pinned ones
+``cpu:im2col``, the pinned one
     One Numba kernel per task that calls the composed kernels and BLAS
     (Numba's ``np.dot``) itself, chunk by chunk as above: the task crosses
     the interpreter lock once, so two workers' tasks do not wait for each
@@ -75,6 +72,8 @@ from .codelet import REDUX, R, W, Codelet
 from .prepared import prepares
 from .reduce import add_redux, zero_init
 from .xp import array_module
+
+from .fused_dense import dense_relu_bwd, dense_relu_bwd_params, dense_relu_fwd
 
 __all__ = ["conv2d_relu_pool_fwd", "conv2d_relu_pool_bwd", "conv2d_relu_pool_bwd_params",
            "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params"]
@@ -461,202 +460,3 @@ conv2d_relu_pool_bwd_params = Codelet(
               "cuda": conv2d_relu_pool_bwd_params_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_params_flops)
 """The chain's parameter gradients only: ``(x R, y R, argmax R, dy R, dw REDUX, db REDUX)``."""
-
-
-# --------------------------------------------------------------------------- dense chain
-
-def _dense_relu_fwd_ref(x, w, b, y):
-    dense._dense_fwd_ref(x, w, b, y)
-    np.maximum(y, np.zeros((), y.dtype), out=y)
-
-
-def _dense_relu_fwd_cpu(x, w, b, y):
-    dense._dense_fwd_cpu_wrapper(x, w, b, y)
-    flat = y.reshape(-1)
-    _relu_fwd_cpu(flat, flat)
-
-
-@jit
-def _dense_relu_fwd_blas_cpu(x, w, b, y):
-    """``y = relu(x @ w.T + b)``: BLAS (Numba's ``np.dot``), then the bias and ReLU."""
-    np.dot(x, w.T, y)
-    y += b
-    flat = y.reshape(-1)
-    _relu_fwd_cpu(flat, flat)
-
-
-def _prepare_dense_relu_fwd_blas(buffers, x, w, b, y):
-    return [(_dense_relu_fwd_blas_cpu, (x, w, b, y))] \
-        if conv_im2col.views(y.dtype, x, w, b, y) else None
-
-
-@prepares(_prepare_dense_relu_fwd_blas)
-def _dense_relu_fwd_cpu_blas(x, w, b, y):
-    require_contiguous("dense_relu_fwd", y=y)
-    _dense_relu_fwd_blas_cpu(np.ascontiguousarray(x), np.ascontiguousarray(w), b, y)
-
-
-def _dense_relu_fwd_cuda(x, w, b, y):
-    xp = array_module(x, w, b, y)
-    if kernels_cuda_layers.dense_fwd(xp, x, w, b, y, True, _dense_relu_fwd_xp, x, w, b, y):
-        return
-    _dense_relu_fwd_xp(x, w, b, y)
-
-
-def _dense_relu_fwd_xp(x, w, b, y):
-    xp = array_module(x, w, b, y)
-    dense._dense_fwd_cuda(x, w, b, y)
-    xp.maximum(y, xp.zeros((), y.dtype), out=y)
-
-
-def _dense_relu_bwd_ref(x, w, y, dy, dx, dw, db):
-    dz = np.empty_like(dy)
-    _relu_bwd_ref(y, dy, dz)
-    dense._dense_bwd_params_ref(x, dz, dw, db)
-    dense._dense_bwd_input_ref(dz, w, dx)
-
-
-def _dense_relu_bwd_params_ref(x, y, dy, dw, db):
-    dz = np.empty_like(dy)
-    _relu_bwd_ref(y, dy, dz)
-    dense._dense_bwd_params_ref(x, dz, dw, db)
-
-
-def _masked_cpu(y, dy):
-    """``dy * (y > 0)`` by the ReLU kernel (a fresh array: rows of a dense layer are small,
-    and the convolutions' scratch arrays keep the worker's buffers)."""
-    dz = np.empty(dy.shape, dy.dtype)
-    _relu_bwd_cpu(np.ascontiguousarray(y).reshape(-1), np.ascontiguousarray(dy).reshape(-1),
-                  dz.reshape(-1))
-    return dz
-
-
-def _dense_relu_bwd_variants(bwd_params, bwd_input, label):
-    """The fused backward variants, with and without ``dx``: the Numba ReLU mask, then the
-    dense layer's ``bwd_params`` (and ``bwd_input``) on the masked gradient."""
-    def with_input(x, w, y, dy, dx, dw, db):
-        dz = _masked_cpu(y, dy)
-        bwd_params(x, dz, dw, db)
-        bwd_input(dz, w, dx)
-
-    def params_only(x, y, dy, dw, db):
-        bwd_params(x, _masked_cpu(y, dy), dw, db)
-
-    with_input.__name__ = f"dense_relu_bwd_{label}"
-    params_only.__name__ = f"dense_relu_bwd_params_{label}"
-    return with_input, params_only
-
-
-_dense_relu_bwd_cpu, _dense_relu_bwd_params_cpu = _dense_relu_bwd_variants(
-    dense._dense_bwd_params_cpu_wrapper, dense._dense_bwd_input_cpu_wrapper, "cpu")
-@jit
-def _dense_relu_bwd_blas_cpu(x, w, y, dy, dz, dx, dw, db, with_input):
-    """``dz = dy * (y > 0)``; ``dw += dz.T @ x``, ``db += dz.sum(0)`` (rows in order) and,
-    ``with_input``, ``dx = dz @ w``: BLAS through Numba's ``np.dot``, one call."""
-    _relu_bwd_cpu(y.reshape(-1), dy.reshape(-1), dz.reshape(-1))
-    dw += np.dot(dz.T, x)
-    for n in range(dz.shape[0]):
-        db += dz[n]
-    if with_input:
-        np.dot(dz, w, dx)
-
-
-def _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db):
-    """The arguments of ``_dense_relu_bwd_blas_cpu`` (``w``, ``dx`` None: parameters only)."""
-    x = np.ascontiguousarray(x)
-    if w is None:
-        return (x, x[:0, :0], np.ascontiguousarray(y), np.ascontiguousarray(dy), dz, dz[:0, :0],
-                dw, db, False)
-    require_contiguous("dense_relu_bwd", dx=dx)
-    return (x, np.ascontiguousarray(w), np.ascontiguousarray(y), np.ascontiguousarray(dy), dz,
-            dx, dw, db, True)
-
-
-def _prepare_dense_relu_bwd_blas(buffers, x, w, y, dy, dx, dw, db):
-    if not conv_im2col.views(dy.dtype, x, w, y, dy, dx, dw, db):
-        return None
-    dz = buffers("dense_relu:dz", dy.shape, dy.dtype)
-    return [(_dense_relu_bwd_blas_cpu, _dense_relu_bwd_blas_args(dz, x, w, y, dy, dx, dw, db))]
-
-
-def _prepare_dense_relu_bwd_params_blas(buffers, x, y, dy, dw, db):
-    return _prepare_dense_relu_bwd_blas(buffers, x, None, y, dy, None, dw, db)
-
-
-@prepares(_prepare_dense_relu_bwd_blas)
-def _dense_relu_bwd_cpu_blas(x, w, y, dy, dx, dw, db):
-    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, w, y,
-                                                        dy, dx, dw, db))
-
-
-@prepares(_prepare_dense_relu_bwd_params_blas)
-def _dense_relu_bwd_params_cpu_blas(x, y, dy, dw, db):
-    _dense_relu_bwd_blas_cpu(*_dense_relu_bwd_blas_args(np.empty(dy.shape, dy.dtype), x, None,
-                                                        y, dy, None, dw, db))
-
-
-def _dense_relu_bwd_cuda(x, w, y, dy, dx, dw, db):
-    if not kernels_cuda_layers.dense_bwd(array_module(x, w, y, dy), x, w, y, dy, dx, dw, db,
-                                         True, _dense_relu_bwd_xp, x, w, y, dy, dx, dw, db):
-        _dense_relu_bwd_xp(x, w, y, dy, dx, dw, db)
-
-
-def _dense_relu_bwd_xp(x, w, y, dy, dx, dw, db):
-    xp = array_module(x, w, y, dy)
-    dz = xp.where(y <= 0, xp.zeros((), dy.dtype), dy)
-    dense._dense_bwd_params_cuda(x, dz, dw, db)
-    dense._dense_bwd_input_cuda(dz, w, dx)
-
-
-def _dense_relu_bwd_params_cuda(x, y, dy, dw, db):
-    if not kernels_cuda_layers.dense_bwd(array_module(x, y, dy), x, None, y, dy, None, dw, db,
-                                         True, _dense_relu_bwd_params_xp, x, y, dy, dw, db):
-        _dense_relu_bwd_params_xp(x, y, dy, dw, db)
-
-
-def _dense_relu_bwd_params_xp(x, y, dy, dw, db):
-    xp = array_module(x, y, dy)
-    dense._dense_bwd_params_cuda(x, xp.where(y <= 0, xp.zeros((), dy.dtype), dy), dw, db)
-
-
-def _dense_relu_fwd_flops(x, w, b, y, **params):
-    return dense._dense_fwd_flops(x, w, b, y) + math.prod(y)
-
-
-def _dense_relu_bwd_flops(x, w, y, dy, dx, dw, db, **params):
-    return math.prod(y) + dense._dense_bwd_params_flops(x, dy, dw, db) + 2.0 * math.prod(dy) * w[1]
-
-
-def _dense_relu_bwd_params_flops(x, y, dy, dw, db, **params):
-    return math.prod(y) + dense._dense_bwd_params_flops(x, dy, dw, db)
-
-
-def _rows_of(variants, *indices, output=()):
-    """``dense._rowwise`` over several operands: inputs (and outputs) with trailing features."""
-    for i in indices:
-        variants = dense._rowwise(variants, i, output=i in output)
-    return variants
-
-
-dense_relu_fwd = Codelet(
-    "dense_relu_fwd", modes=(R, R, R, W),
-    variants=_rows_of({"ref": _dense_relu_fwd_ref, "cpu": _dense_relu_fwd_cpu,
-                       "cpu:blas": _dense_relu_fwd_cpu_blas, "cuda": _dense_relu_fwd_cuda}, 0),
-    flops=_dense_relu_fwd_flops)
-"""``y = relu(x @ w.T + b)`` (R x[N,I], R w[O,I], R b[O], W y[N,O])."""
-
-dense_relu_bwd = Codelet(
-    "dense_relu_bwd", modes=(R, R, R, R, W, REDUX, REDUX),
-    variants=_rows_of({"ref": _dense_relu_bwd_ref, "cpu": _dense_relu_bwd_cpu,
-                       "cpu:blas": _dense_relu_bwd_cpu_blas, "cuda": _dense_relu_bwd_cuda},
-                      0, 4, output=(4,)),
-    init=zero_init, redux=add_redux, flops=_dense_relu_bwd_flops)
-"""The chain's gradients: ``(x R, w R, y R, dy R, dx W, dw REDUX, db REDUX)``, ``dz = dy * (y > 0)``."""
-
-dense_relu_bwd_params = Codelet(
-    "dense_relu_bwd_params", modes=(R, R, R, REDUX, REDUX),
-    variants=_rows_of({"ref": _dense_relu_bwd_params_ref, "cpu": _dense_relu_bwd_params_cpu,
-                       "cpu:blas": _dense_relu_bwd_params_cpu_blas,
-                       "cuda": _dense_relu_bwd_params_cuda}, 0),
-    init=zero_init, redux=add_redux, flops=_dense_relu_bwd_params_flops)
-"""The chain's parameter gradients only: ``(x R, y R, dy R, dw REDUX, db REDUX)``."""

@@ -9,11 +9,14 @@ Policy
 ------
 1. *Candidates*: ``g`` in 1, 2, 4, ... up to ``min(batch, 4 * workers)`` (or the
    caller's list), each with fusion on and off where the model has ``fuse``.
-2. *Calibration*: per candidate, real training steps on the batch (weights,
+2. *Calibration*: per candidate (in :func:`~.granularity_family.calibration_order`:
+   the first always, the others while ``CALIBRATION_BUDGET`` lasts; past it, a
+   candidate is predicted by shape families, or left out where a task of it has
+   none), real training steps on the batch (weights,
    optimizer state, running statistics and dropout steps are put back after)
    until every task of the step's graph has at least ``CALIBRATION_SAMPLES``
-   measurements of the variant it runs on some worker kind of the runtime; the
-   first step of each candidate (capture, compilation: Numba compiles once per
+   measurements of the variant it runs on some worker kind of the runtime (one,
+   where another step would end past the budget); the first step of each candidate (capture, compilation: Numba compiles once per
    signature, first touch of the memory) feeds neither the models nor the
    overhead. The other steps run on the path the trained steps will run on
    (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
@@ -31,7 +34,8 @@ Policy
 3. *Prediction*: the graph a step submits at that candidate is captured without
    running it and replayed in virtual time on the runtime's workers
    (:func:`~hetero_nn.simulation.simulate.simulate`), with run times from the
-   performance model: under the runtime's policy with ``dispatch`` per task, or,
+   performance model (a footprint never measured: its shape family's,
+   :class:`~.granularity_family.FamilyModel`): under the runtime's policy with ``dispatch`` per task, or,
    on the compiled path, on the engine's fixed schedule with ``dispatch`` and
    ``handoff``. A step the trainer replays (the step cache's rule,
    :meth:`~hetero_nn.training.step_cache.StepCache.replays`) costs the replay's
@@ -41,8 +45,9 @@ Policy
 5. *Per block*: from that choice, one greedy pass over the model's blocks in
    order tries every other candidate ``g`` for the block alone and keeps one that
    lowers the predicted step below the best so far divided by ``TOLERANCE``; every footprint such an
-   assignment runs was calibrated in 2 (a block at ``g`` runs the tasks it runs
-   when the whole model is at ``g``), so this costs simulations only:
+   assignment runs was calibrated in 2 or has a shape family there (a block at ``g``
+   runs the tasks it runs when the whole model is at ``g``), so this costs
+   simulations only:
    ``blocks * (candidates - 1)`` of them.
 6. *Measurement*: real steps of the chosen configuration, after ``WARMUP_STEPS``
    (capture, the replay engine's binding and its second plan).
@@ -69,7 +74,8 @@ from ..layers.base import keeping_state
 from ..simulation.paths import PathCosts, step_path
 from ..simulation.simulate import Platform, capture, simulate
 from ..scheduler.perfmodel.model import PerfModel
-from .recheck import describe, recheck
+from .granularity_family import CALIBRATION_BUDGET, FamilyModel, calibration_order
+from .recheck import _name, describe, recheck
 
 __all__ = ["GranularityDecision", "choose_granularity", "CALIBRATION_SAMPLES", "TOLERANCE"]
 
@@ -94,7 +100,10 @@ class GranularityDecision:
     at ``granularity``) the choice; ``predicted_seconds`` and ``measured_seconds``
     its step time, predicted and measured (median of real steps); ``recheck`` the
     re-check of the models' choice against measured steps
-    (:func:`~hetero_nn.training.recheck.recheck`), None where none ran.
+    (:func:`~hetero_nn.training.recheck.recheck`), None where none ran;
+    ``calibrated`` the ``[g, fuse]`` calibrated, in order, ``calibration_seconds``
+    their time, ``left_out`` those that were not candidates (past the budget with a
+    task of no shape family; :mod:`.granularity_family`).
     """
 
     granularity: int
@@ -112,6 +121,9 @@ class GranularityDecision:
     calibration_steps: int = 0
     seconds: float = 0.0
     recheck: dict | None = None
+    calibrated: list | None = None
+    calibration_seconds: float = 0.0
+    left_out: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"granularity": self.granularity, "fuse": self.fuse,
@@ -124,7 +136,9 @@ class GranularityDecision:
                 "handoff_seconds": self.handoff_seconds, "path": self.path,
                 "policy": self.policy,
                 "platform": self.platform, "calibration_steps": self.calibration_steps,
-                "seconds": self.seconds, "recheck": self.recheck}
+                "seconds": self.seconds, "recheck": self.recheck,
+                "calibrated": self.calibrated, "calibration_seconds": self.calibration_seconds,
+                "left_out": self.left_out}
 
     def format(self) -> str:
         """The decision as a few lines: the candidates' predictions, the choice, the measure."""
@@ -133,6 +147,14 @@ class GranularityDecision:
         lines = [f"granularity auto ({self.platform}, {self.policy}, {self.path}, dispatch "
                  f"{1e6 * self.dispatch_seconds:.1f} us/task{handoff}, "
                  f"{self.calibration_steps} calibration steps, {self.seconds:.1f} s):"]
+        if self.calibrated is not None and len(self.calibrated) < len(self.candidates):
+            lines.append(f"  calibrated {len(self.calibrated)} of {len(self.candidates)} "
+                         f"configurations in {self.calibration_seconds:.1f} s, the others "
+                         f"predicted by shape family")
+        if self.left_out:
+            lines.append(f"  left out (no shape family, past the calibration budget): "
+                         + ", ".join(_name({"granularity": g, "fuse": f, "layer_granularity": None})
+                                    for g, f in self.left_out))
         for row in self.candidates:
             fuse = "" if row["fuse"] is None else (" fused" if row["fuse"] else " unfused")
             lines.append(f"  g={row['granularity']}{fuse}: predicted "
@@ -177,17 +199,31 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
         trainer.granularity = candidates[0]
         trainer.prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
-            runs, steps = [], 0
-            for g, fuse in configs:
+            runs, steps, calibrated, left_out = [], 0, [], []
+            t_calibration = _perf()
+            kinds = [k for k, n in platform.workers.items() if n]
+            for g, fuse in calibration_order(configs):
                 _configure(trainer, g, fuse, None)
-                steps += _calibrate(trainer, x, y, platform, runs)
+                slowest = max((t for run in runs for t, _ in run), default=0.0)
+                if calibrated and _perf() - t_calibration + 2 * slowest > CALIBRATION_BUDGET:
+                    if not FamilyModel(rt).covers(
+                            _step_graphs(trainer, x, y, False)[-1].graphs, kinds):
+                        left_out.append([g, fuse])
+                    continue  # predicted by its shape families, or left out
+                steps += _calibrate(trainer, x, y, platform, runs,
+                                    t_calibration + CALIBRATION_BUDGET)
+                calibrated.append([g, fuse])
+            calibration_seconds = _perf() - t_calibration
+            configs = [c for c in configs if list(c) not in left_out]
             costs = PathCosts.measure(path, runs)
+            family = FamilyModel(rt)
 
             def predict(g, fuse, layers):
                 _configure(trainer, g, fuse, layers)
                 graphs = _step_graphs(trainer, x, y, replayed, costs.host or 0.0)
                 r = simulate(graphs, platform, rt.policy_name, rt, dispatch=costs.dispatch,
-                             partial=True, engine=path == "compiled", handoff=costs.handoff)
+                             partial=True, engine=path == "compiled", handoff=costs.handoff,
+                             models=family)
                 return r.step_seconds, r.tasks
 
             rows = []
@@ -212,7 +248,8 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
             predicted, measured = final["predicted_seconds"], final["measured_seconds"]
     return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials,
                                costs.dispatch, costs.handoff, path, rt.policy_name,
-                               platform.name, steps, _perf() - t_start, checked)
+                               platform.name, steps, _perf() - t_start, checked, calibrated,
+                               calibration_seconds, left_out)
 
 
 def _per_block(model, g, fuse, candidates, predicted, predict):
@@ -248,10 +285,13 @@ def _configure(trainer, g, fuse, layers):
         model.granularities = layers
 
 
-def _calibrate(trainer, x, y, platform, runs):
+def _calibrate(trainer, x, y, platform, runs, deadline=float("inf")):
     """Real steps at the trainer's configuration until the models know every task of
-    its graph; appends ``[(wall seconds, records), ...]`` of its timed steps to ``runs``,
-    returns the steps run."""
+    its graph, or, where another step would end past ``deadline``, have measured each
+    footprint once (a task that runs once a step, the last layer's optimizer step, would
+    otherwise cost three steps of a model that takes seconds a step); appends
+    ``[(wall seconds, records), ...]`` of its timed steps to ``runs``, returns the steps
+    run."""
     rt = trainer.runtime
     graph = _step_graphs(trainer, x, y, False)[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
@@ -269,16 +309,17 @@ def _calibrate(trainer, x, y, platform, runs):
             trainer.train_step(x, y)
             timed.append((_perf() - t0, trace.records()[before:]))
             steps += 1
-            if steps >= 2 and all(_known(rt, c, fp, kinds) for c, fp in tasks):
+            samples = 1 if _perf() + timed[-1][0] > deadline else CALIBRATION_SAMPLES
+            if steps >= 2 and all(_known(rt, c, fp, kinds, samples) for c, fp in tasks):
                 break
     runs.append(timed)
     return steps
 
 
-def _known(rt, codelet, footprint, kinds) -> bool:
+def _known(rt, codelet, footprint, kinds, samples=CALIBRATION_SAMPLES) -> bool:
     pm = rt.perfmodel
     return any(kind in codelet.kinds and all(
-        pm.count(codelet.name, v, kind, footprint) >= CALIBRATION_SAMPLES
+        pm.count(codelet.name, v, kind, footprint) >= samples
         for v in rt.candidates(codelet, kind)) for kind in kinds)
 
 
