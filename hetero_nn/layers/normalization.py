@@ -139,6 +139,21 @@ class _BatchNorm(Layer):
                 rt.submit(fill_zero, h)
         return codelet
 
+    def _whole(self, *partitioned):
+        """For each list of partitions, the handle they split (one partition: itself), where
+        every list is all of its handle; else None (then the tasks run per partition). A
+        cluster rank's share of the batch is not the batch: None."""
+        wholes = []
+        for parts in partitioned:
+            parent = parts[0] if len(parts) == 1 else parts[0].parent
+            if (self.batch_span is not None or parent is None
+                    or any(p.parent is not parent for p in parts[len(parts) == 1:])
+                    or parent.shape[1:] != parts[0].shape[1:]
+                    or sum(p.shape[0] for p in parts) != parent.shape[0]):
+                return None
+            wholes.append(parent)
+        return wholes
+
     def replayed(self):
         """Count a training batch run by a replay; the data of its momentum handle."""
         tracked = self._buffers["num_batches_tracked"].data
@@ -150,6 +165,7 @@ class _BatchNorm(Layer):
         batch_stats = self.training or not self.track_running_stats
         samples = self.batch_span[1] if self.batch_span else sum(x.shape[0] for x in xs)
         count = samples * math.prod(self.input_shape[1:])  # over the whole batch
+        ys = None
         if batch_stats:
             if count <= 1:
                 n = sum(x.shape[0] for x in xs)
@@ -162,10 +178,11 @@ class _BatchNorm(Layer):
                 momentum = note_step_input(self, rt.register(self.replayed(), name="bn.momentum"))
                 running = (self._buffers["running_mean"].handle,
                            self._buffers["running_var"].handle, momentum)
-            if running and len(xs) == 1 and self.batch_span is None:
-                ys = self.outputs(rt, xs)
-                rt.submit(bn_train_fwd, xs[0], *self._affine_handles(rt), *running, mean, var,
-                          ys[0], count=count, eps=self.eps)
+            ys = self.outputs(rt, xs)
+            whole = self._whole(xs, ys)
+            if running and whole:
+                rt.submit(bn_train_fwd, whole[0], *self._affine_handles(rt), *running, mean,
+                          var, whole[1], count=count, eps=self.eps)
                 self._saved = (xs, mean, var, batch_stats, count)
                 return ys
             total = self._temporary(rt, "sum")
@@ -182,7 +199,7 @@ class _BatchNorm(Layer):
             mean = self._buffers["running_mean"].handle
             var = self._buffers["running_var"].handle
         weight, bias = self._affine_handles(rt)
-        ys = self.outputs(rt, xs)
+        ys = ys or self.outputs(rt, xs)
         for x, y in zip(xs, ys):
             rt.submit(bn_fwd, x, mean, var, weight, bias, y, eps=self.eps)
         self._saved = (xs, mean, var, batch_stats, count)
@@ -193,11 +210,11 @@ class _BatchNorm(Layer):
         if not (self.affine or need_input_grad):
             return None
         params = [self._params[k] for k in ("weight", "bias")] if self.affine else []
-        if (params and need_input_grad and batch_stats and len(xs) == 1
-                and self.batch_span is None):
-            dxs = self.outputs(rt, dys, shape=self.input_shape)
-            rt.submit(contribution(bn_train_bwd, params), xs[0], dys[0], mean, var,
-                      params[0].handle, dxs[0], *(p.grad for p in params), count=count,
+        dxs = self.outputs(rt, dys, shape=self.input_shape) if need_input_grad else None
+        whole = self._whole(xs, dys, dxs) if params and dxs and batch_stats else None
+        if whole:
+            rt.submit(contribution(bn_train_bwd, params), *whole[:2], mean, var,
+                      params[0].handle, whole[2], *(p.grad for p in params), count=count,
                       eps=self.eps)
             return dxs
         sum_dy, dotp = self._temporary(rt, "sum_dy"), self._temporary(rt, "dotp")
@@ -209,7 +226,6 @@ class _BatchNorm(Layer):
         if not need_input_grad:
             return None
         weight, _ = self._affine_handles(rt)
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
         for x, dy, dx in zip(xs, dys, dxs):
             rt.submit(bn_bwd_input, x, dy, mean, var, weight, sum_dy, dotp, dx, count=count,
                       eps=self.eps, batch_stats=batch_stats)
