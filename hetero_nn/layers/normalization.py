@@ -7,15 +7,15 @@ accept (``(C, H, W)``; ``(C,)`` or ``(C, L)``): the codelets see ``(n, C, *spati
 A training-mode forward pass over one partition is one task, ``bn_train_fwd``
 (statistics, running statistics, normalisation), and its backward pass another,
 ``bn_train_bwd`` (:mod:`hetero_nn.codelets.batchnorm_step`). Over several partitions
-(or a cluster rank's share of the batch) it submits, per partition, its per-channel sum
-(REDUX), then one task for the mean; per partition, the squared deviations from it
-(REDUX), then one task for the variance, one for the running statistics; then the
-normalisation per partition. The backward pass sums ``dy`` and ``(x - mean) * dy``
-the same way, then computes the parameter and input gradients (see
-:mod:`hetero_nn.codelets.batchnorm` for the formulas). No sum is zeroed by a task:
-the first partition's contribution writes it in place (``overwriting``), as it does a
-fresh ``dweight``/``dbias``; a cluster rank zeroes them, as the exchange between ranks
-expects. In eval mode the running statistics replace the batch's, as in PyTorch.
+(or a cluster rank's share of the batch) it submits the chain a cluster reproduces: per
+partition, its per-channel sum (REDUX), then one task for the mean; per partition, the
+squared deviations from it (REDUX), then one task for the variance, one for the running
+statistics; then the normalisation per partition. The backward pass sums ``dy`` and
+``(x - mean) * dy`` the same way, then computes the parameter and input gradients (see
+:mod:`hetero_nn.codelets.batchnorm` for the formulas); those sums are zeroed by
+``fill_zero`` first. Outside a cluster a fresh ``dweight``/``dbias`` is written in place
+(``overwriting``), not zeroed by a task. In eval mode the running statistics replace the
+batch's, as in PyTorch.
 
 ``num_batches_tracked`` is counted on the host when a training step is submitted; the
 momentum of that step (``1 / num_batches_tracked`` with ``momentum=None``) reaches
@@ -128,31 +128,27 @@ class _BatchNorm(Layer):
     def _temporary(self, rt, name):
         return rt.temporary((self.num_features,), self.dtype, name=f"bn.{name}")
 
-    def _adding(self, rt, codelet, index, *sums):
-        """``codelet`` for partition ``index``'s contribution to ``sums``: the first writes
-        them in place (``overwriting``); a cluster rank's are zeroed first, as the
-        exchange of its partials with the other ranks' expects."""
-        if self.batch_span is None:
-            return overwriting(codelet) if index == 0 else codelet
+    def _adding(self, rt, codelet, index, partitions, *sums):
+        """``codelet`` for partition ``index``'s contribution to ``sums``: one partition
+        writes them in place (``overwriting``); several add into zeroed sums, the
+        arithmetic a cluster's ranks reproduce (``0 + tree(partials)``, bit for bit)."""
+        if partitions == 1 and self.batch_span is None:
+            return overwriting(codelet)
         if index == 0:
             for h in sums:
                 rt.submit(fill_zero, h)
         return codelet
 
     def _whole(self, *partitioned):
-        """For each list of partitions, the handle they split (one partition: itself), where
-        every list is all of its handle; else None (then the tasks run per partition). A
-        cluster rank's share of the batch is not the batch: None."""
-        wholes = []
-        for parts in partitioned:
-            parent = parts[0] if len(parts) == 1 else parts[0].parent
-            if (self.batch_span is not None or parent is None
-                    or any(p.parent is not parent for p in parts[len(parts) == 1:])
-                    or parent.shape[1:] != parts[0].shape[1:]
-                    or sum(p.shape[0] for p in parts) != parent.shape[0]):
-                return None
-            wholes.append(parent)
-        return wholes
+        """The one handle of each list, where the batch is one partition and all of the
+        batch (not a cluster rank's share); else None (the tasks run per partition).
+
+        Several partitions keep the chain: their sums are added by a tree in partition
+        order, which a cluster of ranks reproduces bit for bit; a one-task sum over the
+        whole batch it could not."""
+        if self.batch_span is not None or any(len(parts) != 1 for parts in partitioned):
+            return None
+        return [parts[0] for parts in partitioned]
 
     def replayed(self):
         """Count a training batch run by a replay; the data of its momentum handle."""
@@ -187,11 +183,11 @@ class _BatchNorm(Layer):
                 return ys
             total = self._temporary(rt, "sum")
             for i, x in enumerate(xs):
-                rt.submit(self._adding(rt, bn_sum, i, total), x, total)
+                rt.submit(self._adding(rt, bn_sum, i, len(xs), total), x, total)
             rt.submit(bn_mean, total, mean, count=count)
             sqdev = self._temporary(rt, "sqdev")
             for i, x in enumerate(xs):
-                rt.submit(self._adding(rt, bn_sqdev, i, sqdev), x, mean, sqdev)
+                rt.submit(self._adding(rt, bn_sqdev, i, len(xs), sqdev), x, mean, sqdev)
             rt.submit(bn_var, sqdev, var, count=count)
             if running:
                 rt.submit(bn_running, mean, sqdev, *running, count=count)
@@ -219,7 +215,8 @@ class _BatchNorm(Layer):
             return dxs
         sum_dy, dotp = self._temporary(rt, "sum_dy"), self._temporary(rt, "dotp")
         for i, (x, dy) in enumerate(zip(xs, dys)):
-            rt.submit(self._adding(rt, bn_bwd_sums, i, sum_dy, dotp), x, dy, mean, sum_dy, dotp)
+            rt.submit(self._adding(rt, bn_bwd_sums, i, len(xs), sum_dy, dotp), x, dy, mean,
+                      sum_dy, dotp)
         if params:
             rt.submit(contribution(bn_param_grads, params), sum_dy, dotp, var,
                       *(p.grad for p in params), eps=self.eps)
