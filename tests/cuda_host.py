@@ -41,6 +41,7 @@ static thread_local Dim threadIdx, blockIdx;
 static Dim blockDim, gridDim;
 static std::barrier<>* block_barrier;
 #define __global__
+#define __device__
 #define __shared__ static
 #define __syncthreads() block_barrier->arrive_and_wait()
 static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }

@@ -17,10 +17,19 @@ import numpy as np
 import pytest
 
 import cuda_host
-from hetero_nn.codelets import activation, batchnorm, dense, fused, loss, optim, pool
+from hetero_nn.codelets import (activation, batchnorm, batchnorm_step, conv, dense, fused,
+                                kernels_cuda_bn_step, kernels_cuda_conv, loss, optim, pool)
 from hetero_nn.codelets.kernels_cuda import OPTIONS
-from hetero_nn.codelets.kernels_cuda_layers import all_kernels
+from hetero_nn.codelets.kernels_cuda_layers import all_kernels as layer_kernels
 from hetero_nn.codelets.strict_xp import checking, counters
+
+
+
+def all_kernels():
+    """Every kernel of the ``kernels_cuda*`` modules, float32 and float64."""
+    return layer_kernels() + [factory(dtype)
+                              for module in (kernels_cuda_bn_step, kernels_cuda_conv)
+                              for factory in module.FACTORIES for dtype in ("float32", "float64")]
 
 
 # --------------------------------------------------------------------------- NVRTC
@@ -163,17 +172,56 @@ def _bn_cases(dtype):
     for batch_stats in (True, False):
         yield batchnorm.bn_bwd_input, (x, dy, mean, var, weight, sum_dy, dotp, np.empty_like(x)), \
             {"count": 210, "eps": 1e-5, "batch_stats": batch_stats}
+    running = [rng.standard_normal(3).astype(dtype), rng.random(3).astype(dtype) + 0.5]
+    yield batchnorm_step.bn_train_fwd, (x, weight, bias, *running, np.array([0.1]),
+                                        *(np.empty(3, dtype) for _ in range(2)),
+                                        np.empty_like(x)), {"count": 210, "eps": 1e-5}
+    yield batchnorm_step.bn_train_bwd, (x, dy, mean, var, weight, np.empty_like(x), *acc), \
+        {"count": 210, "eps": 1e-5}
 
 
-def _cases():
+_PLAIN_CONV_GEOMETRIES = [
+    ((3, 4, 9, 8), (6, 4, 3, 3), {"padding": 1}),                                 # ResNet-like
+    ((2, 4, 9, 9), (6, 2, 3, 2), {"stride": 2, "padding": (1, 2), "dilation": (2, 1),
+                                  "groups": 2}),
+    ((2, 3, 7, 7), (5, 3, 1, 1), {"stride": 2}),                                  # shortcut
+]
+
+
+def _plain_conv_cases(dtype):
+    """The plain convolutions: im2col (``conv_im2col``) or col2im (``conv_col2im``) as one
+    kernel beside the GEMM."""
+    rng = _rng()
+    for x_shape, w_shape, kw in _PLAIN_CONV_GEOMETRIES:
+        x = rng.standard_normal(x_shape).astype(dtype)
+        w = rng.standard_normal(w_shape).astype(dtype)
+        y = np.empty(conv.conv2d_output_shape(x_shape, w_shape, **kw), dtype)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        yield conv.conv2d_fwd_nobias, (x, w, y), kw
+        yield conv.conv2d_bwd_input, (dy, w, np.empty_like(x)), kw
+        yield conv.conv2d_bwd_weight, (x, dy, rng.standard_normal(w_shape).astype(dtype)), kw
+
+
+#: Codelets whose float32 host run is marked slow (a g++ build of a kernel is seconds in CI).
+_SLOW_HOST_FLOAT32 = {"bn_train_fwd", "bn_train_bwd", "conv2d_fwd_nobias", "conv2d_bwd_input",
+                      "conv2d_bwd_weight"}
+
+
+def _cases(host=False):
     for dtype in (np.float64, np.float32):
-        for make in (_optim_cases, _loss_cases, _conv_cases, _dense_cases, _bn_cases):
+        for make in (_optim_cases, _loss_cases, _conv_cases, _dense_cases, _bn_cases,
+                     _plain_conv_cases):
             for codelet, arrays, kw in make(dtype):
-                yield pytest.param(codelet, arrays, kw,
+                slow = host and dtype is np.float32 and codelet.name in _SLOW_HOST_FLOAT32
+                yield pytest.param(codelet, arrays, kw, marks=[pytest.mark.slow] if slow else [],
                                    id=f"{codelet.name}-{np.dtype(dtype).name}-{sorted(kw)}")
 
 
 CASES = list(_cases())
+HOST_CASES = list(_cases(host=True))
+#: Launches on the stand-in of the plain convolutions: their kernel, the GEMM and (the
+#: weight gradient) the add into ``dw``; the max-pool backward's are two kernels.
+_STAND_IN_LAUNCHES = {"conv2d_fwd_nobias": 2, "conv2d_bwd_input": 2, "conv2d_bwd_weight": 3}
 #: The kernels that do the ``ref`` twin's operations in its order: equal bit for bit.
 EXACT = {"sgd_step", "sgd_step_plain", "adam_step", "adamw_step", "bn_fwd", "bn_bwd_input",
          "bn_mean", "bn_running", "bn_param_grads", "relu_fwd", "relu_bwd"}
@@ -214,7 +262,7 @@ def _host_device():
 
 @pytest.mark.skipif(cuda_host.CXX is None, reason="no host C++ compiler (g++) to run the "
                                                   "kernel sources on the host")
-@pytest.mark.parametrize("codelet, arrays, kw", CASES)
+@pytest.mark.parametrize("codelet, arrays, kw", HOST_CASES)
 def test_kernel_sources_run_on_the_host_equal_the_ref_twins(codelet, arrays, kw):
     expect = [a.copy() if isinstance(a, np.ndarray) else a for a in arrays]
     codelet.variants["ref"](*expect, **kw)
@@ -223,7 +271,7 @@ def test_kernel_sources_run_on_the_host_equal_the_ref_twins(codelet, arrays, kw)
     fn = codelet.variants["cuda"]
     with _host_device():
         getattr(fn, "__wrapped__", fn)(*got, **kw)  # unguarded: the stand-in would wrap got
-    assert cuda_host.launches == launches + (2 if "pool_bwd" in codelet.name else 1)
+    assert cuda_host.launches == launches + (2 if "pool_bwd" in codelet.name else 1)  # kernels
     _compare(codelet, expect, [g.view(np.ndarray) if isinstance(g, np.ndarray) else g
                                for g in got])
 
@@ -237,7 +285,8 @@ def test_each_kernel_is_one_launch_on_the_strict_stand_in(codelet, arrays, kw):
         counters.reset()
         codelet.variants["cuda"](*got, **kw)
         counts = counters.snapshot()
-    assert counts["launches"] == (2 if "pool_bwd" in codelet.name else 1), counts
+    assert counts["launches"] == _STAND_IN_LAUNCHES.get(
+        codelet.name, 2 if "pool_bwd" in codelet.name else 1), counts
     assert counts["implicit"] == counts["unordered"] == counts["syncs"] == 0
     _compare(codelet, expect, got)
 

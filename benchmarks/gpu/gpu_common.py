@@ -53,9 +53,10 @@ def zoo_model(name: str):
                   hn.Dense(12, 12), hn.Sigmoid(), hn.Dense(12, 10), hn.ReLU6(),
                   hn.Dense(10, 10)]
         return hn.Sequential(*layers), (3, 12, 12)
-    if name == "zoo-b":  # depthwise and bias-free convolutions, log-softmax for NLL
+    if name == "zoo-b":  # depthwise and bias-free convolutions, batch norm over partitions,
+        # log-softmax for NLL
         return hn.Sequential(hn.Conv2D(3, 3, 3, groups=3), hn.Conv2D(3, 6, 3, bias=False),
-                             hn.ReLU(), hn.Conv2D(6, 6, 3, groups=6, bias=False), hn.Flatten(),
+                             hn.BatchNorm2D(6), hn.ReLU(), hn.Conv2D(6, 6, 3, groups=6, bias=False), hn.Flatten(),
                              hn.Dense(6 * 6 * 6, 16, bias=False), hn.ReLU(), hn.Dense(16, 10),
                              hn.LogSoftmax()), (3, 12, 12)
     if name == "zoo-c":  # a first fused Dense+ReLU, LayerNorm without bias, softmax into MSE

@@ -66,6 +66,7 @@ from . import conv_direct, conv_gemm, conv_im2col, conv_winograd
 from ._checks import pair, require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .gather import col2im_index, device_table, im2col_index
+from .kernels_cuda_conv import col2im, grouped as _grouped, im2col
 from .prepared import from_calls, prepares
 from .padding import MODES, check_mode_fits, fold_xp, mode_code, pad_xp, resolve_padding
 from .reduce import add_redux, zero_init
@@ -487,8 +488,11 @@ def _plane_key(geo):
 
 
 def _im2col_xp(xp, x, geo):
-    """Columns ``[N, C, KH, KW, OH, OW]`` of ``x``: one gather from the padded input by a
-    memoized index table (:mod:`.gather`), in ``xp`` (NumPy or CuPy)."""
+    """Columns ``[N, C, KH, KW, OH, OW]`` of ``x``: one kernel (:mod:`.kernels_cuda_conv`),
+    else a gather from the padded input by a memoized index table (:mod:`.gather`)."""
+    cols = im2col(xp, x, geo)
+    if cols is not None:
+        return cols
     padded = pad_xp(xp, x, geo.pads, geo.mode_name)
     key = _plane_key(geo)
     index = device_table(xp, ("im2col", key), lambda: im2col_index(*key))
@@ -496,21 +500,17 @@ def _im2col_xp(xp, x, geo):
     return cols.reshape(*x.shape[:2], geo.kh, geo.kw, geo.out_h, geo.out_w)
 
 
-def _grouped(a, groups):
-    """``a[N, C, ...]`` as ``[N, G, C/G, rest]`` (a view)."""
-    return a.reshape(a.shape[0], groups, a.shape[1] // groups, -1)
-
-
 def conv2d_fwd_nobias_cuda(x, w, y, **params):
-    """``conv2d_fwd_nobias`` as im2col by slicing + one GEMM batched over samples and groups,
-    in ``xp``."""
+    """``conv2d_fwd_nobias`` as im2col + one GEMM batched over samples and groups, in ``xp``."""
     xp = array_module(x, w, y)
     geo = conv2d_geometry(x.shape, w.shape, **params)
-    cols = _grouped(_im2col_xp(xp, x, geo).reshape(x.shape[0], x.shape[1], -1), geo.groups)
+    cols = _im2col_xp(xp, x, geo).reshape(x.shape[0], geo.groups, -1, geo.out_h * geo.out_w)
     # [G, O/G, C/G*KH*KW] @ [N, G, C/G*KH*KW, OH*OW] -> [N, G, O/G, OH*OW]
-    y[...] = xp.matmul(w.reshape(geo.groups, w.shape[0] // geo.groups, -1),
-                       cols.reshape(x.shape[0], geo.groups, -1, geo.out_h * geo.out_w)
-                       ).reshape(y.shape)
+    wg = w.reshape(geo.groups, w.shape[0] // geo.groups, -1)
+    if y.flags.c_contiguous:
+        xp.matmul(wg, cols, out=_grouped(y, geo.groups))  # the GEMM writes y: no copy
+    else:
+        y[...] = xp.matmul(wg, cols).reshape(y.shape)
 
 
 def conv2d_fwd_cuda(x, w, b, y, **params):
@@ -520,14 +520,14 @@ def conv2d_fwd_cuda(x, w, b, y, **params):
 
 
 def conv2d_bwd_input_cuda(dy, w, dx, **params):
-    """``conv2d_bwd_input`` as a batched GEMM ``w^T dy`` per group, then col2im by slicing
-    and the fold of the padding, in ``xp``."""
+    """``conv2d_bwd_input`` as a batched GEMM ``w^T dy`` per group, then col2im, in ``xp``."""
     xp = array_module(dy, w, dx)
     geo = conv2d_geometry(dx.shape, w.shape, **params)
     n_batch, n_in, height, width = dx.shape
     wg = w.reshape(geo.groups, w.shape[0] // geo.groups, -1)
     cols = xp.matmul(wg.transpose(0, 2, 1), _grouped(dy, geo.groups))
-    # col2im as a gather: each padded position sums the column entries read from it
+    if col2im(xp, cols, dx, geo):  # one kernel; else a gather: each padded position sums
+        return                     # the column entries read from it
     key = _plane_key(geo)
     index = device_table(xp, ("col2im", key), lambda: col2im_index(*key))
     cols = xp.concatenate([cols.reshape(n_batch, n_in, -1),
@@ -541,8 +541,7 @@ def conv2d_bwd_weight_cuda(x, dy, dw, **params):
     xp = array_module(x, dy, dw)
     geo = conv2d_geometry(x.shape, dw.shape, **params)
     groups, n_batch, area = geo.groups, x.shape[0], geo.out_h * geo.out_w
-    cols = _grouped(_im2col_xp(xp, x, geo).reshape(n_batch, x.shape[1], -1), groups)
-    cols = cols.reshape(n_batch, groups, -1, area).transpose(1, 0, 3, 2)  # [G, N, OH*OW, rows]
+    cols = _im2col_xp(xp, x, geo).reshape(n_batch, groups, -1, area).transpose(1, 0, 3, 2)
     grads = _grouped(dy, groups).transpose(1, 2, 0, 3)                     # [G, O/G, N, OH*OW]
     dw += xp.matmul(grads.reshape(groups, grads.shape[1], -1),
                     cols.reshape(groups, n_batch * area, -1)).reshape(dw.shape)

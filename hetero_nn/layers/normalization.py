@@ -4,13 +4,18 @@ batch, combined across partitions by REDUX.
 Both are one layer, :class:`_BatchNorm`, that differ only in the sample shapes they
 accept (``(C, H, W)``; ``(C,)`` or ``(C, L)``): the codelets see ``(n, C, *spatial)``.
 
-A training-mode forward pass submits, per partition, its per-channel sum (REDUX),
-then one task for the mean; per partition, the squared deviations from it
-(REDUX), then one task for the variance, one for the running statistics; then
-the normalisation per partition. The backward pass sums ``dy`` and ``(x - mean)
-* dy`` the same way, then computes the parameter and input gradients (see
-:mod:`hetero_nn.codelets.batchnorm` for the formulas). In eval mode the running
-statistics replace the batch's, as in PyTorch.
+A training-mode forward pass over one partition is one task, ``bn_train_fwd``
+(statistics, running statistics, normalisation), and its backward pass another,
+``bn_train_bwd`` (:mod:`hetero_nn.codelets.batchnorm_step`). Over several partitions
+(or a cluster rank's share of the batch) it submits the chain a cluster reproduces: per
+partition, its per-channel sum (REDUX), then one task for the mean; per partition, the
+squared deviations from it (REDUX), then one task for the variance, one for the running
+statistics; then the normalisation per partition. The backward pass sums ``dy`` and
+``(x - mean) * dy`` the same way, then computes the parameter and input gradients (see
+:mod:`hetero_nn.codelets.batchnorm` for the formulas); those sums are zeroed by
+``fill_zero`` first. Outside a cluster a fresh ``dweight``/``dbias`` is written in place
+(``overwriting``), not zeroed by a task. In eval mode the running statistics replace the
+batch's, as in PyTorch.
 
 ``num_batches_tracked`` is counted on the host when a training step is submitted; the
 momentum of that step (``1 / num_batches_tracked`` with ``momentum=None``) reaches
@@ -28,9 +33,10 @@ import numpy as np
 
 from ..codelets.batchnorm import (bn_bwd_input, bn_bwd_sums, bn_fwd, bn_mean, bn_param_grads,
                                   bn_running, bn_sqdev, bn_sum, bn_var)
-from ..codelets.reduce import fill_zero
+from ..codelets.batchnorm_step import bn_train_bwd, bn_train_fwd
+from ..codelets.reduce import fill_zero, overwriting
 from ..errors import ConfigError, ShapeError
-from .base import Buffer, Layer, note_step_input
+from .base import Buffer, Layer, contribution, note_step_input
 from ..codelets._checks import positive_int
 
 
@@ -114,11 +120,35 @@ class _BatchNorm(Layer):
                                rt.register(np.zeros(c, self.dtype), name="bn.zeros"))
         return self._constants[1], self._constants[2]
 
-    def _temporary(self, rt, name, zero=False):
-        h = rt.temporary((self.num_features,), self.dtype, name=f"bn.{name}")
-        if zero:
-            rt.submit(fill_zero, h)
-        return h
+    @property
+    def overwrites_grads(self):
+        """Outside a cluster the first contribution writes ``dweight``/``dbias`` in place."""
+        return self.batch_span is None
+
+    def _temporary(self, rt, name):
+        return rt.temporary((self.num_features,), self.dtype, name=f"bn.{name}")
+
+    def _adding(self, rt, codelet, index, partitions, *sums):
+        """``codelet`` for partition ``index``'s contribution to ``sums``: one partition
+        writes them in place (``overwriting``); several add into zeroed sums, the
+        arithmetic a cluster's ranks reproduce (``0 + tree(partials)``, bit for bit)."""
+        if partitions == 1 and self.batch_span is None:
+            return overwriting(codelet)
+        if index == 0:
+            for h in sums:
+                rt.submit(fill_zero, h)
+        return codelet
+
+    def _whole(self, *partitioned):
+        """The one handle of each list, where the batch is one partition and all of the
+        batch (not a cluster rank's share); else None (the tasks run per partition).
+
+        Several partitions keep the chain: their sums are added by a tree in partition
+        order, which a cluster of ranks reproduces bit for bit; a one-task sum over the
+        whole batch it could not."""
+        if self.batch_span is not None or any(len(parts) != 1 for parts in partitioned):
+            return None
+        return [parts[0] for parts in partitioned]
 
     def replayed(self):
         """Count a training batch run by a replay; the data of its momentum handle."""
@@ -131,31 +161,41 @@ class _BatchNorm(Layer):
         batch_stats = self.training or not self.track_running_stats
         samples = self.batch_span[1] if self.batch_span else sum(x.shape[0] for x in xs)
         count = samples * math.prod(self.input_shape[1:])  # over the whole batch
+        ys = None
         if batch_stats:
             if count <= 1:
                 n = sum(x.shape[0] for x in xs)
                 raise ShapeError(f"{type(self).__name__}: expected more than 1 value per "
                                  f"channel when training, got input of shape "
                                  f"{(n, *self.input_shape)}")
-            total = self._temporary(rt, "sum", zero=True)
-            for x in xs:
-                rt.submit(bn_sum, x, total)
-            mean = self._temporary(rt, "mean")
-            rt.submit(bn_mean, total, mean, count=count)
-            sqdev = self._temporary(rt, "sqdev", zero=True)
-            for x in xs:
-                rt.submit(bn_sqdev, x, mean, sqdev)
-            var = self._temporary(rt, "var")
-            rt.submit(bn_var, sqdev, var, count=count)
-            if self.training and self.track_running_stats and not self.recomputing:
+            mean, var = self._temporary(rt, "mean"), self._temporary(rt, "var")
+            running = self.training and self.track_running_stats and not self.recomputing
+            if running:
                 momentum = note_step_input(self, rt.register(self.replayed(), name="bn.momentum"))
-                rt.submit(bn_running, mean, sqdev, self._buffers["running_mean"].handle,
-                          self._buffers["running_var"].handle, momentum, count=count)
+                running = (self._buffers["running_mean"].handle,
+                           self._buffers["running_var"].handle, momentum)
+            ys = self.outputs(rt, xs)
+            whole = self._whole(xs, ys)
+            if running and whole:
+                rt.submit(bn_train_fwd, whole[0], *self._affine_handles(rt), *running, mean,
+                          var, whole[1], count=count, eps=self.eps)
+                self._saved = (xs, mean, var, batch_stats, count)
+                return ys
+            total = self._temporary(rt, "sum")
+            for i, x in enumerate(xs):
+                rt.submit(self._adding(rt, bn_sum, i, len(xs), total), x, total)
+            rt.submit(bn_mean, total, mean, count=count)
+            sqdev = self._temporary(rt, "sqdev")
+            for i, x in enumerate(xs):
+                rt.submit(self._adding(rt, bn_sqdev, i, len(xs), sqdev), x, mean, sqdev)
+            rt.submit(bn_var, sqdev, var, count=count)
+            if running:
+                rt.submit(bn_running, mean, sqdev, *running, count=count)
         else:
             mean = self._buffers["running_mean"].handle
             var = self._buffers["running_var"].handle
         weight, bias = self._affine_handles(rt)
-        ys = self.outputs(rt, xs)
+        ys = ys or self.outputs(rt, xs)
         for x, y in zip(xs, ys):
             rt.submit(bn_fwd, x, mean, var, weight, bias, y, eps=self.eps)
         self._saved = (xs, mean, var, batch_stats, count)
@@ -165,17 +205,24 @@ class _BatchNorm(Layer):
         xs, mean, var, batch_stats, count = self._saved
         if not (self.affine or need_input_grad):
             return None
-        sum_dy = self._temporary(rt, "sum_dy", zero=True)
-        dotp = self._temporary(rt, "dotp", zero=True)
-        for x, dy in zip(xs, dys):
-            rt.submit(bn_bwd_sums, x, dy, mean, sum_dy, dotp)
-        if self.affine:
-            rt.submit(bn_param_grads, sum_dy, dotp, var, self._params["weight"].grad,
-                      self._params["bias"].grad, eps=self.eps)
+        params = [self._params[k] for k in ("weight", "bias")] if self.affine else []
+        dxs = self.outputs(rt, dys, shape=self.input_shape) if need_input_grad else None
+        whole = self._whole(xs, dys, dxs) if params and dxs and batch_stats else None
+        if whole:
+            rt.submit(contribution(bn_train_bwd, params), *whole[:2], mean, var,
+                      params[0].handle, whole[2], *(p.grad for p in params), count=count,
+                      eps=self.eps)
+            return dxs
+        sum_dy, dotp = self._temporary(rt, "sum_dy"), self._temporary(rt, "dotp")
+        for i, (x, dy) in enumerate(zip(xs, dys)):
+            rt.submit(self._adding(rt, bn_bwd_sums, i, len(xs), sum_dy, dotp), x, dy, mean,
+                      sum_dy, dotp)
+        if params:
+            rt.submit(contribution(bn_param_grads, params), sum_dy, dotp, var,
+                      *(p.grad for p in params), eps=self.eps)
         if not need_input_grad:
             return None
         weight, _ = self._affine_handles(rt)
-        dxs = self.outputs(rt, dys, shape=self.input_shape)
         for x, dy, dx in zip(xs, dys, dxs):
             rt.submit(bn_bwd_input, x, dy, mean, var, weight, sum_dy, dotp, dx, count=count,
                       eps=self.eps, batch_stats=batch_stats)
