@@ -50,6 +50,7 @@ def test_an_unknown_stage_fails_the_run(tmp_path):
     assert "unknown stage nonsense" in (tmp_path / "summary.txt").read_text()
 
 
+@pytest.mark.slow  # ~16 s on 2 cores, and the 40 s budget it dry-runs in is load-sensitive
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                     reason="needs bash and coreutils' timeout")
 def test_the_mixed_experiment_dry_runs_and_its_rows_simulate_and_plot(tmp_path):
