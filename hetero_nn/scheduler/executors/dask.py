@@ -28,10 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ...arena.handle import mark_written
 from ...errors import DeviceError, TaskError
+from .contract import Executor
 from .dask_graph import build_graph
 
 
-class DaskExecutor:
+class DaskExecutor(Executor):
     """Runs flushed DAGs with Dask (``mode`` ``"threads"`` or ``"distributed"``)."""
 
     def __init__(self, runtime, mode, *, address=None, client=None):

@@ -76,6 +76,7 @@ from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
 from ..stalls import stalled, wait_progress
+from .contract import Executor
 from .state import ExecutorState, prefetch_error, queued_tasks, task_error
 from .streamed import device_fault, run_on_stream
 from .timing import caller
@@ -95,7 +96,7 @@ class _Fault(Exception):
         self.where = where
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Runs tasks on the runtime's workers with a scheduling policy, as they are
     submitted (``add``) or as flushed DAGs (``run``)."""
 
