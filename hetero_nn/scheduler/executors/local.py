@@ -72,6 +72,8 @@ import logging
 import threading
 import time
 
+from threadpoolctl import threadpool_limits
+
 from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
@@ -121,9 +123,8 @@ class LocalExecutor(Executor):
         self._records = runtime._flushes.records
         self._blas = None
         try:
-            from threadpoolctl import threadpool_limits  # optional: BLAS to one thread
             self._blas = threadpool_limits(limits=1, user_api="blas")
-        except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
+        except Exception:  # no BLAS found: nothing to limit
             self._blas = None
         for w in self.workers:
             w.thread = threading.Thread(target=self._loop, args=(w,), daemon=True,
