@@ -157,7 +157,7 @@ def _powercap_counter(zone: Path, label: str, reasons: list) -> Counter | None:
 def nvml_counters() -> tuple[list[Counter], list[str]]:
     """One total-energy counter per GPU NVML reports, and why others were not taken."""
     try:
-        import pynvml
+        import pynvml  # nvidia-ml-py: optional, only where GPU energy is read
     except ImportError:
         return [], ["nvml: nvidia-ml-py is not installed (pip install nvidia-ml-py)"]
     try:

@@ -20,8 +20,7 @@ from . import layers as L
 
 def _torch():
     try:
-        import torch
-        import torch.fx  # noqa: F401
+        import torch.fx  # torch: optional, and seconds at start-up (binds torch too)
     except ImportError:
         raise ConversionError("from_torch/to_torch need PyTorch (pip install torch)") from None
     return torch

@@ -269,7 +269,7 @@ def _torch_state_names(module, model, sources):
 def _propagate_shapes(torch, module, graph, shape, dtype):
     """Run the traced graph once on zeros of ``(2, *shape)`` in eval mode (nothing of the
     module changes) so that every node knows its output shape (``node.meta``)."""
-    from torch.fx.passes.shape_prop import ShapeProp
+    from torch.fx.passes.shape_prop import ShapeProp  # torch: optional (_torch() checked it)
 
     modes = {m: m.training for m in module.modules()}
     module.eval()

@@ -59,7 +59,7 @@ def command(args) -> int:
     bars = {}
 
     def progress(url, done, total):
-        from tqdm import tqdm  # tqdm: optional, only while downloading
+        from tqdm import tqdm  # tqdm loads with the first bar (10-40 ms at start-up)
         bar = bars.get(url)
         if bar is None:
             bar = bars[url] = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..fileio import atomic_write
+from ..scheduler.trace.gantt import agg_figure
 from .options import PROG
 
 __all__ = ["add_parser", "command", "read_run", "figure"]
@@ -63,12 +64,7 @@ def _label(folder, document) -> str:
 
 def figure(runs, title=None):
     """The matplotlib Figure of ``runs``: ``[(label, metrics.json document)]``."""
-    # matplotlib: the optional plot extra, and heavy at start-up
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure  # matplotlib: as above
-
-    fig = Figure(figsize=(15, 4.6), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(f"{PROG} plot", figsize=(15, 4.6), dpi=110, layout="constrained")
     loss, accuracy, speed = fig.subplots(1, 3)
     palette = [f"C{i}" for i in range(10)]
     for i, (label, document) in enumerate(runs):

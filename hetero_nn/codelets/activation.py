@@ -165,10 +165,10 @@ def _erf(xp, x):
     if xp is not np and hasattr(xp, "erf"):  # the strict CuPy stand-in (strict_xp)
         return xp.erf(x)
     if xp is not np:
-        import cupyx.scipy.special
+        import cupyx.scipy.special  # cupy: optional, only on a real CUDA node
         return cupyx.scipy.special.erf(x)
     try:
-        from scipy.special import erf
+        from scipy.special import erf  # scipy.special: 0.1-0.2 s at start-up, for GELU only
     except ImportError:  # SciPy is optional: the exact same function, per element
         return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype, copy=False)
     return erf(x)

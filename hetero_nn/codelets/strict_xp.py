@@ -35,6 +35,7 @@ import contextlib
 import functools
 import importlib
 import operator
+import os
 import pkgutil
 import threading
 import types
@@ -43,6 +44,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import HeteroNNError
+from .codelet import Codelet
 
 __all__ = ["DeviceArray", "StrictError", "strict", "guard", "checking", "counters",
            "Counters"]
@@ -357,7 +359,7 @@ def _allocation(fn):
 
 
 def _erf(x):
-    from scipy.special import erf
+    from scipy.special import erf  # scipy.special: 0.1-0.2 s at start-up, for GELU only
     return _Function(erf)(x)
 
 
@@ -415,10 +417,8 @@ def guard(fn, name=None):
 
 def all_cuda_codelets() -> dict:
     """Every module-level codelet of :mod:`hetero_nn.codelets` with a ``cuda`` variant."""
-    from . import __path__ as package_path
-    from .codelet import Codelet
     found = {}
-    for info in pkgutil.iter_modules(package_path):
+    for info in pkgutil.iter_modules([os.path.dirname(__file__)]):
         module = importlib.import_module(f"{__package__}.{info.name}")
         for value in vars(module).values():
             if isinstance(value, Codelet) and any(v.startswith("cuda") for v in value.variants):

@@ -30,7 +30,7 @@ def array_module(*arrays):
 def cupy_or_none():
     """Import CuPy if it is installed and a GPU is visible; ``None`` otherwise."""
     try:
-        import cupy
+        import cupy  # cupy: optional, the GPU's array module
     except Exception:  # ImportError, or a CUDA library that fails to load
         return None
     try:

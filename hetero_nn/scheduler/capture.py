@@ -14,12 +14,14 @@ bound by writing into the captured handles' buffers, or parts of them (see
 :meth:`Graph.write`), before ``replay()``; numbers that change between replays
 are *step parameters* (:meth:`Graph.param`, ``replay(name=value)``).
 
-Two engines run replays. Where the runtime allows it (local executor, workers of one
-kind or ``heft``, on one memory node or several: the rule is
-:func:`~hetero_nn.scheduler.engine.replay.engine_refusal`;
-``Runtime(replay_engine=...)``), the replay engine of
-:mod:`~hetero_nn.scheduler.engine.replay`: bound tasks on fixed worker schedules, each
-worker's share in one compiled loop. Elsewhere the executor: the same task
+Two executors run replays, called alike (``replay(graph)``,
+:mod:`~hetero_nn.scheduler.executors.contract`). Where the runtime allows it (local
+executor, workers of one kind or ``heft``, on one memory node or several: the rule is
+:func:`~hetero_nn.scheduler.engine.replay.engine_refusal`, asked by
+:func:`~hetero_nn.scheduler.engine.executor.replay_executor`;
+``Runtime(replay_engine=...)``), the compiled executor (``Runtime.compiled``), the replay
+engine of :mod:`~hetero_nn.scheduler.engine.replay`: bound tasks on fixed worker
+schedules, each worker's share in one compiled loop. Elsewhere the runtime's executor: the same task
 objects run again (only their per-run state reset), a static policy (``heft``)
 keeping the plan it made at capture, and before its second replay a graph fuses
 its chains of small tasks into bundles (``fuse_chains``;
@@ -50,7 +52,8 @@ from ..arena.arena import Arena
 from ..arena.handle import Handle
 from ..errors import SubmitError
 from .executors.bundle import BundleReport, fuse_chains
-from .engine.replay import ENGINE_FUSES, CompiledGraph, set_params, step_param, unavailable
+from .engine.executor import replay_executor
+from .engine.replay import set_params, step_param
 
 _perf = time.perf_counter
 
@@ -159,22 +162,18 @@ class Graph:
         rt = self.runtime
         if params:
             set_params(self, params)
-        engine = unavailable(rt) is None
+        executor = replay_executor(rt)  # the compiled one where the engine serves rt
         if self.bundles is None and self.replays and rt.fuse_chains:
-            if engine:
+            if executor.fusion_refusal is not None:
                 self.bundles = BundleReport(None, tasks_before=self.num_tasks,
-                                            tasks_after=self.num_tasks, reason=ENGINE_FUSES)
+                                            tasks_after=self.num_tasks,
+                                            reason=executor.fusion_refusal)
             else:
                 self.fuse_chains()
         rt._check_open()
         self._check_roots(rt)
         rt.wait()  # work submitted since comes first, as in program order
-        if engine:
-            if self._compiled is None:
-                self._compiled = CompiledGraph(self)
-            self._compiled.run(rt)
-        else:
-            self._run()
+        executor.replay(self)
         self.replays += 1
 
     def _check_roots(self, rt):
@@ -195,7 +194,9 @@ class Graph:
                                   "handle")
 
     def _run(self):
-        """Run the recorded segments through the executor, each as one flush."""
+        """Run the recorded segments through the executor, each as one flush (how the
+        executors that run flushes replay:
+        :class:`~hetero_nn.scheduler.executors.contract.Executor`)."""
         rt = self.runtime
         ids = rt._ids
         now = _perf()

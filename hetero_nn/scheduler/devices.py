@@ -14,6 +14,7 @@ They say what they are: workers and nodes are named ``cuda-emu0``, ...
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from collections import deque
@@ -124,10 +125,9 @@ def make_workers(devices, host_nodes: int, lock, device_memory=None
     if gpus:
         cupy = cupy_or_none()
         if cupy is None:
-            try:
-                import cupy  # noqa: F401  (only to tell the two causes apart)
+            if importlib.util.find_spec("cupy") is not None:  # installed: no GPU, or no CUDA
                 why = "CuPy is installed but sees no GPU"
-            except Exception:
+            else:
                 why = "CuPy is not installed (pip install 'hetero-nn[cuda]'); " \
                       "'cuda-emu' emulates a device"
             raise DeviceError(f"devices {devices!r} ask for CUDA, but {why}")

@@ -24,10 +24,9 @@ points. One module per concern, this one only wiring them together:
   per-task allocation (``arenas=False``);
 - :mod:`~hetero_nn.scheduler.flush`: the flush lifecycle (streaming or a closed
   DAG, generations, trace records);
-- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`), and
-  :mod:`~hetero_nn.scheduler.engine.replay`, the engine replays run on;
-- executors (:mod:`~hetero_nn.scheduler.executors.local`,
-  :mod:`~hetero_nn.scheduler.executors.dask`) and policies
+- :mod:`~hetero_nn.scheduler.capture`: capture and replay (:class:`Graph`);
+- executors behind one contract (:mod:`~hetero_nn.scheduler.executors.contract`: local,
+  sync, Dask, and the compiled replay engine's) and policies
   (:mod:`~hetero_nn.scheduler.policies`).
 
 A submission checks its operands, infers its dependencies from its non-REDUX
@@ -42,7 +41,8 @@ The components above (``_handles``, ``_dependencies``, ``_reductions``,
 ``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
 codelet -> the workers with a variant for it; ``_ids``: task ids in submission
 order; ``_lock``: the executor's lock (policies, queues, releases);
-``_engine``: the replay engine's threads (:mod:`~hetero_nn.scheduler.engine.replay`);
+``executor`` and ``compiled``: the executors of flushes and of compiled replays
+(:mod:`~hetero_nn.scheduler.executors.contract`); ``_engine``: the replay engine's threads;
 ``_closed``.
 """
 
@@ -74,6 +74,7 @@ from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
 from .policies.policies import make_policy, policy_class
 from .perfmodel.model import PerfModel
+from .engine.executor import CompiledExecutor
 from .executors.dask import DaskExecutor
 from .executors.local import LocalExecutor
 from .executors.sync import SyncExecutor
@@ -184,7 +185,7 @@ class Runtime(RuntimeHandles):
             fuse_chains=fuse_chains, overlap=overlap, arenas=arenas, replay_engine=replay_engine)
         self.replay_engine = study.replay_engine
         self.wait_timeout = check_wait_timeout(wait_timeout)  # every wait's deadline (stalls.py)
-        self._engine = None  # the replay engine's threads, made at the first compiled replay
+        self.compiled = CompiledExecutor(self)  # replays, where the engine serves (engine/)
         if deterministic is None:
             deterministic = not calibrate
         elif deterministic and calibrate:
@@ -576,8 +577,7 @@ class Runtime(RuntimeHandles):
             return
         self._closed = True
         try:
-            if self._engine is not None:
-                self._engine.close()
+            self.compiled.close()
             self.executor.close()
             for node in self.nodes:
                 node.close()

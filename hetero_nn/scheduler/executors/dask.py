@@ -25,13 +25,15 @@ import time
 
 import numpy as np
 from concurrent.futures import ThreadPoolExecutor
+from threadpoolctl import threadpool_limits
 
 from ...arena.handle import mark_written
 from ...errors import DeviceError, TaskError
+from .contract import Executor
 from .dask_graph import build_graph
 
 
-class DaskExecutor:
+class DaskExecutor(Executor):
     """Runs flushed DAGs with Dask (``mode`` ``"threads"`` or ``"distributed"``)."""
 
     def __init__(self, runtime, mode, *, address=None, client=None):
@@ -52,9 +54,9 @@ class DaskExecutor:
 
     @property
     def client(self):
+        # distributed loads with the first cluster (heavy at start-up)
+        from distributed import Client, LocalCluster, WorkerPlugin
         if self._client is None:
-            # distributed loads with the first cluster (heavy at start-up)
-            from distributed import Client, LocalCluster
             if self._address:
                 self._client = Client(self._address)
             else:
@@ -64,7 +66,8 @@ class DaskExecutor:
                 self._client = Client(self._cluster)
             self._own_client = True
         if not getattr(self._client, "_hetero_nn_blas", False):
-            self._client.register_plugin(one_blas_thread_plugin(), name="hetero_nn-one-blas-thread")
+            self._client.register_plugin(one_blas_thread_plugin(WorkerPlugin),
+                                         name="hetero_nn-one-blas-thread")
             self._client._hetero_nn_blas = True
         return self._client
 
@@ -127,21 +130,19 @@ class DaskExecutor:
 
 
 def _one_blas_thread():
-    """Hold BLAS to one thread in this process (None without threadpoolctl or a BLAS)."""
+    """Hold BLAS to one thread in this process (None without a BLAS)."""
     try:
-        from threadpoolctl import threadpool_limits  # optional: BLAS to one thread
         return threadpool_limits(limits=1, user_api="blas")
     except Exception:
         return None
 
 
-def one_blas_thread_plugin():
-    """A distributed worker plugin: BLAS at one thread, so a worker's N Dask threads use N
-    cores. Made on first use: importing ``distributed`` costs 0.7 s, which a runtime that
-    never meets a cluster should not pay."""
-    from distributed import WorkerPlugin  # distributed: only a Client's runtime gets here
+def one_blas_thread_plugin(base):
+    """A distributed worker plugin (``base``: ``distributed.WorkerPlugin``): BLAS at one
+    thread, so a worker's N Dask threads use N cores. Made on first use: importing
+    ``distributed`` costs 0.7 s, which a runtime that never meets a cluster should not pay."""
 
-    class OneBlasThread(WorkerPlugin):
+    class OneBlasThread(base):
         def setup(self, worker):
             self.limits = _one_blas_thread()
 

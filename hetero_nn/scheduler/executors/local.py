@@ -72,10 +72,13 @@ import logging
 import threading
 import time
 
+from threadpoolctl import threadpool_limits
+
 from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
 from ..stalls import stalled, wait_progress
+from .contract import Executor
 from .state import ExecutorState, prefetch_error, queued_tasks, task_error
 from .streamed import device_fault, run_on_stream
 from .timing import caller
@@ -95,7 +98,7 @@ class _Fault(Exception):
         self.where = where
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Runs tasks on the runtime's workers with a scheduling policy, as they are
     submitted (``add``) or as flushed DAGs (``run``)."""
 
@@ -120,9 +123,8 @@ class LocalExecutor:
         self._records = runtime._flushes.records
         self._blas = None
         try:
-            from threadpoolctl import threadpool_limits  # optional: BLAS to one thread
             self._blas = threadpool_limits(limits=1, user_api="blas")
-        except Exception:  # threadpoolctl missing or no BLAS found: nothing to limit
+        except Exception:  # no BLAS found: nothing to limit
             self._blas = None
         for w in self.workers:
             w.thread = threading.Thread(target=self._loop, args=(w,), daemon=True,

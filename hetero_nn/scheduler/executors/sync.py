@@ -30,12 +30,13 @@ import time
 
 from ...errors import TaskError
 from ..flush import record_of
+from .contract import Executor
 from .state import task_error
 
 _perf = time.perf_counter
 
 
-class SyncExecutor:
+class SyncExecutor(Executor):
     """Runs each task in the calling thread (see the module docstring)."""
 
     records_tasks = True  # trace records are made as tasks run
@@ -67,13 +68,14 @@ class SyncExecutor:
         heapq.heapify(ready)
         while ready:
             t = heapq.heappop(ready)[2]
+            succ = t.succ  # _run_one drops the task's links
             if self.error is not None:
                 t.ended = True
                 t.error = "cancelled"
             else:
                 t.t_ready = now
                 self._run_one(t)
-            for s in t.succ:
+            for s in succ:
                 s.npred -= 1
                 if s.npred == 0:
                     heapq.heappush(ready, (-s.priority, order[s], s))

@@ -1,6 +1,7 @@
 """The Gantt chart of a trace: a PNG that stays readable from 1 to 32 workers and 60 codelets.
 
-This module owns :func:`gantt`, behind :meth:`Trace.gantt
+This module owns :func:`gantt`, and :func:`agg_figure` (the one place the plots load
+matplotlib, the optional plot extra, and say how to install it), behind :meth:`Trace.gantt
 <hetero_nn.scheduler.trace.Trace.gantt>` and ``hetero-nn trace --gantt``.
 
 Layout policy (sizes in inches, so that nothing depends on matplotlib's layout engines,
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from ...fileio import atomic_write
 
-__all__ = ["gantt", "gantt_figure"]
+__all__ = ["agg_figure", "gantt", "gantt_figure"]
 
 ROW_INCHES = 0.3            # height of a worker's row
 CHART_INCHES = 9.0          # width of the time axis
@@ -41,6 +42,20 @@ MAX_LEGEND_COLUMNS = 1
 TOP, BOTTOM, GAP, RIGHT = 0.55, 0.6, 0.2, 0.15   # margins (inches)
 IDLE = "#e6e6e6"
 TRANSFER = "#404040"
+
+
+def agg_figure(what, **kwargs):
+    """A matplotlib ``Figure(**kwargs)`` drawn off-screen by Agg (its ``canvas``), for the
+    plots of ``what``; without matplotlib, an ImportError saying how to install it."""
+    try:
+        # matplotlib: the optional plot extra, and heavy at start-up
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure  # matplotlib: as above
+    except ImportError as exc:
+        raise ImportError(f"{what} needs matplotlib: pip install hetero-nn[plot]") from exc
+    figure = Figure(**kwargs)
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def _palette(n):
@@ -73,10 +88,7 @@ def gantt(trace, path, title: str | None = None, window: tuple | None = None) ->
 def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
     """The matplotlib Figure :func:`gantt` saves, laid out (its chart is ``axes[0]``)."""
     try:
-        # matplotlib: the optional plot extra
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure  # matplotlib: the optional plot extra
-        from matplotlib.patches import Patch  # matplotlib: the optional plot extra
+        import matplotlib.patches  # matplotlib: the optional plot extra
     except ImportError as exc:
         raise ImportError("Trace.gantt needs matplotlib: pip install hetero-nn[plot]") from exc
 
@@ -103,8 +115,8 @@ def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
         + BOTTOM  # a first guess: the legend is measured once drawn
     label_w = 0.1 + 0.075 * max((len(s) for s in labels), default=4)
 
-    figure = Figure(figsize=(label_w + CHART_INCHES + RIGHT, fig_h), dpi=110)
-    canvas = FigureCanvasAgg(figure)
+    figure = agg_figure("Trace.gantt", figsize=(label_w + CHART_INCHES + RIGHT, fig_h), dpi=110)
+    canvas = figure.canvas
     axes = figure.add_axes((0, 0, 1, 1))  # placed below, once the legend's width is known
 
     row_of = {w: i for i, w in enumerate(trace.workers)}
@@ -142,7 +154,8 @@ def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
 
     legend = None
     if codelets:
-        handles = [Patch(facecolor=colour[c], label=f"{c} {_share(busy[c], total)}")
+        patch = matplotlib.patches.Patch
+        handles = [patch(facecolor=colour[c], label=f"{c} {_share(busy[c], total)}")
                    for c in codelets]
         legend = figure.legend(handles=handles, loc="upper left", ncols=columns,
                                fontsize=LEGEND_FONT, title="codelet, share of busy time",

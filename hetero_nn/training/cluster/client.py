@@ -53,6 +53,7 @@ is :class:`~hetero_nn.training.cluster.group.Group`'s.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 
@@ -404,8 +405,5 @@ def connect(spec, *, threads=1, devices=None, timeout=CONNECT_TIMEOUT,
 
 
 def _has_bokeh() -> bool:
-    try:
-        import bokeh  # noqa: F401  (optional: whether the dashboard can start)
-    except ImportError:
-        return False
-    return True
+    """Whether bokeh (optional: the dashboard's plots) is installed, without importing it."""
+    return importlib.util.find_spec("bokeh") is not None

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 import asyncio
+import cloudpickle
 
 from ...arena.handle import Handle
 from ...errors import HeteroNNError
@@ -94,8 +95,6 @@ def rank_spec(trainer, worker_devices) -> bytes:
     handle of no runtime, a runtime as None; the optimizer as a fresh one of its
     class with its hyper-parameters.
     """
-    import cloudpickle  # cloudpickle comes with distributed (heavy at start-up)
-
 
     class _Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
