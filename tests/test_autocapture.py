@@ -1,0 +1,144 @@
+"""Automatic capture: a repeated flush is captured, then replayed, with the bits of the
+submitted program (random handle programs run several times on the same handles), and
+says so in the trace; what has no shape runs as submitted; the runtime stops looking
+after its miss budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import hetero_nn as hn
+from hetero_nn import RW
+from hetero_nn.scheduler import autocapture
+from helpers import within
+from test_runtime_property import CODELETS, handle_named, programs, run_reference
+
+REPEATS = 4  # recorded, captured, replayed twice
+
+
+def _scale(x, factor):
+    x *= factor
+
+
+SCALE = hn.Codelet("auto_scale", modes=(RW,), variants={"ref": _scale})
+
+
+CONFIGS = (("cpu:2 eager", {}), ("cpu:3 ws", {"policy": "ws", "devices": "cpu:3"}),
+           ("cpu:2 heft", {"policy": "heft"}),
+           ("cpu:2 host_nodes=2 dmda", {"policy": "dmda", "host_nodes": 2}),
+           ("cpu:2 executor replays", {"replay_engine": "executor"}))
+
+
+def _run(rt, handles, splits, ops):
+    for op in ops:
+        if op[0] in ("wait", "fetch"):
+            rt.wait()
+        else:
+            _, name, operands, params = op
+            rt.submit(CODELETS[name], *[handle_named(handles, splits, h) for h in operands],
+                      **params)
+    rt.wait()
+
+
+def _repeated(program, configs):
+    roots, splits, ops = program
+    expected, state = [], roots
+    for _ in range(REPEATS):  # each run starts from the last one's roots
+        state = run_reference(state, splits, ops)[0]
+        expected.append(state)
+    submits = any(op[0] not in ("wait", "fetch") for op in ops)
+    for label, kwargs in configs:  # a runtime per example: no miss budget spent before
+        with hn.Runtime(**{"devices": "cpu:2", "perfmodel": False, "seed": 2, **kwargs}) as rt:
+            _check(rt, label, roots, splits, ops, expected, submits)
+
+
+@settings(max_examples=5, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs())
+def test_repeated_random_programs_replay_automatically_with_the_submitted_bits(program):
+    _repeated(program, CONFIGS[:1] + CONFIGS[-1:])  # the engine, and the executor's replays
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs())
+def test_repeated_random_programs_replay_automatically_under_every_configuration(program):
+    _repeated(program, CONFIGS)
+
+
+def _check(rt, label, roots, splits, ops, expected, submits):
+    handles = [rt.register(a.copy(), name=f"root{i}") for i, a in enumerate(roots)]
+    for k, want in enumerate(expected):
+        within(60, _run, rt, handles, splits, ops)
+        for i, (h, e) in enumerate(zip(handles, want)):
+            np.testing.assert_array_equal(rt.fetch(h), e, err_msg=f"{label} run {k} root {i}")
+    actions = [n["action"] for n in rt.trace().metadata["auto_capture"]]
+    if submits:
+        assert "captured" in actions and "replayed" in actions, (label, actions, ops)
+
+
+def test_step_parameters_by_name_and_what_has_no_shape():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        data = np.ones(4)
+        h = rt.register(data)
+        factors = [2.0, 3.0, 0.5, 4.0, 4.0]
+        for f in factors:  # the factor a step parameter: one shape
+            for part in h.split(0, 2):
+                rt.submit(SCALE, part, factor=rt.param("factor", f))
+            rt.wait()
+        assert rt.fetch(h).tolist() == [np.prod(factors)] * 4
+        notes = rt.trace(clear=True).metadata["auto_capture"]
+        assert [n["action"] for n in notes] == ["captured", "replayed", "replayed", "replayed"]
+        for f in (2.0, 0.5, 2.0):  # a plain parameter that changes: no replay
+            rt.submit(SCALE, h, factor=f)
+            rt.wait()
+        for _ in range(3):  # an array parameter: no shape
+            rt.submit(SCALE, h, factor=np.full(4, 2.0))
+            rt.wait()
+        signs = (-0.0, 0.0, -0.0, 0.0, 0.0)  # equal floats, the other sign of zero: no replay
+        for f in signs[:-1]:
+            rt.submit(SCALE, h, factor=f)
+            rt.wait()
+        assert rt.trace().metadata["auto_capture"] == []
+        rt.submit(SCALE, h, factor=signs[-1])  # the same +0.0 again: captured
+        rt.wait()
+        assert [n["action"] for n in rt.trace().metadata["auto_capture"]] == ["captured"]
+        want = np.float64(np.prod(factors) * 2.0 * 0.5 * 2.0 * 2.0 ** 3)
+        for f in signs:
+            want *= f
+        np.testing.assert_array_equal(rt.fetch(h), np.full(4, want))
+
+
+def test_a_flush_that_differs_half_way_runs_as_submitted_and_tasks_stay_usable():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.ones(4))
+        a, b = h.split(0, 2)
+        for _ in range(2):
+            rt.submit(SCALE, a, factor=2.0)
+            rt.submit(SCALE, b, factor=2.0)
+            rt.wait()
+        first = rt.submit(SCALE, a, factor=2.0)  # kept: the shape's start
+        assert not first.done()
+        rt.submit(SCALE, b, factor=5.0)  # differs: the kept task is submitted
+        first.wait()
+        assert first.done() and first.exception() is None
+        rt.wait()
+        assert rt.fetch(h).tolist() == [8.0, 8.0, 20.0, 20.0]
+        assert rt.trace().metadata["auto_capture"][-1]["action"] == "captured"
+
+
+def test_the_runtime_stops_looking_after_its_miss_budget_and_can_be_off():
+    with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
+        for k in range(autocapture.MISS_BUDGET):
+            rt.submit(SCALE, rt.register(np.ones(2)), factor=2.0)  # a new handle each flush
+            rt.wait()
+        assert not rt._auto.on and not rt._auto.shapes
+    with hn.Runtime(devices="cpu:1", perfmodel=False, auto_capture=False) as rt:
+        h = rt.register(np.ones(2))
+        for _ in range(3):
+            rt.submit(SCALE, h, factor=2.0)
+            rt.wait()
+        assert rt.trace().metadata["auto_capture"] == [] and rt.fetch(h).tolist() == [8.0, 8.0]
