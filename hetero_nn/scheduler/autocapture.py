@@ -79,21 +79,42 @@ _new_task = Task.__new__
 
 class Shape:
     """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each;
-    ``types``: per call its parameters' types; ``special``: per call whether one is a float,
+    ``types``, ``keys``: per call its parameters' types and names, in order; ``special``: per call whether one is a float,
     a tuple or a step parameter (compared one by one); ``roots``: the roots its handles
     belong to (all registered still, or the shape is dropped); ``graph`` once captured; ``values``: the
     step parameters' values the graph holds; ``next``: the shape that followed it."""
 
-    __slots__ = ("calls", "types", "special", "roots", "graph", "values", "next")
+    __slots__ = ("calls", "types", "keys", "special", "roots", "graph", "values", "next")
 
-    def __init__(self, calls, types, special, roots):
-        self.roots = roots
+    def __init__(self, calls):
         self.calls = calls
-        self.types = types
-        self.special = special
+        self.types = self.keys = self.special = self.roots = None
         self.graph = None
         self.values: dict = {}
         self.next = None
+
+    def ready(self, rt) -> bool:
+        """Whether the shape may be matched: its handles registered on ``rt``, none a
+        temporary, its parameters plain (checked the first time it is seen again)."""
+        if self.types is None:
+            types, keys, special, roots = [], [], [], {}
+            for _, handles, _, params in self.calls:
+                for h in handles:
+                    if h.temporary or h.root.temporary:  # one flush's: never the same again
+                        return False
+                    roots[h.root] = None
+                sig = tuple(map(type, params.values()))
+                if not all(t in _PLAIN or t in _STEPS or t is tuple for t in sig):
+                    return False
+                odd = float in sig or tuple in sig or IntParam in sig or FloatParam in sig
+                if odd and not all(map(_plain, params.values())):
+                    return False
+                types.append(sig)
+                keys.append(tuple(params))
+                special.append(odd)
+            self.types, self.keys, self.special = types, keys, special
+            self.roots = list(roots)
+        return all(r.owner is rt for r in self.roots)
 
 
 class AutoCapture:
@@ -157,8 +178,8 @@ class AutoCapture:
         shape = self.last.next if self.last is not None else None
         if shape is None or shape.calls[0][0] is not codelet or shape.calls[0][1] != handles:
             shape = self.shapes.get(key)
-        if shape is not None and not all(r.owner is rt for r in shape.roots):
-            self._drop(shape)  # a handle unregistered since: submitted, its error raised
+        if shape is not None and not shape.ready(rt):
+            self._drop(shape)  # not plain, or a handle unregistered since (submitted: refused)
             shape = None
         if shape is not None:
             self.shapes.move_to_end(key)
@@ -176,28 +197,29 @@ class AutoCapture:
         c, h, m, p = shape.calls[k]
         if c is not codelet or h != handles or (m is not modes and m != modes):
             return False
-        if tuple(map(type, params.values())) != shape.types[k]:
+        if tuple(map(type, params.values())) != shape.types[k] or tuple(params) != shape.keys[k]:
             return False  # the recorded ones are plain: == is safe below
         if not shape.special[k]:
             return p == params  # ints, strings, bools and None of the same types
-        if len(p) != len(params):
-            return False
         steps = self.steps
         for key, w in p.items():
-            v = params.get(key, p)
-            if v is w:
-                continue
-            t = type(w)
-            if type(v) is not t:
-                return False
-            if t is FloatParam or t is IntParam:
+            v = params[key]
+            t = type(w)  # v's too (keys and types compared above)
+            if t is int or t is str:
+                if v != w:
+                    return False
+            elif t is tuple:
+                if v != w or tuple(map(type, v)) != tuple(map(type, w)) or (
+                        float in map(type, v) and not _equal(v, w)):
+                    return False
+            elif t is FloatParam or t is IntParam:
                 name = w.param_name
                 if v.param_name != name:
                     return False
                 seen = steps.setdefault(name, v)
                 if seen is not v and not _equal(seen, v):
                     return False
-            elif not _equal(v, w):
+            elif v is not w and not _equal(v, w):
                 return False
         return True
 
@@ -224,23 +246,8 @@ class AutoCapture:
         return False
 
     def _keep(self, calls):
-        """Keep a flush's calls as a shape (None where a parameter is not plain)."""
-        types, special, roots = [], [], {}
-        for _, handles, _, params in calls:
-            for h in handles:
-                if h.temporary or h.root.temporary:  # one flush's: never the same again
-                    self._missed()
-                    return None
-                roots[h.root] = None
-            sig = tuple(map(type, params.values()))
-            if not all(t in _PLAIN or t in _STEPS or t is tuple for t in sig) or (
-                    (float in sig or tuple in sig or IntParam in sig or FloatParam in sig)
-                    and not all(map(_plain, params.values()))):
-                self._missed()
-                return None
-            types.append(sig)
-            special.append(float in sig or tuple in sig or IntParam in sig or FloatParam in sig)
-        shape = Shape(calls, types, special, list(roots))
+        """Keep a flush's calls as a shape (checked when seen again: :meth:`Shape.ready`)."""
+        shape = Shape(calls)
         if self.last is not None:
             self.last.next = shape
         key = (calls[0][0], calls[0][1])
