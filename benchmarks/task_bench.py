@@ -258,7 +258,7 @@ class HeteroGrid:
         self.submit(self.rt.param("iterations", iterations))
         self.rt.wait()
         elapsed = time.perf_counter() - t0
-        notes = self.rt.trace(clear=True).metadata["auto_capture"]
+        notes = self.rt.trace(clear=True).metadata.get("auto_capture", [])
         self.action = notes[-1]["action"] if notes else "submitted"
         return elapsed
 

@@ -75,7 +75,7 @@ def _check(rt, label, roots, splits, ops, expected, submits):
         within(60, _run, rt, handles, splits, ops)
         for i, (h, e) in enumerate(zip(handles, want)):
             np.testing.assert_array_equal(rt.fetch(h), e, err_msg=f"{label} run {k} root {i}")
-    actions = [n["action"] for n in rt.trace().metadata["auto_capture"]]
+    actions = [n["action"] for n in rt.trace().metadata.get("auto_capture", [])]
     if submits:
         assert "captured" in actions and "replayed" in actions, (label, actions, ops)
 
@@ -90,7 +90,7 @@ def test_step_parameters_by_name_and_what_has_no_shape():
                 rt.submit(SCALE, part, factor=rt.param("factor", f))
             rt.wait()
         assert rt.fetch(h).tolist() == [np.prod(factors)] * 4
-        notes = rt.trace(clear=True).metadata["auto_capture"]
+        notes = rt.trace(clear=True).metadata.get("auto_capture", [])
         assert [n["action"] for n in notes] == ["captured", "replayed", "replayed", "replayed"]
         for f in (2.0, 0.5, 2.0):  # a plain parameter that changes: no replay
             rt.submit(SCALE, h, factor=f)
@@ -102,10 +102,10 @@ def test_step_parameters_by_name_and_what_has_no_shape():
         for f in signs[:-1]:
             rt.submit(SCALE, h, factor=f)
             rt.wait()
-        assert rt.trace().metadata["auto_capture"] == []
+        assert "auto_capture" not in rt.trace().metadata
         rt.submit(SCALE, h, factor=signs[-1])  # the same +0.0 again: captured
         rt.wait()
-        assert [n["action"] for n in rt.trace().metadata["auto_capture"]] == ["captured"]
+        assert [n["action"] for n in rt.trace().metadata.get("auto_capture", [])] == ["captured"]
         want = np.float64(np.prod(factors) * 2.0 * 0.5 * 2.0 * 2.0 ** 3)
         for f in signs:
             want *= f
@@ -127,7 +127,7 @@ def test_a_flush_that_differs_half_way_runs_as_submitted_and_tasks_stay_usable()
         assert first.done() and first.exception() is None
         rt.wait()
         assert rt.fetch(h).tolist() == [8.0, 8.0, 20.0, 20.0]
-        assert rt.trace().metadata["auto_capture"][-1]["action"] == "captured"
+        assert rt.trace().metadata.get("auto_capture", [])[-1]["action"] == "captured"
 
 
 def test_the_runtime_stops_looking_after_its_miss_budget_and_can_be_off():
@@ -141,4 +141,29 @@ def test_the_runtime_stops_looking_after_its_miss_budget_and_can_be_off():
         for _ in range(3):
             rt.submit(SCALE, h, factor=2.0)
             rt.wait()
-        assert rt.trace().metadata["auto_capture"] == [] and rt.fetch(h).tolist() == [8.0, 8.0]
+        assert "auto_capture" not in rt.trace().metadata
+        assert rt.fetch(h).tolist() == [8.0, 8.0]
+
+
+def _grow(x, limit):
+    if x[0] >= limit:
+        raise ValueError(f"{x[0]} reached {limit}")
+    x += 1.0
+
+
+GROW = hn.Codelet("auto_grow", modes=(RW,), variants={"ref": _grow})
+
+
+def test_a_replay_that_fails_names_the_task_and_leaves_the_runtime_usable():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.zeros(2))
+        for k in range(3):  # seen, captured, replayed
+            rt.submit(GROW, h, limit=3.0)
+            rt.wait()
+        task = rt.submit(GROW, h, limit=3.0)  # replayed: 3.0 reached
+        with pytest.raises(hn.TaskError, match="auto_grow"):
+            within(60, rt.wait)
+        assert task.done() and isinstance(task.exception(), hn.TaskError)
+        rt.submit(GROW, h, limit=10.0)  # another shape, submitted
+        rt.wait()
+        assert rt.fetch(h).tolist() == [4.0, 4.0]

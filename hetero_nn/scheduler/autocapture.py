@@ -37,7 +37,8 @@ Results are those of explicit capture, which are the submitted flush's bits
 (``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
 not while it is submitted (as with ``overlap=False``), and a replay's trace records carry
 the replay's task ids. ``rt.trace().metadata["auto_capture"]`` says, per flush the
-runtime captured or replayed by itself, its generation, what it did and its tasks.
+runtime captured or replayed by itself, its generation, what it did and its tasks (no
+key where there is none).
 
 State
 -----
@@ -79,10 +80,11 @@ _new_task = Task.__new__
 
 class Shape:
     """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each;
-    ``types``, ``keys``: per call its parameters' types and names, in order; ``special``: per call whether one is a float,
-    a tuple or a step parameter (compared one by one); ``roots``: the roots its handles
-    belong to (all registered still, or the shape is dropped); ``graph`` once captured; ``values``: the
-    step parameters' values the graph holds; ``next``: the shape that followed it."""
+    once :meth:`ready`, per call ``types`` and ``keys`` (its parameters' types and names,
+    in order) and ``special`` (whether one is a float, a tuple or a step parameter:
+    compared one by one), and ``roots`` (its handles' roots, all still registered, or the
+    shape is dropped); ``graph`` once captured; ``values``: the step parameters' values
+    the graph holds; ``next``: the shape that followed it."""
 
     __slots__ = ("calls", "types", "keys", "special", "roots", "graph", "values", "next")
 
@@ -274,12 +276,13 @@ class AutoCapture:
         if graph is not None:
             try:
                 graph._check_roots(rt)
-            except SubmitError:  # a handle unregistered since: the program's errors, as submitted
+            except SubmitError:  # a handle unregistered since: submitted, refused as such
                 self._drop(shape)
                 self.deferred, self.state = tasks, DEFER
                 self.fall_back()
                 return self.wait()
         self.busy = True
+        action = "captured" if graph is None else "replayed"
         try:
             if graph is None:
                 graph = Graph(rt)
@@ -288,13 +291,16 @@ class AutoCapture:
                         self._submit(t)
                 graph._params.update(steps)
                 shape.graph, shape.values = graph, dict(steps)
-                action = "captured"
             else:
                 changed = {n: v for n, v in steps.items()
                            if not _equal_typed(shape.values.get(n), v)}
                 shape.values.update(changed)
                 graph.replay(**changed)
-                action = "replayed"
+        except BaseException:
+            if graph is not None and action == "replayed":
+                for t in tasks:  # which one failed is the replay's TaskError's to say
+                    t.error = "cancelled"
+            raise
         finally:
             self.busy = False
             for t in tasks:
@@ -345,7 +351,7 @@ class AutoCapture:
         notes = list(self.notes)
         if clear:
             self.notes.clear()
-        return {"auto_capture": notes}
+        return {"auto_capture": notes} if notes else {}
 
 
 def param(name, value):
