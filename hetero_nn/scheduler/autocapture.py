@@ -26,7 +26,8 @@ executor is served.
   that ends early, or an ``add_dependency`` submits the deferred tasks as the program did,
   in order, and the flush goes on as a new shape. Which shape a flush is compared with:
   the one that followed the previous flush's shape last time, if it starts the same way,
-  else the last one seen starting that way.
+  else the last one seen starting that way; at a difference, another of the last
+  :data:`ALIKE` shapes starting that way that has the kept tasks and the submission.
 - Cost bounds: after :data:`MISS_BUDGET` flushes in a row of new shapes (or none) with no
   replay, the runtime stops looking (a program whose flushes never repeat, e.g. steps on
   fresh temporaries, pays the appends of that many flushes); at most :data:`MAX_SHAPES`
@@ -35,8 +36,8 @@ executor is served.
 
 Results are those of explicit capture, which are the submitted flush's bits
 (``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
-not while it is submitted (as with ``overlap=False``), and a replay's trace records carry
-the replay's task ids. ``rt.trace().metadata["auto_capture"]`` says, per flush the
+not while it is submitted (as with ``overlap=False``); a replay's trace records carry the
+kept tasks' ids (a flush of REDUX trees or fused chains: ids in the graph's order). ``rt.trace().metadata["auto_capture"]`` says, per flush the
 runtime captured or replayed by itself, its generation, what it did and its tasks (no
 key where there is none).
 
@@ -46,14 +47,15 @@ State
 ``state``: :data:`IDLE` between flushes, :data:`RECORD` (``calls``: the flush's
 submissions so far), :data:`DEFER` (``shape``: the one compared with; ``deferred``: the
 tasks kept; ``steps``: step parameter values seen), :data:`NONE` (the flush has no
-shape); ``shapes``: first call ``(codelet, handles)`` -> the last :class:`Shape`
-starting that way, in least recently used order; ``last``: the previous flush's shape;
+shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
+:class:`Shape` objects starting that way, newest first, keys in least recently used order; ``last``: the previous flush's shape;
 ``misses``; ``notes``: the trace's log; ``busy``: the runtime's own submissions
 (a fallback, a capture) under way, not looked at.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import OrderedDict, deque
@@ -67,6 +69,8 @@ from .task import Task
 MISS_BUDGET = 16
 #: Shapes kept (each may hold a captured graph and its temporaries).
 MAX_SHAPES = 8
+#: Shapes kept per first submission (a step of several flushes that start alike).
+ALIKE = 4
 #: Submissions a flush may have and still be kept as a shape.
 MAX_TASKS = 1 << 16
 
@@ -144,7 +148,8 @@ class AutoCapture:
         if state == DEFER:
             k = len(self.deferred)
             shape = self.shape
-            if k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params):
+            if (k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params)) \
+                    or self._switch(k, codelet, handles, modes, params):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
                 task.id = next(self.rt._ids)
                 task.codelet = codelet
@@ -179,7 +184,8 @@ class AutoCapture:
         key = (codelet, handles)
         shape = self.last.next if self.last is not None else None
         if shape is None or shape.calls[0][0] is not codelet or shape.calls[0][1] != handles:
-            shape = self.shapes.get(key)
+            alike = self.shapes.get(key)
+            shape = alike[0] if alike else None
         if shape is not None and not shape.ready(rt):
             self._drop(shape)  # not plain, or a handle unregistered since (submitted: refused)
             shape = None
@@ -192,6 +198,23 @@ class AutoCapture:
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
         return None
+
+    def _switch(self, k, codelet, handles, modes, params) -> bool:
+        """At a difference from the shape compared with: whether another shape starting
+        the same way has the kept tasks and this submission; it is compared with then."""
+        first = self.deferred[0] if self.deferred else None
+        key = (codelet, handles) if first is None else (first.codelet, first.handles)
+        current = self.shape
+        for shape in self.shapes.get(key, ()):
+            if shape is current or len(shape.calls) <= k or not shape.ready(self.rt):
+                continue
+            self.steps, self.shape = {}, shape
+            if all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
+                   for i, t in enumerate(self.deferred)) and \
+                    self._same(shape, k, codelet, handles, modes, params):
+                return True
+        self.shape = current
+        return False
 
     def _same(self, shape, k, codelet, handles, modes, params) -> bool:
         """Whether a submission is the shape's ``k``-th (step parameters matched by name,
@@ -253,8 +276,8 @@ class AutoCapture:
         if self.last is not None:
             self.last.next = shape
         key = (calls[0][0], calls[0][1])
-        self.shapes.pop(key, None)
-        self.shapes[key] = shape
+        alike = self.shapes.pop(key, [])
+        self.shapes[key] = [shape] + alike[:ALIKE - 1]
         while len(self.shapes) > MAX_SHAPES:
             self.shapes.popitem(last=False)
         self._missed()
@@ -295,6 +318,7 @@ class AutoCapture:
                 changed = {n: v for n, v in steps.items()
                            if not _equal_typed(shape.values.get(n), v)}
                 shape.values.update(changed)
+                rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
                 graph.replay(**changed)
         except BaseException:
             if graph is not None and action == "replayed":
@@ -340,9 +364,11 @@ class AutoCapture:
         self.rt._submit(t.codelet, t.handles, t.params, modes, task=t)
 
     def _drop(self, shape):
-        for key, s in list(self.shapes.items()):
-            if s is shape:
-                del self.shapes[key]
+        for key, alike in list(self.shapes.items()):
+            if shape in alike:
+                alike.remove(shape)
+                if not alike:
+                    del self.shapes[key]
         if self.last is shape:
             self.last = None
 
