@@ -36,10 +36,11 @@ executor is served.
 
 Results are those of explicit capture, which are the submitted flush's bits
 (``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
-not while it is submitted (as with ``overlap=False``); a replay's trace records carry the
-kept tasks' ids (a flush of REDUX trees or fused chains: ids in the graph's order). ``rt.trace().metadata["auto_capture"]`` says, per flush the
-runtime captured or replayed by itself, its generation, what it did and its tasks (no
-key where there is none).
+not while it is submitted (as with ``overlap=False``; a program polling ``Task.done()``
+without a synchronisation point waits for ever); a replay's trace records carry the kept
+tasks' ids (in the graph's order where it holds REDUX trees or fused chains).
+``rt.trace().metadata["auto_capture"]`` says, per flush the runtime captured or replayed
+by itself, its generation, what it did and its tasks (no key where there is none).
 
 State
 -----
@@ -48,9 +49,9 @@ State
 submissions so far), :data:`DEFER` (``shape``: the one compared with; ``deferred``: the
 tasks kept; ``steps``: step parameter values seen), :data:`NONE` (the flush has no
 shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
-:class:`Shape` objects starting that way, newest first, keys in least recently used order; ``last``: the previous flush's shape;
-``misses``; ``notes``: the trace's log; ``busy``: the runtime's own submissions
-(a fallback, a capture) under way, not looked at.
+:class:`Shape` objects starting that way, newest first (keys in least recently used
+order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
+``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at.
 """
 
 from __future__ import annotations
