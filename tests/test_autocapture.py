@@ -23,6 +23,8 @@ def _scale(x, factor):
 
 
 SCALE = hn.Codelet("auto_scale", modes=(RW,), variants={"ref": _scale})
+TUPLE = hn.Codelet("auto_tuple", modes=(RW,),
+                   variants={"ref": lambda x, pair: _scale(x, pair[0] * pair[1])})
 
 
 CONFIGS = (("cpu:2 eager", {}), ("cpu:3 ws", {"policy": "ws", "devices": "cpu:3"}),
@@ -109,6 +111,15 @@ def test_step_parameters_by_name_and_what_has_no_shape():
         want = np.float64(np.prod(factors) * np.prod(plain) * 2.0 ** 3)
         for f in signs:
             want *= f
+        np.testing.assert_array_equal(rt.fetch(h), np.full(4, want))
+        rt.trace(clear=True)
+        for f in ((1, 2), (1.0, 2), (1, 2.0)):  # equal tuples of other element types
+            rt.submit(TUPLE, h, pair=f)
+            rt.wait()
+        for name in ("a", "b", "c"):  # the same value under other step names
+            rt.submit(SCALE, h, factor=rt.param(name, 1.0))
+            rt.wait()
+        assert "auto_capture" not in rt.trace().metadata
         np.testing.assert_array_equal(rt.fetch(h), np.full(4, want))
 
 

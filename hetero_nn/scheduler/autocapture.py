@@ -80,16 +80,18 @@ IDLE, RECORD, DEFER, NONE = 0, 1, 2, 3
 _perf = time.perf_counter
 _STEPS = (FloatParam, IntParam)
 _PLAIN = (int, float, str, bool, type(None))
+_EXACT = (int, str, bool, type(None))  # equal and of one type: the same value
 _new_task = Task.__new__
 
 
 class Shape:
     """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each;
     once :meth:`ready`, per call ``types`` and ``keys`` (its parameters' types and names,
-    in order) and ``special`` (whether one is a float, a tuple or a step parameter:
-    compared one by one), and ``roots`` (its handles' roots, all still registered, or the
-    shape is dropped); ``graph`` once captured; ``values``: the step parameters' values
-    the graph holds; ``next``: the shape that followed it."""
+    in order), ``special`` (None, or its parameters that ``==`` alone does not compare:
+    floats, tuples with their elements' types, step parameters) and ``roots`` (its
+    handles' roots, all still registered, or the shape is dropped); ``graph`` once
+    captured; ``values``: the step parameters' values the graph holds; ``next``: the shape
+    that followed it."""
 
     __slots__ = ("calls", "types", "keys", "special", "roots", "graph", "values", "next")
 
@@ -113,12 +115,13 @@ class Shape:
                 sig = tuple(map(type, params.values()))
                 if not all(t in _PLAIN or t in _STEPS or t is tuple for t in sig):
                     return False
-                odd = float in sig or tuple in sig or IntParam in sig or FloatParam in sig
-                if odd and not all(map(_plain, params.values())):
+                if not all(map(_plain, params.values())):
                     return False
                 types.append(sig)
                 keys.append(tuple(params))
-                special.append(odd)
+                special.append(tuple((key, type(v), tuple(map(type, v)) if type(v) is tuple
+                                      else None) for key, v in params.items()
+                                     if type(v) not in _EXACT) or None)
             self.types, self.keys, self.special = types, keys, special
             self.roots = list(roots)
         return all(r.owner is rt for r in self.roots)
@@ -225,9 +228,28 @@ class AutoCapture:
             return False
         if tuple(map(type, params.values())) != shape.types[k] or tuple(params) != shape.keys[k]:
             return False  # the recorded ones are plain: == is safe below
-        if not shape.special[k]:
+        odd = shape.special[k]
+        if odd is None:
             return p == params  # ints, strings, bools and None of the same types
         steps = self.steps
+        if p == params:  # then only the names of step parameters, tuples' elements' types
+            for key, t, inner in odd:  # and floats' signs of zero are left to compare
+                v = params[key]
+                if t is tuple:
+                    if tuple(map(type, v)) != inner or ((float in inner or tuple in inner)
+                                                        and not _equal(v, p[key])):
+                        return False
+                elif t is float:
+                    if not _equal(v, p[key]):
+                        return False
+                else:
+                    name = v.param_name
+                    if p[key].param_name != name:
+                        return False
+                    seen = steps.setdefault(name, v)
+                    if seen is not v and not _equal(seen, v):
+                        return False
+            return True
         for key, w in p.items():
             v = params[key]
             t = type(w)  # v's too (keys and types compared above)
