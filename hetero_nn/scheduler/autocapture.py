@@ -135,6 +135,7 @@ class AutoCapture:
         self.on = bool(on) and runtime.executor_name == "local"
         self.state = IDLE
         self.calls: list | None = None
+        self.room = 0  # calls the flush may still record
         self.shape = None
         self.deferred: list = []
         self.steps: dict = {}
@@ -168,9 +169,9 @@ class AutoCapture:
             self.fall_back()
             state = RECORD
         if state == RECORD:
-            calls = self.calls
-            calls.append((codelet, handles, modes, params))
-            if len(calls) > MAX_TASKS:
+            self.calls.append((codelet, handles, modes, params))
+            self.room -= 1  # no call per task: a counter
+            if not self.room:
                 self.state = NONE
             return None
         if state == NONE or self.busy:
@@ -201,6 +202,7 @@ class AutoCapture:
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
+        self.room = MAX_TASKS
         return None
 
     def _switch(self, k, codelet, handles, modes, params) -> bool:
@@ -365,6 +367,7 @@ class AutoCapture:
         tasks, self.deferred, self.shape = self.deferred, [], None
         self.state = RECORD
         self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
+        self.room = MAX_TASKS - len(tasks) + 1
         self.busy = True
         try:
             for t in tasks:
