@@ -178,3 +178,18 @@ def test_a_replay_that_fails_names_the_task_and_leaves_the_runtime_usable():
         rt.submit(GROW, h, limit=10.0)  # another shape, submitted
         rt.wait()
         assert rt.fetch(h).tolist() == [4.0, 4.0]
+
+
+def test_a_kept_flush_meets_combining_with_as_submitted():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        x, acc = rt.register(np.ones(4)), rt.register(np.zeros(4))
+        for _ in range(3):  # seen, captured, replayed
+            rt.submit(CODELETS["prop_acc_sq"], x, acc)
+            rt.wait()
+        seen = []
+        rt.submit(CODELETS["prop_acc_sq"], x, acc)  # kept, then submitted: the tree is across's
+        with rt.combining_with(lambda h, parts: seen.append(len(parts))):
+            rt.wait()
+        assert seen == [1] and rt.fetch(acc).tolist() == [3.0] * 4  # the partial taken
+        assert [n["action"] for n in rt.trace().metadata["auto_capture"]] == [
+            "captured", "replayed"]

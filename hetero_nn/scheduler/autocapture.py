@@ -23,7 +23,8 @@ executor is served.
   match runs as a graph: the shape's second occurrence is captured (a
   :class:`~.capture.Graph` whose capture runs it), later ones replay that graph, the step
   parameters whose value changed given to ``replay``. A submission that differs, a flush
-  that ends early, or an ``add_dependency`` submits the deferred tasks as the program did,
+  that ends early, an ``add_dependency``, or a ``placing()`` or ``combining_with`` block
+  opened meanwhile submits the deferred tasks as the program did (outside that block),
   in order, and the flush goes on as a new shape. Which shape a flush is compared with:
   the one that followed the previous flush's shape last time, if it starts the same way,
   else the last one seen starting that way; at a difference, another of the last
@@ -150,6 +151,10 @@ class AutoCapture:
         """A program's submission without task options: its :class:`Task` when deferred,
         else None (the runtime submits it)."""
         state = self.state
+        if state == DEFER and self._context():
+            self.fall_back()
+            self.state = NONE
+            return None
         if state == DEFER:
             k = len(self.deferred)
             shape = self.shape
@@ -281,10 +286,10 @@ class AutoCapture:
             return False
         state = self.state
         if state == DEFER:
-            if len(self.deferred) == len(self.shape.calls):
+            if len(self.deferred) == len(self.shape.calls) and not self._context():
                 return self._run()
+            state = NONE if self._context() else RECORD
             self.fall_back()
-            state = RECORD
         shape = None
         if state == RECORD:
             shape = self._keep(self.calls)
@@ -368,12 +373,22 @@ class AutoCapture:
         self.state = RECORD
         self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         self.room = MAX_TASKS - len(tasks) + 1
+        rt = self.rt  # submitted in the context they were kept in: no placing, no across
+        placing, across = rt._placing, rt._reductions.across
+        rt._placing = rt._reductions.across = None
         self.busy = True
         try:
             for t in tasks:
                 self._submit(t)
         finally:
             self.busy = False
+            rt._placing, rt._reductions.across = placing, across
+
+    def _context(self) -> bool:
+        """Whether a ``placing()`` or ``combining_with`` block opened since the flush began
+        (its kept tasks are then submitted, and the flush has no shape)."""
+        rt = self.rt
+        return rt._placing is not None or rt._reductions.across is not None
 
     def forget(self):
         """The flush needs its tasks as submitted (``add_dependency``): fall back, no shape."""
