@@ -21,10 +21,18 @@ independent multiply-adds (32 flops) on registers. Patterns (``--patterns``):
 Systems, run in the same process on the same grid (``--systems``):
 
 ``submitted``  hetero_nn, every task submitted and the graph flushed by ``wait()``
-               (the default ``Runtime``: traces and performance models on);
+               (the default ``Runtime`` but ``auto_capture=False``: traces and
+               performance models on; every flush runs as submitted);
 ``replayed``   hetero_nn, the grid captured once (``Runtime.capture``) and replayed
                by the compiled replay engine (the number of iterations a step
                parameter, ``graph.replay(iterations=...)``);
+``auto``       hetero_nn, Task Bench's own method: the graph's construction timed, every
+               task submitted (the number of iterations a step parameter,
+               ``rt.param``) and ``wait()``; the default ``Runtime`` captures the
+               repeated flush by itself and replays it (``auto_capture``: the
+               submissions compared with the shape and kept, then one compiled
+               replay). A runtime of its own; three untimed runs first (seen,
+               captured, bound), as ``replayed`` captures before its sweep;
 ``dask``       ``dask.threaded.get`` on a dict of the same tasks (``--width`` threads),
                the kernel called by a pure Python function per task.
 
@@ -72,7 +80,7 @@ import numpy as np
 from numba import njit
 
 PATTERNS = ("trivial", "no_comm", "stencil_1d", "fft", "tree", "nearest", "all_to_all")
-SYSTEMS = ("submitted", "replayed", "dask")
+SYSTEMS = ("submitted", "replayed", "auto", "dask")
 FLOPS_PER_ITERATION = 32
 
 
@@ -202,14 +210,17 @@ class HeteroGrid:
         self.epoch = rt.register(self.epoch_data, name="epoch")
         self.graph = None
         self.runs = 0
+        self.calls = [(codelet(len(deps)), (cells_t[i], self.epoch,
+                                            *[self.cells[t - 1][j] for j in deps]),
+                       {"point": t * width + i, "points": self.points,
+                        "deps": tuple((t - 1) * width + j for j in deps)})
+                      for t, i, deps in tasks for cells_t in (self.cells[t],)]
 
     def submit(self, iterations):
-        rt, cells, width = self.rt, self.cells, self.width
-        for t, i, deps in self.tasks:
-            rt.submit(codelet(len(deps)), cells[t][i], self.epoch,
-                      *[cells[t - 1][j] for j in deps], iterations=iterations,
-                      point=t * width + i, points=self.points,
-                      deps=tuple((t - 1) * width + j for j in deps))
+        """Every task submitted (the graph's description made beforehand, in ``calls``)."""
+        submit = self.rt.submit
+        for cl, handles, params in self.calls:
+            submit(cl, *handles, iterations=iterations, **params)
 
     def next_epoch(self):
         """Before a run: a new epoch for the checks (written where the tasks read it)."""
@@ -239,6 +250,17 @@ class HeteroGrid:
         """Untimed: the step parameter set, and one replay that binds it."""
         self.next_epoch()
         self.graph.replay(iterations=iterations)
+
+    def run_auto(self, iterations):
+        """Task Bench's own method: submit and wait, timed (the runtime replays by itself)."""
+        self.next_epoch()
+        t0 = time.perf_counter()
+        self.submit(self.rt.param("iterations", iterations))
+        self.rt.wait()
+        elapsed = time.perf_counter() - t0
+        notes = self.rt.trace(clear=True).metadata.get("auto_capture", [])
+        self.action = notes[-1]["action"] if notes else "submitted"
+        return elapsed
 
     def run_replayed(self):
         self.next_epoch()
@@ -336,13 +358,20 @@ def sweep(max_iterations):
 def bench_pattern(pattern, args, rt, peak, log):
     tasks = grid(pattern, args.width, args.steps, args.radix)
     n = len(tasks)
+    rt, rt_auto = rt
     hetero = HeteroGrid(rt, tasks, args.width, args.steps) if rt is not None else None
     if hetero is not None and "replayed" in args.systems:
         hetero.capture(1)
+    auto = HeteroGrid(rt_auto, tasks, args.width, args.steps) if rt_auto is not None else None
+    if auto is not None:
+        for _ in range(3):  # seen, captured, replayed once (bound): untimed
+            auto.run_auto(1)
     rows = []
     for iterations in sweep(args.max_iterations):
         if hetero is not None and "replayed" in args.systems:
             hetero.set_iterations(iterations)
+        if auto is not None:  # untimed, as set_iterations: the new value bound, then planned
+            auto.run_auto(iterations)
         times = {s: [] for s in args.systems}
         for r in range(args.rounds + 1):  # round 0 warms up (not kept)
             order = list(args.systems)
@@ -354,6 +383,12 @@ def bench_pattern(pattern, args, rt, peak, log):
                 elif system == "replayed":
                     wall = hetero.run_replayed()
                     hetero.check()
+                elif system == "auto":
+                    wall = auto.run_auto(iterations)
+                    auto.check()
+                    if auto.action != "replayed":
+                        raise AssertionError(f"auto: the repeated flush was {auto.action}, "
+                                             "not replayed")
                 else:
                     wall = run_dask(tasks, args.width, args.steps, iterations, r + 1)
                 if r:
@@ -439,18 +474,22 @@ def main(argv=None):
 
     peak = peak_seconds_per_iteration(args.width, args.peak_seconds)
     log(f"kernel peak: {1e9 * peak:.2f} ns per iteration per core ({args.width} cores)")
-    rt = None
-    if {"submitted", "replayed"} & set(args.systems):
+    rt = rt_auto = None
+    if {"submitted", "replayed", "auto"} & set(args.systems):
         import hetero_nn as hn
-        rt = hn.Runtime(devices=f"cpu:{args.width}",
-                        study=hn.StudyOptions(gil_handoff=not args.no_gil_handoff))
+        study = hn.StudyOptions(gil_handoff=not args.no_gil_handoff)
+        if {"submitted", "replayed"} & set(args.systems):
+            rt = hn.Runtime(devices=f"cpu:{args.width}", study=study, auto_capture=False)
+        if "auto" in args.systems:
+            rt_auto = hn.Runtime(devices=f"cpu:{args.width}", study=study)
     rows = []
     try:
         for pattern in args.patterns:
-            rows += bench_pattern(pattern, args, rt, peak, log)
+            rows += bench_pattern(pattern, args, (rt, rt_auto), peak, log)
     finally:
-        if rt is not None:
-            rt.close()
+        for r in (rt, rt_auto):
+            if r is not None:
+                r.close()
     table = summarise(rows, args.patterns, args.systems)
     print(f"\nMETG(50%) in microseconds, {args.width} cores, {args.steps} timesteps "
           f"(median of {args.rounds} rounds)")

@@ -98,13 +98,13 @@ class Reductions:
             self.across(h, parts)
             return
         rc = self._redux_codelet(contributions[0][1])
-        submit = self.rt.submit
+        submit = self.rt._submit  # the runtime's own: no shape of the program's (autocapture.py)
         step = 1
         while step < len(parts):
             for i in range(0, len(parts) - step, 2 * step):
-                submit(rc, parts[i], parts[i + step])
+                submit(rc, (parts[i], parts[i + step]), {})
             step *= 2
-        submit(rc, h, parts[0])
+        submit(rc, (h, parts[0]), {})
 
     def _redux_codelet(self, codelet):
         rc = self._codelets.get(codelet)

@@ -69,6 +69,8 @@ from .redux import Reductions
 from .stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
 from .task import Task, link
+from .task_options import task_options
+from .autocapture import AutoCapture, param as step_param
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
@@ -157,6 +159,11 @@ class Runtime(RuntimeHandles):
         Seconds any wait of the runtime may go without progress (default 600); past it
         the run stops with a ``TaskError`` printing the executor's or the replay
         engine's state (:mod:`~hetero_nn.scheduler.stalls`). None: no limit.
+    auto_capture : bool
+        True (the default): a flush submitted again in the same shape (codelets, handles,
+        modes, parameters; step parameters by name, :meth:`param`) is captured, then
+        replayed, with no :meth:`capture` (:mod:`~hetero_nn.scheduler.autocapture`); the
+        bits are the same. False: every flush runs as submitted.
 
     Examples
     --------
@@ -178,7 +185,7 @@ class Runtime(RuntimeHandles):
                  trace_flushes: int | None = TRACE_FLUSHES,
                  seed: int = 0, study: StudyOptions | None = None, fuse_chains=None,
                  overlap=None, arenas=None, replay_engine=None,
-                 wait_timeout: float | None = WAIT_TIMEOUT):
+                 wait_timeout: float | None = WAIT_TIMEOUT, auto_capture: bool = True):
 
         policy_class(policy)  # unknown names fail before any thread starts
         self.study = study = (study or StudyOptions()).with_keywords(
@@ -231,6 +238,7 @@ class Runtime(RuntimeHandles):
         self._binder = Binder(self)
         self._flushes = Flushes(self)
         self.executor = self._make_executor(executor, make_policy)
+        self._auto = AutoCapture(self, auto_capture)
         self.overlap = self.executor_name == "sync" or (
             bool(study.overlap) and self.executor_name == "local"
             and not self.executor.policy.whole_graph
@@ -273,6 +281,7 @@ class Runtime(RuntimeHandles):
         if self.streaming:
             raise SubmitError("add_dependency: this flush streams its tasks to the executor "
                               "as they are submitted; order tasks inside a capture")
+        self._auto.forget()  # the flush's tasks as submitted (autocapture.py)
         if link(before, after) and before.id > after.id:  # against submission order
             self._flushes.reordered = True
 
@@ -306,6 +315,22 @@ class Runtime(RuntimeHandles):
         """
         if self._closed:
             raise SubmitError("submit on a closed Runtime")
+        auto = self._auto  # a repeated flush's submissions are kept and replayed (autocapture.py)
+        if auto.on and not (priority or after or callback is not None or worker is not None):
+            task = auto.submit(codelet, handles, modes, params)
+            if task is not None:
+                return task
+            try:
+                return self._submit(codelet, handles, params, modes)
+            except BaseException:
+                auto.forget()  # a refused submission: the flush has no shape
+                raise
+        return self._submit(codelet, handles, params, modes, priority, after, callback, worker)
+
+    def _submit(self, codelet, handles, params, modes=None, priority=0, after=(), callback=None,
+                worker=None, task=None):
+        """:meth:`submit`'s work, and the runtime's own submissions (REDUX trees; a kept
+        flush's ``task``, made)."""
         n = len(handles)  # the hot path makes no call it can avoid (docs/benchmarks.md)
         if modes is None and codelet.modes is not None:
             modes = codelet.modes
@@ -317,7 +342,10 @@ class Runtime(RuntimeHandles):
             check_overlap(codelet, handles, modes)
         eligible = (self._eligible[codelet] if codelet in self._eligible
                     else self._compute_eligible(codelet))
-        task = Task(next(self._ids), codelet, handles, modes, params, _perf())
+        if task is None:
+            task = Task(next(self._ids), codelet, handles, modes, params, _perf())
+        else:
+            task.modes = modes
         task.eligible = eligible
         task.runtime = self
         if self._placing is not None:
@@ -325,7 +353,7 @@ class Runtime(RuntimeHandles):
                 worker = self._placing[0]
             self._placing[1].append(task)
         if priority or after or callback is not None or worker is not None:
-            self._task_options(task, priority, after, callback, worker)
+            task_options(self, task, priority, after, callback, worker)
         preds: dict = {}
         redux = False
         generation = self._flushes.generation
@@ -360,47 +388,6 @@ class Runtime(RuntimeHandles):
                     preds[p] = None
         self._flushes.add(task, preds)
         return task
-
-    def _task_options(self, task, priority, after, callback, worker):
-        """Check and set the StarPU task fields given to :meth:`submit`."""
-        name = task.codelet.name
-        pure = self.executor_name in ("dask", "distributed")
-        if priority:
-            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-                raise SubmitError(f"codelet {name!r}: priority={priority!r}: expected a number")
-            if pure:
-                raise SubmitError(f"codelet {name!r}: priority= orders the ready tasks of "
-                                  f"executor='local' or 'sync'; the {self.executor_name!r} "
-                                  "executor orders tasks itself")
-            task.priority = priority
-        if after:
-            if isinstance(after, Task):
-                after = (after,)
-            after = tuple(after)
-            for p in after:
-                if not isinstance(p, Task) or p.runtime is not self:
-                    raise SubmitError(f"codelet {name!r}: after= takes tasks this Runtime's "
-                                      f"submit returned, got {p!r}")
-            task.after = after
-        if callback is not None:
-            if not callable(callback):
-                raise SubmitError(f"codelet {name!r}: callback={callback!r} is not callable")
-            task.callback = callback
-        if worker is not None:
-            if pure:
-                raise SubmitError(f"codelet {name!r}: worker= places a task on a worker of "
-                                  f"executor='local' or 'sync'; the {self.executor_name!r} "
-                                  "executor places tasks itself")
-            wanted = self._workers_named(worker, name)
-            eligible = tuple(w for w in task.eligible if w in wanted)
-            if not eligible:
-                raise SubmitError(
-                    f"codelet {name!r}: worker={[w.name for w in wanted]}: none of them has a "
-                    f"variant for it (it runs on {sorted(task.codelet.kinds)} workers)")
-            task.eligible = eligible
-            if not self._constrained:
-                self._constrained = True
-                self.executor.constrain()
 
     def _wait_task(self, task, timeout):
         """Block until ``task`` ended (:meth:`Task.wait`): where it waits in a flush kept
@@ -474,6 +461,8 @@ class Runtime(RuntimeHandles):
         the runtime stays usable.
         """
         self._check_open()
+        if self._auto.state and self._auto.wait():  # captured or replayed (autocapture.py)
+            return
         self._reductions.combine_all()
         self._flushes.wait()
 
@@ -508,6 +497,12 @@ class Runtime(RuntimeHandles):
         """Trace into a buffer of its own in the block (:meth:`.flush.Flushes.tracing_apart`)."""
         return self._flushes.tracing_apart()
 
+    def param(self, name, value):
+        """A step parameter outside a capture: ``value`` (an int or a float) to give
+        ``submit``; a repeated flush (``auto_capture``) matches it by ``name`` and replays
+        with its new value."""
+        return step_param(name, value)
+
     def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
 
@@ -540,6 +535,7 @@ class Runtime(RuntimeHandles):
         memory = self._flushes.memory
         t = Trace(self._trace.records(), [w.name for w in self.workers],
                   transfers=self._trace.transfers(), memory=[m for f in memory for m in f])
+        t.metadata.update(self._auto.metadata(clear))
         if clear:
             self._trace.clear()
             memory.clear()

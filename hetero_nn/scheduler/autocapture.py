@@ -1,0 +1,447 @@
+"""Automatic capture: a flush submitted again in the same shape is replayed without
+``rt.capture()`` (Legion's trace auto-detection, Apophenia).
+
+Policy
+------
+A flush's *shape* is the sequence of its submissions: per task the codelet, the handles
+(the same objects), the ``modes`` given and the parameters, equal in type and value (a
+float's sign of zero included, tuples element by element), but for *step parameters*
+(:meth:`Runtime.param <hetero_nn.scheduler.runtime.Runtime.param>`), matched by name
+(one value per name in a flush). Only plain parameters take part (``int``, ``float``,
+``str``, ``bool``, None, tuples of them); a flush with another kind (an array), a task
+given ``priority``, ``after``, ``callback`` or ``worker``, one submitted inside
+``placing()``, a capture, a recording or ``combining_with``, or an ``add_dependency``
+has no shape, and so has one on a temporary handle (a flush's own). Only the local
+executor is served.
+
+- A flush of a new shape runs as submitted; its submissions are kept (one append per
+  task: the arguments as given).
+- A flush that starts with the first submission of a known shape is *deferred*: each
+  submission is compared with the one at its position in the shape (the check is
+  incremental, per task, and stops at the first difference) and kept, unrun; ``submit``
+  returns its :class:`~.task.Task`. At ``wait()`` (``fetch``, ``Task.wait``) a complete
+  match runs as a graph: the shape's second occurrence is captured (a
+  :class:`~.capture.Graph` whose capture runs it), later ones replay that graph, the step
+  parameters whose value changed given to ``replay``. A submission that differs, a flush
+  that ends early, an ``add_dependency``, or a ``placing()`` or ``combining_with`` block
+  opened meanwhile submits the deferred tasks as the program did (outside that block),
+  in order, and the flush goes on as a new shape. Which shape a flush is compared with:
+  the one that followed the previous flush's shape last time, if it starts the same way,
+  else the last one seen starting that way; at a difference, another of the last
+  :data:`ALIKE` shapes starting that way that has the kept tasks and the submission.
+- Cost bounds: after :data:`MISS_BUDGET` flushes in a row of new shapes (or none) with no
+  replay, the runtime stops looking (a program whose flushes never repeat, e.g. steps on
+  fresh temporaries, pays the appends of that many flushes); at most :data:`MAX_SHAPES`
+  shapes are kept (the least recently used dropped, with its graph), of at most
+  :data:`MAX_TASKS` submissions.
+
+Results are those of explicit capture, which are the submitted flush's bits
+(``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
+not while it is submitted (as with ``overlap=False``; a program polling ``Task.done()``
+without a synchronisation point waits for ever); a replay's trace records carry the kept
+tasks' ids (in the graph's order where it holds REDUX trees or fused chains).
+``rt.trace().metadata["auto_capture"]`` says, per flush the runtime captured or replayed
+by itself, its generation, what it did and its tasks (no key where there is none).
+
+State
+-----
+``on``: looking (False: ``Runtime(auto_capture=False)`` or the miss budget spent);
+``state``: :data:`IDLE` between flushes, :data:`RECORD` (``calls``: the flush's
+submissions so far), :data:`DEFER` (``shape``: the one compared with; ``deferred``: the
+tasks kept; ``steps``: step parameter values seen), :data:`NONE` (the flush has no
+shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
+:class:`Shape` objects starting that way, newest first (keys in least recently used
+order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
+``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import OrderedDict, deque
+
+from ..errors import SubmitError
+from .capture import Graph
+from .engine.replay import FloatParam, IntParam, step_param
+from .task import Task
+
+#: Flushes in a row of new shapes, with no replay, after which the runtime stops looking.
+MISS_BUDGET = 16
+#: Shapes kept (each may hold a captured graph and its temporaries).
+MAX_SHAPES = 8
+#: Shapes kept per first submission (a step of several flushes that start alike).
+ALIKE = 4
+#: Submissions a flush may have and still be kept as a shape.
+MAX_TASKS = 1 << 16
+
+IDLE, RECORD, DEFER, NONE = 0, 1, 2, 3
+
+_perf = time.perf_counter
+_STEPS = (FloatParam, IntParam)
+_PLAIN = (int, float, str, bool, type(None))
+_EXACT = (int, str, bool, type(None))  # equal and of one type: the same value
+_new_task = Task.__new__
+
+
+class Shape:
+    """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each;
+    once :meth:`ready`, per call ``types`` and ``keys`` (its parameters' types and names,
+    in order), ``special`` (None, or its parameters that ``==`` alone does not compare:
+    floats, tuples with their elements' types, step parameters) and ``roots`` (its
+    handles' roots, all still registered, or the shape is dropped); ``graph`` once
+    captured; ``values``: the step parameters' values the graph holds; ``next``: the shape
+    that followed it."""
+
+    __slots__ = ("calls", "types", "keys", "special", "roots", "graph", "values", "next")
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.types = self.keys = self.special = self.roots = None
+        self.graph = None
+        self.values: dict = {}
+        self.next = None
+
+    def ready(self, rt) -> bool:
+        """Whether the shape may be matched: its handles registered on ``rt``, none a
+        temporary, its parameters plain (checked the first time it is seen again)."""
+        if self.types is None:
+            types, keys, special, roots = [], [], [], {}
+            for _, handles, _, params in self.calls:
+                for h in handles:
+                    if h.temporary or h.root.temporary:  # one flush's: never the same again
+                        return False
+                    roots[h.root] = None
+                sig = tuple(map(type, params.values()))
+                if not all(t in _PLAIN or t in _STEPS or t is tuple for t in sig):
+                    return False
+                if not all(map(_plain, params.values())):
+                    return False
+                types.append(sig)
+                keys.append(tuple(params))
+                special.append(tuple((key, type(v), tuple(map(type, v)) if type(v) is tuple
+                                      else None) for key, v in params.items()
+                                     if type(v) not in _EXACT) or None)
+            self.types, self.keys, self.special = types, keys, special
+            self.roots = list(roots)
+        return all(r.owner is rt for r in self.roots)
+
+
+class AutoCapture:
+    """One runtime's detection of repeated flushes (see the module docstring)."""
+
+    def __init__(self, runtime, on: bool):
+        self.rt = runtime
+        self.on = bool(on) and runtime.executor_name == "local"
+        self.state = IDLE
+        self.calls: list | None = None
+        self.room = 0  # calls the flush may still record
+        self.shape = None
+        self.deferred: list = []
+        self.steps: dict = {}
+        self.shapes: OrderedDict = OrderedDict()
+        self.last = None
+        self.misses = 0
+        self.busy = False
+        self.notes: deque = deque(maxlen=runtime._trace.flushes)
+
+    # ------------------------------------------------------------------ submissions
+    def submit(self, codelet, handles, modes, params):
+        """A program's submission without task options: its :class:`Task` when deferred,
+        else None (the runtime submits it)."""
+        state = self.state
+        if state == DEFER and self._context():
+            self.fall_back()
+            self.state = NONE
+            return None
+        if state == DEFER:
+            k = len(self.deferred)
+            shape = self.shape
+            if (k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params)) \
+                    or self._switch(k, codelet, handles, modes, params):
+                task = _new_task(Task)  # completed by Task.__init__ if it falls back
+                task.id = next(self.rt._ids)
+                task.codelet = codelet
+                task.handles = handles
+                task.modes = modes
+                task.params = params
+                task.runtime = self.rt
+                task.ended = False
+                task.error = task.failure = None
+                self.deferred.append(task)
+                return task
+            self.fall_back()
+            state = RECORD
+        if state == RECORD:
+            self.calls.append((codelet, handles, modes, params))
+            self.room -= 1  # no call per task: a counter
+            if not self.room:
+                self.state = NONE
+            return None
+        if state == NONE or self.busy:
+            return None
+        return self._begin(codelet, handles, modes, params)
+
+    def _begin(self, codelet, handles, modes, params):
+        """The flush's first submission: defer it against a known shape, or record."""
+        rt = self.rt
+        flushes = rt._flushes
+        if (flushes.capturing is not None or flushes.sink is not None or flushes.open
+                or rt._placing is not None or rt._reductions.across is not None):
+            self.state = NONE
+            return None
+        key = (codelet, handles)
+        shape = self.last.next if self.last is not None else None
+        if shape is None or shape.calls[0][0] is not codelet or shape.calls[0][1] != handles:
+            alike = self.shapes.get(key)
+            shape = alike[0] if alike else None
+        if shape is not None and not shape.ready(rt):
+            self._drop(shape)  # not plain, or a handle unregistered since (submitted: refused)
+            shape = None
+        if shape is not None:
+            self.shapes.move_to_end(key)
+            self.state = DEFER
+            self.shape = shape
+            self.steps = {}
+            return self.submit(codelet, handles, modes, params)
+        self.state = RECORD
+        self.calls = [(codelet, handles, modes, params)]
+        self.room = MAX_TASKS
+        return None
+
+    def _switch(self, k, codelet, handles, modes, params) -> bool:
+        """At a difference from the shape compared with: whether another shape starting
+        the same way has the kept tasks and this submission; it is compared with then."""
+        first = self.deferred[0] if self.deferred else None
+        key = (codelet, handles) if first is None else (first.codelet, first.handles)
+        current = self.shape
+        for shape in self.shapes.get(key, ()):
+            if shape is current or len(shape.calls) <= k or not shape.ready(self.rt):
+                continue
+            self.steps, self.shape = {}, shape
+            if all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
+                   for i, t in enumerate(self.deferred)) and \
+                    self._same(shape, k, codelet, handles, modes, params):
+                return True
+        self.shape = current
+        return False
+
+    def _same(self, shape, k, codelet, handles, modes, params) -> bool:
+        """Whether a submission is the shape's ``k``-th (step parameters matched by name,
+        their values kept in ``steps``)."""
+        c, h, m, p = shape.calls[k]
+        if c is not codelet or h != handles or (m is not modes and m != modes):
+            return False
+        if tuple(map(type, params.values())) != shape.types[k] or tuple(params) != shape.keys[k]:
+            return False  # the recorded ones are plain: == is safe below
+        odd = shape.special[k]
+        if odd is None:
+            return p == params  # ints, strings, bools and None of the same types
+        steps = self.steps
+        if p == params:  # then only the names of step parameters, tuples' elements' types
+            for key, t, inner in odd:  # and floats' signs of zero are left to compare
+                v = params[key]
+                if t is tuple:
+                    if tuple(map(type, v)) != inner or ((float in inner or tuple in inner)
+                                                        and not _equal(v, p[key])):
+                        return False
+                elif t is float:
+                    if not _equal(v, p[key]):
+                        return False
+                else:
+                    name = v.param_name
+                    if p[key].param_name != name:
+                        return False
+                    seen = steps.setdefault(name, v)
+                    if seen is not v and not _equal(seen, v):
+                        return False
+            return True
+        for key, w in p.items():
+            v = params[key]
+            t = type(w)  # v's too (keys and types compared above)
+            if t is int or t is str:
+                if v != w:
+                    return False
+            elif t is tuple:
+                if v != w or tuple(map(type, v)) != tuple(map(type, w)) or (
+                        float in map(type, v) and not _equal(v, w)):
+                    return False
+            elif t is FloatParam or t is IntParam:
+                name = w.param_name
+                if v.param_name != name:
+                    return False
+                seen = steps.setdefault(name, v)
+                if seen is not v and not _equal(seen, v):
+                    return False
+            elif v is not w and not _equal(v, w):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ flush ends
+    def wait(self) -> bool:
+        """At ``Runtime.wait``: True where the flush was run here (captured or replayed);
+        otherwise the flush is the runtime's to run, and its shape is kept."""
+        if self.busy:
+            return False
+        state = self.state
+        if state == DEFER:
+            if len(self.deferred) == len(self.shape.calls) and not self._context():
+                return self._run()
+            state = NONE if self._context() else RECORD
+            self.fall_back()
+        shape = None
+        if state == RECORD:
+            shape = self._keep(self.calls)
+        elif state == NONE:
+            self._missed()
+        self.state = IDLE
+        self.calls = None
+        self.last = shape
+        return False
+
+    def _keep(self, calls):
+        """Keep a flush's calls as a shape (checked when seen again: :meth:`Shape.ready`)."""
+        shape = Shape(calls)
+        if self.last is not None:
+            self.last.next = shape
+        key = (calls[0][0], calls[0][1])
+        alike = self.shapes.pop(key, [])
+        self.shapes[key] = [shape] + alike[:ALIKE - 1]
+        while len(self.shapes) > MAX_SHAPES:
+            self.shapes.popitem(last=False)
+        self._missed()
+        return shape
+
+    def _missed(self):
+        self.misses += 1
+        if self.misses >= MISS_BUDGET:
+            self.on = False  # the runtime's submit no longer calls in
+            self.shapes.clear()
+            self.last = None
+
+    def _run(self) -> bool:
+        """Capture or replay a flush that matched its shape completely."""
+        rt = self.rt
+        shape, tasks, steps = self.shape, self.deferred, self.steps
+        self.state, self.shape, self.deferred, self.steps = IDLE, None, [], {}
+        graph = shape.graph
+        if graph is not None:
+            try:
+                graph._check_roots(rt)
+            except SubmitError:  # a handle unregistered since: submitted, refused as such
+                self._drop(shape)
+                self.deferred, self.state = tasks, DEFER
+                self.fall_back()
+                return self.wait()
+        self.busy = True
+        action = "captured" if graph is None else "replayed"
+        try:
+            if graph is None:
+                graph = Graph(rt)
+                with graph:
+                    for t in tasks:
+                        self._submit(t)
+                graph._params.update(steps)
+                shape.graph, shape.values = graph, dict(steps)
+            else:
+                changed = {n: v for n, v in steps.items()
+                           if not _equal_typed(shape.values.get(n), v)}
+                shape.values.update(changed)
+                rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
+                graph.replay(**changed)
+        except BaseException:
+            if graph is not None and action == "replayed":
+                for t in tasks:  # which one failed is the replay's TaskError's to say
+                    t.error = "cancelled"
+            raise
+        finally:
+            self.busy = False
+            for t in tasks:
+                t.ended = True
+        self.notes.append({"flush": rt.generation - 1, "action": action, "tasks": len(tasks)})
+        self.misses = 0
+        self.last = shape
+        return True
+
+    def fall_back(self):
+        """Submit the deferred tasks as the program did (same tasks, same order); the flush
+        goes on recorded as a new shape."""
+        if self.state != DEFER:
+            return
+        tasks, self.deferred, self.shape = self.deferred, [], None
+        self.state = RECORD
+        self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
+        self.room = MAX_TASKS - len(tasks) + 1
+        rt = self.rt  # submitted in the context they were kept in: no placing, no across
+        placing, across = rt._placing, rt._reductions.across
+        rt._placing = rt._reductions.across = None
+        self.busy = True
+        try:
+            for t in tasks:
+                self._submit(t)
+        finally:
+            self.busy = False
+            rt._placing, rt._reductions.across = placing, across
+
+    def _context(self) -> bool:
+        """Whether a ``placing()`` or ``combining_with`` block opened since the flush began
+        (its kept tasks are then submitted, and the flush has no shape)."""
+        rt = self.rt
+        return rt._placing is not None or rt._reductions.across is not None
+
+    def forget(self):
+        """The flush needs its tasks as submitted (``add_dependency``): fall back, no shape."""
+        if self.state == DEFER:
+            self.fall_back()
+        if self.state != IDLE:
+            self.state = NONE
+
+    def _submit(self, t):
+        """Submit a deferred task through the runtime's path, as the program gave it."""
+        modes = t.modes
+        Task.__init__(t, t.id, t.codelet, t.handles, modes, t.params, _perf())
+        t.runtime = self.rt
+        self.rt._submit(t.codelet, t.handles, t.params, modes, task=t)
+
+    def _drop(self, shape):
+        for key, alike in list(self.shapes.items()):
+            if shape in alike:
+                alike.remove(shape)
+                if not alike:
+                    del self.shapes[key]
+        if self.last is shape:
+            self.last = None
+
+    def metadata(self, clear=False) -> dict:
+        """What the trace says about the flushes captured or replayed here."""
+        notes = list(self.notes)
+        if clear:
+            self.notes.clear()
+        return {"auto_capture": notes} if notes else {}
+
+
+def param(name, value):
+    """A step parameter outside a capture (:meth:`Runtime.param`)."""
+    return step_param(name, value)
+
+
+def _plain(v) -> bool:
+    t = type(v)
+    if t is tuple:
+        return all(_plain(x) for x in v)
+    return t in _PLAIN or t in _STEPS
+
+
+def _equal(v, w) -> bool:
+    """Equal plain values of one type (a float's sign of zero included)."""
+    if type(v) is tuple:
+        return len(v) == len(w) and all(type(a) is type(b) and _equal(a, b)
+                                        for a, b in zip(v, w))
+    if v != w:
+        return False
+    return not isinstance(v, float) or v != 0.0 or math.copysign(1.0, v) == math.copysign(1.0, w)
+
+
+def _equal_typed(v, w) -> bool:
+    return type(v) is type(w) and _equal(v, w)
