@@ -5,6 +5,8 @@ after its miss budget."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -132,7 +134,7 @@ def test_a_flush_that_differs_half_way_runs_as_submitted_and_tasks_stay_usable()
             rt.submit(SCALE, b, factor=2.0)
             rt.wait()
         first = rt.submit(SCALE, a, factor=2.0)  # kept: the shape's start
-        assert not first.done()
+        assert rt._auto.state == autocapture.DEFER and not first.ended
         rt.submit(SCALE, b, factor=5.0)  # differs: the kept task is submitted
         first.wait()
         assert first.done() and first.exception() is None
@@ -193,3 +195,20 @@ def test_a_kept_flush_meets_combining_with_as_submitted():
         assert seen == [1] and rt.fetch(acc).tolist() == [3.0] * 4  # the partial taken
         assert [n["action"] for n in rt.trace().metadata["auto_capture"]] == [
             "captured", "replayed"]
+
+
+def test_polling_a_kept_task_runs_its_flush_as_submitted():
+    """``done()`` is a program's progress check: a kept task must end without a wait()."""
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.ones(4))
+        for _ in range(2):
+            rt.submit(SCALE, h, factor=2.0)
+            rt.wait()
+        task = rt.submit(SCALE, h, factor=2.0)  # kept: a known shape
+        assert not task.ended
+        deadline = time.monotonic() + 30
+        while not task.done():
+            assert time.monotonic() < deadline, "a polled kept task never ended"
+            time.sleep(0.001)
+        rt.wait()
+        assert rt.fetch(h).tolist() == [8.0] * 4

@@ -37,8 +37,9 @@ executor is served.
 
 Results are those of explicit capture, which are the submitted flush's bits
 (``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
-not while it is submitted (as with ``overlap=False``; a program polling ``Task.done()``
-without a synchronisation point waits for ever); a replay's trace records carry the kept
+not while it is submitted (as with ``overlap=False``; ``Task.done()`` on a kept task
+submits its flush as the program did, so a program that polls sees its tasks end); a
+replay's trace records carry the kept
 tasks' ids (in the graph's order where it holds REDUX trees or fused chains).
 ``rt.trace().metadata["auto_capture"]`` says, per flush the runtime captured or replayed
 by itself, its generation, what it did and its tasks (no key where there is none).
@@ -383,6 +384,12 @@ class AutoCapture:
         finally:
             self.busy = False
             rt._placing, rt._reductions.across = placing, across
+
+    def release(self):
+        """A kept task's ``done()``: the program polls, so the flush runs as submitted
+        (it gives up its replay) rather than wait for a ``wait()`` that may never come."""
+        if self.state == DEFER and not self.busy:
+            self.fall_back()
 
     def _context(self) -> bool:
         """Whether a ``placing()`` or ``combining_with`` block opened since the flush began

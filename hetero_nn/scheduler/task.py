@@ -72,7 +72,12 @@ class Task:
 
     # ---------------------------------------------------------------- the program's view
     def done(self) -> bool:
-        """Whether the task has ended (run, failed, or cancelled by a failure before it)."""
+        """Whether the task has ended (run, failed, or cancelled by a failure before it).
+
+        A task automatic capture keeps for ``wait()`` is submitted now, with the rest of
+        its flush, so that a program polling ``done()`` sees it end."""
+        if not self.ended:
+            self.runtime._auto.release()
         return self.ended
 
     def wait(self, timeout: float | None = None) -> None:
