@@ -92,7 +92,7 @@ from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
 from .contention import QuickHandoffs
 from .dispatch import set_abort
-from .segment import CompiledSegment, explore
+from .segment import CompiledSegment, explore, replan
 from ..stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
 
@@ -181,6 +181,7 @@ class EngineThreads:
         #: replays never overlap, and a buffer's key fixes what it must hold)
         self.buffers: dict = {} if buffers is None else buffers
         self.broken = False  # a share never returned: its thread is lost
+        self.mode = "parallel"  # the mode the last replayed segment chose (contention.py)
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -294,16 +295,29 @@ class CompiledGraph:
         self.replanned = False
         self.exploring = True  # until the model's choice of every variant has settled
 
+    def compile(self, rt, threads=None):
+        """Compile every segment for its first replay: scheduled on the capture run's
+        times, bound, laid out in shares; then what the first replays would otherwise make
+        (the serial share of a segment that may run on one thread, the trace's layout)."""
+        buffers = (threads or _threads(rt)).buffers
+        self.segments = [CompiledSegment(rt, s, buffers=buffers) for s in self.graph._segments]
+        self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
+        for seg in self.segments:
+            if seg.contention is not None:
+                seg.serial_share()
+            if rt.tracing:
+                record_layout(seg)
+                if seg.contention is not None:
+                    record_layout(seg, seg.workers[0])
+
     def run(self, rt):
         """Replay every segment (compiling them first when needed)."""
         threads = _threads(rt)
         if self.segments is None:
-            self.segments = [CompiledSegment(rt, s, buffers=threads.buffers)
-                             for s in self.graph._segments]
-            self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
-        elif not self.replanned:  # once: plan again on the engine's own measured times
+            self.compile(rt, threads)
+        elif not self.replanned and self.epoch:  # once: plan again on its measured times
             self.replanned = True
-            self.segments = [CompiledSegment(rt, s, seg, threads.buffers)
+            self.segments = [replan(rt, s, seg, threads.buffers)
                              for s, seg in zip(self.graph._segments, self.segments)]
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
@@ -386,6 +400,7 @@ def _run_segment(rt, seg, epoch, threads):
         raise err from exc
     if contention is not None:
         contention.observe(mode, wall, float(durations.sum()) * 1e-9)
+        threads.mode = contention.mode
 
 
 def _measure(seg, shares):
