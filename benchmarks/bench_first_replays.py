@@ -3,10 +3,14 @@
 Captures one Task Bench grid (``--pattern``, 2 points by ``--steps`` steps,
 ``--iterations`` kernel iterations per point: 2,000 tasks by default) on ``cpu:2``
 after a throwaway graph of the same shape warmed every compilation cache, then prints
-the wall time of its first ``--replays`` replays: the first binds every task, the
-second plans again on the measured times (tasks that change worker are moved, not
-bound again, where nothing they hold is their old worker's), the later ones are steady.
-Note the load (``uptime``) beside any figure. Example (seconds)::
+the capture's wall time (the capture run, then the graph compiled: bound, planned on the
+capture run's times, laid out in shares) and that of its first ``--replays`` replays with
+the mode each ran in (``parallel``: one thread per worker; ``serial``: every task on the
+calling thread, where that was measured faster: a busy machine): the second plans again
+on the measured times (keeping the compiled segment where the plan is unchanged, else
+moving, not binding again, the tasks that change worker where nothing they hold is their
+old worker's); ``steady`` is the median of the replays from the fourth on, and of those in
+the first replay's mode. Note the load (``uptime``) beside any figure. Example (seconds)::
 
     python benchmarks/bench_first_replays.py
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,13 +43,25 @@ def main(argv=None):
         for _ in range(3):
             warm.run_replayed()
         g = HeteroGrid(rt, tasks, 2, args.steps)
+        t0 = time.perf_counter()
         g.capture(args.iterations)
-        walls = [g.run_replayed() for _ in range(args.replays)]
+        capture = time.perf_counter() - t0
+        walls, modes = [], []
+        for _ in range(args.replays):
+            (seg,) = g.graph._compiled.segments
+            modes.append("parallel" if seg.contention is None else seg.contention.next_mode())
+            walls.append(g.run_replayed())
         g.check()
     steady = statistics.median(walls[3:]) if len(walls) > 3 else walls[-1]
-    print(f"{args.pattern}, {len(tasks)} tasks, {args.iterations} iterations, cpu:2")
-    for k, w in enumerate(walls, start=1):
-        print(f"replay {k}: {1e3 * w:9.2f} ms  ({w / steady:7.1f}x steady)")
+    same = [w for w, m in zip(walls[3:], modes[3:]) if m == modes[0]]
+    steady_same = statistics.median(same) if same else None
+    print(f"{args.pattern}, {len(tasks)} tasks, {args.iterations} iterations, cpu:2; "
+          f"capture (run and compile) {1e3 * capture:.1f} ms")
+    for k, (w, m) in enumerate(zip(walls, modes), start=1):
+        print(f"replay {k}: {1e3 * w:9.2f} ms  {m:<8}  ({w / steady:7.1f}x steady)")
+    print(f"steady: {1e3 * steady:.2f} ms; in the first replay's mode ({modes[0]}): "
+          + (f"{1e3 * steady_same:.2f} ms, first = {walls[0] / steady_same:.1f}x"
+             if steady_same else "none from the fourth on"))
     return 0
 
 
