@@ -83,3 +83,21 @@ def test_the_binding_cache_key_separates_what_numba_types_apart():
         t = typeof(v)
         assert typed.setdefault(key, t) == t, (v, key, typed[key], t)
     assert _type_key(object()) is None and _type_key((1, object())) is None
+
+
+def test_a_step_parameter_is_rewritten_in_place_and_restarts_the_mode_comparison():
+    def scenario():
+        with hn.Runtime(devices="cpu:2", perfmodel=False, variants=("cpu", "ref")) as rt:
+            h = rt.register(np.ones(3))
+            with rt.capture() as graph:
+                for _ in range(3):
+                    rt.submit(SCALE, h, factor=graph.param("f", 2.0) if _ == 0 else 2.0)
+            graph.replay()
+            (seg,) = graph._compiled.segments
+            shares, blocks = seg.shares, seg.shares[0].blocks.copy()
+            seg.contention.walls["parallel"].append(1.0)
+            graph.replay(f=3.0)  # the same kernel and types: the same blocks, new values
+            assert seg.shares is shares and (seg.shares[0].blocks == blocks).all()
+            assert seg.contention.walls["parallel"] != [1.0]  # measured again from here
+            np.testing.assert_array_equal(rt.fetch(h), np.full(3, 8.0 * 8.0 * 12.0))  # capture, replay, f=3
+    within(60, scenario)

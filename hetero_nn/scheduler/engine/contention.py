@@ -91,6 +91,12 @@ class Contention:
                    if w}
         return f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe})"
 
+    def restart(self) -> None:
+        """The segment's tasks changed cost (a step parameter's new value): forget the
+        walls, keep the mode, try the other one again after ``FIRST_PROBE`` replays."""
+        self.walls = {"parallel": [], "serial": []}
+        self.probe = self.countdown = FIRST_PROBE
+
     def next_mode(self) -> str:
         """The mode of the next replay: the current one, or the other when it is due."""
         if self.countdown <= 0:

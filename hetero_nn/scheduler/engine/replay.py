@@ -279,10 +279,10 @@ def set_params(graph, values) -> None:
     if changed and compiled is not None and compiled.segments is not None:
         for seg in compiled.segments:
             hit = [i for i, t in enumerate(seg.tasks) if t in changed]
-            for i in hit:
-                seg.bound[i].rebind()
-            if hit:
-                seg.build_shares()
+            if any([seg.bound[i].rebind() for i in hit]):  # (blocks rewritten in place:
+                seg.build_shares()  # the shares' addresses hold)
+            if hit and seg.contention is not None:
+                seg.contention.restart()  # the walls measured other tasks' costs
 
 
 class CompiledGraph:
