@@ -14,6 +14,7 @@ import hetero_nn as hn
 from hetero_nn.scheduler.engine.contention import Contention
 from hetero_nn.scheduler.engine.replay import FloatParam, IntParam
 from hetero_nn.scheduler.engine.trampoline import _type_key
+from hetero_nn.scheduler.perfmodel.model import PerfModel
 from helpers import within
 from test_replay_engine import SCALE
 
@@ -100,4 +101,23 @@ def test_a_step_parameter_is_rewritten_in_place_and_restarts_the_mode_comparison
             assert seg.shares is shares and (seg.shares[0].blocks == blocks).all()
             assert seg.contention.walls["parallel"] != [1.0]  # measured again from here
             np.testing.assert_array_equal(rt.fetch(h), np.full(3, 8.0 * 8.0 * 12.0))  # capture, replay, f=3
+    within(60, scenario)
+
+
+def test_a_graph_captured_without_a_model_feeds_the_model_it_replays_under(tmp_path):
+    """Compiled at a capture inside ``Runtime.measuring(None)`` (as the pipeline's
+    calibration captures), its bound tasks get their model keys back at the first
+    replay under the runtime's model, which then learns from every replay."""
+    def scenario():
+        with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path),
+                        variants=("cpu", "ref")) as rt:
+            with rt.measuring(None):
+                graph, h = _chain(rt, np.ones(3), 4)
+            (seg,) = graph._compiled.segments
+            assert not seg.groups  # nothing to learn into at the capture
+            for _ in range(3):  # the first run of a key in the process is a warm-up
+                graph.replay()
+            assert seg.groups
+            fp = rt.footprint(seg.bound[0].task)[0]
+            assert rt.perfmodel.count(SCALE.name, seg.bound[0].variant, "cpu", fp) >= 4
     within(60, scenario)

@@ -16,6 +16,7 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn import R, RW
+from hetero_nn.arena.stream import EmulatedStream
 from hetero_nn.scheduler.stalls import check_wait_timeout
 from helpers import within
 
@@ -115,6 +116,25 @@ def test_closing_with_a_hung_task_ends_with_the_state():
         assert STARTED.wait(BOUND)  # running (close cancels what has not started)
         with pytest.raises(hn.TaskError, match="closing the runtime.*still running"):
             rt.close()
+    within(BOUND, scenario)
+
+
+def test_closing_a_stream_whose_call_hangs_ends_at_the_deadline():
+    """An emulated stream's close() serves what is queued: a call that never returns ends
+    it with a TaskError naming the stream (its thread left behind), not a hang."""
+    def scenario():
+        stream = EmulatedStream("stall-emu", 0)
+        stream.wait_timeout = TIMEOUT
+        GATE.clear()
+        STARTED.clear()
+        stream.launch(_hang, np.zeros(1))
+        stream.launch(_add, np.zeros(1))
+        assert STARTED.wait(BOUND)
+        t0 = time.perf_counter()
+        with pytest.raises(hn.TaskError, match="stream stall-emu made no progress.*1 more "
+                                               "queued"):
+            stream.close()
+        assert time.perf_counter() - t0 < BOUND / 2
     within(BOUND, scenario)
 
 

@@ -177,10 +177,16 @@ def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
                 else:
                     arrays.append(buffers(("scratch", i), h.shape, h.dtype))
     bound = BoundTask(task, worker, variant, arrays, buffers, rt if dynamic else None)
-    if rt.perfmodel is not None:
-        fp, size = rt.footprint(task)
-        bound.model_key = (task.codelet, variant, worker.kind, fp, size)
+    bound.model_key = model_key(rt, bound)
     return bound
+
+
+def model_key(rt, b):
+    """``b``'s key in ``rt``'s performance model (None without one: nothing learns)."""
+    if rt.perfmodel is None:
+        return None
+    fp, size = rt.footprint(b.task)
+    return b.task.codelet, b.variant, b.worker.kind, fp, size
 
 
 class _Watched:

@@ -293,6 +293,7 @@ class CompiledGraph:
         self.segments = None
         self.epoch = 0
         self.replanned = False
+        self.perfmodel = None  # the runtime's model when compiled (model keys: rekey)
         self.exploring = True  # until the model's choice of every variant has settled
 
     def compile(self, rt, threads=None):
@@ -301,6 +302,7 @@ class CompiledGraph:
         (the serial share of a segment that may run on one thread, the trace's layout)."""
         buffers = (threads or _threads(rt)).buffers
         self.segments = [CompiledSegment(rt, s, buffers=buffers) for s in self.graph._segments]
+        self.perfmodel = rt.perfmodel  # what the bound tasks' model keys were made for
         self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
         for seg in self.segments:
             if seg.contention is not None:
@@ -319,6 +321,10 @@ class CompiledGraph:
             self.replanned = True
             self.segments = [replan(rt, s, seg, threads.buffers)
                              for s, seg in zip(self.graph._segments, self.segments)]
+        if self.perfmodel is not rt.perfmodel:  # compiled in another measuring mode
+            self.perfmodel = rt.perfmodel
+            for seg in self.segments:
+                seg.rekey()
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
         for i, seg in enumerate(self.segments):

@@ -61,7 +61,7 @@ import statistics
 import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
-from .bound import BoundTransfer, bind_task, bound_roots, moved_to
+from .bound import BoundTransfer, bind_task, bound_roots, model_key, moved_to
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
@@ -185,6 +185,13 @@ class CompiledSegment:
         engine = getattr(rt, "_engine", None)  # its last segment's mode starts this one's
         self.contention = Contention(getattr(engine, "mode", "parallel")) \
             if one_thread_serves else None
+
+    def rekey(self):
+        """The bound tasks' performance-model keys made again: the runtime's model is
+        another than at binding (a capture inside ``Runtime.measuring(None)``)."""
+        for b in self.bound:
+            b.model_key = model_key(self.rt, b)
+        self.groups = _model_groups(self.bound)
 
     def serial_share(self):
         """Every task in one share of the first worker (contention.py's serial mode)."""
