@@ -157,6 +157,8 @@ def test_a_hung_share_stops_the_replay_with_the_engine_state(independent):
         with _runtime() as rt:
             graph, x, y = _captured_hang(rt, independent)
             graph.replay()
+            for seg in graph._compiled.segments:  # one thread per worker: the waits under
+                seg.contention.mode, seg.contention.countdown = "parallel", 10 ** 9  # test
             GATE.clear()
             with pytest.raises(hn.TaskError, match="a replay made no progress") as info:
                 graph.replay()
