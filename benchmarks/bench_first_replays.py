@@ -3,10 +3,15 @@
 Captures one Task Bench grid (``--pattern``, 2 points by ``--steps`` steps,
 ``--iterations`` kernel iterations per point: 2,000 tasks by default) on ``cpu:2``
 after a throwaway graph of the same shape warmed every compilation cache, then prints
-the wall time of its first ``--replays`` replays: the first binds every task, the
-second plans again on the measured times (tasks that change worker are moved, not
-bound again, where nothing they hold is their old worker's), the later ones are steady.
-Note the load (``uptime``) beside any figure. Example (seconds)::
+the capture's wall time (the capture run, then the graph compiled: bound, planned on the
+capture run's times, laid out in shares) and that of its first ``--replays`` replays with
+the mode each ran in (``parallel``: one thread per worker; ``serial``: every task on the
+calling thread, where that was measured faster: a busy machine): the second plans again
+on the measured times (keeping the compiled segment where the plan is unchanged, else
+moving, not binding again, the tasks that change worker where nothing they hold is their
+old worker's); ``steady`` is the median of the replays from the fourth on in the first
+replay's mode (all of them where none is); ``--runs`` graphs one after the other, and the median of their
+first replays. Note the load (``uptime``) beside any figure. Example (a minute)::
 
     python benchmarks/bench_first_replays.py
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +36,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--iterations", type=int, default=16)
     parser.add_argument("--replays", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3, help="graphs captured, one by one")
     args = parser.parse_args(argv)
     tasks = grid(args.pattern, 2, args.steps)
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
@@ -37,15 +44,39 @@ def main(argv=None):
         warm.capture(args.iterations)
         for _ in range(3):
             warm.run_replayed()
-        g = HeteroGrid(rt, tasks, 2, args.steps)
-        g.capture(args.iterations)
-        walls = [g.run_replayed() for _ in range(args.replays)]
-        g.check()
-    steady = statistics.median(walls[3:]) if len(walls) > 3 else walls[-1]
-    print(f"{args.pattern}, {len(tasks)} tasks, {args.iterations} iterations, cpu:2")
-    for k, w in enumerate(walls, start=1):
-        print(f"replay {k}: {1e3 * w:9.2f} ms  ({w / steady:7.1f}x steady)")
+        print(f"{args.pattern}, {len(tasks)} tasks, {args.iterations} iterations, cpu:2")
+        ratios, firsts = [], []
+        for run in range(1, args.runs + 1):
+            g = HeteroGrid(rt, tasks, 2, args.steps)
+            t0 = time.perf_counter()
+            g.capture(args.iterations)
+            capture = time.perf_counter() - t0
+            walls, modes = [], []
+            for _ in range(args.replays):
+                modes.append(_mode(g.graph))
+                walls.append(g.run_replayed())
+            g.check()
+            same = [w for w, m in zip(walls[3:], modes[3:]) if m == modes[0]] or walls[3:]
+            steady = statistics.median(same or walls[-1:])
+            ratios.append(walls[0] / steady)
+            firsts.append(walls[0])
+            print(f"run {run}: capture (run and compile) {1e3 * capture:.1f} ms; replays (ms, "
+                  f"p/s: parallel/serial): " + " ".join(
+                      f"{1e3 * w:.2f}{m[0]}" for w, m in zip(walls, modes)))
+            print(f"  steady (median of replays 4-{args.replays} in replay 1's mode, "
+                  f"{modes[0]}) {1e3 * steady:.2f} ms: replay 1 = {ratios[-1]:.1f}x, "
+                  f"replay 2 = {walls[1] / steady:.1f}x")
+    print(f"median over {args.runs} runs: replay 1 {1e3 * statistics.median(firsts):.2f} ms, "
+          f"{statistics.median(ratios):.1f}x steady")
     return 0
+
+
+def _mode(graph):
+    """The mode the graph's next replay runs in (before the engine compiled it: parallel)."""
+    compiled = graph._compiled
+    segments = compiled.segments if compiled is not None else None
+    seg = segments[0] if segments else None
+    return "parallel" if seg is None or seg.contention is None else seg.contention.next_mode()
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ each round; the median wall time per system is kept. For a run of ``N`` tasks in
 efficiency curve crosses 50% (log-linear between the last point at or above and
 the first below; the smallest granularity measured when it never drops).
 
+Each replayed point's line (and its ``--json`` row, ``serial``) says how many of its timed
+replays the engine ran on one thread, measured faster there than one thread per worker
+(:mod:`~hetero_nn.scheduler.engine.contention`; efficiency is then at most ``1 / C``).
 Prints METG per pattern and system and the ratio dask / replayed; ``--json``
 writes every point; ``--plot`` the efficiency curves (a PNG, one panel per
 pattern). Take no figure on a loaded machine. Example (about 10 minutes on 2
@@ -262,6 +265,14 @@ class HeteroGrid:
         self.action = notes[-1]["action"] if notes else "submitted"
         return elapsed
 
+    def next_mode(self):
+        """The mode the engine runs the next replay in (parallel, or serial where one
+        thread was measured faster)."""
+        compiled = self.graph._compiled
+        modes = [seg.contention.next_mode() for seg in compiled.segments or ()
+                 if seg.contention is not None] if compiled is not None else []
+        return "serial" if "serial" in modes else "parallel"
+
     def run_replayed(self):
         self.next_epoch()
         t0 = time.perf_counter()
@@ -373,6 +384,7 @@ def bench_pattern(pattern, args, rt, peak, log):
         if auto is not None:  # untimed, as set_iterations: the new value bound, then planned
             auto.run_auto(iterations)
         times = {s: [] for s in args.systems}
+        serial = 0  # timed replays the engine ran on one thread (engine/contention.py)
         for r in range(args.rounds + 1):  # round 0 warms up (not kept)
             order = list(args.systems)
             order = order[r % len(order):] + order[:r % len(order)]
@@ -381,6 +393,7 @@ def bench_pattern(pattern, args, rt, peak, log):
                     wall = hetero.run_submitted(iterations)
                     hetero.check()
                 elif system == "replayed":
+                    serial += bool(r) and hetero.next_mode() == "serial"
                     wall = hetero.run_replayed()
                     hetero.check()
                 elif system == "auto":
@@ -399,9 +412,11 @@ def bench_pattern(pattern, args, rt, peak, log):
             efficiency = n * iterations * peak / (wall * args.width)
             rows.append({"pattern": pattern, "system": system, "iterations": iterations,
                          "tasks": n, "wall": wall, "granularity": granularity,
-                         "efficiency": efficiency})
+                         "efficiency": efficiency,
+                         **({"serial": serial} if system == "replayed" else {})})
             log(f"  {pattern:<11} {system:<9} iterations {iterations:>7}  "
-                f"{1e6 * granularity:10.2f} us/task  efficiency {100 * efficiency:6.1f}%")
+                f"{1e6 * granularity:10.2f} us/task  efficiency {100 * efficiency:6.1f}%"
+                + (f"  ({serial} of {len(walls)} serial)" if system == "replayed" else ""))
     return rows
 
 

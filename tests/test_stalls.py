@@ -16,6 +16,7 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn import R, RW
+from hetero_nn.arena.stream import EmulatedStream
 from hetero_nn.scheduler.stalls import check_wait_timeout
 from helpers import within
 
@@ -118,6 +119,25 @@ def test_closing_with_a_hung_task_ends_with_the_state():
     within(BOUND, scenario)
 
 
+def test_closing_a_stream_whose_call_hangs_ends_at_the_deadline():
+    """An emulated stream's close() serves what is queued: a call that never returns ends
+    it with a TaskError naming the stream (its thread left behind), not a hang."""
+    def scenario():
+        stream = EmulatedStream("stall-emu", 0)
+        stream.wait_timeout = TIMEOUT
+        GATE.clear()
+        STARTED.clear()
+        stream.launch(_hang, np.zeros(1))
+        stream.launch(_add, np.zeros(1))
+        assert STARTED.wait(BOUND)
+        t0 = time.perf_counter()
+        with pytest.raises(hn.TaskError, match="stream stall-emu made no progress.*1 more "
+                                               "queued"):
+            stream.close()
+        assert time.perf_counter() - t0 < BOUND / 2
+    within(BOUND, scenario)
+
+
 def _captured_hang(rt, independent):
     """A graph whose task on cpu1 hangs at replay; cpu0 waits for it (a compiled wait)
     or not (then the replay's wait for its shares is the one that ends)."""
@@ -137,6 +157,8 @@ def test_a_hung_share_stops_the_replay_with_the_engine_state(independent):
         with _runtime() as rt:
             graph, x, y = _captured_hang(rt, independent)
             graph.replay()
+            for seg in graph._compiled.segments:  # one thread per worker: the waits under
+                seg.contention.mode, seg.contention.countdown = "parallel", 10 ** 9  # test
             GATE.clear()
             with pytest.raises(hn.TaskError, match="a replay made no progress") as info:
                 graph.replay()

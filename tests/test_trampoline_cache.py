@@ -70,11 +70,11 @@ def test_a_prepare_that_raises_warns_once_and_the_task_runs_as_python():
                          variants={"cpu": _double_ref})
     with hn.Runtime(devices="cpu:1", perfmodel=False) as rt:
         h = rt.register(np.ones(4))
-        with rt.capture() as graph:
-            for part in h.split(0, 2):
-                rt.submit(codelet, part)
         with pytest.warns(RuntimeWarning, match="trampoline_broken_prepare.*prepare raised "
                                                 "ValueError: a prepare that fails") as caught:
+            with rt.capture() as graph:  # bound at the capture's end (its compilation)
+                for part in h.split(0, 2):
+                    rt.submit(codelet, part)
             graph.replay()
         assert len([w for w in caught if "broken_prepare" in str(w.message)]) == 1
         assert rt.fetch(h).tolist() == [4.0] * 4

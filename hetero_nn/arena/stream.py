@@ -165,13 +165,25 @@ class EmulatedStream:
         return contextlib.nullcontext()
 
     def close(self) -> None:
+        """Serve what is queued, then stop the thread (``TaskError`` naming the stream when
+        it has not finished after ``wait_timeout`` s: a call that never returns)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
-        self._thread.join()
+        _join(self._thread, self.name, self.wait_timeout, len(self._queue))
 
     def __repr__(self):
         return f"EmulatedStream({self.name})"
+
+
+def _join(thread, name, timeout, queued) -> None:
+    """Join a stream's thread, for ``timeout`` s at most (None: for ever); a thread still
+    running then is left behind (a daemon) and the close raises."""
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TaskError(f"stream {name} made no progress for {timeout:g} s "
+                        f"(Runtime(wait_timeout=)) at close: its call in progress has not "
+                        f"returned, {queued} more queued; its thread is left behind")
 
 
 class CupyStream:
@@ -183,6 +195,8 @@ class CupyStream:
     device fault that the wait reports goes to the callback's ``fault`` (the task whose
     work the event closed), else it is raised by the next :meth:`synchronize`.
     """
+
+    wait_timeout = 600.0  # Runtime(wait_timeout=) sets it: close()'s deadline
 
     def __init__(self, cupy, name: str, device_id: int):
         self.cupy = cupy
@@ -274,7 +288,7 @@ class CupyStream:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join()  # it serves what is pending first
+        _join(self._thread, self.name, self.wait_timeout, len(self._pending))  # serves first
         self._device_synchronize()
 
     def __repr__(self):

@@ -111,7 +111,7 @@ def calls_of(variant, buffers, arrays, params):
 def _positional(fn, n_arrays, params):
     """``params`` in the order of ``fn``'s parameters after the first ``n_arrays`` (their
     defaults where missing), or None when they do not fit its signature."""
-    names = list(inspect.signature(fn).parameters.values())[n_arrays:]
+    names = _parameters(fn)[n_arrays:]
     out = []
     for p in names:
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -125,6 +125,12 @@ def _positional(fn, n_arrays, params):
     if set(params) - {p.name for p in names}:
         return None
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _parameters(fn) -> tuple:
+    """``fn``'s parameters (its signature read once: binding a graph asks it per task)."""
+    return tuple(inspect.signature(fn).parameters.values())
 
 
 class WorkerBuffers:

@@ -39,7 +39,8 @@ once fusion made new tasks); ``replays``; ``bundles`` (the fusion decision);
 ``nbytes``: the bytes of the temporaries it owns (one replica each), what a cache of
 graphs bounds (the replay engine's scratch buffers are the runtime's, shared by its
 graphs); ``_params``: the declared step parameters; ``_compiled``: the engine's
-:class:`~hetero_nn.scheduler.engine.replay.CompiledGraph` (made at the first replay it runs).
+:class:`~hetero_nn.scheduler.engine.replay.CompiledGraph` (compiled at the capture's end
+where the engine serves the runtime, else at the first replay it runs).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Graph:
 
     def __init__(self, runtime):
         self.runtime = runtime
-        self._compiled = None  # the replay engine's CompiledGraph, made at its first replay
+        self._compiled = None  # the replay engine's CompiledGraph (made at the capture's end)
         self._params: dict = {}  # declared step parameters: name -> value at capture
         self._segments: list = []
         self._closed = False
@@ -96,7 +97,23 @@ class Graph:
                 self._closed = True
         finally:
             rt._flushes.capturing = None
+        if self._closed:
+            self._compile_now(rt)
         return False
+
+    def _compile_now(self, rt):
+        """Where the engine will replay the graph, compile it now, while the capture run's
+        tasks are resolved (Build item 3 of issue 34): the first replay then runs at the
+        steady cost. A failure here is left to the first replay, which compiles again and
+        reports it where a replay's errors belong."""
+        if unavailable(rt) is not None or not self._segments:
+            return
+        self._compiled = CompiledGraph(self)
+        try:
+            self._compiled.compile(rt)
+            self._check_roots(rt)  # the roots listed now, not at the first replay
+        except Exception:  # noqa: BLE001 - compiled again (and raised) by the first replay
+            self._compiled = None
 
     def _region(self, node, nbytes):
         """``nbytes`` of this graph's own arena on ``node``: a segment's layout region."""

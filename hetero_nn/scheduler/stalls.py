@@ -7,8 +7,8 @@ default :data:`WAIT_TIMEOUT`, ten minutes) is how long any wait may go *without
 progress*: the local executor's ``drain`` (no task finished) and ``close``, the
 replay engine's wait for its shares (:class:`~hetero_nn.scheduler.engine.replay.EngineThreads`),
 a compiled share's wait for a predecessor on another worker
-(:func:`~hetero_nn.scheduler.engine.dispatch.wait_done`) and an emulated stream's
-``synchronize``. When it passes, the wait stops the run and raises a
+(:func:`~hetero_nn.scheduler.engine.dispatch.wait_done`), an emulated stream's
+``synchronize`` and a stream's ``close`` (:mod:`~hetero_nn.arena.stream`). When it passes, the wait stops the run and raises a
 :class:`~hetero_nn.errors.TaskError` made by :func:`stalled`, whose text carries
 the state of what waited: the executor's (``str(ExecutorState)``) or the engine's
 (:func:`engine_state`: per share, the task it runs or the tasks it waits on).

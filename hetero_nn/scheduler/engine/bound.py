@@ -87,19 +87,31 @@ class BoundTask:
         self.model_key = None
         self.rebind()
 
-    def rebind(self):
-        """Prepare the calls again from the task's current parameters."""
+    def rebind(self) -> bool:
+        """Prepare the calls again from the task's current parameters; returns whether
+        the shares must be laid out again (False where the new calls took the old ones'
+        argument blocks, written in place: the same kernels and argument types)."""
         self.private = True  # holds something of its worker's (moved_to)
         if self.arrays is None:
             self.calls, self.why = None, "dynamic: operands made coherent at every run"
-            return
+            return True
         if self.worker.stream is not None:
             self.calls, self.why = None, "launched on its device's stream"
-            return
+            return True
         watched = _Watched(self.buffers)
+        old = self.calls
         self.calls, self.why = _compiled_calls(self.task, self.fn, self.arrays, self.redux,
                                                watched)
         self.private = watched.used or any(m is SCRATCH for m in self.task.modes)
+        if old is not None and self.calls is not None and len(old) == len(self.calls) and \
+                all(o.trampoline is c.trampoline and o.entry == c.entry
+                    for o, c in zip(old, self.calls)):
+            for o, c in zip(old, self.calls):  # a step parameter's new value, in place
+                o.block[:] = c.block
+                o.args = c.args
+            self.calls = old
+            return False
+        return True
 
     def run_python(self):
         """Run the task as the executor would: bind a dynamic task's operands, ``init``
@@ -165,10 +177,16 @@ def bind_task(rt, task, worker, buffers, dynamic=False) -> BoundTask:
                 else:
                     arrays.append(buffers(("scratch", i), h.shape, h.dtype))
     bound = BoundTask(task, worker, variant, arrays, buffers, rt if dynamic else None)
-    if rt.perfmodel is not None:
-        fp, size = rt.footprint(task)
-        bound.model_key = (task.codelet, variant, worker.kind, fp, size)
+    bound.model_key = model_key(rt, bound)
     return bound
+
+
+def model_key(rt, b):
+    """``b``'s key in ``rt``'s performance model (None without one: nothing learns)."""
+    if rt.perfmodel is None:
+        return None
+    fp, size = rt.footprint(b.task)
+    return b.task.codelet, b.variant, b.worker.kind, fp, size
 
 
 class _Watched:

@@ -11,8 +11,10 @@ the whole of it. So each segment of CPU workers on one memory node keeps a
 :class:`Contention`: the wall times of its last replays in each *mode*, parallel or
 *serial* (every task on the calling thread, in one topological merge of the shares'
 orders, :func:`serial_order`, no counter waited on or published). It replays in the
-mode measured faster; the other mode is tried again after ``probe`` replays (4 at first,
-doubling each time the try loses, to :data:`MAX_PROBE`; back to 4 when it wins), so a
+mode measured faster (a new one starts in the mode the runtime's last segment replayed
+in: a busy machine stays busy between two graphs); the other mode is tried again after
+``probe`` replays (4 at first, doubling each time the try loses, to :data:`MAX_PROBE`;
+back to 4 when it wins), so a
 neighbour that comes or goes is noticed. A parallel replay slower than the sum of its
 tasks' own times (what one thread would take) tries serial at the next replay.
 
@@ -78,9 +80,9 @@ class Contention:
     """Which mode a segment's next replay runs in, from the replays measured (module
     docstring)."""
 
-    def __init__(self):
+    def __init__(self, mode="parallel"):
         self.walls = {"parallel": [], "serial": []}
-        self.mode = "parallel"
+        self.mode = mode  # the first replays' (the runtime's last verdict: EngineThreads.mode)
         self.probe = FIRST_PROBE
         self.countdown = FIRST_PROBE
 
@@ -88,6 +90,12 @@ class Contention:
         medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
                    if w}
         return f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe})"
+
+    def restart(self) -> None:
+        """The segment's tasks changed cost (a step parameter's new value): forget the
+        walls, keep the mode, try the other one again after ``FIRST_PROBE`` replays."""
+        self.walls = {"parallel": [], "serial": []}
+        self.probe = self.countdown = FIRST_PROBE
 
     def next_mode(self) -> str:
         """The mode of the next replay: the current one, or the other when it is due."""

@@ -92,7 +92,7 @@ from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
 from .contention import QuickHandoffs
 from .dispatch import set_abort
-from .segment import CompiledSegment, explore
+from .segment import CompiledSegment, explore, replan
 from ..stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
 
@@ -181,6 +181,7 @@ class EngineThreads:
         #: replays never overlap, and a buffer's key fixes what it must hold)
         self.buffers: dict = {} if buffers is None else buffers
         self.broken = False  # a share never returned: its thread is lost
+        self.mode = "parallel"  # the mode the last replayed segment chose (contention.py)
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -278,10 +279,10 @@ def set_params(graph, values) -> None:
     if changed and compiled is not None and compiled.segments is not None:
         for seg in compiled.segments:
             hit = [i for i, t in enumerate(seg.tasks) if t in changed]
-            for i in hit:
-                seg.bound[i].rebind()
-            if hit:
-                seg.build_shares()
+            if any([seg.bound[i].rebind() for i in hit]):  # (blocks rewritten in place:
+                seg.build_shares()  # the shares' addresses hold)
+            if hit and seg.contention is not None:
+                seg.contention.restart()  # the walls measured other tasks' costs
 
 
 class CompiledGraph:
@@ -292,19 +293,38 @@ class CompiledGraph:
         self.segments = None
         self.epoch = 0
         self.replanned = False
+        self.perfmodel = None  # the runtime's model when compiled (model keys: rekey)
         self.exploring = True  # until the model's choice of every variant has settled
+
+    def compile(self, rt, threads=None):
+        """Compile every segment for its first replay: scheduled on the capture run's
+        times, bound, laid out in shares; then what the first replays would otherwise make
+        (the serial share of a segment that may run on one thread, the trace's layout)."""
+        buffers = (threads or _threads(rt)).buffers
+        self.segments = [CompiledSegment(rt, s, buffers=buffers) for s in self.graph._segments]
+        self.perfmodel = rt.perfmodel  # what the bound tasks' model keys were made for
+        self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
+        for seg in self.segments:
+            if seg.contention is not None:
+                seg.serial_share()
+            if rt.tracing:
+                record_layout(seg)
+                if seg.contention is not None:
+                    record_layout(seg, seg.workers[0])
 
     def run(self, rt):
         """Replay every segment (compiling them first when needed)."""
         threads = _threads(rt)
         if self.segments is None:
-            self.segments = [CompiledSegment(rt, s, buffers=threads.buffers)
-                             for s in self.graph._segments]
-            self.replanned = len(rt.nodes) > 1  # placed as captured (or by heft): kept
-        elif not self.replanned:  # once: plan again on the engine's own measured times
+            self.compile(rt, threads)
+        elif not self.replanned and self.epoch:  # once: plan again on its measured times
             self.replanned = True
-            self.segments = [CompiledSegment(rt, s, seg, threads.buffers)
+            self.segments = [replan(rt, s, seg, threads.buffers)
                              for s, seg in zip(self.graph._segments, self.segments)]
+        if self.perfmodel is not rt.perfmodel:  # compiled in another measuring mode
+            self.perfmodel = rt.perfmodel
+            for seg in self.segments:
+                seg.rekey()
         if self.exploring:
             self.exploring = any([explore(rt, seg) for seg in self.segments])
         for i, seg in enumerate(self.segments):
@@ -386,6 +406,7 @@ def _run_segment(rt, seg, epoch, threads):
         raise err from exc
     if contention is not None:
         contention.observe(mode, wall, float(durations.sum()) * 1e-9)
+        threads.mode = contention.mode
 
 
 def _measure(seg, shares):

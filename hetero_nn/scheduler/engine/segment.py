@@ -61,7 +61,7 @@ import statistics
 import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
-from .bound import BoundTransfer, bind_task, bound_roots, moved_to
+from .bound import BoundTransfer, bind_task, bound_roots, model_key, moved_to
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
@@ -99,22 +99,25 @@ class Share:
 class CompiledSegment:
     """One flushed segment of a graph, compiled for the engine (module docstring)."""
 
-    def __init__(self, rt, segment, previous=None, buffers=None):
+    def __init__(self, rt, segment, previous=None, buffers=None, schedule=None):
         """Compile ``segment``; ``previous``: its last compilation, whose measured times
         plan this one and whose bound tasks are kept where their worker is (or moved to
         another of its node and kind, :func:`~.bound.moved_to`); ``buffers``:
-        the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's."""
-        units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = _units(segment)
+        the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's;
+        ``schedule``: ``(worker_of, orders)`` when already made (:func:`replan`)."""
+        self.unit_graph = _units(segment) if previous is None else previous.unit_graph
+        self.cost_groups = None if previous is None else previous.cost_groups  # _measured
+        units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = self.unit_graph
         self.rt = rt
         self.multinode = len(rt.nodes) > 1
         n = self.n_tasks = len(self.tasks)
         workers = self.workers = rt.workers
         self.spin_ns = spin_budget(len(workers))  # one thread per worker's share
         self.timeout_ns = timeout_ns(rt.wait_timeout)
-        costs_ns = None if previous is None else \
-            previous.times[:n, 1] - previous.times[:n, 0]
-        self.worker_of, orders = _schedule(rt, segment, units, unit_preds, costs_ns,
-                                           self.tasks)
+        if schedule is None:
+            schedule = _schedule(rt, segment, units, unit_preds, _measured(previous),
+                                 self.tasks)
+        self.worker_of, orders = self.schedule = schedule
         self.data, self.moves = None, []
         if self.multinode:  # the copies between nodes, fixed by the schedule (data_plan.py)
             planned = _plan_copies(self, rt, units, unit_preds, orders)
@@ -179,7 +182,16 @@ class CompiledSegment:
         self.groups = _model_groups(self.bound)
         one_thread_serves = len(self.shares) > 1 and not self.multinode and \
             all(w.stream is None for w in workers)
-        self.contention = Contention() if one_thread_serves else None
+        engine = getattr(rt, "_engine", None)  # its last segment's mode starts this one's
+        self.contention = Contention(getattr(engine, "mode", "parallel")) \
+            if one_thread_serves else None
+
+    def rekey(self):
+        """The bound tasks' performance-model keys made again: the runtime's model is
+        another than at binding (a capture inside ``Runtime.measuring(None)``)."""
+        for b in self.bound:
+            b.model_key = model_key(self.rt, b)
+        self.groups = _model_groups(self.bound)
 
     def serial_share(self):
         """Every task in one share of the first worker (contention.py's serial mode)."""
@@ -385,6 +397,39 @@ def _launch_dynamic(rt, seg, run, t, w):
         raise
 
 
+def _measured(seg):
+    """Nanoseconds per task to plan on after ``seg``'s last replay (None: no compilation
+    before): each (codelet, footprint)'s median over the tasks it ran, standing for all of
+    them, so a task that lost its core once on a busy machine does not move the plan."""
+    if seg is None:
+        return None
+    n = seg.n_tasks
+    ns = (seg.times[:n, 1] - seg.times[:n, 0]).astype(np.float64)
+    if seg.cost_groups is None:
+        index: dict = {}
+        seg.cost_groups = np.array(
+            [index.setdefault((t.codelet.name, seg.rt.footprint(t)[0]), len(index))
+             for t in seg.tasks], dtype=np.int64)
+    groups = seg.cost_groups
+    out = np.empty(n)
+    for k in range(int(groups.max()) + 1 if n else 0):
+        members = groups == k
+        out[members] = np.median(ns[members])
+    return out
+
+
+def replan(rt, segment, previous, buffers):
+    """``segment`` planned again on the times ``previous`` (its compilation) measured:
+    ``previous`` itself where the plan is the one it runs (nothing bound, laid out or
+    measured is made again), else compiled again on that plan, its bound tasks kept
+    where they keep their worker (:class:`CompiledSegment`)."""
+    units, unit_preds, tasks = previous.unit_graph[:3]
+    schedule = _schedule(rt, segment, units, unit_preds, _measured(previous), tasks)
+    if not previous.multinode and schedule == previous.schedule:
+        return previous
+    return CompiledSegment(rt, segment, previous, buffers, schedule)
+
+
 def _plan_copies(seg, rt, units, unit_preds, orders):
     """``(data plan, units, unit preds, orders, worker of each unit)`` with the plan's
     transfers as units of their own (task ``n + k`` for transfer ``k``), each placed just
@@ -473,8 +518,9 @@ def _schedule(rt, segment, units, unit_preds, costs_ns, tasks):
 def _unit_costs(rt, units, tasks, costs_ns):
     """Seconds per unit: measured by the engine, else predicted, else the capture run's
     median per (codelet, footprint)."""
-    if costs_ns is not None:
-        return [float(sum(costs_ns[t] for t in u)) * 1e-9 for u in units]
+    if costs_ns is not None:  # a unit is a run of consecutive tasks (_units)
+        return (np.add.reduceat(costs_ns, [u[0] for u in units]) * 1e-9).tolist() \
+            if units else []
     kind = rt.workers[0].kind
     per_task = []
     medians: dict = {}

@@ -181,9 +181,7 @@ class CompiledCall:
     def __init__(self, kernel, args):
         self.kernel = kernel
         self.args = tuple(args)
-        argtypes = argument_types(self.args)
-        self.entry, restype = native_entry(kernel, argtypes)
-        self.trampoline = trampoline_of(restype, argtypes)
+        self.entry, self.trampoline = call_target(kernel, self.args)
         self.block = np.zeros(self.trampoline.slots, dtype=np.int64)
         self.pack(self.args)
 
@@ -204,6 +202,48 @@ class CompiledCall:
 
     def __repr__(self):
         return f"CompiledCall({_name(self.kernel)}, {len(self.args)} args)"
+
+
+_TARGETS: dict = {}
+MAX_TARGETS = 4096  # (kernel, argument types) pairs remembered; past it, forgotten at once
+
+
+def call_target(kernel, args) -> tuple:
+    """``(native entry, trampoline)`` of ``kernel`` called with ``args``: the kernel's
+    overload for their types and the trampoline of those types, looked up by a key made of
+    the arguments' Python types (and, for arrays, what their Numba type reads), so binding
+    a graph types, checks and links each (kernel, argument types) once per process."""
+    key = _type_key(args)
+    target = _TARGETS.get((kernel, key)) if key is not None else None
+    if target is None:
+        argtypes = argument_types(args)
+        entry, restype = native_entry(kernel, argtypes)
+        target = entry, trampoline_of(restype, argtypes)
+        if key is not None:
+            if len(_TARGETS) >= MAX_TARGETS:
+                _TARGETS.clear()
+            _TARGETS[kernel, key] = target
+    return target
+
+
+def _type_key(value):
+    """A hashable key that fixes ``numba.typeof(value)`` (None: no key, type it): the
+    type, a Python int's width class (Numba types it by its bits), an array's dtype,
+    dimensions, layout and writeability, a tuple's items'."""
+    tp = type(value)
+    if tp is np.ndarray:
+        flags = value.flags
+        return (value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous,
+                flags.writeable)
+    if isinstance(value, tuple):
+        items = tuple(_type_key(v) for v in value)
+        return None if None in items else (tp, items)
+    if isinstance(value, int) and not isinstance(value, (bool, np.integer)):
+        bits = (value if value >= 0 else -value - 1).bit_length()  # as Numba counts them
+        return tp, 0 if bits < 32 else 1 if bits < 64 else 2 if value >= 0 else 3
+    if value is None or isinstance(value, (bool, float, np.number, np.bool_)):
+        return (tp,)
+    return None
 
 
 def native_entry(kernel, argtypes) -> tuple:
