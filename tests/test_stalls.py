@@ -17,7 +17,7 @@ import pytest
 import hetero_nn as hn
 from hetero_nn import R, RW
 from hetero_nn.arena.stream import EmulatedStream
-from hetero_nn.scheduler.stalls import check_wait_timeout
+from hetero_nn.scheduler.executors.stalls import check_wait_timeout
 from helpers import within
 
 BOUND = 60.0   # seconds: a test that takes longer hung

@@ -87,7 +87,7 @@ class EmulatedEvent:
 class EmulatedStream:
     """An in-order asynchronous queue served by one thread (see the module docstring)."""
 
-    wait_timeout = 600.0  # Runtime(wait_timeout=) sets it (scheduler/stalls.py)
+    wait_timeout = 600.0  # Runtime(wait_timeout=) sets it (scheduler/executors/stalls.py)
 
     def __init__(self, name: str, device_id: int):
         self.name = name

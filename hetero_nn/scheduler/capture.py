@@ -106,14 +106,9 @@ class Graph:
         tasks are resolved (Build item 3 of issue 34): the first replay then runs at the
         steady cost. A failure here is left to the first replay, which compiles again and
         reports it where a replay's errors belong."""
-        if unavailable(rt) is not None or not self._segments:
-            return
-        self._compiled = CompiledGraph(self)
-        try:
-            self._compiled.compile(rt)
-            self._check_roots(rt)  # the roots listed now, not at the first replay
-        except Exception:  # noqa: BLE001 - compiled again (and raised) by the first replay
-            self._compiled = None
+        executor = replay_executor(rt)
+        if executor is rt.compiled and self._segments:
+            executor.compile(self)
 
     def _region(self, node, nbytes):
         """``nbytes`` of this graph's own arena on ``node``: a segment's layout region."""

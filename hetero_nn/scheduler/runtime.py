@@ -66,10 +66,9 @@ from .flush import Flushes
 from .handles import HandleFactory, RuntimeHandles
 from .lifetimes import Temporaries
 from .redux import Reductions
-from .stalls import WAIT_TIMEOUT, check_wait_timeout
+from .executors.stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
-from .task import Task, link
-from .task_options import task_options
+from .task import Task, link, task_options
 from .autocapture import AutoCapture, param as step_param
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
@@ -158,7 +157,7 @@ class Runtime(RuntimeHandles):
     wait_timeout : float or None
         Seconds any wait of the runtime may go without progress (default 600); past it
         the run stops with a ``TaskError`` printing the executor's or the replay
-        engine's state (:mod:`~hetero_nn.scheduler.stalls`). None: no limit.
+        engine's state (:mod:`~hetero_nn.scheduler.executors.stalls`). None: no limit.
     auto_capture : bool
         True (the default): a flush submitted again in the same shape (codelets, handles,
         modes, parameters; step parameters by name, :meth:`param`) is captured, then
@@ -191,7 +190,7 @@ class Runtime(RuntimeHandles):
         self.study = study = (study or StudyOptions()).with_keywords(
             fuse_chains=fuse_chains, overlap=overlap, arenas=arenas, replay_engine=replay_engine)
         self.replay_engine = study.replay_engine
-        self.wait_timeout = check_wait_timeout(wait_timeout)  # every wait's deadline (stalls.py)
+        self.wait_timeout = check_wait_timeout(wait_timeout)  # every wait's deadline (executors/)
         self.compiled = CompiledExecutor(self)  # replays, where the engine serves (engine/)
         if deterministic is None:
             deterministic = not calibrate
@@ -213,7 +212,7 @@ class Runtime(RuntimeHandles):
         self.seed = seed
         self.tracing = bool(trace)
         self._trace.workers = [w.name for w in self.workers]
-        for node in self.nodes:  # the emulated streams' waits (scheduler/stalls.py)
+        for node in self.nodes:  # the emulated streams' waits (scheduler/executors/stalls.py)
             if getattr(node, "stream", None) is not None:
                 node.stream.wait_timeout = self.wait_timeout
         self.fuse_chains = bool(study.fuse_chains)

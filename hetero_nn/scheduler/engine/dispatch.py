@@ -23,7 +23,7 @@ between replays. A waiter spins (checks with the processor's pause hint) for at 
 with a futex (``WAIT_NS`` at most, so it also sees an abort), counting itself in
 ``sleepers``; a publisher stores the epoch and, only when someone sleeps, wakes the
 sleepers of that counter. Tasks no other worker waits for publish nothing. A wait
-longer than ``timeout_ns`` (``Runtime(wait_timeout=)``, :mod:`~hetero_nn.scheduler.stalls`)
+longer than ``timeout_ns`` (``Runtime(wait_timeout=)``, :mod:`~hetero_nn.scheduler.executors.stalls`)
 sets ``abort`` to ``TIMED_OUT`` and returns False: every share stops, and the replay
 raises a ``TaskError`` with the engine's state.
 
@@ -63,7 +63,7 @@ from numba import njit
 
 from .intrinsics import (atomic_add, atomic_load, atomic_store, call_pointer, cpu_pause,
                          cpu_yield, futex_wait, futex_wake, monotonic_ns)
-from ..stalls import TIMED_OUT
+from ..executors.stalls import TIMED_OUT
 
 SPIN_NS = 100_000        # spin before sleeping, where every thread has a core
 SHORT_SPIN_NS = 10_000   # spin before sleeping, where workers outnumber the cores

@@ -3,8 +3,10 @@ calls the local, sync and Dask executors (:mod:`~hetero_nn.scheduler.executors.c
 
 Policy
 ------
-:class:`CompiledExecutor` runs replays only: ``replay(graph)`` gives the graph its
-:class:`~hetero_nn.scheduler.engine.replay.CompiledGraph` at its first replay and runs it
+:class:`CompiledExecutor` runs replays only: ``compile(graph)``, at the end of a capture,
+gives the graph its :class:`~hetero_nn.scheduler.engine.replay.CompiledGraph` (bound and
+planned on the capture run's times; ``replay`` makes it where that failed) and
+``replay(graph)`` runs it
 (segments bound, scheduled, compiled and dispatched as
 :mod:`~hetero_nn.scheduler.engine.replay` says; each segment's run begins and ends in
 :class:`~hetero_nn.scheduler.flush.Flushes`, as every flush does). ``close()`` joins the
@@ -45,6 +47,17 @@ class CompiledExecutor:
         if graph._compiled is None:
             graph._compiled = CompiledGraph(graph)
         graph._compiled.run(self.rt)
+
+    def compile(self, graph):
+        """Compile ``graph`` now, at the end of its capture, while the capture run's tasks
+        are resolved, so its first replay costs a steady one. A failure is left to the
+        first replay, which compiles again and raises it where a replay's errors belong."""
+        graph._compiled = CompiledGraph(graph)
+        try:
+            graph._compiled.compile(self.rt)
+            graph._check_roots(self.rt)  # the roots listed now, not at the first replay
+        except Exception:  # noqa: BLE001 - compiled again (and raised) by the first replay
+            graph._compiled = None
 
     def close(self):
         """Join the engine's threads, if a replay made them."""

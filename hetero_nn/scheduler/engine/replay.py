@@ -55,7 +55,7 @@ sets ``abort``, which every other share sees before its next task or in its wait
 exception cannot cross the loop, so the task is run once more in Python to name
 it. The runtime and the graph stay usable. A wait that passes ``Runtime(wait_timeout=)``
 stops the replay with a ``TaskError`` printing each share's state
-(:mod:`~hetero_nn.scheduler.stalls`); a ``KeyboardInterrupt`` stops every share, waits
+(:mod:`~hetero_nn.scheduler.executors.stalls`); a ``KeyboardInterrupt`` stops every share, waits
 for them and is raised.
 
 Contention: a segment of CPU workers on one node replays on one thread instead (every
@@ -93,7 +93,7 @@ from ..executors.local import LocalExecutor
 from .contention import QuickHandoffs
 from .dispatch import set_abort
 from .segment import CompiledSegment, explore, replan
-from ..stalls import TIMED_OUT, engine_state, stalled
+from ..executors.stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
 
 _perf = time.perf_counter

@@ -67,7 +67,7 @@ from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_bu
 from .intrinsics import clock_offset
 from .contention import Contention, serial_order
 from ..policies.policies import UNKNOWN_COST
-from ..stalls import timeout_ns
+from ..executors.stalls import timeout_ns
 from ..policies.list_scheduling import check_orders, fixed_orders
 from ..variants import EXPLORE_SAMPLES
 

@@ -20,7 +20,7 @@ State (all under ``_lock``)
 ---------------------------
 One :class:`ExecutorState`, ``executor.state``, printed (``str``) when a flush stalls
 (``drain`` logs it every ``STALL_REPORT_SECONDS`` without progress, and stops the flush
-with it after ``Runtime(wait_timeout=)``: :mod:`~hetero_nn.scheduler.stalls`; a hung
+with it after ``Runtime(wait_timeout=)``: :mod:`~hetero_nn.scheduler.executors.stalls`; a hung
 task stays counted in ``remaining``): ``remaining``: tasks handed over not yet
 finished; ``waiting``: those whose predecessors have not all finished; ``ready``: the
 policy's queues, by place; ``running``: per worker, the tasks it took and has not
@@ -77,7 +77,7 @@ from threadpoolctl import threadpool_limits
 from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
-from ..stalls import stalled, wait_progress
+from .stalls import stalled, wait_progress
 from .contract import Executor
 from .state import ExecutorState, prefetch_error, queued_tasks, task_error
 from .streamed import device_fault, run_on_stream

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError, TaskError
+from ...errors import ConfigError, TaskError
 
 WAIT_TIMEOUT = 600.0
 """Seconds any wait of the runtime may go without progress (``Runtime(wait_timeout=)``)."""
