@@ -25,9 +25,9 @@ Examples::
         --epochs 30 --report 10 30
     python experiments/cifar_recipe.py --data-dir ../shared/datasets --model cifar-small \\
         --limit 256 --epochs 1 --batch-size 32         # a smoke test: seconds
-    nice -n 19 python experiments/cifar_recipe.py --data-dir ../shared/datasets \\
-        --model resnet18 --limit 1000 --epochs 3 --batch-size 64 --report 1 2 3 \\
-        --devices cpu:2           # ResNet-18 (CIFAR layout): issue 28's accuracy goal
+    python experiments/cifar_recipe.py --data-dir ../shared/datasets --model resnet18 \\
+        --epochs 5 --batch-size 64 --lr 0.05 --report 1 3 5 --devices cpu:2
+                                  # ResNet-18 (CIFAR layout): issue 28's accuracy goal
 """
 
 from __future__ import annotations
