@@ -3,10 +3,11 @@
 Per model and batch, interleaved rounds (each round times every configuration in turn),
 medians, on ``Runtime(devices="cpu:W")`` and ``torch.set_num_threads(W)``:
 
-- ``hn model(x)``: the call as it is now, the captured forward graph replayed with one
-  partition per worker (:mod:`hetero_nn.layers.forward_graphs`);
+- ``hn model(x)``: the call as it is now, the captured forward graph replayed (one
+  partition, :mod:`hetero_nn.layers.forward_graphs`);
 - ``hn submitted g=1``: what ``model(x)`` did before, its forward tasks submitted per
-  call on one partition (registered batch, dependencies inferred, tasks built);
+  call on one partition (registered batch, dependencies inferred, tasks built): the same
+  tasks, so the same bits;
 - ``torch eager``: ``module(x)`` under ``torch.no_grad``.
 
 The model is in evaluation mode; both hetero_nn rows give the same outputs as torch to

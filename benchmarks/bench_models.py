@@ -19,7 +19,7 @@ turn), medians:
   compile here);
 - ``hn infer`` / ``torch infer`` (and ``torch.compile infer``): one forward pass in
   evaluation mode, ``model(x)`` on the trainer's runtime (its captured forward graph
-  replayed, a partition per worker: :mod:`hetero_nn.layers.forward_graphs`) and
+  replayed, one partition: :mod:`hetero_nn.layers.forward_graphs`) and
   ``torch.no_grad``.
 
 Beside each model (``--no-roofline`` leaves it out), per convolution layer: the forward,

@@ -3,15 +3,16 @@
 Policy
 ------
 ``layer(x)`` (:meth:`~hetero_nn.layers.base.Layer.__call__`) runs the forward pass of
-a NumPy batch at :func:`call_partitions` partitions: one per worker of the runtime (at
-most one sample each), so a call keeps every core busy, as a training step does. Where
+a NumPy batch as one partition (what it always did, so a replay gives the bits the
+submitted call gave; on this 2-core machine one partition replayed was also faster than
+two whenever other work shared the cores: docs/benchmarks.md). Where
 every layer of the model is ``replayable``, the first call of a *call key* captures the
 forward tasks into a graph (``Runtime.capture``) that owns a copy of the batch; later
 calls of that key copy the new batch in and replay the graph: no task built, no
 dependency inferred, the same tasks on the same operands, so the same bits as
 submitting them. A model with a layer that is not replayable is submitted per call.
 
-The call key is the batch's shape, the layer's dtype, the partitions and
+The call key is the batch's shape, the layer's dtype and
 :func:`model_form` (every layer's train/eval mode and settings, the model's ``fuse``
 and ``granularities``, its spike rates): what the trainer's step key holds of the
 model (:mod:`hetero_nn.training.step_cache`, which reads the same function). A call
@@ -38,8 +39,7 @@ import numpy as np
 
 from .events import rate_key
 
-__all__ = ["MAX_BYTES", "CapturedCall", "ForwardGraphs", "call_partitions", "capture",
-           "model_form", "replay"]
+__all__ = ["MAX_BYTES", "CapturedCall", "ForwardGraphs", "capture", "model_form", "replay"]
 
 MAX_BYTES = 256 << 20  # bytes of captured forward graphs kept per layer
 
@@ -56,11 +56,6 @@ def model_form(model) -> tuple:
 def replayable(model) -> bool:
     """Whether every layer of ``model`` is ``replayable`` (its tasks the same every run)."""
     return all(layer.replayable for _, layer in model.named_modules())
-
-
-def call_partitions(rt, n: int) -> int:
-    """Partitions of a batch of ``n`` samples for ``layer(x)`` on ``rt``: one per worker."""
-    return max(1, min(n, len(rt.workers)))
 
 
 def capture(rt, owners, submit):
@@ -136,16 +131,15 @@ class ForwardGraphs:
         """The outputs of the batch ``x`` (the layer's dtype, built and bound to ``rt``):
         replayed, captured now, or submitted where the model cannot replay."""
         layer = self.layer
-        g = call_partitions(rt, x.shape[0])
         if not replayable(layer):
-            return _gather(rt, layer.forward(rt, _split(rt.register(x, name="x"), g)))
+            return _gather(rt, layer.forward(rt, [rt.register(x, name="x")]))
         self._check_binding(rt)
-        key = (x.shape, x.dtype.str, g, model_form(layer))
+        key = (x.shape, x.dtype.str, model_form(layer))
         call = self._calls.pop(key, None)
         if call is None:
             xh = rt.register(x.copy(), name="x")  # the graph's own copy of the batch
             graph, outputs, inputs = capture(rt, layer.modules(),
-                                             lambda: layer.forward(rt, _split(xh, g)))
+                                             lambda: layer.forward(rt, [xh]))
             call = CapturedCall(graph, xh, outputs, inputs)
             self.nbytes += call.nbytes
             self.captured += 1
@@ -155,10 +149,6 @@ class ForwardGraphs:
         while self.nbytes > self.max_bytes and len(self._calls) > 1:
             self.nbytes -= self._calls.pop(next(iter(self._calls))).nbytes
         return _gather(rt, call.outputs)
-
-
-def _split(h, g):
-    return list(h.split(0, g)) if g > 1 else [h]
 
 
 def _gather(rt, outputs) -> np.ndarray:
