@@ -15,16 +15,24 @@ turn), medians:
 - ``hn train g=G``: ``Trainer.train_step`` (SGD, momentum 0.9) on ``Runtime(devices=
   "cpu:W")``, granularity G, pinned variants;
 - ``torch train``: the same step in PyTorch eager with ``torch.set_num_threads(W)``;
-- ``torch.compile train`` with ``--compile`` (reported as failed when it cannot compile);
-- ``hn infer`` / ``torch infer``: one forward pass in evaluation mode
-  (``Trainer.predict``; ``torch.no_grad``).
+- ``torch.compile train`` (``--no-compile`` leaves it out; a row says why when it cannot
+  compile here);
+- ``hn infer`` / ``torch infer`` (and ``torch.compile infer``): one forward pass in
+  evaluation mode, ``model(x)`` on the trainer's runtime (its captured forward graph
+  replayed, one partition: :mod:`hetero_nn.layers.forward_graphs`) and
+  ``torch.no_grad``.
 
-Then, per convolution layer of each model (``--roofline``): the forward, input-gradient
-and weight-gradient kernels of one partition (batch / G images) on one thread with the
-pinned variant, as GFLOP/s and as a share of the sgemm rate measured in the same run.
+Beside each model (``--no-roofline`` leaves it out), per convolution layer: the forward,
+input-gradient and weight-gradient kernels of one partition (batch / G images) on one
+thread with the pinned variant, as GFLOP/s and as a share of one thread's sgemm rate
+measured in the same run (:func:`hetero_nn.cli.roofline.sgemm_rate`); ``hetero-nn trace
+RUN --roofline`` gives the same share per codelet of a traced training run.
 
-    python benchmarks/bench_models.py --models resnet18 resnet18-tv --batches 32 64 \
-        --rounds 3 --steps 2 --roofline --json models.json
+Runs in parts (``--models``, ``--batches``), so a long table can be filled a few rows at
+a time on a quiet machine::
+
+    python benchmarks/bench_models.py --models resnet18 resnet18-tv mobilenetv2 vgg11-bn \
+        lenet5 cifar-small --batches 32 64 128 --rounds 3 --steps 2 --json models.json
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
+from hetero_nn.cli.roofline import sgemm_rate
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.pinned import PINNED_VARIANTS
 from hetero_nn.layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D,
@@ -98,10 +107,11 @@ class HnConfig:
             batch_size=batch, granularity=granularity)
         self.infer = infer
         self.model.eval() if infer else self.model.train()
+        self.model.bind(self.rt)  # model(x) runs on this runtime
 
     def step(self, x, y):
         if self.infer:
-            self.trainer.predict(x)
+            self.model(x)
         else:
             self.trainer.train_step(x, y)
 
@@ -154,8 +164,9 @@ def bench_model(name, batch, args):
     source, shape, x, y = problem(name, batch)
     configs = {}
     for mode in ("train", "infer"):
-        for g in args.granularities:
-            configs[f"hn {mode} g={g}"] = lambda m=mode, g=g: HnConfig(
+        for g in args.granularities if mode == "train" else [args.workers]:
+            label = f"hn train g={g}" if mode == "train" else "hn infer model(x)"
+            configs[label] = lambda m=mode, g=g: HnConfig(
                 _copy(source), shape, batch, g, args.workers, m == "infer")
         configs[f"torch {mode}"] = lambda m=mode: TorchConfig(_copy(source), m == "infer", False)
         if args.compile:
@@ -193,14 +204,6 @@ def bench_model(name, batch, args):
 def _copy(module):
     import copy
     return copy.deepcopy(module)
-
-
-def sgemm_rate():
-    a = np.ones((512, 512), np.float32)
-    b = np.ones((512, 4096), np.float32)
-    a @ b
-    t = min(median_time(lambda: a @ b, 3) for _ in range(3))
-    return 2 * 512 * 512 * 4096 / t / 1e9
 
 
 def roofline(name, batch, args, rate):
@@ -244,35 +247,37 @@ def roofline(name, batch, args, rate):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    ap.add_argument("--batches", nargs="+", type=int, default=[32, 64])
+    ap.add_argument("--batches", nargs="+", type=int, default=[32, 64, 128])
     ap.add_argument("--granularities", nargs="+", type=int, default=[2])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="add torch.compile")
-    ap.add_argument("--roofline", action="store_true", help="per-layer kernel GFLOP/s")
-    ap.add_argument("--roofline-only", action="store_true", help="no steps, only --roofline")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="leave torch.compile out")
+    ap.add_argument("--no-roofline", dest="roofline", action="store_false",
+                    help="leave the per-layer kernel GFLOP/s out")
+    ap.add_argument("--roofline-only", action="store_true", help="no steps, only the roofline")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(args.workers)
     out = {"uptime": os.getloadavg(), "workers": args.workers, "rows": [], "roofline": []}
-    runs = [] if args.roofline_only else [(m, b) for m in args.models for b in args.batches]
-    for name, batch in runs:
-        for row in bench_model(name, batch, args):
-            out["rows"].append(row)
-            if "failed" in row:
-                print(f"{name:12s} {batch:4d} {row['config']:24s} failed: {row['failed']}")
-            else:
-                ratio = f"{row['vs_torch']:.2f}x" if row["vs_torch"] else ""
-                print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
-                      f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
+    rate = None
     if args.roofline or args.roofline_only:
-        rate = sgemm_rate()
-        out["sgemm_gflops_one_thread"] = rate
+        rate = out["sgemm_gflops_one_thread"] = sgemm_rate(measure=True)
         print(f"sgemm, one thread: {rate:.1f} GFLOP/s")
-        for name in args.models:
+    for name in args.models:
+        for batch in [] if args.roofline_only else args.batches:
+            for row in bench_model(name, batch, args):
+                out["rows"].append(row)
+                if "failed" in row:
+                    print(f"{name:12s} {batch:4d} {row['config']:24s} failed: {row['failed']}")
+                else:
+                    ratio = f"{row['vs_torch']:.2f}x" if row["vs_torch"] else ""
+                    print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
+                          f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
+        if rate is not None:  # beside the model's rows
             for row in roofline(name, max(args.batches), args, rate):
                 out["roofline"].append(row)
                 print(f"{name:12s} {row['layer']:32s} {row['shape']:24s} " + " ".join(

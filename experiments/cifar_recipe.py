@@ -7,8 +7,8 @@ hetero_nn trains through the real CLI, as the README's recipe::
         --optimizer sgd --lr LR --momentum 0.9 --nesterov --weight-decay 5e-4 \\
         --schedule onecycle --max-lr LR --label-smoothing EPS --augment --out OUT
 
-and PyTorch trains the twin of the same built-in model (``torch.nn`` layers holding
-a copy of the same initial weights) in this process, in float32, on the very same
+and PyTorch trains the twin of the same built-in model (``hn.to_torch``: ``torch.nn``
+layers holding a copy of the same initial weights) in this process, in float32, on the very same
 batches: the dataset's normalised images, in ``epoch_order(seed, epoch)``, augmented
 by the same :mod:`hetero_nn.transforms` draws (so both see identical pixels), with
 ``torch.optim.SGD(nesterov=True)``, ``OneCycleLR`` and ``cross_entropy(label_smoothing)``.
@@ -25,12 +25,16 @@ Examples::
         --epochs 30 --report 10 30
     python experiments/cifar_recipe.py --data-dir ../shared/datasets --model cifar-small \\
         --limit 256 --epochs 1 --batch-size 32         # a smoke test: seconds
+    python experiments/cifar_recipe.py --data-dir ../shared/datasets --model resnet18 \\
+        --epochs 5 --batch-size 64 --lr 0.05 --report 1 3 5 --devices cpu:2
+                                  # ResNet-18 (CIFAR layout): issue 28's accuracy goal
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -77,80 +81,8 @@ def hetero_nn_run(args, out) -> dict:
     return result
 
 
-def torch_twin(model, torch):
-    """``torch.nn`` modules for a hetero_nn Sequential, with a copy of its weights.
-
-    Layers are mapped by class name with PyTorch's argument names, so the layers
-    of issue 12 (batch norm, pooling, residual blocks) map as they are named there.
-    """
-    import hetero_nn as hn
-    nn = torch.nn
-
-    def twin(layer):
-        kind = type(layer).__name__
-        if isinstance(layer, hn.Sequential):
-            return nn.Sequential(*map(twin, layer))
-        simple = {"ReLU": nn.ReLU, "Flatten": nn.Flatten, "Sigmoid": nn.Sigmoid,
-                  "Tanh": nn.Tanh, "GELU": nn.GELU}
-        if kind in simple:
-            return simple[kind]()
-        if kind == "Conv2d":
-            return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                             stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
-                             groups=layer.groups, bias=layer.bias,
-                             padding_mode=layer.padding_mode)
-        if kind == "Dense":
-            return nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
-        if kind == "MaxPool2d":
-            return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-                                ceil_mode=layer.ceil_mode)
-        if kind == "AvgPool2d":
-            return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode,
-                                layer.count_include_pad, layer.divisor_override)
-        if kind in ("AdaptiveAvgPool2d", "GlobalAvgPool2D"):
-            return nn.AdaptiveAvgPool2d(layer.output_size)
-        if kind == "LogSoftmax":
-            return nn.LogSoftmax(dim=1)
-        if kind == "LeakyReLU":
-            return nn.LeakyReLU(layer.negative_slope)
-        if kind == "Dropout":
-            return nn.Dropout(layer.p)
-        if kind == "BatchNorm2D":
-            return nn.BatchNorm2d(layer.num_features, eps=layer.eps, momentum=layer.momentum,
-                                  affine=layer.affine,
-                                  track_running_stats=layer.track_running_stats)
-        if kind == "Residual":
-            return _residual(twin(layer.body),
-                             None if layer.shortcut is None else twin(layer.shortcut), nn)
-        raise TypeError(f"cifar_recipe: no PyTorch twin for layer {layer!r}")
-
-    net = nn.Sequential(*map(twin, model))
-    state = {k: torch.from_numpy(np.array(v, dtype=np.float32) if v.dtype.kind == "f" else v)
-             for k, v in model.state_dict().items()}
-    net.load_state_dict(state)
-    return net
-
-
-def _residual(body, shortcut, nn):
-    """``body(x) + (shortcut(x) if shortcut else x)`` as a ``torch.nn.Module`` holding
-    ``body`` and ``shortcut`` (the state_dict keys of hetero_nn's Residual)."""
-
-    class Residual(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = body
-            self.shortcut = shortcut
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
-    return Residual()
-
-
 def torch_run(args) -> dict:
     """The PyTorch twin trained on the same batches; per-epoch figures and wall time."""
-    import os
-
     import torch
 
     import hetero_nn as hn
@@ -160,7 +92,7 @@ def torch_run(args) -> dict:
     train = hn.datasets.load("cifar10", "train", data_dir=args.data_dir, limit=args.limit)
     test = hn.datasets.load("cifar10", "test", data_dir=args.data_dir, limit=args.limit)
     model = hn.build_model(args.model, train.input_shape, train.num_classes, seed=args.seed)
-    net = torch_twin(model, torch)
+    net = hn.to_torch(model).float().train()  # the same layers and initial weights
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True,
                           weight_decay=args.weight_decay)
     steps = -(-len(train) // args.batch_size)
@@ -236,14 +168,15 @@ def main(argv=None) -> int:
     from hetero_nn.cli.run_folder import environment
 
     out = Path(args.out or tempfile.mkdtemp(prefix="hetero_nn-cifar-recipe-"))
-    started = datetime.now(timezone.utc)
+    started, load = datetime.now(timezone.utc), os.getloadavg()
     ours = hetero_nn_run(args, out / "hetero_nn")
     theirs = None if args.skip_torch else torch_run(args)
     runs = {"hetero_nn": ours, "torch": theirs}
     report = {name: {str(e): _at(run, e) for e in args.report} for name, run in runs.items()
               if run is not None}
     document = {"experiment": "cifar-recipe", "started_utc": started.isoformat(timespec="seconds"),
-                **environment(), "options": vars(args), "runs": runs,
+                **environment(), "options": vars(args), "load_average": load,
+                "load_average_end": os.getloadavg(), "runs": runs,
                 "test_accuracy_at": report}
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,10 @@ def test_rows_and_roofline(tmp_path, capsys):
     out = tmp_path / "models.json"
     load_script("benchmarks/bench_models.py").main([
         "--models", "lenet5", "--batches", "4", "--rounds", "1", "--steps", "1",
-        "--warmup", "1", "--roofline", "--json", str(out)])
+        "--warmup", "1", "--no-compile", "--json", str(out)])
     doc = json.loads(out.read_text())
     configs = [r["config"] for r in doc["rows"]]
-    assert configs == ["hn train g=2", "torch train", "hn infer g=2", "torch infer"]
+    assert configs == ["hn train g=2", "torch train", "hn infer model(x)", "torch infer"]
     assert all(r["img_s"] > 0 and r["vs_torch"] > 0 for r in doc["rows"])
     assert [r["layer"] for r in doc["roofline"]] == ["0", "3"]  # LeNet-5's two convolutions
     assert all(0 < r[f"{k}_share"] for r in doc["roofline"]

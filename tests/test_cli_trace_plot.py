@@ -54,6 +54,14 @@ def test_from_train_trace_to_every_view(tmp_path, capsys):
     assert len(copy) == len(original) > 0 and copy.metadata == original.metadata
     for name in files.values():
         assert f"wrote {name}" in captured.err
+    assert main(["trace", str(out), "--roofline"]) == 0  # FLOPs from the run's model
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert "roofline:" in rows and int(rows["conv2d_relu_pool_fwd"][1]) > 0
+    assert float(rows["total"][2]) > 0 and rows["total"][-1].endswith("%")
+    os.remove(out / "checkpoint.npz")
+    os.remove(out / "checkpoint-final.npz")
+    assert main(["trace", str(out), "--roofline"]) == 2
+    assert "--roofline: no checkpoint-final.npz or checkpoint.npz in" in _error_line(capsys)
 
 
 def test_a_resumed_run_writes_its_own_trace(tmp_path, capsys):

@@ -6,6 +6,7 @@
     hetero-nn trace runs/quick                       # workers' utilisation
     hetero-nn trace runs/quick --gantt gantt.png --stats --links
     hetero-nn trace runs/quick/trace.json --dot dag.dot --perfetto perfetto.json
+    hetero-nn trace runs/quick --roofline              # GFLOP/s per codelet, share of sgemm
 
 ``PATH`` is a run folder (its ``trace.json``) or a trace file: the Chrome trace
 ``train --trace`` writes, or a :meth:`Trace.to_json <hetero_nn.scheduler.trace.Trace.to_json>`
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..scheduler.trace.views import Trace
+from .roofline import codelet_flops, format_roofline, roofline_rows, sgemm_rate
 
 __all__ = ["StepTraces", "TRACE_NAME", "add_parser", "command", "describe", "read"]
 
@@ -82,6 +84,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dot", metavar="FILE", help="write the executed DAG as Graphviz DOT")
     p.add_argument("--perfetto", metavar="FILE",
                    help="write a Chrome trace JSON (ui.perfetto.dev, chrome://tracing)")
+    p.add_argument("--roofline", action="store_true",
+                   help="print each codelet's GFLOP/s and its share of this machine's sgemm "
+                        "rate on one thread (FLOPs from the run's model, time from the trace)")
     p.add_argument("--window", type=_window, metavar="START:END",
                    help="the Gantt chart shows these milliseconds since the first submit")
     p.add_argument("--title", help="a title line above the Gantt chart")
@@ -150,6 +155,11 @@ def command(args) -> int:
     acted = False
     if args.stats:
         print(trace.format_stats())
+        acted = True
+    if args.roofline:
+        flops = codelet_flops(folder if folder is not None else Path(args.path).parent)
+        rate = sgemm_rate()
+        print(format_roofline(roofline_rows(trace, flops, rate), rate))
         acted = True
     if args.links:
         print(trace.format_links() if trace.transfers else

@@ -48,6 +48,7 @@ import numpy as np
 from ..codelets.reduce import fill_zero, overwriting
 from ..errors import CheckpointError, ShapeError
 from ..scheduler.default import default_runtime
+from .forward_graphs import ForwardGraphs
 
 _rng = np.random.default_rng(0)
 _CONSTRUCTOR_NAMES: dict = {}  # class -> names of its __init__'s named arguments
@@ -410,9 +411,11 @@ class Layer:
         """The outputs of a NumPy batch ``x`` of shape ``(N, *sample)``, as ``module(x)``.
 
         Runs this layer's forward pass in its current mode (``train()``: batch
-        statistics, dropout, running statistics updated; ``eval()``: none of it) as
-        one partition, on the runtime the layer's parameters are bound to (a trainer's),
+        statistics, dropout, running statistics updated; ``eval()``: none of it) as one
+        partition, on the runtime the layer's parameters are bound to (a trainer's),
         else on the package's default runtime (:mod:`hetero_nn.scheduler.default`).
+        The first call of each batch shape and mode captures the forward tasks and later
+        ones replay them (:mod:`hetero_nn.layers.forward_graphs`: the same bits).
         The layer is built for ``x``'s sample shape when it is not yet; ``x`` is cast to
         the layer's dtype (float32 for a layer not built, float64 when ``x`` is).
         """
@@ -430,8 +433,10 @@ class Layer:
         if rt is None:
             rt = default_runtime()
         self.bind(rt)
-        ys = self.forward(rt, [rt.register(np.array(x, dtype=dtype, order="C"), name="x")])
-        return np.concatenate([rt.fetch(y, copy=True) for y in ys])
+        graphs = self.__dict__.get("_forward_graphs")
+        if graphs is None:
+            graphs = self._forward_graphs = ForwardGraphs(self)
+        return graphs.run(rt, np.array(x, dtype=dtype, order="C"))
 
     def _bound_runtime(self):
         """The open runtime this layer's parameters and buffers are bound to, or None."""

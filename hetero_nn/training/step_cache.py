@@ -7,7 +7,8 @@ will be replayed.
 
 The rule (:meth:`StepCache.replays`): a step of kind ``what`` (the optimizer's
 :meth:`~hetero_nn.optim.Optimizer.replay_key` for a train step, ``"eval"`` for an
-eval step; None: never) is replayed when the trainer's ``replay`` is on and every
+eval step, ``"predict"`` for a batch of ``Trainer.predict``, whose labels are None;
+None: never) is replayed when the trainer's ``replay`` is on and every
 layer of the model is ``replayable``. Its *step key* (:meth:`StepCache.key`) is the
 batch shape, dtype, granularity, ``what``, every layer's train/eval mode and
 :meth:`~hetero_nn.layers.base.Layer.settings` (the current values of its constructor's
@@ -15,7 +16,9 @@ arguments: ``Dropout.p``, a LeakyReLU's slope, the model's ``fuse``...), the los
 settings (:func:`~hetero_nn.layers.base.settings_signature`: its reduction, label
 smoothing), the gradient clipping norm, the model's ``granularities``, and the spike
 rates its spike-fed Dense layers choose their variants at
-(:func:`~hetero_nn.layers.events.rate_key`). So any change to one of them after a step
+(:func:`~hetero_nn.layers.events.rate_key`; the model's part is
+:func:`~hetero_nn.layers.forward_graphs.model_form`, which ``model(x)``'s graphs are
+keyed by too). So any change to one of them after a step
 captures a new graph for the next step, and a new
 layer takes part without key code of its own; what the optimizer's schedule changes
 (lr, momentum, betas) is a step input instead, written before every replay.
@@ -52,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers.base import settings_signature
-from ..layers.events import rate_key
+from ..layers.forward_graphs import capture, model_form, replay, replayable
 
 __all__ = ["MAX_BYTES", "CapturedStep", "StepCache"]
 
@@ -71,7 +74,7 @@ class CapturedStep:
     @property
     def nbytes(self) -> int:
         """What this step holds alone: its graph's temporaries and its batch copies."""
-        return self.graph.nbytes + self.x.nbytes + self.y.nbytes
+        return self.graph.nbytes + self.x.nbytes + (0 if self.y is None else self.y.nbytes)
 
 
 class StepCache:
@@ -88,8 +91,7 @@ class StepCache:
     def replays(self, what) -> bool:
         """Whether steps of kind ``what`` are captured and replayed: THE replay rule."""
         t = self.trainer
-        return (t.replay and what is not None
-                and all(layer.replayable for _, layer in t.model.named_modules()))
+        return t.replay and what is not None and replayable(t.model)
 
     def key(self, x, y, what):
         """The step key of ``(x, y)`` for a step of kind ``what``, or None when the step
@@ -99,11 +101,8 @@ class StepCache:
         t = self.trainer
         if not self.replays(what):
             return None
-        layers = tuple((layer.training, layer.settings()) for _, layer in t.model.named_modules())
-        return (x.shape, np.shape(y), t.dtype, t.granularity, what, layers,
-                settings_signature(t.loss), t.clip_grad_norm,
-                getattr(t.model, "fuse", None), getattr(t.model, "granularities", None),
-                rate_key(t.model))
+        return (x.shape, np.shape(y), t.dtype, t.granularity, what, model_form(t.model),
+                settings_signature(t.loss), t.clip_grad_norm)
 
     def run(self, key, x, y, submit):
         """Run the graph of ``key`` on ``(x, y)``: replay it with the batch copied in, or,
@@ -112,26 +111,16 @@ class StepCache:
         step = self._steps.pop(key, None)
         if step is not None:
             self._steps[key] = step  # now the most recently run
-            step.graph.write(step.x, x)
-            step.graph.write(step.y, y)
-            for owner, handle in step.inputs:
-                step.graph.write(handle, owner.replayed())
-            step.graph.replay()
+            writes = [(step.x, x)] if step.y is None else [(step.x, x), (step.y, y)]
+            replay(step.graph, writes, step.inputs)
             return step.results
         t = self.trainer
         rt = t.runtime
         xh = rt.register(np.array(x, dtype=t.dtype), name="x")  # copies: the loader reuses x
-        yh = rt.register(t.labels(xh, y).copy(), name="y")
-        owners = [t.optimizer, *t.model.modules()]
-        for owner in owners:
-            owner.step_inputs = []
-        try:
-            with rt.capture() as graph:
-                results = submit(t.split(xh), t.split(yh))
-            inputs = [(owner, h) for owner in owners for h in owner.step_inputs]
-        finally:
-            for owner in owners:
-                owner.step_inputs = None
+        yh = None if y is None else rt.register(t.labels(xh, y).copy(), name="y")
+        graph, results, inputs = capture(
+            rt, [t.optimizer, *t.model.modules()],
+            lambda: submit(t.split(xh), None if yh is None else t.split(yh)))
         step = self._steps[key] = CapturedStep(graph, xh, yh, results, inputs)
         self.nbytes += step.nbytes
         while self.nbytes > self.max_bytes and len(self._steps) > 1:

@@ -22,10 +22,9 @@ the trainer's :class:`~hetero_nn.training.step_cache.StepCache`, which captures 
 first step of each *step key* and replays it for the later ones (the rule and the
 key are in :mod:`hetero_nn.training.step_cache`). The runtime (devices, policy,
 variants) is fixed per trainer and rebinding the model drops the graphs.
-``evaluate_batch`` (and so ``evaluate``) captures and replays the same way (key
-``"eval"``, layers in eval mode); ``predict`` is submitted; the calibration steps of
-``granularity="auto"`` are ordinary steps whose graphs are dropped once the choice is
-made. Before its second replay a graph fuses the chains of tasks too small for their
+``evaluate_batch`` (and so ``evaluate``) and ``predict`` capture and replay the same way
+(keys ``"eval"``, ``"predict"``; layers in eval mode); the calibration steps of
+``granularity="auto"`` are ordinary steps whose graphs are dropped once the choice is made. Before its second replay a graph fuses the chains of tasks too small for their
 dispatch (the runtime's ``fuse_chains``, on by default); :attr:`Trainer.graphs`
 shows each graph and its ``bundles``.
 
@@ -338,34 +337,39 @@ class Trainer:
     def evaluate_batch(self, x, y):
         """``(mean loss, correct count)`` of one batch in eval mode, without updating anything."""
         self.pull_state()
-        rt = self.runtime
+        loss, correct = self._eval_step(x, y, "eval", self._submit_eval)
+        return float(self.runtime.fetch(loss)), int(self.runtime.fetch(correct))
+
+    def _eval_step(self, x, y, what, submit):
+        """``submit``'s results on ``(x, y)`` in eval mode: replayed by the step cache
+        as a step of kind ``what``, or submitted where it does not replay."""
         with evaluating(self.model):
-            key = self.step_cache.key(self.ready(x, y), y, "eval")
+            key = self.step_cache.key(self.ready(x, y), y, what)
         if key is None:
-            loss, correct = self._submit_eval(*self.register_batch(x, y))
-        else:
-            loss, correct = self.step_cache.run(key, x, y, self._submit_eval)
-        return float(rt.fetch(loss)), int(rt.fetch(correct))
+            return submit(*self.register_batch(x, y))
+        return self.step_cache.run(key, x, y, submit)
 
     def _submit_eval(self, xs, ys):
-        rt = self.runtime
-        with evaluating(self.model):
-            logits = self.model.forward(rt, xs)
-        loss, correct, _ = self.loss(rt, logits, ys, grad=False)
+        loss, correct, _ = self.loss(self.runtime, self._submit_logits(xs), ys, grad=False)
         return loss, correct
 
+    def _submit_logits(self, xs):
+        with evaluating(self.model):
+            return self.model.forward(self.runtime, xs)
+
     def predict(self, x) -> np.ndarray:
-        """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval mode."""
+        """Predicted class of every sample of ``x`` (in batches of ``batch_size``), in eval
+        mode; each batch shape captured once and replayed, as ``evaluate``'s."""
         self.pull_state()
         out = []
         for start in range(0, len(x), self.batch_size):
-            xs, _ = self.register_batch(x[start:start + self.batch_size], None)
-            with evaluating(self.model):
-                logits = self.model.forward(self.runtime, xs)
-            preds = self.loss.predict(self.runtime, logits)
-            self.runtime.wait()
+            preds = self._eval_step(x[start:start + self.batch_size], None, "predict",
+                                    self._submit_predict)
             out.extend(self.runtime.fetch(p, copy=True) for p in preds)
         return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def _submit_predict(self, xs, _):
+        return self.loss.predict(self.runtime, self._submit_logits(xs))
 
     # ------------------------------------------------------------ granularity
     def tune_granularity(self, x, y=None, candidates=None, per_layer=True) -> int:
