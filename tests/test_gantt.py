@@ -138,15 +138,15 @@ def test_the_longest_codelets_get_distinct_hues_and_the_legend_stays_narrow():
     legend took 40% of the width."""
     import colorsys
 
-    from hetero_nn.scheduler.trace.gantt import _palette
+    from hetero_nn.scheduler.trace.gantt import _palette, plotting
 
-    colours = [c[:3] for c in _palette(10)]
+    colours = [c[:3] for c in _palette(plotting("a test"), 10)]
     hues = [colorsys.rgb_to_hsv(*c)[0] for c in colours[:2]]
     assert min(abs(hues[0] - hues[1]), 1 - abs(hues[0] - hues[1])) > 0.1
     for i, a in enumerate(colours):
         for b in colours[i + 1:]:
             assert np.linalg.norm(np.subtract(a, b)) > 0.25, (a, b)
-    assert len(set(_palette(60))) == 60
+    assert len(set(_palette(plotting("a test"), 60))) == 60
     figure = gantt_figure(synthetic(2, 20))
     figure.canvas.draw()
     (legend,) = figure.legends

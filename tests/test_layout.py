@@ -192,7 +192,7 @@ def test_the_cycle_finder_finds_a_cycle():
 #: loads an optional dependency (cupy, torch, matplotlib, nvidia-ml-py) or one that is
 #: heavy at start-up (distributed, dask's schedulers, scipy.special, tqdm) where it is
 #: first needed; lower this as they go, never raise it to let one in.
-MAX_FUNCTION_LEVEL_IMPORTS = 24
+MAX_FUNCTION_LEVEL_IMPORTS = 19
 #: The one hetero_nn module imported inside a function, and why (no other may be: an
 #: import of the package's own modules inside a function hides its layering).
 INTERNAL_LAZY = {"hetero_nn/cli/simulate.py": "the cluster planner: 45 ms at start-up"}

@@ -15,6 +15,7 @@ import sys
 
 from ..tables import format_table
 from ..datasets import DATASETS, describe, download, resolve_data_dir
+from ..training.progress import progress_bar
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -59,17 +60,16 @@ def command(args) -> int:
     bars = {}
 
     def progress(url, done, total):
-        from tqdm import tqdm  # tqdm loads with the first bar (10-40 ms at start-up)
         bar = bars.get(url)
         if bar is None:
-            bar = bars[url] = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,
-                                   desc=url.rsplit("/", 1)[-1], leave=False,
-                                   disable=not sys.stderr.isatty())
+            bar = bars[url] = progress_bar(total, 0, url.rsplit("/", 1)[-1], False, unit="B",
+                                           unit_scale=True)
         bar.update(done - bar.n)
 
-    try:
+    try:  # bars only on a terminal
         directory = download(args.name, data_dir=args.data_dir, force=args.force,
-                             mirrors=args.mirror, progress=progress)
+                             mirrors=args.mirror,
+                             progress=progress if sys.stderr.isatty() else None)
     finally:
         for bar in bars.values():
             bar.close()

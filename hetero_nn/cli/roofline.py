@@ -28,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_text
@@ -52,8 +53,6 @@ def _machine() -> dict:
 def sgemm_rate(cache_dir=None, measure: bool = False) -> float:
     """One thread's sgemm rate in GFLOP/s: the stored figure for this machine, or
     measured now (and stored) when there is none or ``measure`` is set."""
-    from threadpoolctl import threadpool_limits
-
     path = Path(cache_dir or default_cache_dir()) / SGEMM_FILE
     if not measure and path.is_file():
         try:

@@ -161,16 +161,19 @@ _GELU_PDF = 0.3989422804014327       # M_2_SQRTPI * M_SQRT1_2 * 0.5 = 1 / sqrt(2
 
 
 def _erf(xp, x):
-    """``erf`` elementwise: CuPy's on a GPU, SciPy's or ``math.erf`` per element on the host."""
+    """``erf`` elementwise: CuPy's on a GPU, SciPy's on the host."""
     if xp is not np and hasattr(xp, "erf"):  # the strict CuPy stand-in (strict_xp)
         return xp.erf(x)
     if xp is not np:
         import cupyx.scipy.special  # cupy: optional, only on a real CUDA node
         return cupyx.scipy.special.erf(x)
-    try:
-        from scipy.special import erf  # scipy.special: 0.1-0.2 s at start-up, for GELU only
-    except ImportError:  # SciPy is optional: the exact same function, per element
-        return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype, copy=False)
+    return host_erf(x)
+
+
+def host_erf(x):
+    """SciPy's ``erf`` on a host array: the one place the package loads ``scipy.special``
+    (also the strict CuPy stand-in's ``erf``)."""
+    from scipy.special import erf  # scipy.special: 0.1-0.2 s at start-up, for GELU only
     return erf(x)
 
 

@@ -44,6 +44,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import HeteroNNError
+from .activation import host_erf
 from .codelet import Codelet
 
 __all__ = ["DeviceArray", "StrictError", "strict", "guard", "checking", "counters",
@@ -359,8 +360,7 @@ def _allocation(fn):
 
 
 def _erf(x):
-    from scipy.special import erf  # scipy.special: 0.1-0.2 s at start-up, for GELU only
-    return _Function(erf)(x)
+    return _Function(host_erf)(x)
 
 
 class _StrictModule(types.ModuleType):

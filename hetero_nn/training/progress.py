@@ -87,13 +87,14 @@ def running(progress) -> str:
             f"{rate:.0f} img/s")
 
 
-def progress_bar(total, initial, desc, disable):
-    """A tqdm bar of ``total`` batches on stderr, or None when ``disable``."""
+def progress_bar(total, initial, desc, disable, unit="batch", **options):
+    """A tqdm bar of ``total`` ``unit`` on stderr, or None when ``disable`` (``options``:
+    tqdm's, e.g. ``unit_scale``). The one place the package loads tqdm."""
     if disable:
         return None
     from tqdm import tqdm  # tqdm loads with the first bar (10-40 ms at start-up)
-    return tqdm(total=total, initial=initial, desc=desc, unit="batch", file=sys.stderr,
-                leave=False, dynamic_ncols=True, mininterval=0.2)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
+                leave=False, dynamic_ncols=True, mininterval=0.2, **options)
 
 
 def format_epoch(record, epochs=None) -> str:

@@ -1,8 +1,8 @@
 """The Gantt chart of a trace: a PNG that stays readable from 1 to 32 workers and 60 codelets.
 
-This module owns :func:`gantt`, and :func:`agg_figure` (the one place the plots load
-matplotlib, the optional plot extra, and say how to install it), behind :meth:`Trace.gantt
-<hetero_nn.scheduler.trace.Trace.gantt>` and ``hetero-nn trace --gantt``.
+This module owns :func:`gantt`, :func:`plotting` (the one place the package loads
+matplotlib, the optional plot extra, and says how to install it) and :func:`agg_figure`,
+behind :meth:`Trace.gantt <hetero_nn.scheduler.trace.Trace.gantt>` and ``hetero-nn trace --gantt``.
 
 Layout policy (sizes in inches, so that nothing depends on matplotlib's layout engines,
 whose constrained layout collapsed on wide legends):
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ...fileio import atomic_write
 
-__all__ = ["agg_figure", "gantt", "gantt_figure"]
+__all__ = ["agg_figure", "gantt", "gantt_figure", "plotting"]
 
 ROW_INCHES = 0.3            # height of a worker's row
 CHART_INCHES = 9.0          # width of the time axis
@@ -44,26 +44,31 @@ IDLE = "#e6e6e6"
 TRANSFER = "#404040"
 
 
+def plotting(what):
+    """matplotlib, with the parts the charts use (Agg, figures, patches, colour maps),
+    loaded on first use; without it, an ImportError saying how to install it for
+    ``what``. The one place the package loads matplotlib."""
+    try:
+        # matplotlib: the optional plot extra, and heavy at start-up
+        import matplotlib.backends.backend_agg, matplotlib.figure, matplotlib.patches  # noqa: E401
+    except ImportError as exc:
+        raise ImportError(f"{what} needs matplotlib: pip install hetero-nn[plot]") from exc
+    return matplotlib
+
+
 def agg_figure(what, **kwargs):
     """A matplotlib ``Figure(**kwargs)`` drawn off-screen by Agg (its ``canvas``), for the
     plots of ``what``; without matplotlib, an ImportError saying how to install it."""
-    try:
-        # matplotlib: the optional plot extra, and heavy at start-up
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure  # matplotlib: as above
-    except ImportError as exc:
-        raise ImportError(f"{what} needs matplotlib: pip install hetero-nn[plot]") from exc
-    figure = Figure(**kwargs)
-    FigureCanvasAgg(figure)
+    mpl = plotting(what)
+    figure = mpl.figure.Figure(**kwargs)
+    mpl.backends.backend_agg.FigureCanvasAgg(figure)
     return figure
 
 
-def _palette(n):
+def _palette(mpl, n):
     """``n`` distinct colours: tab20, then tab20b and tab20c, each hues first (tab20 pairs
     a hue with its lighter shade, the others group four shades), then repeats."""
-    import matplotlib  # matplotlib: the optional plot extra
-
-    colours = [matplotlib.colormaps[name](hue + shade)
+    colours = [mpl.colormaps[name](hue + shade)
                for name, shades in (("tab20", 2), ("tab20b", 4), ("tab20c", 4))
                for shade in range(shades) for hue in range(0, 20, shades)]
     return [colours[i % len(colours)] for i in range(n)]
@@ -87,10 +92,7 @@ def gantt(trace, path, title: str | None = None, window: tuple | None = None) ->
 
 def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
     """The matplotlib Figure :func:`gantt` saves, laid out (its chart is ``axes[0]``)."""
-    try:
-        import matplotlib.patches  # matplotlib: the optional plot extra
-    except ImportError as exc:
-        raise ImportError("Trace.gantt needs matplotlib: pip install hetero-nn[plot]") from exc
+    mpl = plotting("Trace.gantt")
 
     origin, makespan_ms = trace.origin, 1e3 * trace.makespan
     lo, hi = window if window is not None else (0.0, makespan_ms)
@@ -99,7 +101,7 @@ def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
     for r in trace.records:
         busy[r.codelet] = busy.get(r.codelet, 0.0) + r.duration
     codelets = sorted(busy, key=lambda c: (-busy[c], c))
-    colour = dict(zip(codelets, _palette(len(codelets))))
+    colour = dict(zip(codelets, _palette(mpl, len(codelets))))
     total = math.fsum(busy.values())
 
     utilisation = trace.utilisation()
@@ -154,7 +156,7 @@ def gantt_figure(trace, title: str | None = None, window: tuple | None = None):
 
     legend = None
     if codelets:
-        patch = matplotlib.patches.Patch
+        patch = mpl.patches.Patch
         handles = [patch(facecolor=colour[c], label=f"{c} {_share(busy[c], total)}")
                    for c in codelets]
         legend = figure.legend(handles=handles, loc="upper left", ncols=columns,
