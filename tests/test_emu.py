@@ -205,3 +205,40 @@ def test_a_failing_kernel_on_the_stream_is_a_task_error_and_the_runtime_goes_on(
             rt.wait()
         rt.submit(scale, h)
         np.testing.assert_array_equal(rt.fetch(h), np.full(4, 2.0))
+
+
+def _trained_state(devices):
+    """A nested model (a residual inside a residual's body, batch norms in both) trained two
+    float64 steps on ``devices``: its and the optimizer's state read after the runtime closed
+    (the reference, on ``cpu:1``, does not replay: the same bits, no trampolines to compile)."""
+    inner = hn.Residual([hn.Conv2D(2, 2, 3, padding=1), hn.BatchNorm2D(2)])
+    model = hn.Sequential(hn.Residual([hn.Conv2D(2, 2, 3, padding=1), hn.BatchNorm2D(2),
+                                       hn.ReLU(), inner]), hn.Flatten(), hn.Dense(32, 3))
+    model.reset_parameters(np.random.default_rng(0))
+    initial = model.state_dict()
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((4, 2, 4, 4)), rng.integers(0, 3, 4)
+    with hn.Runtime(devices=devices, deterministic=True, perfmodel=False) as rt:
+        trainer = hn.Trainer(model, hn.losses.SoftmaxCrossEntropy(),
+                             hn.optim.SGD(lr=0.1, momentum=0.9), rt, batch_size=4,
+                             dtype="float64", replay=devices != "cpu:1")  # cpu: no compile
+        for _ in range(2):
+            trainer.train_step(x, y)
+    momenta = {k: v["momentum_buffer"] for k, v in trainer.optimizer.state_dict()["state"].items()}
+    return initial, model.state_dict(), momenta
+
+
+@pytest.mark.parametrize("devices", ["cuda-emu:1", "cpu:1,cuda-emu:1"])
+def test_state_read_after_close_is_the_trained_one_at_any_nesting(devices):
+    """``close`` writes every registered array back to the host: the weights, running
+    statistics and momenta last written on the device (here those of nested layers)."""
+    initial, ref, ref_momenta = _trained_state("cpu:1")
+    _, got, momenta = _trained_state(devices)
+    assert got.keys() == ref.keys() and "0.body.3.body.1.running_var" in got
+    changed = {k for k in ref if not np.array_equal(ref[k], initial[k])}  # a stale copy fails
+    assert {"0.body.1.weight", "0.body.3.body.1.weight", "0.body.3.body.1.running_mean",
+            "0.body.3.body.0.weight", "2.weight"} <= changed
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-12, err_msg=k)
+    for k in ref_momenta:
+        np.testing.assert_allclose(momenta[k], ref_momenta[k], rtol=0, atol=1e-12, err_msg=k)

@@ -13,6 +13,10 @@ other flushes run between replays. Where a flush runs as one DAG its temporaries
 laid out from their lifetimes (:mod:`~hetero_nn.scheduler.lifetimes`). Children come from
 :meth:`Handle.split <hetero_nn.arena.handle.Handle.split>`.
 
+``close`` writes back: every registered root still managed gets a current host replica
+(its array holds the last values written on any node), so a model's ``state_dict`` read
+after the runtime closed is the trained one.
+
 ``unregister`` (StarPU's ``starpu_data_unregister``) waits for the work submitted,
 brings a root's data back to the host, drops its other replicas and disowns it and
 its children: the handles cannot be used again.
@@ -22,14 +26,16 @@ this runtime and, if temporary, of the current flush.
 
 State
 -----
-None of its own: the current generation (flush number) and whether a capture is
-recording come from the flush lifecycle (:mod:`~hetero_nn.scheduler.flush`).
+``registered``: the roots ``register`` made, held weakly (for ``close``'s write-back).
+The current generation (flush number) and whether a capture is recording come from the
+flush lifecycle (:mod:`~hetero_nn.scheduler.flush`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import weakref
 
 import numpy as np
 
@@ -44,15 +50,18 @@ UNREGISTERED = "unregistered"  # the owner of a handle given to Runtime.unregist
 class HandleFactory:
     """Makes and checks one runtime's handles (see the module docstring)."""
 
-    __slots__ = ("rt",)
+    __slots__ = ("rt", "registered")
 
     def __init__(self, runtime):
         self.rt = runtime
+        self.registered: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # roots of register()
 
     def register(self, array, name=None) -> Handle:
         if not isinstance(array, np.ndarray):
             raise SubmitError(f"register: expected a numpy.ndarray, got {type(array).__name__}")
-        return Handle.wrap(array, name, self.rt)
+        h = Handle.wrap(array, name, self.rt)
+        self.registered.add(h)
+        return h
 
     def empty(self, shape, dtype="float32", name=None) -> Handle:
         return Handle(shape, dtype, name, owner=self.rt)
@@ -67,6 +76,14 @@ class HandleFactory:
                        generation=flushes.generation)
         self.rt._temporaries.made(h, flushes.capturing)
         return h
+
+    def write_back(self):
+        """Make the host replica (the registered array) of every registered root this runtime
+        still owns coherent: at ``close``, after the workers stopped, before the streams."""
+        rt = self.rt
+        for h in list(self.registered):
+            if h.owner is rt:
+                rt.host_replica(h)
 
     def unregister(self, root):
         """Make ``root`` coherent on the host, drop its replicas elsewhere and disown it

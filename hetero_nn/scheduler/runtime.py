@@ -517,9 +517,8 @@ class Runtime(RuntimeHandles):
     def fetch(self, handle: Handle, copy: bool = False):
         """Wait, then return ``handle``'s data as a coherent host NumPy array.
 
-        Without ``copy`` the array is the host replica itself (StarPU's acquire):
-        read it before submitting more work on the handle.
-        """
+        Without ``copy`` the array is the host replica itself (StarPU's acquire): read it
+        before submitting more work on the handle."""
         if type(handle) is not Handle or handle.owner is not self:
             raise SubmitError(f"fetch: {handle!r} is not a handle of this Runtime")
         self.wait()
@@ -567,13 +566,14 @@ class Runtime(RuntimeHandles):
             raise SubmitError("this Runtime is closed")
 
     def close(self):
-        """Join the workers, release executors, save the performance models."""
+        """Join the workers, release executors, write registered arrays back, save the perfmodels."""
         if self._closed:
             return
         self._closed = True
         try:
             self.compiled.close()
             self.executor.close()
+            self._handles.write_back()  # before the streams close: they copy
             for node in self.nodes:
                 node.close()
         finally:
