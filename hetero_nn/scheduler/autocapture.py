@@ -170,6 +170,9 @@ class AutoCapture:
                 task.runtime = self.rt
                 task.ended = False
                 task.error = task.failure = None
+                # what a program or the runtime's queries may read of a kept task
+                task.variant = task.worker = task._fp = None
+                task.t_submit = task.t_ready = task.t_start = task.t_end = 0.0
                 self.deferred.append(task)
                 return task
             self.fall_back()
