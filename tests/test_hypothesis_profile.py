@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import RANDOM_EXAMPLES
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +46,7 @@ def _run(tmp_path, name, *args):
     return [json.loads(line) for line in draws.read_text().splitlines()]
 
 
+@pytest.mark.slow  # about 19 s (two pytest runs); it checks the slow run itself
 def test_the_slow_run_draws_fresh_examples_with_a_fixed_budget(tmp_path):
     for name in ("conftest.py", "helpers.py"):
         shutil.copy(HERE / name, tmp_path / name)
