@@ -110,6 +110,7 @@ def bench(name, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as cache:
         decision, seconds = decide(name, shape, args, cache)
         configs = [(r["granularity"], r["fuse"], None) for r in decision.candidates]
+        configs += [(g, f, None) for g, f in decision.left_out]  # past auto's budget: measured too
         chosen = (decision.granularity, decision.fuse, decision.layer_granularity)
         if chosen not in configs:  # a per-layer mix: measured beside the uniform ones
             configs.append(chosen)

@@ -3,6 +3,8 @@ with the bubble measured from the trace beside the ideal."""
 
 import json
 
+import pytest
+
 from helpers import load_script
 
 
@@ -19,6 +21,7 @@ def test_tiny_run_writes_rows(tmp_path):
         assert 0 <= r["bubble"] < 1 and r["ideal_bubble"] == 0.2 and r["imbalance"] >= 1
 
 
+@pytest.mark.slow  # about 14 s (two Dask workers); the pipeline's own tests cover the cluster path
 def test_tiny_run_on_two_dask_workers_compares_with_data_parallelism(tmp_path):
     study = load_script("experiments/pipeline.py")
     argv = ["--cluster", "local:2", "--stages", "2", "--granularities", "4", "--batch", "8",

@@ -21,6 +21,7 @@ from helpers import REPO
 pytest.importorskip("torch", reason="the training-step stage compares with PyTorch")
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: run it (-m slow) before a device session
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                     reason="needs bash and coreutils' timeout")
 def test_the_acceptance_script_dry_runs_on_the_emulated_device(tmp_path):
