@@ -80,3 +80,23 @@ def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_pat
     text = decision.format()
     assert "predicted by shape family" in text and "left out" in text
     assert decision.to_json()["left_out"] == decision.left_out
+
+
+def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch):
+    """At g=1 batch norm runs as two one-partition codelets that a calibration at g=4
+    never ran: the per-block pass skips those trials rather than fail the decision."""
+    monkeypatch.setattr("hetero_nn.training.granularity.CALIBRATION_BUDGET", 0.0)
+    model = hn.build_model("resnet-small", (3, 8, 8), 10, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 8, 8), dtype=np.float32)
+    y = rng.integers(0, 10, 8)
+    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path)) as rt:
+        tr = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", replay=False,
+                        optimizer=hn.optim.SGD(model.parameters(), lr=0.01))
+        tr.tune_granularity(x, y, candidates=[1, 4], per_layer=True)
+        decision = tr.granularity_decision
+        tr.close()
+    assert decision.calibrated == [[4, True]]
+    tried = {(t["block"], t["granularity"]) for t in decision.blocks}
+    assert ("Conv2d", 1) in tried  # its family was calibrated at g=4
+    assert ("BatchNorm2d", 1) not in tried  # its one-partition codelets never ran
