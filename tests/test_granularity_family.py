@@ -56,19 +56,26 @@ def test_an_unmeasured_footprint_is_predicted_from_its_family(tmp_path):
         assert family.used == 1
 
 
-def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_path,
-                                                                          monkeypatch):
+def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer):
+    """``granularity="auto"`` on a batch of 8 with g in {1, 4} and no calibration budget:
+    the first configuration of the order calibrated, the rest predicted or left out."""
     monkeypatch.setattr("hetero_nn.training.granularity.CALIBRATION_BUDGET", 0.0)
-    model = hn.build_model("lenet5", (1, 28, 28), 10, seed=0)
+    model = hn.build_model(name, shape, 10, seed=0)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 1, 28, 28), dtype=np.float32)
+    x = rng.standard_normal((8, *shape), dtype=np.float32)
     y = rng.integers(0, 10, 8)
     with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path)) as rt:
         tr = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", replay=False,
                         optimizer=hn.optim.SGD(model.parameters(), lr=0.01))
-        tr.tune_granularity(x, y, candidates=[1, 4], per_layer=False)
+        tr.tune_granularity(x, y, candidates=[1, 4], per_layer=per_layer)
         decision = tr.granularity_decision
         tr.close()
+    return decision
+
+
+def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_path,
+                                                                          monkeypatch):
+    decision = _decided_past_budget("lenet5", (1, 28, 28), tmp_path, monkeypatch, False)
     # the first of the order calibrated, no more steps than it takes to measure each
     # footprint once (past the budget); the same fusion at every other g predicted by
     # shape family; the other fusion's codelets never ran, so it is left out
@@ -85,17 +92,7 @@ def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_pat
 def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch):
     """At g=1 batch norm runs as two one-partition codelets that a calibration at g=4
     never ran: the per-block pass skips those trials rather than fail the decision."""
-    monkeypatch.setattr("hetero_nn.training.granularity.CALIBRATION_BUDGET", 0.0)
-    model = hn.build_model("resnet-small", (3, 8, 8), 10, seed=0)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 3, 8, 8), dtype=np.float32)
-    y = rng.integers(0, 10, 8)
-    with hn.Runtime(devices="cpu:2", perfmodel=PerfModel(tmp_path)) as rt:
-        tr = hn.Trainer(model, runtime=rt, batch_size=8, granularity="auto", replay=False,
-                        optimizer=hn.optim.SGD(model.parameters(), lr=0.01))
-        tr.tune_granularity(x, y, candidates=[1, 4], per_layer=True)
-        decision = tr.granularity_decision
-        tr.close()
+    decision = _decided_past_budget("resnet-small", (3, 8, 8), tmp_path, monkeypatch, True)
     assert decision.calibrated == [[4, True]]
     tried = {(t["block"], t["granularity"]) for t in decision.blocks}
     assert ("Conv2d", 1) in tried  # its family was calibrated at g=4
