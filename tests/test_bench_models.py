@@ -8,6 +8,7 @@ import pytest
 from helpers import load_script
 
 
+@pytest.mark.slow  # about 18 s (the sgemm rate, six timed rows): CI is near its 20 minutes
 def test_rows_and_roofline(tmp_path, capsys):
     pytest.importorskip("torch", reason="the benchmark compares with PyTorch")
     out = tmp_path / "models.json"
