@@ -20,7 +20,7 @@ def test_the_faster_mode_is_kept_and_the_other_tried_again_with_a_doubling_perio
     c = Contention()
     assert c.next_mode() == "parallel"
     for _ in range(FIRST_PROBE):  # parallel beats one thread's time: no early try
-        c.observe("parallel", 0.010, 0.018)
+        c.observe("parallel", 0.015, 0.018)
     assert c.next_mode() == "serial"  # due
     c.observe("serial", 0.018, 0.018)  # loses
     assert c.mode == "parallel" and c.probe == 2 * FIRST_PROBE
@@ -30,8 +30,26 @@ def test_the_faster_mode_is_kept_and_the_other_tried_again_with_a_doubling_perio
     c.observe("serial", 0.020, 0.018)  # wins
     assert c.mode == "serial" and c.probe == FIRST_PROBE
     fresh = Contention()
-    fresh.observe("parallel", 0.050, 0.018)  # slower than one thread would be
+    fresh.observe("parallel", 0.050, 0.018)  # slower than one thread would be: once is chance
+    assert fresh.next_mode() == "parallel"
+    fresh.observe("parallel", 0.050, 0.018)  # twice
     assert fresh.next_mode() == "serial"  # tried at once
+
+
+def test_a_plain_parallel_win_makes_no_serial_try_and_new_costs_try_the_other_mode_soon():
+    c = Contention()
+    for _ in range(10 * FIRST_PROBE):  # half the tasks' summed time: one thread cannot win
+        c.observe("parallel", 0.009, 0.018)
+        assert c.next_mode() == "parallel"
+    c = Contention("serial")  # (the runtime's last verdict)
+    c.observe("serial", 0.020, 0.018)
+    c.restart()  # the tasks changed size: two replays in the mode kept, then the other
+    for _ in range(2):
+        assert c.next_mode() == "serial"
+        c.observe("serial", 0.100, 0.100)
+    assert c.next_mode() == "parallel"
+    c.observe("parallel", 0.051, 0.100)
+    assert c.mode == "parallel"
 
 
 def _force_serial(graph):

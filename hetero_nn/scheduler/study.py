@@ -31,11 +31,14 @@ class StudyOptions:
     switch interval is lowered so the engine's threads get the interpreter lock back at
     once beside a thread that holds it
     (:class:`~hetero_nn.scheduler.engine.contention.QuickHandoffs`).
+    ``bind_threads``: a parallel replay binds each of its threads to a core of its own
+    where they are no more than the cores, as StarPU binds its workers (False: the
+    operating system places them; :mod:`~hetero_nn.scheduler.engine.cores`).
 
     >>> options = StudyOptions(overlap=False).with_keywords(arenas=False, replay_engine=None)
     >>> options  # doctest: +NORMALIZE_WHITESPACE
     StudyOptions(overlap=False, arenas=False, replay_engine='compiled', fuse_chains=True,
-    gil_handoff=True)
+    gil_handoff=True, bind_threads=True)
     """
 
     overlap: bool = True
@@ -43,6 +46,7 @@ class StudyOptions:
     replay_engine: str = "compiled"
     fuse_chains: bool = True
     gil_handoff: bool = True
+    bind_threads: bool = True
 
     def __post_init__(self):
         if self.replay_engine not in REPLAY_ENGINES:

@@ -15,8 +15,22 @@ mode measured faster (a new one starts in the mode the runtime's last segment re
 in: a busy machine stays busy between two graphs); the other mode is tried again after
 ``probe`` replays (4 at first, doubling each time the try loses, to :data:`MAX_PROBE`;
 back to 4 when it wins), so a
-neighbour that comes or goes is noticed. A parallel replay slower than the sum of its
-tasks' own times (what one thread would take) tries serial at the next replay.
+neighbour that comes or goes is noticed. Two parallel replays in a row slower than the
+sum of their tasks' own times (what one thread would take) try serial at the next
+replay; one under :data:`CLEAR_WIN` of that sum beats one thread plainly, and no serial
+try is made while they do (a try costs a replay at up to twice the time). When the
+tasks change cost (a step parameter's new value, :meth:`Contention.restart`) the walls
+measured are forgotten and the other mode is tried at the third replay: a verdict made
+for tasks of another size does not hold for these (Task Bench halves its tasks' size at
+each point, four replays a point: a serial verdict at one size kept every replay of the
+next, larger one on one thread, capping its efficiency at 50%).
+
+One replay decides nothing alone: on a shared or virtual machine a thread loses its
+core for milliseconds now and then (measured on the 2-core machine: a parallel replay of
+10 ms took 27-44 ms once in about twenty, where the other thread's core was taken), and
+a parallel replay pays for it in full where a serial one does not. So a try wins only
+against the current mode's best of its last :data:`RECENT` walls, and the early serial
+try needs two slow parallel replays in a row.
 
 The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
 each share's thread coming back from the compiled loop, the calling thread collecting
@@ -52,6 +66,8 @@ FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while 
 MAX_PROBE = 256
 REPLAY_SWITCH_INTERVAL = 1e-4  # seconds: the interpreter's switch interval during replays
 WIN = 0.9         # the other mode wins when its time is under this share of the current's
+CLEAR_WIN = 0.75  # a parallel replay under this share of its tasks' summed time: no serial try
+RECENT = 3        # a try is judged against the best of the current mode's last walls
 
 
 def serial_order(seg) -> list:
@@ -85,6 +101,7 @@ class Contention:
         self.mode = mode  # the first replays' (the runtime's last verdict: EngineThreads.mode)
         self.probe = FIRST_PROBE
         self.countdown = FIRST_PROBE
+        self.slow = 0  # parallel replays in a row slower than one thread would be
 
     def __repr__(self):
         medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
@@ -93,9 +110,11 @@ class Contention:
 
     def restart(self) -> None:
         """The segment's tasks changed cost (a step parameter's new value): forget the
-        walls, keep the mode, try the other one again after ``FIRST_PROBE`` replays."""
+        walls, keep the mode for two replays, then try the other one."""
         self.walls = {"parallel": [], "serial": []}
-        self.probe = self.countdown = FIRST_PROBE
+        self.probe = FIRST_PROBE
+        self.countdown = 2
+        self.slow = 0
 
     def next_mode(self) -> str:
         """The mode of the next replay: the current one, or the other when it is due."""
@@ -109,7 +128,7 @@ class Contention:
         walls.append(wall)
         del walls[:-KEEP]
         if mode != self.mode:  # a try of the other mode
-            mine = statistics.median(self.walls[self.mode])
+            mine = min(self.walls[self.mode][-RECENT:], default=float("inf"))
             if wall < WIN * mine:
                 self.mode, self.probe = mode, FIRST_PROBE
             else:
@@ -117,8 +136,13 @@ class Contention:
             self.countdown = self.probe
             return
         self.countdown -= 1
-        if mode == "parallel" and wall > task_seconds and not self.walls["serial"]:
-            self.countdown = 0  # worse than one thread would do: try it now
+        if mode != "parallel":
+            return
+        self.slow = self.slow + 1 if wall > task_seconds else 0
+        if wall < CLEAR_WIN * task_seconds:
+            self.countdown = max(self.countdown, 1)  # one thread cannot win: no try due
+        elif self.slow >= 2 and not self.walls["serial"]:
+            self.countdown = 0  # worse than one thread would do, twice: try it now
 
 
 class QuickHandoffs:

@@ -90,6 +90,7 @@ import numpy as np
 from ...errors import SubmitError, TaskError
 from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
+from .cores import CoreBinding
 from .contention import QuickHandoffs
 from .dispatch import set_abort
 from .segment import CompiledSegment, explore, replan
@@ -176,7 +177,7 @@ def param_uses(segments) -> dict:
 class EngineThreads:
     """One thread per worker but the first, each running the shares given to it."""
 
-    def __init__(self, count, buffers=None, quick_handoffs=True):
+    def __init__(self, count, buffers=None, quick_handoffs=True, bind_threads=True):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
         #: replays never overlap, and a buffer's key fixes what it must hold)
         self.buffers: dict = {} if buffers is None else buffers
@@ -189,6 +190,8 @@ class EngineThreads:
         for t in self._threads:
             t.start()
         self.handoffs = QuickHandoffs() if quick_handoffs else None  # until close()
+        #: one core per thread of a parallel replay (cores.py); None: the OS places them
+        self.binding = CoreBinding(self._threads) if bind_threads else None
 
     @staticmethod
     def _loop(q):
@@ -217,6 +220,14 @@ class EngineThreads:
                 finally:
                     finished.release()
             return run
+        bound = self.binding is not None and self.binding.enter(len(jobs))
+        try:
+            return self._run(jobs, results, finished, wrap, seg, epoch, timeout)
+        finally:
+            if bound:
+                self.binding.exit()
+
+    def _run(self, jobs, results, finished, wrap, seg, epoch, timeout):
         for i in range(1, len(jobs)):
             self._queues[i - 1].put(wrap(i, jobs[i]))
         interrupt = None
@@ -342,7 +353,7 @@ def _threads(rt):
             engine.close()
         engine = rt._engine = EngineThreads(len(rt.workers) - 1,
                                             None if engine is None else engine.buffers,
-                                            rt.study.gil_handoff)
+                                            rt.study.gil_handoff, rt.study.bind_threads)
     return engine
 
 
