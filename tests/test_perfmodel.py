@@ -62,8 +62,12 @@ def test_one_outlier_does_not_move_the_estimate(tmp_path):
     pm.save()
     assert PerfModel(tmp_path).predict(*KEY, "s100", 100.0) == pytest.approx(1e-6, rel=0.05)
     arrays = PerfModel(tmp_path / "other")  # the replay engine's path
-    arrays.record_array(*KEY, "a", 1.0, np.array([1e-6, 1e-6, 5e-3, 1e-6]))
-    assert arrays.predict(*KEY, "a", 1.0) == 1e-6
+    ns = np.array([7, 1000, 1000, 5_000_000, 1000])  # nanoseconds; the first left out
+    arrays.record_array(*KEY, "a", 1.0, ns, np.arange(5), skip=1)
+    assert arrays.predict(*KEY, "a", 1.0) == 1000 * 1e-9
+    assert arrays.count(*KEY, "a") == 4
+    with pytest.raises(ValueError, match="not >= 0"):
+        arrays.record_array(*KEY, "a", 1.0, np.array([5, -3]), np.arange(2))
 
 
 def test_a_model_saved_without_recent_runs_predicts_its_mean(tmp_path):

@@ -189,10 +189,8 @@ class Variants:
             return
         with self._lock:
             for (codelet, variant, kind, fp, size), idx in groups:
-                seconds = durations[idx] * 1e-9
-                if self._warming((codelet, variant, fp)):
-                    seconds = seconds[1:]
-                pm.record_array(codelet.name, variant, kind, fp, size, seconds)
+                skip = 1 if self._warming((codelet, variant, fp)) else 0
+                pm.record_array(codelet.name, variant, kind, fp, size, durations, idx, skip)
 
     def _warming(self, key) -> bool:
         """Whether this is the first run of ``key`` (codelet, variant, footprint) in the

@@ -385,8 +385,8 @@ def _run_segment(rt, seg, epoch, threads):
         seg.copies_done(bool(failures))
     records = None
     if rt.tracing:
-        for i, t in enumerate(seg.tasks):  # the ids its records carry, as the executor's
-            t.id = base + i  # replay rearms them: a record is found from its task
+        for t, i in zip(seg.tasks, range(base, base + n)):  # the ids its records carry,
+            t.id = i  # as the executor's replay rearms them: a record is found from its task
         records = ReplayRecords(seg, seg.times.copy(), base, t_submit,
                                 failures[0] if failures else None,
                                 seg.bytes_in.copy() if seg.multinode else None,

@@ -23,6 +23,9 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+from numba import njit
+
 __all__ = ["History", "LinkStats", "Regression", "default_link", "fit_regression"]
 
 _HOST_LINK = (1e-6, 1.0 / 10e9)   # host memory to host memory: 1 us + 10 GB/s
@@ -66,6 +69,17 @@ class History:
         n = len(seconds)
         mean = math.fsum(seconds) / n
         return cls(n, mean, math.fsum([(t - mean) * (t - mean) for t in seconds]), size, seconds)
+
+    @classmethod
+    def of_nanoseconds(cls, size: float, ns, idx, skip: int = 0) -> "History | None":
+        """The statistics of the runs ``ns[idx[skip:]]`` (nanoseconds, a compiled replay's
+        stamps) in seconds, in one compiled pass (a replay gives the model a batch per
+        key at every run: numpy's small-array calls cost more than the replay of a small
+        graph); None when a run time is not >= 0."""
+        count, mean, m2, recent = _batch_ns(ns, idx, skip, RECENT)
+        if count < 0:
+            return None
+        return cls(count, mean, m2, size, recent.tolist())
 
     def merged(self, other: "History | None") -> "History":
         """A new history holding both sets of measurements (Chan et al.'s pairwise formula;
@@ -111,6 +125,28 @@ class History:
                 and t >= 0 for t in recent):
             raise ValueError(f"bad recent {recent!r}")
         return cls(count, float(mean), float(m2), float(size), [float(t) for t in recent])
+
+
+@njit(cache=True, nogil=True)
+def _batch_ns(ns, idx, skip, keep):
+    """Count, mean and M2 (two passes) in seconds of ``ns[idx[skip:]]``, and the last
+    ``keep`` of them; a count of -1 when one is not >= 0."""
+    n = len(idx) - skip
+    total = 0.0
+    for j in range(skip, len(idx)):
+        x = ns[idx[j]] * 1e-9
+        if not x >= 0.0:
+            return -1, 0.0, 0.0, np.empty(0)
+        total += x
+    mean = total / n if n > 0 else 0.0
+    m2 = 0.0
+    for j in range(skip, len(idx)):
+        d = ns[idx[j]] * 1e-9 - mean
+        m2 += d * d
+    last = np.empty(min(keep, n))
+    for j in range(len(last)):
+        last[j] = ns[idx[len(idx) - len(last) + j]] * 1e-9
+    return n, mean, m2, last
 
 
 class LinkStats:

@@ -201,20 +201,18 @@ class PerfModel(ModelFiles):
         self._absorb({key: History.of(size, seconds) for key, (size, seconds) in batches.items()})
 
     def record_array(self, codelet: str, variant: str, kind: str, footprint: str, size: float,
-                     seconds) -> None:
-        """Add the runs of one key whose times are the array ``seconds`` (the replay
-        engine's measurements of a graph's tasks): :meth:`record_many` without a tuple
-        per run."""
-        seconds = np.asarray(seconds, dtype=np.float64)
-        if not len(seconds):
+                     ns, idx, skip: int = 0) -> None:
+        """Add the runs of one key whose times are ``ns[idx[skip:]]``, nanoseconds (the
+        replay engine's stamps of a graph's tasks): :meth:`record_many` without a tuple
+        per run, in one compiled pass (:meth:`History.of_nanoseconds`)."""
+        if len(idx) <= skip:
             return
-        if not (seconds >= 0.0).all():
+        runs = History.of_nanoseconds(float(size), ns, idx, skip)
+        if runs is None:
+            seconds = np.asarray(ns)[np.asarray(idx)[skip:]] * 1e-9
             raise ValueError(f"perfmodel record for {codelet!r}: run times "
                              f"{seconds[~(seconds >= 0.0)][:3].tolist()} s are not >= 0")
-        mean = float(seconds.mean())
-        m2 = float(((seconds - mean) ** 2).sum())
-        self._absorb({(codelet, variant, kind, footprint):
-                      History(len(seconds), mean, m2, float(size), seconds[-RECENT:].tolist())})
+        self._absorb({(codelet, variant, kind, footprint): runs})
 
     def _absorb(self, batches) -> None:
         """Merge ``{key: History of new runs}`` into the model under its lock."""
