@@ -38,6 +38,7 @@ def test_calls_replay_with_the_bits_of_submission_in_eval_mode():
         graphs = model._forward_graphs
         (call,) = graphs._calls.values()
         assert graphs.captured == 1 and call.graph.replays == 0
+        assert len(call.outputs) == 2  # a partition per CPU worker, the bits of one
         again, other = model(x), model(batch(6, seed=1))
         assert graphs.captured == 1 and call.graph.replays == 2
         assert np.array_equal(first, again)
@@ -57,6 +58,8 @@ def test_training_mode_calls_replay_with_running_statistics_and_dropout_as_submi
         for seed in range(3):  # capture, then two replays: new masks, statistics moving
             assert np.array_equal(model(batch(6, seed)), submitted(twin, rt, batch(6, seed)))
         assert model._forward_graphs.captured == 1
+        (call,) = model._forward_graphs._calls.values()
+        assert len(call.outputs) == 1  # batch statistics over the whole batch, as submitted
         state, expected = model.state_dict(), twin.state_dict()
         assert all(np.array_equal(state[k], expected[k]) for k in expected)
 

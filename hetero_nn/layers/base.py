@@ -411,8 +411,9 @@ class Layer:
         """The outputs of a NumPy batch ``x`` of shape ``(N, *sample)``, as ``module(x)``.
 
         Runs this layer's forward pass in its current mode (``train()``: batch
-        statistics, dropout, running statistics updated; ``eval()``: none of it) as one
-        partition, on the runtime the layer's parameters are bound to (a trainer's),
+        statistics, dropout, running statistics updated, as one partition; ``eval()``:
+        none of it, split into a partition per CPU worker), on the runtime the layer's
+        parameters are bound to (a trainer's),
         else on the package's default runtime (:mod:`hetero_nn.scheduler.default`).
         The first call of each batch shape and mode captures the forward tasks and later
         ones replay them (:mod:`hetero_nn.layers.forward_graphs`: the same bits).

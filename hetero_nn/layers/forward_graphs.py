@@ -3,9 +3,16 @@
 Policy
 ------
 ``layer(x)`` (:meth:`~hetero_nn.layers.base.Layer.__call__`) runs the forward pass of
-a NumPy batch as one partition (what it always did, so a replay gives the bits the
-submitted call gave; on this 2-core machine one partition replayed was also faster than
-two whenever other work shared the cores: docs/benchmarks.md). Where
+a NumPy batch in evaluation mode split into one partition per CPU worker of its runtime
+(at least one image each; one partition on a runtime with an accelerator, whose one
+worker takes the whole batch), so inference uses every core as a training step does:
+each image's outputs are computed alone, in the layers' fixed summation orders, so the
+split gives the bits of one partition. In training mode (a layer anywhere in
+``train()``) the batch stays one partition: batch statistics summed over two partitions
+round differently, and dropout draws its masks per partition, so the call keeps the
+bits of the submitted one-partition pass it always gave. (One partition had also been
+faster on the 2-core machine while a replay's two threads could land on one core:
+:mod:`~hetero_nn.scheduler.engine.cores` binds them now.) Where
 every layer of the model is ``replayable``, the first call of a *call key* captures the
 forward tasks into a graph (``Runtime.capture``) that owns a copy of the batch; later
 calls of that key copy the new batch in and replay the graph: no task built, no
@@ -39,7 +46,8 @@ import numpy as np
 
 from .events import rate_key
 
-__all__ = ["MAX_BYTES", "CapturedCall", "ForwardGraphs", "capture", "model_form", "replay"]
+__all__ = ["MAX_BYTES", "CapturedCall", "ForwardGraphs", "capture", "model_form", "partitions",
+           "replay"]
 
 MAX_BYTES = 256 << 20  # bytes of captured forward graphs kept per layer
 
@@ -138,8 +146,11 @@ class ForwardGraphs:
         call = self._calls.pop(key, None)
         if call is None:
             xh = rt.register(x.copy(), name="x")  # the graph's own copy of the batch
+            training = any(m.training for _, m in layer.named_modules())
+            g = 1 if training else partitions(rt, len(x))
+            xs = list(xh.split(0, g)) if g > 1 else [xh]
             graph, outputs, inputs = capture(rt, layer.modules(),
-                                             lambda: layer.forward(rt, [xh]))
+                                             lambda: layer.forward(rt, xs))
             call = CapturedCall(graph, xh, outputs, inputs)
             self.nbytes += call.nbytes
             self.captured += 1
@@ -149,6 +160,15 @@ class ForwardGraphs:
         while self.nbytes > self.max_bytes and len(self._calls) > 1:
             self.nbytes -= self._calls.pop(next(iter(self._calls))).nbytes
         return _gather(rt, call.outputs)
+
+
+def partitions(rt, n: int) -> int:
+    """How many partitions ``layer(x)`` splits a batch of ``n`` into on ``rt``: one per
+    CPU worker, at most ``n``; one where the runtime has an accelerator."""
+    kinds = [w.device for w in rt.workers]
+    if any(k != "cpu" for k in kinds):
+        return 1
+    return max(1, min(len(kinds), n))
 
 
 def _gather(rt, outputs) -> np.ndarray:
