@@ -117,6 +117,7 @@ def tiny_images_net():
         hn.Conv2d(12, 10, 3, padding=1), hn.Flatten(), hn.Dense(10, 10))       # centre taps
 
 
+@pytest.mark.slow  # 20-60 s: two runtimes and a torch run (CI is at its limit)
 def test_training_through_tiny_images_equals_torch_under_two_policies():
     pytest.importorskip("torch", reason="PyTorch is optional")
     import test_training_vs_torch as tvt  # it skips its module without torch

@@ -149,7 +149,7 @@ weight_geometries = st.tuples(
     st.integers(2, 9), st.integers(2, 9), st.integers(0, 2), st.booleans())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(weight_geometries, st.sampled_from([np.float64, np.float32]))
 def test_weight_gradient_matches_ref_twin_and_torch(geometry, dtype):
     n, c, o, h, w, padding, bias = geometry  # 128 channels or more on both sides: Winograd
@@ -171,13 +171,12 @@ def test_weight_gradient_matches_ref_twin_and_torch(geometry, dtype):
     assert rel_err(got[0] - 1.5, want) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("n, h", [(65, 8), (5, 9)])  # chunks of 64 samples; partial tiles
+@pytest.mark.parametrize("n, h, dtype", [(65, 8, np.float32),   # chunks of 64 samples
+                                         (5, 9, np.float64)])   # partial tiles
 def test_weight_gradient_prepared_calls_give_the_variant_bits(n, h, dtype):
     x, wt, _ = operands(n, 128, 128, h, h, 3, dtype, False)
     dy = np.random.default_rng(2).standard_normal((n, 128, h, h)).astype(dtype)
     want = weight_gradients("cpu:winograd", x, wt, dy, True, padding=1)
-    assert rel_err(want[0], weight_gradients("ref", x, wt, dy, True, padding=1)[0]) <= TOL[dtype]
     dw, db = np.full_like(wt, 1.5), np.full(128, -2.0, dtype)
     calls = calls_of(conv.conv2d_bwd_params.variants["cpu:winograd"], WorkerBuffers(),
                      [x, dy, dw, db], {"padding": 1})
