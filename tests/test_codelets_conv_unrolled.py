@@ -47,7 +47,7 @@ tiny = st.integers(1, 3).flatmap(lambda k: st.tuples(
     st.sampled_from(["zeros", "reflect", "replicate", "circular"])))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(tiny, st.sampled_from([np.float64, np.float32]))
 def test_unrolled_matches_its_ref_twin(geometry, dtype):
     try:

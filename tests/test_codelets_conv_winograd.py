@@ -149,7 +149,7 @@ weight_geometries = st.tuples(
     st.integers(2, 9), st.integers(2, 9), st.integers(0, 2), st.booleans())
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(weight_geometries, st.sampled_from([np.float64, np.float32]))
 def test_weight_gradient_matches_ref_twin_and_torch(geometry, dtype):
     n, c, o, h, w, padding, bias = geometry  # 128 channels or more on both sides: Winograd
