@@ -41,8 +41,9 @@ Variants
 ``cpu:gemm``
     One GEMM per chunk of the partition's samples (at least ``conv_gemm.GEMM_COLUMNS``
     columns wide), 1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``):
-    the pinned CPU variant of the gradients, 2-9x ``cpu:im2col`` on ResNet-18's late
-    layers. Groups, and images whose one sample makes a wide GEMM, go to ``cpu:im2col``.
+    run by ``cpu:unrolled`` where its kernels do not take the layer, 2-9x ``cpu:im2col``
+    on ResNet-18's late layers. Groups, and images whose one sample makes a wide GEMM, go
+    to ``cpu:im2col``.
 ``cpu:unrolled``: on images of at most KH*KW pixels (ResNet's 2x2 and 1x1), the filters
     unrolled into the matrix of the whole linear map and one GEMM per partition on the
     operands in place (``conv_unrolled.py``); ``cpu:gemm`` on the others.

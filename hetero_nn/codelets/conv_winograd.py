@@ -1,8 +1,11 @@
-"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass and the input
-gradient of 3x3, stride-1 convolutions, the ``cpu:winograd`` variants of ``conv2d_fwd``,
-``conv2d_fwd_nobias`` and ``conv2d_bwd_input``. The input gradient of such a layer with
+"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass, the input
+gradient and the weight gradient of 3x3, stride-1 convolutions, the ``cpu:winograd``
+variants of the five convolution codelets. The input gradient of such a layer with
 padding ``p`` is the same kind of convolution of ``dy`` with the filters flipped and
-transposed, at padding ``2 - p`` (``bwd_input_calls``).
+transposed, at padding ``2 - p`` (``bwd_input_calls``). The weight gradient is the
+adjoint of the forward pass: the gradient tiles transformed by ``A dY A^T``, 16 GEMMs
+``dU[xi] = M'[xi] @ V[xi]^T`` summed over the chunks, then ``G^T dU G`` per filter
+(``bwd_params_calls``; layers of ``WEIGHT_MIN_CHANNELS`` channels or more).
 
 Lavin and Gray's minimal filtering: each 2x2 output tile is ``A^T [(G g G^T) * (B^T d
 B)] A`` for the 4x4 input tile ``d`` around it and the 3x3 filter ``g``, 16
