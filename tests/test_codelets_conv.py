@@ -224,11 +224,9 @@ def test_declarations():
     assert conv.conv2d_bwd_params.modes == (R, R, REDUX, REDUX)
     assert conv.conv2d_bwd_weight.modes == (R, R, REDUX)
     for codelet in CODELETS:
-        winograd = ["cpu:winograd"] if "bwd_params" not in codelet.name \
-            and "bwd_weight" not in codelet.name else []  # the forward and input gradient
-        assert sorted(codelet.variants) == sorted(VARIANTS + winograd), codelet
+        assert sorted(codelet.variants) == sorted(VARIANTS + ["cpu:winograd", "cpu:unrolled"])
         assert codelet.kinds["cpu"] == ("ref", "cpu:direct", "cpu:im2col", "cpu:gemm",
-                                        *winograd)
+                                        "cpu:winograd", "cpu:unrolled")
         if REDUX in codelet.modes:
             assert codelet.init is zero_init and codelet.redux is add_redux
 

@@ -99,13 +99,13 @@ def test_paths_taken():
     assert not conv_gemm.handles(geo, (4, 8, 4, 4))
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_prepared_calls_give_the_variants_bits(dtype):
-    params, operands = problem(9, 6, 8, 5, 5, 3, 1, 1, 1, "zeros", dtype, seed=3)
+def check_prepared_calls(variant, params, operands, buffers):
+    """Each codelet's prepared calls of ``variant``, run twice on fresh copies of the
+    operands (a replay), give the variant's bits."""
     for codelet in CODELETS:
-        direct = run(codelet, "cpu:gemm", operands[codelet.name], params)
+        direct = run(codelet, variant, operands[codelet.name], params)
         prepared = [a.copy() for a in operands[codelet.name]]
-        calls = calls_of(codelet.variants["cpu:gemm"], WorkerBuffers(), prepared, params)
+        calls = calls_of(codelet.variants[variant], buffers, prepared, params)
         assert calls, codelet.name
         for _ in range(2):  # a replay runs the same calls again on new data
             for a, b in zip(prepared, operands[codelet.name]):
@@ -117,20 +117,32 @@ def test_prepared_calls_give_the_variants_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_gemm_matches_torch(dtype):
+def test_prepared_calls_give_the_variants_bits(dtype):
+    params, operands = problem(9, 6, 8, 5, 5, 3, 1, 1, 1, "zeros", dtype, seed=3)
+    check_prepared_calls("cpu:gemm", params, operands, WorkerBuffers())
+
+
+def against_torch(variant, geometry, dtype):
+    """``[(got, torch's)]`` for ``y``, ``dx``, ``dw``, ``db`` of one zero-padded geometry."""
     torch = pytest.importorskip("torch", reason="PyTorch is optional")
+    params, operands = problem(*geometry, dtype)
+    x, w, b, _ = operands["conv2d_fwd"]
+    dy = operands["conv2d_bwd_input"][0]
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    yt = torch.nn.functional.conv2d(xt, wt, bt, stride=params["stride"],
+                                    padding=params["padding"], dilation=params["dilation"])
+    yt.backward(torch.tensor(dy))
+    y = run(conv.conv2d_fwd, variant, operands["conv2d_fwd"], params)[3]
+    dx = run(conv.conv2d_bwd_input, variant, operands["conv2d_bwd_input"], params)[2]
+    zeros = (x, dy, np.zeros_like(w), np.zeros_like(b))
+    _, _, dw, db = run(conv.conv2d_bwd_params, variant, zeros, params)
+    return [(got, ref.detach().numpy())
+            for got, ref in ((y, yt), (dx, xt.grad), (dw, wt.grad), (db, bt.grad))]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gemm_matches_torch(dtype):
     for geometry in [(6, 10, 12, 4, 4, 3, 1, 1, 1, "zeros"), (5, 6, 8, 9, 9, 3, 2, 1, 1, "zeros"),
                      (3, 7, 5, 16, 16, 1, 1, 0, 1, "zeros"), (4, 9, 6, 1, 1, 3, 1, 1, 1, "zeros")]:
-        params, operands = problem(*geometry, dtype)
-        x, w, b, _ = operands["conv2d_fwd"]
-        dy = operands["conv2d_bwd_input"][0]
-        xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
-        yt = torch.nn.functional.conv2d(xt, wt, bt, stride=params["stride"],
-                                        padding=params["padding"])
-        yt.backward(torch.tensor(dy))
-        y = run(conv.conv2d_fwd, "cpu:gemm", operands["conv2d_fwd"], params)[3]
-        dx = run(conv.conv2d_bwd_input, "cpu:gemm", operands["conv2d_bwd_input"], params)[2]
-        zeros = (x, dy, np.zeros_like(w), np.zeros_like(b))
-        _, _, dw, db = run(conv.conv2d_bwd_params, "cpu:gemm", zeros, params)
-        for got, ref in ((y, yt), (dx, xt.grad), (dw, wt.grad), (db, bt.grad)):
-            assert rel_err(got, ref.detach().numpy()) <= TOL[dtype], geometry
+        for got, ref in against_torch("cpu:gemm", geometry, dtype):
+            assert rel_err(got, ref) <= TOL[dtype], geometry

@@ -158,6 +158,14 @@ def test_regression_with_noise_and_fixed_cost(tmp_path):
     assert plain.c == 0.0  # two sizes: no room for c
 
 
+def test_regression_too_steep_to_represent_is_no_fit():
+    # sizes within 0.1% of each other, times 100x apart: log t on log size is a slope of
+    # about 9,000, whose power overflows a float (it raised OverflowError before)
+    assert fit_regression([(1000.0, 1e-4), (1000.5, 1e-2), (1001.0, 1.0)]) is None
+    fit = fit_regression([(1000.0, 1e-4), (2000.0, 2e-4), (4000.0, 4e-4)])
+    assert fit.b == pytest.approx(1.0, rel=1e-6)  # a plain law still fits
+
+
 def test_regression_refits_when_new_footprints_arrive(tmp_path):
     pm = PerfModel(tmp_path)
     pm.record(*KEY, "s100", 100.0, 1e-6)

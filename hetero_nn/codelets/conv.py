@@ -1,8 +1,9 @@
 """Convolution codelets: 2-D forward pass, input gradient and parameter gradients.
 
-This module owns five codelets, their geometry, and their NumPy reference and
-array-module variants (the maths in one place); the Numba kernels sit beside it
-in ``conv_direct.py`` and ``conv_im2col.py``:
+This module owns five codelets and their NumPy reference and array-module variants
+(the maths in one place); their geometry is ``conv_geometry.py``'s (re-exported here),
+the Numba kernels sit beside it in ``conv_direct.py``, ``conv_im2col.py``,
+``conv_gemm.py``, ``conv_unrolled.py`` and ``conv_winograd.py``:
 
 ===================  ==========================================
 codelet              operands (access mode)
@@ -40,10 +41,15 @@ Variants
 ``cpu:gemm``
     One GEMM per chunk of the partition's samples (at least ``conv_gemm.GEMM_COLUMNS``
     columns wide), 1x1 convolutions as plain GEMMs on their operands (``conv_gemm.py``):
-    the pinned CPU variant of the gradients, 2-9x ``cpu:im2col`` on ResNet-18's late
-    layers. Groups, and images whose one sample makes a wide GEMM, go to ``cpu:im2col``.
-``cpu:winograd`` (forward and input gradient, pinned): Winograd F(2x2, 3x3) on 3x3
-    stride-1 layers (``conv_winograd.py``), ``cpu:gemm`` on the others.
+    run by ``cpu:unrolled`` where its kernels do not take the layer, 2-9x ``cpu:im2col``
+    on ResNet-18's late layers. Groups, and images whose one sample makes a wide GEMM, go
+    to ``cpu:im2col``.
+``cpu:unrolled``: on images of at most KH*KW pixels (ResNet's 2x2 and 1x1), the filters
+    unrolled into the matrix of the whole linear map and one GEMM per partition on the
+    operands in place (``conv_unrolled.py``); ``cpu:gemm`` on the others.
+``cpu:winograd`` (pinned): Winograd F(2x2, 3x3) on 3x3 stride-1 layers
+    (``conv_winograd.py``; the weight gradient as 16 GEMMs of transformed gradient and
+    input tiles), ``cpu:unrolled`` on the others.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -55,20 +61,19 @@ by ``init``; every variant *adds* its contribution to them, never overwrites.
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import conv_direct, conv_gemm, conv_im2col, conv_winograd
-from ._checks import pair, require_contiguous
+from . import conv_direct, conv_gemm, conv_im2col, conv_unrolled, conv_winograd
+from ._checks import require_contiguous
 from .codelet import REDUX, R, W, Codelet
+from .conv_geometry import Conv2dGeometry, conv2d_geometry, conv2d_output_shape
 from .gather import col2im_index, device_table, im2col_index
 from .kernels_cuda_conv import col2im, grouped as _grouped, im2col
 from .prepared import from_calls, prepares
-from .padding import MODES, check_mode_fits, fold_xp, mode_code, pad_xp, resolve_padding
+from .padding import fold_xp, pad_xp
 from .reduce import add_redux, zero_init
 from .xp import array_module
 
@@ -78,96 +83,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- geometry
-
-class Conv2dGeometry(NamedTuple):
-    """Everything a convolution's kernels need besides the operands: kernel, stride,
-    dilation, the padding ``(pt, pb, pl, pr)``, the padded plane ``hp x wp``, the output
-    plane, the groups and the padding mode (its index in ``padding.MODES``). Numba
-    kernels take it as one argument and read its fields by name."""
-
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    pt: int
-    pb: int
-    pl: int
-    pr: int
-    hp: int
-    wp: int
-    out_h: int
-    out_w: int
-    groups: int
-    mode: int
-
-    @property
-    def pads(self):
-        return (self.pt, self.pb, self.pl, self.pr)
-
-    @property
-    def mode_name(self):
-        return MODES[self.mode]
-
-
-def conv2d_geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1,
-                    padding_mode="zeros"):
-    """The :class:`Conv2dGeometry` of a convolution, after checking it is valid.
-
-    >>> g = conv2d_geometry((8, 4, 9, 9), (6, 2, 4, 3), padding="same", dilation=(1, 2),
-    ...                     groups=2)
-    >>> (g.pt, g.pb, g.pl, g.pr, g.out_h, g.out_w)
-    (1, 2, 2, 2, 9, 9)
-    """
-    def key(v):
-        return tuple(v) if isinstance(v, list) else v
-    return _geometry(tuple(x_shape), tuple(w_shape), key(stride), key(padding), key(dilation),
-                     groups, padding_mode)
-
-
-@functools.lru_cache(maxsize=1024)
-def _geometry(x_shape, w_shape, stride, padding, dilation, groups, padding_mode):
-    sh, sw = pair(stride, "stride", "conv2d")
-    dh, dw = pair(dilation, "dilation", "conv2d")
-    if min(sh, sw, dh, dw) < 1:
-        raise ValueError(f"conv2d: stride and dilation must be >= 1, got stride={stride!r}, "
-                         f"dilation={dilation!r}")
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-        raise ValueError(f"conv2d: groups must be an integer >= 1, got {groups!r}")
-    _, n_in, height, width = x_shape
-    n_out, w_in, kh, kw = w_shape
-    if n_in % groups or n_out % groups:
-        raise ValueError(f"conv2d: groups={groups} must divide the input's {n_in} and the "
-                         f"output's {n_out} channels")
-    if n_in != w_in * groups:
-        raise ValueError(f"conv2d: input {x_shape} has {n_in} channels but the weights "
-                         f"{w_shape} expect {w_in * groups} ({w_in} per group, {groups} groups)")
-    pads = resolve_padding(padding, (kh, kw), (sh, sw), (dh, dw))
-    code = mode_code(padding_mode)
-    check_mode_fits(padding_mode, pads, height, width)
-    pt, pb, pl, pr = pads
-    hp, wp = height + pt + pb, width + pl + pr
-    out_h = (hp - dh * (kh - 1) - 1) // sh + 1
-    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
-    if out_h < 1 or out_w < 1:
-        raise ValueError(f"conv2d: kernel {kh}x{kw} (dilation {dh},{dw}) does not fit the "
-                         f"padded input {height}x{width} (padding {pads})")
-    return Conv2dGeometry(kh, kw, sh, sw, dh, dw, pt, pb, pl, pr, hp, wp, out_h, out_w,
-                          int(groups), code)
-
-
-def conv2d_output_shape(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1,
-                        padding_mode="zeros"):
-    """Shape ``(N, O, OH, OW)`` of ``conv2d_fwd``'s output.
-
-    >>> conv2d_output_shape((64, 1, 28, 28), (6, 1, 5, 5), stride=1, padding=2)
-    (64, 6, 28, 28)
-    """
-    g = conv2d_geometry(x_shape, w_shape, stride, padding, dilation, groups, padding_mode)
-    return (int(x_shape[0]), int(w_shape[0]), g.out_h, g.out_w)
-
+# --------------------------------------------------------------------------- FLOPs
 
 def _macs(dy_shape, w_shape):
     """Multiply-adds of one convolution: each output element sums C/G*KH*KW products."""
@@ -416,10 +332,18 @@ def _fwd_gemm_calls(buffers, x, w, b, y, params):
     return conv_gemm.fwd_calls(buffers, x, w, b, y, geo)
 
 
+def _fwd_unrolled_calls(buffers, x, w, b, y, params):
+    geo = conv2d_geometry(x.shape, w.shape, **params)
+    if not conv_unrolled.handles(geo, x.shape, w.shape[0]):
+        return _fwd_gemm_calls(buffers, x, w, b, y, params)
+    require_contiguous("conv2d_fwd", y=y)
+    return conv_unrolled.fwd_calls(buffers, x, w, b, y, geo)
+
+
 def _fwd_winograd_calls(buffers, x, w, b, y, params):
     geo = conv2d_geometry(x.shape, w.shape, **params)
     return (conv_winograd.fwd_calls(buffers, x, w, b, y, geo) if conv_winograd.handles(
-        geo, x.shape) else _fwd_gemm_calls(buffers, x, w, b, y, params))
+        geo, x.shape) else _fwd_unrolled_calls(buffers, x, w, b, y, params))
 
 
 def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
@@ -431,10 +355,18 @@ def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
     return conv_gemm.bwd_input_calls(buffers, dy, w, dx, geo)
 
 
+def _bwd_input_unrolled_calls(buffers, dy, w, dx, params):
+    geo = conv2d_geometry(dx.shape, w.shape, **params)
+    if not conv_unrolled.handles(geo, dx.shape, w.shape[0]):
+        return _bwd_input_gemm_calls(buffers, dy, w, dx, params)
+    require_contiguous("conv2d_bwd_input", dx=dx)
+    return conv_unrolled.bwd_input_calls(buffers, dy, w, dx, geo)
+
+
 def _bwd_input_winograd_calls(buffers, dy, w, dx, params):
     geo = conv2d_geometry(dx.shape, w.shape, **params)
     return (conv_winograd.bwd_input_calls(buffers, dy, w, dx, geo) if conv_winograd.handles_input(
-        geo, dy.shape) else _bwd_input_gemm_calls(buffers, dy, w, dx, params))
+        geo, dy.shape) else _bwd_input_unrolled_calls(buffers, dy, w, dx, params))
 
 
 def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
@@ -443,6 +375,22 @@ def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
     if not conv_gemm.handles(geo, x.shape):
         return _bwd_params_im2col_calls(buffers, x, dy, dw, db, params)
     return conv_gemm.bwd_params_calls(buffers, x, dy, dw, db, geo)
+
+
+def _bwd_params_unrolled_calls(buffers, x, dy, dw, db, params):
+    geo = conv2d_geometry(x.shape, dw.shape, **params)
+    if not conv_unrolled.handles(geo, x.shape, dw.shape[0]):
+        return _bwd_params_gemm_calls(buffers, x, dy, dw, db, params)
+    require_contiguous("conv2d_bwd_params", dw=dw)
+    return conv_unrolled.bwd_params_calls(buffers, x, dy, dw, db, geo)
+
+
+def _bwd_params_winograd_calls(buffers, x, dy, dw, db, params):
+    geo = conv2d_geometry(x.shape, dw.shape, **params)
+    if not conv_winograd.handles_weight(geo, x.shape, dw.shape[0]):
+        return _bwd_params_unrolled_calls(buffers, x, dy, dw, db, params)
+    require_contiguous("conv2d_bwd_params", dw=dw)
+    return conv_winograd.bwd_params_calls(buffers, x, dy, dw, db, geo)
 
 
 def _gemm_variant(calls, absent, doc):
@@ -479,6 +427,19 @@ conv2d_bwd_params_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, None,
                                            "``conv2d_bwd_params`` by partition GEMMs.")
 conv2d_bwd_weight_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, 3,
                                            "``conv2d_bwd_weight`` by partition GEMMs.")
+conv2d_fwd_cpu_unrolled = _gemm_variant(_fwd_unrolled_calls, None, "Unrolled filters or GEMMs.")
+conv2d_fwd_nobias_cpu_unrolled = _gemm_variant(_fwd_unrolled_calls, 2, "Unrolled or GEMMs.")
+conv2d_bwd_input_cpu_unrolled = _gemm_variant(lambda buffers, dy, w, _, dx, params:
+                                              _bwd_input_unrolled_calls(buffers, dy, w, dx, params),
+                                              2, "Unrolled filters or GEMMs.")
+conv2d_bwd_params_cpu_unrolled = _gemm_variant(_bwd_params_unrolled_calls, None,
+                                               "Unrolled filters or GEMMs.")
+conv2d_bwd_weight_cpu_unrolled = _gemm_variant(_bwd_params_unrolled_calls, 3,
+                                               "Unrolled filters or GEMMs.")
+conv2d_bwd_params_cpu_winograd = _gemm_variant(_bwd_params_winograd_calls, None,
+                                               "Winograd, unrolled filters or GEMMs.")
+conv2d_bwd_weight_cpu_winograd = _gemm_variant(_bwd_params_winograd_calls, 3,
+                                               "Winograd, unrolled filters or GEMMs.")
 
 
 # --------------------------------------------------------------------------- cuda (array module)
@@ -560,7 +521,7 @@ conv2d_fwd = Codelet(
     variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
               "cpu:im2col": conv2d_fwd_cpu_im2col,
               "cpu:gemm": conv2d_fwd_cpu_gemm, "cpu:winograd": conv2d_fwd_cpu_winograd,
-              "cuda": conv2d_fwd_cuda},
+              "cpu:unrolled": conv2d_fwd_cpu_unrolled, "cuda": conv2d_fwd_cuda},
     flops=_fwd_flops)
 """``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
 
@@ -569,7 +530,8 @@ conv2d_fwd_nobias = Codelet(
     variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
               "cpu:im2col": conv2d_fwd_nobias_cpu_im2col,
               "cpu:gemm": conv2d_fwd_nobias_cpu_gemm,
-              "cpu:winograd": conv2d_fwd_nobias_cpu_winograd, "cuda": conv2d_fwd_nobias_cuda},
+              "cpu:winograd": conv2d_fwd_nobias_cpu_winograd,
+              "cpu:unrolled": conv2d_fwd_nobias_cpu_unrolled, "cuda": conv2d_fwd_nobias_cuda},
     flops=_fwd_nobias_flops)
 """``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
 
@@ -578,7 +540,8 @@ conv2d_bwd_input = Codelet(
     variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
               "cpu:im2col": conv2d_bwd_input_cpu_im2col,
               "cpu:gemm": conv2d_bwd_input_cpu_gemm,
-              "cpu:winograd": conv2d_bwd_input_cpu_winograd, "cuda": conv2d_bwd_input_cuda},
+              "cpu:winograd": conv2d_bwd_input_cpu_winograd,
+              "cpu:unrolled": conv2d_bwd_input_cpu_unrolled, "cuda": conv2d_bwd_input_cuda},
     flops=_bwd_input_flops)
 """``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
 
@@ -586,7 +549,9 @@ conv2d_bwd_params = Codelet(
     "conv2d_bwd_params", modes=(R, R, REDUX, REDUX),
     variants={"ref": conv2d_bwd_params_ref, "cpu:direct": conv2d_bwd_params_cpu_direct,
               "cpu:im2col": conv2d_bwd_params_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_params_cpu_gemm, "cuda": conv2d_bwd_params_cuda},
+              "cpu:gemm": conv2d_bwd_params_cpu_gemm,
+              "cpu:winograd": conv2d_bwd_params_cpu_winograd,
+              "cpu:unrolled": conv2d_bwd_params_cpu_unrolled, "cuda": conv2d_bwd_params_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_params_flops)
 """``dw += dL/dw, db += dL/db``: operands ``(x R, dy R, dw REDUX, db REDUX)``."""
 
@@ -594,6 +559,8 @@ conv2d_bwd_weight = Codelet(
     "conv2d_bwd_weight", modes=(R, R, REDUX),
     variants={"ref": conv2d_bwd_weight_ref, "cpu:direct": conv2d_bwd_weight_cpu_direct,
               "cpu:im2col": conv2d_bwd_weight_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_weight_cpu_gemm, "cuda": conv2d_bwd_weight_cuda},
+              "cpu:gemm": conv2d_bwd_weight_cpu_gemm,
+              "cpu:winograd": conv2d_bwd_weight_cpu_winograd,
+              "cpu:unrolled": conv2d_bwd_weight_cpu_unrolled, "cuda": conv2d_bwd_weight_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_weight_flops)
 """``dw += dL/dw`` for a convolution without bias: operands ``(x R, dy R, dw REDUX)``."""

@@ -1,8 +1,11 @@
-"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass and the input
-gradient of 3x3, stride-1 convolutions, the ``cpu:winograd`` variants of ``conv2d_fwd``,
-``conv2d_fwd_nobias`` and ``conv2d_bwd_input``. The input gradient of such a layer with
+"""Winograd F(2x2, 3x3) convolution kernels (Numba + BLAS): the forward pass, the input
+gradient and the weight gradient of 3x3, stride-1 convolutions, the ``cpu:winograd``
+variants of the five convolution codelets. The input gradient of such a layer with
 padding ``p`` is the same kind of convolution of ``dy`` with the filters flipped and
-transposed, at padding ``2 - p`` (``bwd_input_calls``).
+transposed, at padding ``2 - p`` (``bwd_input_calls``). The weight gradient is the
+adjoint of the forward pass: the gradient tiles transformed by ``A dY A^T``, 16 GEMMs
+``dU[xi] = M'[xi] @ V[xi]^T`` summed over the chunks, then ``G^T dU G`` per filter
+(``bwd_params_calls``; layers of ``WEIGHT_MIN_CHANNELS`` channels or more).
 
 Lavin and Gray's minimal filtering: each 2x2 output tile is ``A^T [(G g G^T) * (B^T d
 B)] A`` for the 4x4 input tile ``d`` around it and the 3x3 filter ``g``, 16
@@ -31,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
+from ._rows import row_sum
 from .conv_gemm import chunk_samples
 from .conv_im2col import worker_buffer
 
@@ -48,6 +52,19 @@ def handles(geo, x_shape) -> bool:
     return (geo.groups == 1 and geo.kh == geo.kw == 3 and geo.sh == geo.sw == 1
             and geo.dh == geo.dw == 1 and geo.mode == 0 and x_shape[1] >= MIN_CHANNELS
             and geo.out_h >= MIN_SIDE and geo.out_w >= MIN_SIDE)
+
+
+WEIGHT_MIN_CHANNELS = 128
+"""Fewest input and output channels at which the weight gradient runs here: its 16 GEMMs
+are ``[O, k]`` by ``[k, C]``, too thin at 64 channels (1.2-1.7x ``cpu:gemm``'s time on
+ResNet-18's 64-channel layers, 0.75-0.9x on its 128- to 512-channel ones:
+``benchmarks/bench_conv_shapes.py``)."""
+
+
+def handles_weight(geo, x_shape, n_out) -> bool:
+    """Whether ``bwd_params_calls`` takes the weight gradient: a layer ``handles`` takes,
+    with at least ``WEIGHT_MIN_CHANNELS`` input and output channels."""
+    return handles(geo, x_shape) and min(x_shape[1], n_out) >= WEIGHT_MIN_CHANNELS
 
 
 def handles_input(geo, dy_shape) -> bool:
@@ -178,19 +195,25 @@ def fwd_winograd_cpu(x, w, bias, y, u, v, m, plane, rows, band, geo, step):
         untransform_tiles(m3, start, stop, bias, band, y)
 
 
+def _chunk_buffers(buffers, geo, n_batch, n_in, n_out, dtype):
+    """``(step, v, m, plane, rows)``: samples per chunk and the worker's buffers for a
+    chunk's transformed tiles ``V`` and products ``M`` (flat), and ``transform_tiles``'s."""
+    th, tw = tiles(geo)
+    step = chunk_samples(n_batch, th * tw)
+    k = step * th * tw
+    return (step, buffers("winograd:v", (16 * n_in * k,), dtype),
+            buffers("winograd:m", (16 * n_out * k,), dtype),
+            buffers("winograd:plane", (2 * th + 2, 2 * tw + 2), dtype),
+            buffers("winograd:rows", (4, 2 * tw + 2), dtype))
+
+
 def fwd_calls(buffers, x, w, b, y, geo):
     """The call of ``fwd_winograd_cpu`` for ``y = conv2d(x, w) (+ b)`` (``b`` None: no bias)."""
     n_batch, n_in = x.shape[0], x.shape[1]
     n_out = w.shape[0]
-    th, tw = tiles(geo)
-    step = chunk_samples(n_batch, th * tw)
-    k = step * th * tw
+    step, v, m, plane, rows = _chunk_buffers(buffers, geo, n_batch, n_in, n_out, y.dtype)
     u = buffers("winograd:u", (16 * n_out * n_in,), y.dtype)
-    v = buffers("winograd:v", (16 * n_in * k,), y.dtype)
-    m = buffers("winograd:m", (16 * n_out * k,), y.dtype)
-    plane = buffers("winograd:plane", (2 * th + 2, 2 * tw + 2), y.dtype)
-    rows = buffers("winograd:rows", (4, 2 * tw + 2), y.dtype)
-    band = buffers("winograd:band", (2, 4, tw), y.dtype)
+    band = buffers("winograd:band", (2, 4, tiles(geo)[1]), y.dtype)
     bias = np.empty(0, dtype=y.dtype) if b is None else np.ascontiguousarray(b, dtype=y.dtype)
     return [(fwd_winograd_cpu, (np.ascontiguousarray(x, dtype=y.dtype),
                                 np.ascontiguousarray(w, dtype=y.dtype), bias, y, u, v, m,
@@ -219,3 +242,108 @@ def run(x, w, b, y, geo):
     """``fwd_calls`` run now, on the calling thread's buffers."""
     for kernel, args in fwd_calls(worker_buffer, x, w, b, y, geo):
         kernel(*args)
+
+
+# --------------------------------------------------------------------------- weight gradient
+
+@jit
+def transform_grads(dy, n0, n1, m):
+    """``m[xi, o, col] = (A dY A^T)[xi]`` for the 2x2 tile ``dY`` of ``dy`` (zeros past the
+    image) at each column of ``transform_tiles``: the adjoint of ``untransform_tiles``."""
+    n_out, out_h, out_w = dy.shape[1], dy.shape[2], dy.shape[3]
+    th, tw = (out_h + 1) // 2, (out_w + 1) // 2
+    zero = dy.dtype.type(0)
+    for n in range(n0, n1):
+        for o in range(n_out):
+            for ty in range(th):
+                i = 2 * ty
+                col = (n - n0) * th * tw + ty * tw
+                for tx in range(tw):
+                    j = 2 * tx
+                    right = j + 1 < out_w
+                    d00 = dy[n, o, i, j]
+                    d01 = dy[n, o, i, j + 1] if right else zero
+                    d10 = dy[n, o, i + 1, j] if i + 1 < out_h else zero
+                    d11 = dy[n, o, i + 1, j + 1] if right and i + 1 < out_h else zero
+                    for a in range(4):  # row a of A dY, then that row times A^T
+                        if a == 0:
+                            p0, p1 = d00, d01
+                        elif a == 1:
+                            p0, p1 = d00 + d10, d01 + d11
+                        elif a == 2:
+                            p0, p1 = d00 - d10, d01 - d11
+                        else:
+                            p0, p1 = -d10, -d11
+                        m[4 * a, o, col + tx] = p0
+                        m[4 * a + 1, o, col + tx] = p0 + p1
+                        m[4 * a + 2, o, col + tx] = p0 - p1
+                        m[4 * a + 3, o, col + tx] = -p1
+
+
+@jit
+def untransform_filters(total, dw):
+    """``dw[o, c] += G^T T G`` for the 4x4 ``T = total[:, o, c]``: the adjoint of
+    ``transform_filters``."""
+    half = dw.dtype.type(0.5)
+    s = np.empty((3, 4), dtype=dw.dtype)
+    for o in range(dw.shape[0]):
+        for c in range(dw.shape[1]):
+            for j in range(4):  # G^T T
+                t0, t1 = total[j, o, c], total[4 + j, o, c]
+                t2, t3 = total[8 + j, o, c], total[12 + j, o, c]
+                s[0, j] = t0 + (t1 + t2) * half
+                s[1, j] = (t1 - t2) * half
+                s[2, j] = (t1 + t2) * half + t3
+            g = dw[o, c]
+            for r in range(3):  # (G^T T) G
+                g[r, 0] += s[r, 0] + (s[r, 1] + s[r, 2]) * half
+                g[r, 1] += (s[r, 1] - s[r, 2]) * half
+                g[r, 2] += (s[r, 1] + s[r, 2]) * half + s[r, 3]
+
+
+@jit
+def bwd_params_winograd_cpu(x, dy, dw, db, v, m, product, total, plane, rows, geo, step):
+    """``dw += dL/dw`` (and ``db += sum(dy)`` per channel unless ``db`` is empty): per chunk,
+    ``M'[xi] @ V[xi]^T`` (``M'`` the transformed gradient tiles, ``V`` the input's), the
+    first chunk's straight into ``total``, the later ones' into ``product`` then added in
+    order, then ``G^T total G`` per filter."""
+    n_batch, n_in, n_out = x.shape[0], x.shape[1], dy.shape[1]
+    th, tw = (geo.out_h + 1) // 2, (geo.out_w + 1) // 2
+    total3 = total.reshape(16, n_out, n_in)
+    product3 = product.reshape(16, n_out, n_in) if product.size else total3  # one chunk
+    for start in range(0, n_batch, step):
+        stop = min(start + step, n_batch)
+        k = (stop - start) * th * tw
+        v3 = v[:16 * n_in * k].reshape(16, n_in, k)
+        m3 = m[:16 * n_out * k].reshape(16, n_out, k)
+        transform_tiles(x, start, stop, plane, rows, v3, geo)
+        transform_grads(dy, start, stop, m3)
+        for xi in range(16):
+            if start == 0:
+                np.dot(m3[xi], v3[xi].T, total3[xi])
+            else:
+                np.dot(m3[xi], v3[xi].T, product3[xi])
+        if start > 0:
+            total += product
+    untransform_filters(total3, dw)
+    area = geo.out_h * geo.out_w
+    gf = dy.reshape(-1)
+    for o in range(db.size):
+        acc = db[o]
+        for n in range(n_batch):
+            acc = row_sum(gf, (n * n_out + o) * area, area, acc)
+        db[o] = acc
+
+
+def bwd_params_calls(buffers, x, dy, dw, db, geo):
+    """The call of ``bwd_params_winograd_cpu`` adding ``dL/dw`` into ``dw`` (and ``dL/db``
+    into ``db`` unless None); ``geo`` the layer's geometry (``handles_weight``)."""
+    n_batch, n_in = x.shape[0], x.shape[1]
+    n_out, dtype = dw.shape[0], dw.dtype
+    step, v, m, plane, rows = _chunk_buffers(buffers, geo, n_batch, n_in, n_out, dtype)
+    product = buffers("winograd:product", (16 * n_out * n_in if step < n_batch else 0,), dtype)
+    total = buffers("winograd:total", (16 * n_out * n_in,), dtype)
+    db = dw.reshape(-1)[:0] if db is None else db
+    return [(bwd_params_winograd_cpu, (np.ascontiguousarray(x, dtype=dtype),
+                                       np.ascontiguousarray(dy, dtype=dtype), dw, db, v, m,
+                                       product, total, plane, rows, geo, step))]

@@ -31,7 +31,7 @@ roundings: bit-identical to the unfused pair.
 
 Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
 in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
-``cpu:winograd`` variant, Winograd or partition GEMMs, then ReLU's kernel in place: all
+``cpu:winograd`` variant, Winograd, unrolled filters or partition GEMMs, then ReLU's kernel in place: all
 prepared calls, so a replayed task is three kernel calls), and ``cuda`` (written against
 the array module).
 """

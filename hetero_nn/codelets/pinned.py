@@ -17,7 +17,8 @@ policy, the worker count or the executor.
 
 The choices are the fastest in ``benchmarks/bench_codelets.py``: the convolutions'
 partition GEMMs (``cpu:gemm``, which hands small-channel, large-image and grouped layers
-to the im2col kernels; ``benchmarks/bench_conv_gemm.py``), im2col for the fused
+to the im2col kernels; ``benchmarks/bench_conv_gemm.py``; ``cpu:unrolled`` and
+``cpu:winograd`` run them where their own kernels do not take the layer), im2col for the fused
 convolution chains, the Numba kernels, BLAS for the dense layers, and for the fused dense +
 ReLU chains their ``cpu:blas`` variants (BLAS and the ReLU in one Numba call: 1.6-3.6x
 the Numba loops of their ``cpu`` variants on LeNet-5's layers,
@@ -37,10 +38,9 @@ from __future__ import annotations
 #: Codelet name (``"*"``: every codelet not named) -> variant names, preferred first.
 PINNED_VARIANTS = {
     "*": ("cpu:im2col", "cpu", "cuda"),
-    **{name: ("cpu:gemm", "cpu:im2col", "cuda") for name in (
-        "conv2d_bwd_params", "conv2d_bwd_weight")},
-    **{name: ("cpu:winograd", "cpu:gemm", "cpu:im2col", "cuda") for name in (
-        "conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input")},
+    **{name: ("cpu:winograd", "cpu:unrolled", "cpu:gemm", "cpu:im2col", "cuda") for name in (
+        "conv2d_fwd", "conv2d_fwd_nobias", "conv2d_bwd_input", "conv2d_bwd_params",
+        "conv2d_bwd_weight")},
     **{name: ("cpu:blas", "cuda") for name in (
         "dense_fwd", "dense_fwd_nobias", "dense_bwd_input", "dense_bwd_params",
         "dense_bwd_weight", "dense_relu_fwd", "dense_relu_bwd", "dense_relu_bwd_params")},

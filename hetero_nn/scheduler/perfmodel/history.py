@@ -266,10 +266,13 @@ def _power_fit(log_sizes, times, c):
     sxx = sum((x - mx) ** 2 for x in log_sizes)
     sxy = sum((x - mx) * (y - my) for x, y in zip(log_sizes, ys))
     b = sxy / sxx
-    a = math.exp(my - b * mx)
+    try:
+        a = math.exp(my - b * mx)
+        preds = [a * math.exp(b * x) + c for x in log_sizes]
+    except OverflowError:  # a power this steep (sizes close together): no fit
+        return 0.0, b, math.inf
     err = 0.0
-    for x, t in zip(log_sizes, times):
-        pred = a * math.exp(b * x) + c
+    for pred, t in zip(preds, times):
         err += (math.log(pred) - math.log(t)) ** 2 if pred > 0 else math.inf
     return a, b, err
 
@@ -307,5 +310,7 @@ def fit_regression(points) -> Regression | None:
         a_c, b_c, err_c = _power_fit(log_sizes, times, c)
         if err_c < best[0]:
             best = (err_c, a_c, b_c, c)
-    _, a, b, c = best
+    err, a, b, c = best
+    if not math.isfinite(err):
+        return None
     return Regression(a, b, c, len(pts), min(sizes), max(sizes))
