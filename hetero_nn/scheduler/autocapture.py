@@ -152,8 +152,9 @@ class AutoCapture:
         """A program's submission without task options: its :class:`Task` when deferred,
         else None (the runtime submits it)."""
         state = self.state
-        if state == DEFER and self._context():
-            self.fall_back()
+        rt = self.rt
+        if state == DEFER and (rt._placing is not None or rt._reductions.across is not None):
+            self.fall_back()  # a placing() or combining_with block opened (_context, inline)
             self.state = NONE
             return None
         if state == DEFER:
@@ -162,12 +163,12 @@ class AutoCapture:
             if (k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params)) \
                     or self._switch(k, codelet, handles, modes, params):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
-                task.id = next(self.rt._ids)
+                task.id = next(rt._ids)
                 task.codelet = codelet
                 task.handles = handles
                 task.modes = modes
                 task.params = params
-                task.runtime = self.rt
+                task.runtime = rt
                 task.ended = False
                 task.error = task.failure = None
                 # what a program or the runtime's queries may read of a kept task
