@@ -50,6 +50,9 @@ More tables:
   Python function calls and C calls per task (load-independent: what the per-task
   cost is made of, on any machine), and of those the calls in the submitting thread
   (``submit``, its dependency inference and hand-over: the submission cost);
+- ``auto`` (not in the default list): Task Bench's own method (``task_bench.py``'s
+  ``auto``) on ``stencil_1d``, 2 x 500 points, 0 iterations: microseconds per task of the
+  submission loop (compared with the shape and kept) and of the ``wait()`` that replays;
 - ``handles``: microseconds per ``rt.register`` of a small array, and per
   ``split(0, 2)`` and ``split(0, 8)`` of a registered root (goals: <= 2 and <= 5).
 
@@ -362,6 +365,34 @@ def count_calls(n, workers, top=12):
     return out
 
 
+def time_auto_split(repeat, steps=500, pattern="stencil_1d"):
+    """Task Bench's own method (``task_bench.py``'s ``auto``) at 0 iterations, split:
+    median seconds per task of the submission loop (each submission compared with the
+    shape and kept; wall, and the submitting thread's CPU time, which a loaded machine
+    moves less) and of the ``wait()`` that replays; untimed first, as ``task_bench.py``:
+    three runs at 1 iteration (seen, captured, bound), one at 0."""
+    import statistics
+    import task_bench as tb  # beside this script
+
+    tasks = tb.grid(pattern, 2, steps)
+    submit, cpu, wait = [], [], []
+    with hn.Runtime(devices="cpu:2") as rt:
+        grid = tb.HeteroGrid(rt, tasks, 2, steps)
+        for iterations in (1, 1, 1, 0):
+            grid.run_auto(iterations)
+        for _ in range(repeat):
+            grid.next_epoch()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            grid.submit(rt.param("iterations", 0))
+            t1, c1 = time.perf_counter(), time.thread_time()
+            rt.wait()
+            submit.append(t1 - t0)
+            cpu.append(c1 - c0)
+            wait.append(time.perf_counter() - t1)
+            grid.check()
+    return tuple(statistics.median(x) / len(tasks) for x in (submit, cpu, wait))
+
+
 def time_handles(repeat, calls=5_000):
     """Best seconds per ``register`` and per ``split(0, 2)`` / ``split(0, 8)``."""
     out = {}
@@ -427,7 +458,7 @@ def main(argv=None):
                         help="reader counts of the wide-readers table (default 1000 5000 20000)")
     parser.add_argument("--only", nargs="+",
                         choices=("tasks", "readers", "plans", "perfmodel", "goal", "calls",
-                                 "handles"),
+                                 "handles", "auto"),
                         default=("tasks", "readers", "plans", "perfmodel", "goal", "handles"),
                         help="tables to measure (default: all)")
     parser.add_argument("--no-overlap", action="store_true",
@@ -478,6 +509,13 @@ def main(argv=None):
             print(f"{name}: {total:.1f} Python and C calls per task ({main:.1f} in the "
                   "submitting thread); most frequent: "
                   + ", ".join(f"{c:.2f} {k}" for c, k in top[:8]), flush=True)
+    if "auto" in args.only:
+        sub, cpu, wait = time_auto_split(repeat)
+        doc["auto_split_us_per_task"] = {"submit": 1e6 * sub, "submit_cpu": 1e6 * cpu,
+                                         "wait": 1e6 * wait}
+        print(f"Task Bench's own method (stencil_1d, 2 x 500, 0 iterations, median of "
+              f"{repeat}): submission {1e6 * sub:.2f} us/task ({1e6 * cpu:.2f} us CPU), "
+              f"wait (the replay) {1e6 * wait:.2f} us/task", flush=True)
     if "handles" in args.only:
         doc["handles_us"] = made = {k: 1e6 * v for k, v in time_handles(repeat).items()}
         print("handles (best of {}): ".format(repeat)

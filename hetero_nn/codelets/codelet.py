@@ -102,6 +102,7 @@ class Codelet:
                  same_bits=()):
         self.name = str(name)
         self.modes = None if modes is None else tuple(AccessMode(m) for m in modes)
+        self.arity = None if self.modes is None else len(self.modes)  # what submit checks
         if self.modes is not None and not self.modes:
             raise ValueError(f"codelet {self.name!r}: needs at least one operand mode")
         if not variants:

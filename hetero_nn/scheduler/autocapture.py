@@ -4,8 +4,8 @@
 Policy
 ------
 A flush's *shape* is the sequence of its submissions: per task the codelet, the handles
-(the same objects), the ``modes`` given and the parameters, equal in type and value (a
-float's sign of zero included, tuples element by element), but for *step parameters*
+(the same objects), the ``modes`` given and the parameters by name, each equal in type and
+value (a float's sign of zero included, tuples element by element), but for *step parameters*
 (:meth:`Runtime.param <hetero_nn.scheduler.runtime.Runtime.param>`), matched by name
 (one value per name in a flush). Only plain parameters take part (``int``, ``float``,
 ``str``, ``bool``, None, tuples of them); a flush with another kind (an array), a task
@@ -18,7 +18,9 @@ executor is served.
   task: the arguments as given).
 - A flush that starts with the first submission of a known shape is *deferred*: each
   submission is compared with the one at its position in the shape (the check is
-  incremental, per task, and stops at the first difference) and kept, unrun; ``submit``
+  incremental, per task, and stops at the first difference; a parameter that is the very
+  object of the last flush, as where a program passes the same values again, costs one
+  identity test: after a replay the shape holds that flush's calls) and kept, unrun; ``submit``
   returns its :class:`~.task.Task`. At ``wait()`` (``fetch``, ``Task.wait``) a complete
   match runs as a graph: the shape's second occurrence is captured (a
   :class:`~.capture.Graph` whose capture runs it), later ones replay that graph, the step
@@ -82,24 +84,21 @@ IDLE, RECORD, DEFER, NONE = 0, 1, 2, 3
 _perf = time.perf_counter
 _STEPS = (FloatParam, IntParam)
 _PLAIN = (int, float, str, bool, type(None))
-_EXACT = (int, str, bool, type(None))  # equal and of one type: the same value
 _new_task = Task.__new__
 
 
 class Shape:
-    """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each;
-    once :meth:`ready`, per call ``types`` and ``keys`` (its parameters' types and names,
-    in order), ``special`` (None, or its parameters that ``==`` alone does not compare:
-    floats, tuples with their elements' types, step parameters) and ``roots`` (its
-    handles' roots, all still registered, or the shape is dropped); ``graph`` once
-    captured; ``values``: the step parameters' values the graph holds; ``next``: the shape
-    that followed it."""
+    """One flush's submissions, ``calls``: ``(codelet, handles, modes, params)`` each (after
+    a replay, the replayed flush's: equal to the first ones but for the step parameters'
+    values); ``roots``, once :meth:`ready`, its handles' roots (all still registered, or the
+    shape is dropped); ``graph`` once captured; ``values``: the step parameters' values the
+    graph holds; ``next``: the shape that followed it."""
 
-    __slots__ = ("calls", "types", "keys", "special", "roots", "graph", "values", "next")
+    __slots__ = ("calls", "roots", "graph", "values", "next")
 
     def __init__(self, calls):
         self.calls = calls
-        self.types = self.keys = self.special = self.roots = None
+        self.roots = None
         self.graph = None
         self.values: dict = {}
         self.next = None
@@ -107,24 +106,15 @@ class Shape:
     def ready(self, rt) -> bool:
         """Whether the shape may be matched: its handles registered on ``rt``, none a
         temporary, its parameters plain (checked the first time it is seen again)."""
-        if self.types is None:
-            types, keys, special, roots = [], [], [], {}
+        if self.roots is None:
+            roots = {}
             for _, handles, _, params in self.calls:
                 for h in handles:
                     if h.temporary or h.root.temporary:  # one flush's: never the same again
                         return False
                     roots[h.root] = None
-                sig = tuple(map(type, params.values()))
-                if not all(t in _PLAIN or t in _STEPS or t is tuple for t in sig):
-                    return False
                 if not all(map(_plain, params.values())):
                     return False
-                types.append(sig)
-                keys.append(tuple(params))
-                special.append(tuple((key, type(v), tuple(map(type, v)) if type(v) is tuple
-                                      else None) for key, v in params.items()
-                                     if type(v) not in _EXACT) or None)
-            self.types, self.keys, self.special = types, keys, special
             self.roots = list(roots)
         return all(r.owner is rt for r in self.roots)
 
@@ -152,8 +142,9 @@ class AutoCapture:
         """A program's submission without task options: its :class:`Task` when deferred,
         else None (the runtime submits it)."""
         state = self.state
-        if state == DEFER and self._context():
-            self.fall_back()
+        rt = self.rt
+        if state == DEFER and (rt._placing is not None or rt._reductions.across is not None):
+            self.fall_back()  # a placing() or combining_with block opened (_context, inline)
             self.state = NONE
             return None
         if state == DEFER:
@@ -162,12 +153,12 @@ class AutoCapture:
             if (k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params)) \
                     or self._switch(k, codelet, handles, modes, params):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
-                task.id = next(self.rt._ids)
+                task.id = next(rt._ids)
                 task.codelet = codelet
                 task.handles = handles
                 task.modes = modes
                 task.params = params
-                task.runtime = self.rt
+                task.runtime = rt
                 task.ended = False
                 task.error = task.failure = None
                 # what a program or the runtime's queries may read of a kept task
@@ -232,38 +223,22 @@ class AutoCapture:
         return False
 
     def _same(self, shape, k, codelet, handles, modes, params) -> bool:
-        """Whether a submission is the shape's ``k``-th (step parameters matched by name,
-        their values kept in ``steps``)."""
+        """Whether a submission is the shape's ``k``-th: parameters by name, each the very
+        object recorded, or equal in type and value; step parameters by their name (their
+        values kept in ``steps``: one per name in a flush)."""
         c, h, m, p = shape.calls[k]
-        if c is not codelet or h != handles or (m is not modes and m != modes):
+        if c is not codelet or h != handles or (m is not modes and m != modes) \
+                or len(p) != len(params):
             return False
-        if tuple(map(type, params.values())) != shape.types[k] or tuple(params) != shape.keys[k]:
-            return False  # the recorded ones are plain: == is safe below
-        odd = shape.special[k]
-        if odd is None:
-            return p == params  # ints, strings, bools and None of the same types
-        steps = self.steps
-        if p == params:  # then only the names of step parameters, tuples' elements' types
-            for key, t, inner in odd:  # and floats' signs of zero are left to compare
-                v = params[key]
-                if t is tuple:
-                    if tuple(map(type, v)) != inner or ((float in inner or tuple in inner)
-                                                        and not _equal(v, p[key])):
-                        return False
-                elif t is float:
-                    if not _equal(v, p[key]):
-                        return False
-                else:
-                    name = v.param_name
-                    if p[key].param_name != name:
-                        return False
-                    seen = steps.setdefault(name, v)
-                    if seen is not v and not _equal(seen, v):
-                        return False
-            return True
-        for key, w in p.items():
+        for key, w in p.items():  # one test per parameter where the program passes the
+            if key not in params:  # same objects again (no tuple of types built per task)
+                return False
             v = params[key]
-            t = type(w)  # v's too (keys and types compared above)
+            t = type(w)
+            if v is w and t is not IntParam and t is not FloatParam:
+                continue  # (a step parameter's value goes to ``steps`` even so)
+            if type(v) is not t:
+                return False
             if t is int or t is str:
                 if v != w:
                     return False
@@ -275,10 +250,10 @@ class AutoCapture:
                 name = w.param_name
                 if v.param_name != name:
                     return False
-                seen = steps.setdefault(name, v)
+                seen = self.steps.setdefault(name, v)
                 if seen is not v and not _equal(seen, v):
                     return False
-            elif v is not w and not _equal(v, w):
+            elif not _equal(v, w):
                 return False
         return True
 
@@ -354,6 +329,10 @@ class AutoCapture:
                 shape.values.update(changed)
                 rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
                 graph.replay(**changed)
+                # the shape compared with next: these calls, equal to its own but for the step
+                # parameters' values, which the next flush most likely repeats (so ``==``
+                # holds at once); a capture's calls are the graph's, whose values replays rewrite
+                shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         except BaseException:
             if graph is not None and action == "replayed":
                 for t in tasks:  # which one failed is the replay's TaskError's to say

@@ -30,19 +30,20 @@ executed tasks become trace records.
 
 State
 -----
-``pending``: tasks submitted since the last flush, in submission order (a
-topological order, unless ``Runtime.add_dependency`` made a task wait for one
-submitted after it: then ``reordered`` is set and ``wait`` hands the executor, the
-arena's layout and a capture the tasks in :func:`topological` order instead),
-whether they have run or not. ``streaming``: whether this
-flush's tasks go to the executor as they are submitted. ``generation``: number of
-flushes run; temporaries (arena-backed handles, REDUX partials) belong to one
-generation. ``capturing``: the :class:`~hetero_nn.scheduler.capture.Graph` being
-recorded, or None. ``records``: the trace records of the flush's tasks, as tuples
-(the local and sync executors append each as its task ends); at the flush's end they
-go to the runtime's bounded :class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer`
-(``rt._trace``) as one unit. ``memory``: per flush run as one DAG, its temporaries'
-lifetimes (trace memory records), as many flushes as the trace buffer keeps.
+``pending``: tasks submitted since the last flush, in submission order (a topological
+order, unless ``Runtime.add_dependency`` made a task wait for one submitted after it: then
+``reordered`` is set and ``wait`` hands the executor, the arena's layout and a capture the
+tasks in :func:`topological` order instead), whether they have run or not. ``streaming``:
+whether this flush's tasks go to the executor as they are submitted (``hand_over``, what
+the runtime gives a submitted task to, is then the executor's ``add``; otherwise
+:meth:`Flushes.add`). ``generation``: number of flushes run; temporaries (arena-backed
+handles, REDUX partials) belong to one generation. ``capturing``: the
+:class:`~hetero_nn.scheduler.capture.Graph` being recorded, or None. ``records``: the
+trace records of the flush's tasks, as tuples (the local and sync executors append each as
+its task ends); at the flush's end they go to the runtime's bounded
+:class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer` (``rt._trace``) as one unit.
+``memory``: per flush run as one DAG, its temporaries' lifetimes (trace memory records),
+as many flushes as the trace buffer keeps.
 """
 
 from __future__ import annotations
@@ -71,20 +72,17 @@ class Flushes:
         self.memory: deque = deque(maxlen=runtime._trace.flushes)
         self.reordered = False  # a dependency on a task submitted later (add_dependency)
         self.sink = None  # recording without running: takes the closed DAGs (recording)
+        self.hand_over = self.add  # a submitted task's way in: add, or the executor's add
 
-    def add(self, task, preds):
-        """Take a task just submitted, with ``preds`` (a dict of the tasks it follows,
-        possibly itself) from dependency inference."""
+    def add(self, task):
+        """Take a task just submitted, its ``preds`` (from dependency inference) set."""
         if not self.open:
             self._begin(task)
-        if preds:
-            preds.pop(task, None)  # a handle twice in one task
-            task.preds = list(preds)
         if self.streaming:  # the executor holds it; finished, nothing keeps it alive
             self.rt.executor.add(task)
             return
         self.pending.append(task)
-        if preds:
+        if task.preds:
             task.npred = len(task.preds)
             for p in task.preds:
                 if p.succ:
@@ -100,6 +98,7 @@ class Flushes:
         self.first_id = task.id
         self.streaming = rt.overlap and self.capturing is None and self.sink is None
         if self.streaming:
+            self.hand_over = rt.executor.add  # the flush's next tasks: no call more per task
             for node in rt.nodes:
                 node.arena.reset()
 
@@ -199,6 +198,7 @@ class Flushes:
         once the flush has ended, unless the flush already ``failed`` (its error wins)."""
         rt = self.rt
         self.open = False
+        self.hand_over = self.add
         rt._dependencies.drop()
         rt._temporaries.end(self.generation)
         self.generation += 1
@@ -243,7 +243,7 @@ def record_of(t) -> tuple:
     stops tracking it (a flush's records would otherwise make every full collection
     longer)."""
     w = t.worker
-    if w is None or isinstance(w, str):  # not run, or run by a Dask worker
+    if w is None or type(w) is str:  # not run, or run by a Dask worker (its name)
         worker, device, node = w or "", "cpu", "host0"
     else:
         worker, device, node = w.name, w.device, w.node.name

@@ -37,13 +37,11 @@ temporaries and make no dependency.
 
 State
 -----
-The components above (``_handles``, ``_dependencies``, ``_reductions``,
-``_variants``, ``_binder``, ``_flushes``), each owning its state; ``_eligible``:
-codelet -> the workers with a variant for it; ``_ids``: task ids in submission
-order; ``_lock``: the executor's lock (policies, queues, releases);
-``executor`` and ``compiled``: the executors of flushes and of compiled replays
-(:mod:`~hetero_nn.scheduler.executors.contract`); ``_engine``: the replay engine's threads;
-``_closed``.
+The components above (``_handles``, ``_dependencies``, ``_reductions``, ``_variants``,
+``_binder``, ``_flushes``), each owning its state; ``_eligible``: codelet -> the workers
+with a variant for it; ``_ids``: task ids in submission order; ``_lock``: the executor's
+lock (policies, queues, releases); ``executor`` and ``compiled``: the executors of flushes
+and of compiled replays (:mod:`~hetero_nn.scheduler.executors.contract`); ``_closed``.
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ from .redux import Reductions
 from .executors.stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
 from .task import Task, link, task_options
-from .autocapture import AutoCapture, param as step_param
+from .autocapture import NONE, RECORD, AutoCapture, param as step_param
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
@@ -103,13 +101,12 @@ class Runtime(RuntimeHandles):
         Memory limit of each CUDA node (``"2GiB"``), or ``{node name: limit}``;
         replicas valid elsewhere are evicted to stay under it.
     deterministic : bool, optional
-        True (the default, unless ``calibrate``): run, per codelet and device
-        kind, one pinned variant, the first of ``variants`` the codelet has (by default
-        :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first
-        declared one; results are then bit-identical under every policy and
-        worker count. False: let the performance model pick among the
-        variants (faster on some machines; variants differ in the last bits,
-        as cuDNN algorithms do in PyTorch).
+        True (the default, unless ``calibrate``): run, per codelet and device kind, one
+        pinned variant, the first of ``variants`` the codelet has (by default
+        :data:`~hetero_nn.codelets.pinned.PINNED_VARIANTS`), else its first declared one;
+        results are then bit-identical under every policy and worker count. False: let the
+        performance model pick among the variants (faster on some machines; variants differ
+        in the last bits, as cuDNN algorithms do in PyTorch).
     variants : sequence of str, or mapping, optional
         Preferred variant names, e.g. ``("ref",)`` to run the NumPy references
         wherever a codelet has one; or a mapping from codelet name to such a
@@ -143,11 +140,10 @@ class Runtime(RuntimeHandles):
         only at ``wait()``/``fetch()``, as one DAG (for study; ``heft``, the Dask
         executors, captures and runtimes with CUDA workers always work that way).
     arenas : bool
-        True (the default): the temporaries of a flush that runs as one DAG share one
-        region per memory node, laid out from their lifetimes (:meth:`release`,
-        :mod:`~hetero_nn.scheduler.lifetimes`). False: every temporary is a plain
-        allocation of its own, made when a task first uses it (the memory study's
-        baseline).
+        True (the default): the temporaries of a flush that runs as one DAG share one region
+        per memory node, laid out from their lifetimes (:meth:`release`,
+        :mod:`~hetero_nn.scheduler.lifetimes`). False: every temporary is a plain allocation
+        of its own, made when a task first uses it (the memory study's baseline).
     replay_engine : str
         ``"compiled"`` (the default): ``Graph.replay`` runs bound tasks on fixed worker
         schedules through the compiled dispatch loop (:mod:`~hetero_nn.scheduler.engine.replay`)
@@ -316,9 +312,16 @@ class Runtime(RuntimeHandles):
             raise SubmitError("submit on a closed Runtime")
         auto = self._auto  # a repeated flush's submissions are kept and replayed (autocapture.py)
         if auto.on and not (priority or after or callback is not None or worker is not None):
-            task = auto.submit(codelet, handles, modes, params)
-            if task is not None:
-                return task
+            state = auto.state
+            if state == RECORD:  # AutoCapture.submit's record of a new shape, inline
+                auto.calls.append((codelet, handles, modes, params))
+                auto.room -= 1
+                if not auto.room:
+                    auto.state = NONE
+            elif state != NONE:
+                task = auto.submit(codelet, handles, modes, params)
+                if task is not None:
+                    return task
             try:
                 return self._submit(codelet, handles, params, modes)
             except BaseException:
@@ -333,7 +336,7 @@ class Runtime(RuntimeHandles):
         n = len(handles)  # the hot path makes no call it can avoid (docs/benchmarks.md)
         if modes is None and codelet.modes is not None:
             modes = codelet.modes
-            if n != len(modes):
+            if n != codelet.arity:
                 codelet.check_operands(n)
         else:
             modes = codelet.submission_modes(n, modes)
@@ -385,7 +388,10 @@ class Runtime(RuntimeHandles):
             for p in task.after:  # a task of an earlier flush has ended: nothing to follow
                 if flushes.open and p.id >= flushes.first_id:
                     preds[p] = None
-        self._flushes.add(task, preds)
+        if preds:
+            preds.pop(task, None)  # a handle twice in one task
+            task.preds = list(preds)
+        self._flushes.hand_over(task)  # streaming: the executor's add itself (flush.py)
         return task
 
     def _wait_task(self, task, timeout):
@@ -426,9 +432,9 @@ class Runtime(RuntimeHandles):
         return self._variants.predict(task, kind)
 
     def record(self, task, kind):
-        """Keep a finished task's run time for the performance model (from the
-        runtime's own thread; workers record through their own slot) and, allocating per
-        task, drop the temporaries it was the last to use."""
+        """Keep a finished task's run time for the performance model (from the runtime's own
+        thread; workers record through their own slot) and, allocating per task, drop the
+        temporaries it was the last to use."""
         if task.frees is not None:
             self._temporaries.plain.finished(task)
         if self.perfmodel is not None and task.error is None:
@@ -455,9 +461,8 @@ class Runtime(RuntimeHandles):
         """Combine pending reductions and block until every submitted task has run
         (handing them to the executor first where they were not streamed to it).
 
-        A task that raised is re-raised as :class:`~hetero_nn.errors.TaskError`
-        naming the codelet and task; the rest of that graph is cancelled and
-        the runtime stays usable.
+        A task that raised is re-raised as :class:`~hetero_nn.errors.TaskError` naming the
+        codelet and task; the rest of that graph is cancelled and the runtime stays usable.
         """
         self._check_open()
         if self._auto.state and self._auto.wait():  # captured or replayed (autocapture.py)
@@ -466,17 +471,16 @@ class Runtime(RuntimeHandles):
         self._flushes.wait()
 
     def take_partials(self, handle) -> list:
-        """The REDUX partials pending on ``handle``, in submission order, taken out of its
-        tree: no tree is submitted for them and combining them is the caller's (a
-        cluster worker sends its partitions' partials to the other workers)."""
+        """The REDUX partials pending on ``handle``, in submission order, taken out of its tree:
+        no tree is submitted for them and combining them is the caller's (a cluster worker
+        sends its partitions' partials to the other workers)."""
         return self._reductions.take(handle)
 
     @contextlib.contextmanager
     def combining_with(self, across):
-        """Inside the block, a REDUX tree due (at a handle's next non-REDUX access) is
-        handed to ``across(handle, partials)``, which submits the combination, instead
-        of the local tree (a cluster worker's reduction of batch statistics across
-        workers)."""
+        """Inside the block, a REDUX tree due (at a handle's next non-REDUX access) is handed
+        to ``across(handle, partials)``, which submits the combination, instead of the local
+        tree (a cluster worker's reduction of batch statistics across workers)."""
         reductions = self._reductions
         previous, reductions.across = reductions.across, across
         try:
@@ -505,9 +509,9 @@ class Runtime(RuntimeHandles):
     def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
 
-        Work submitted before the block is flushed first; what is still pending at
-        the end of the block is flushed (and recorded) when it closes. The README's
-        *The runtime in ten lines* shows it.
+        Work submitted before the block is flushed first; what is still pending at the end
+        of the block is flushed (and recorded) when it closes (the README's *The runtime in
+        ten lines*).
         """
         if self._flushes.capturing is not None:
             raise SubmitError("capture: this Runtime is already capturing a graph")
@@ -540,9 +544,9 @@ class Runtime(RuntimeHandles):
         return t
 
     def memory_stats(self) -> dict:
-        """Per memory node, the temporaries' ``high_water`` (bytes) and ``allocations``
-        (real allocations made so far): from the arenas (the node's and those of the
-        captured graphs alive), or, with ``arenas=False``, from the per-task arrays
+        """Per memory node, the temporaries' ``high_water`` (bytes) and ``allocations`` (real
+        allocations made so far): from the arenas (the node's and those of the captured
+        graphs alive), or, with ``arenas=False``, from the per-task arrays
         (:mod:`~hetero_nn.scheduler.lifetimes`)."""
         return self._temporaries.stats()
 

@@ -34,7 +34,8 @@ State
 ``_candidates``: (codelet, kind) -> variant names, preferred first;
 ``_fp_cache``: (codelet, operand footprints) -> (footprint, size), at most ``FP_CACHE_SIZE``;
 ``_measured``: per worker (and one for the runtime's own thread), (task, kind)
-runs not yet given to the model; ``_warm``: the (codelet, variant, footprint) whose
+runs not yet given to the model (the local executor appends a pinned codelet's runs to its
+worker's list itself, :meth:`Variants.record` inline); ``_warm``: the (codelet, variant, footprint) whose
 warm-up run was seen; ``pinned``: kind -> {codelet: variant} for the codelets with
 one candidate, which executors read instead of calling :meth:`Variants.choose`. The model itself is the
 runtime's ``perfmodel`` (read at each use: :meth:`Variants.measuring` gives it another for a
@@ -48,7 +49,7 @@ import threading
 
 from ..codelets.pinned import PINNED_VARIANTS
 
-FEED_EVERY = 8  # measurements a worker buffers before updating the performance model
+FEED_EVERY = 32  # measurements a worker buffers before updating the performance model
 EXPLORE_SAMPLES = 3  # runs of a variant per footprint before its mean is trusted over the others'
 FP_CACHE_SIZE = 4096  # (codelet, operand footprints) keys kept; then the cache starts again
 
@@ -171,9 +172,12 @@ class Variants:
             if pm is None:
                 return
             runs = []
+            warm = self._warm
             for task, kind in measured:
                 fp, size = task._fp or self.footprint(task)
-                if self._warming((task.codelet, task.variant, fp)):
+                key = (task.codelet, task.variant, fp)
+                if key not in warm:  # _warming(key), inline: a warm-up run, not kept
+                    warm.add(key)
                     continue
                 runs.append((task.codelet.name, task.variant, kind, fp, size,
                              task.t_end - task.t_start))

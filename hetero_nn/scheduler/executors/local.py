@@ -35,16 +35,9 @@ and waits for the running ones). A worker's ``idle`` flag stays on the worker.
 
 CUDA workers
 ------------
-A CUDA worker (a GPU, or an emulated ``cuda-emu`` device: one code path, two
-stream implementations) binds a task's operands in its device context (copies
-in go on its node's stream), launches the variant on that stream and goes on to
-the next task without waiting: up to ``CUDA_PIPELINE`` tasks are in flight on
-the stream. A completion callback, queued after the kernel, hands the task back
-(``state.completed``) and the worker releases its successors, under the lock, on
-its own thread: the callback never touches the device. The host waits for a
-stream only where it needs the data (a copy back to a host node) and when a
-flushed graph ends. Roots a task uses are held on the node (no eviction under a
-memory limit) until it completes.
+A CUDA (or ``cuda-emu``) worker launches its tasks on its stream, up to ``CUDA_PIPELINE``
+in flight, and releases them as its stream completes them
+(:class:`~hetero_nn.scheduler.executors.streamed.StreamedWorkers`).
 
 Bundles
 -------
@@ -74,13 +67,15 @@ import time
 
 from threadpoolctl import threadpool_limits
 
+from ...codelets.codelet import REDUX, SCRATCH
 from ...errors import TaskError
 from ..flush import record_of
 from ..policies.policies import Policy
+from ..variants import FEED_EVERY
 from .stalls import stalled, wait_progress
 from .contract import Executor
-from .state import ExecutorState, prefetch_error, queued_tasks, task_error
-from .streamed import device_fault, run_on_stream
+from .state import ExecutorState, Wakeup, prefetch_error, queued_tasks, task_error
+from .streamed import StreamedWorkers
 from .timing import caller
 
 _perf = time.perf_counter
@@ -98,7 +93,7 @@ class _Fault(Exception):
         self.where = where
 
 
-class LocalExecutor(Executor):
+class LocalExecutor(StreamedWorkers, Executor):
     """Runs tasks on the runtime's workers with a scheduling policy, as they are
     submitted (``add``) or as flushed DAGs (``run``)."""
 
@@ -120,6 +115,7 @@ class LocalExecutor(Executor):
             runtime._variants.pinned.setdefault(w.kind, {})
             self._calls[w.kind] = {}
         self._bind = runtime._binder.bind
+        self._single = runtime._binder.single_node  # operands are the host replicas
         self._records = runtime._flushes.records
         self._blas = None
         try:
@@ -127,6 +123,7 @@ class LocalExecutor(Executor):
         except Exception:  # no BLAS found: nothing to limit
             self._blas = None
         for w in self.workers:
+            w.cond = Wakeup(self._lock)  # Condition's wait and notify, without its frames
             w.thread = threading.Thread(target=self._loop, args=(w,), daemon=True,
                                         name=f"hetero_nn-{w.name}")
             w.thread.start()
@@ -409,56 +406,49 @@ class LocalExecutor(Executor):
                 raise _Fault(f"policy {self.policy.name!r} finished() of task {task.id} "
                              f"on worker {w.name}") from exc
         succ = task.succ
-        if succ and not state.aborted:
-            prefetch = self._release(task, succ, w, takes_one, prefetch)
+        if succ and not state.aborted:  # counted done in its successors; the ready ones
+            shared = -1 if takes_one else 0  # handed to the policy (one call less per task)
+            now = _perf()
+            push = self.policy.push
+            waiting = state.waiting
+            for s in succ:
+                if s.ended:  # cancelled by a stalled flush while this task hung
+                    continue
+                s.npred -= 1
+                if s.npred == 0:
+                    del waiting[s]
+                    s.t_ready = now
+                    try:
+                        target = push(s, w)
+                    except BaseException as exc:
+                        raise _Fault(f"policy {self.policy.name!r} push() of task {s.id} "
+                                     f"(codelet {s.codelet.name!r}, released by task {task.id} "
+                                     f"on worker {w.name})") from exc
+                    if target is None:
+                        if not self._mixed:
+                            shared += 1
+                        elif takes_one and w in s.eligible:
+                            takes_one = False  # this worker will take it
+                        else:
+                            self._wake_for(s)
+                    elif target is w:
+                        if takes_one:  # it takes this one: the shared ones need other workers
+                            takes_one = False
+                            shared += 1
+                    elif target is not w:
+                        if target.idle:
+                            self._wake(target)
+                        if target.node is not w.node:
+                            if prefetch is None:
+                                prefetch = []
+                            prefetch.append((s, target.node))
+            if shared > 0 and state.idle:
+                self._wake_some(shared)
         task.preds = task.succ = ()  # released: nothing here keeps the others alive
         task.source = None
         state.remaining -= 1
         if not state.remaining or task.watched:
             self._done.notify_all()  # drain(), close() from another thread, Task.wait()
-        return prefetch
-
-    def _release(self, task, succ, w, takes_one, prefetch):
-        """Count ``task`` done in its successors; hand those now ready to the policy."""
-        state = self.state
-        node = w.node
-        shared = -1 if takes_one else 0
-        now = _perf()
-        push = self.policy.push
-        waiting = state.waiting
-        for s in succ:
-            if s.ended:  # cancelled by a stalled flush while this task hung
-                continue
-            s.npred -= 1
-            if s.npred == 0:
-                del waiting[s]
-                s.t_ready = now
-                try:
-                    target = push(s, w)
-                except BaseException as exc:
-                    raise _Fault(f"policy {self.policy.name!r} push() of task {s.id} (codelet "
-                                 f"{s.codelet.name!r}, released by task {task.id} on worker "
-                                 f"{w.name})") from exc
-                if target is None:
-                    if not self._mixed:
-                        shared += 1
-                    elif takes_one and w in s.eligible:
-                        takes_one = False  # this worker will take it
-                    else:
-                        self._wake_for(s)
-                elif target is w:
-                    if takes_one:  # it takes this one: the shared ones need other workers
-                        takes_one = False
-                        shared += 1
-                elif target is not w:
-                    if target.idle:
-                        self._wake(target)
-                    if target.node is not node:
-                        if prefetch is None:
-                            prefetch = []
-                        prefetch.append((s, target.node))
-        if shared > 0 and state.idle:
-            self._wake_some(shared)
         return prefetch
 
     # ------------------------------------------------------------------ faults (lock held)
@@ -477,74 +467,10 @@ class LocalExecutor(Executor):
         state.cancel(self.policy)
         self._done.notify_all()  # drain() if nothing runs, and any Task.wait()
 
-    # ------------------------------------------------------------------ CUDA workers
-    def _launch(self, task, w, rt):
-        """Bind ``task`` in the device context and launch it on the stream; returns
-        the task when it failed before reaching the stream (finish it now), else None."""
-        node, stream = w.node, w.stream
-        try:
-            task.variant = variant = self._variants.choose(task, w.kind)
-            fn = task.codelet.variants[variant]
-            node.hold(task.handles)
-            try:
-                with node.context(), stream.activate():
-                    arrays = self._bind(task, w)
-                    task.t_start = _perf()  # launched; the stream's thread stamps the real start
-                    began = stream.record()
-                    stream.launch(run_on_stream, task, fn, arrays)
-                    ended = stream.record()
-            except BaseException:
-                node.release(task.handles)
-                raise
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            task.t_end = _perf()
-            task.error = exc
-            return task
-        # on a runtime thread (not CUDA's); a device fault the wait reports is this task's
-        stream.add_callback(lambda: self._completed(task, w, lambda: stream.elapsed(began, ended)),
-                            fault=lambda exc: device_fault(task, exc))
-        return None
-
-    def _completed(self, task, w, device_time=None):
-        """Stream callback: the task's kernels are done. Hand it to its worker, whatever
-        fails on the way (the worker waits for it). ``device_time()``: the seconds the
-        stream's events measured around the kernels (what the model learns)."""
-        fault = None
-        step = "the completion callback"
-        try:
-            now = _perf()
-            w.node.release(task.handles)
-            task.t_start = max(task.t_start, w.last_end)
-            task.t_end = w.last_end = now
-            if device_time is not None and task.error is None:
-                task.t_start = now - device_time()
-            if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
-                self.rt._temporaries.plain.finished(task)
-            if task.error is None:
-                w.busy += task.t_end - task.t_start
-                if self.rt.perfmodel is not None:
-                    step = "the performance model's update in the completion callback"
-                    self._variants.record(task, w.kind, w.index)
-                    step = "the completion callback"
-                if self.rt.tracing:
-                    self._records.append(record_of(task))
-        except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
-            fault = exc
-        if task.callback is not None:
-            self._callback(task, w)
-        with self._lock:
-            if fault is not None:
-                self._fail(f"{step} of task {task.id} (codelet {task.codelet.name!r}) on "
-                           f"worker {w.name}", fault, abort=False)
-            self.state.completed[w.index].append((task, False))  # ran: not failed when taken
-            if w.idle:
-                self._wake(w)
-            else:
-                w.cond.notify()
-
     def _execute(self, task, w, kind, rt):
         """Run ``task`` on CPU worker ``w``: variant, operands, call, times, model,
-        callback."""
+        callback. A pinned codelet's decisions are made once (``_calls``): its variant,
+        its caller (and compiled trampoline), whether its operands are plain host replicas."""
         if task.members is not None:  # members run in order, each as a task alone
             task.run(self._execute, w, kind, rt)
             return
@@ -552,17 +478,30 @@ class LocalExecutor(Executor):
         variants = self._variants
         try:
             calls = self._calls[kind]
-            if codelet not in calls:  # (a test, not calls.get: no call on the hot path)
+            pinned = codelet in calls  # (a test, not calls.get: no call on the hot path)
+            if pinned:
+                variant, call, timed, plain = calls[codelet]
+            else:
                 variant = variants.choose(task, kind)
                 call = caller(codelet.variants[variant])
+                timed, plain = None, False
                 if codelet in variants.pinned[kind]:  # its only candidate: ask no more
-                    calls[codelet] = (variant, call)
-            else:
-                variant, call = calls[codelet]
+                    modes = codelet.modes  # plain: no SCRATCH or REDUX, one host node
+                    calls[codelet] = (variant, call, getattr(call, "timed", None), self._single
+                                      and modes is not None and SCRATCH not in modes
+                                      and REDUX not in modes)
             task.variant = variant
-            arrays = self._bind(task, w)
+            if plain:  # Binder.bind on the one host node, inline: the replicas themselves
+                arrays = []
+                for h in task.handles:
+                    replicas = h._replicas
+                    arrays.append(replicas[0] if 0 in replicas else h.replica(w.node))
+            else:
+                arrays = self._bind(task, w)
+            params = task.params
             task.t_start = start = _perf()
-            task.t_end = end = call(arrays, task.params)
+            task.t_end = end = timed(*arrays) if timed is not None and not params \
+                else call(arrays, params)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             task.t_end = _perf()
             task.error = exc
@@ -574,7 +513,13 @@ class LocalExecutor(Executor):
                 self._records.append(record_of(task))
             if rt.perfmodel is not None:
                 try:
-                    variants.record(task, kind, w.index)
+                    if pinned:  # Variants.record for a codelet of one variant, inline
+                        measured = variants._measured[w.index]
+                        measured.append((task, kind))
+                        if len(measured) >= FEED_EVERY:
+                            variants.feed(w.index)
+                    else:
+                        variants.record(task, kind, w.index)
                 except BaseException as exc:  # noqa: BLE001 - not the codelet's failure
                     with self._lock:
                         self._fail(f"the performance model's update after task {task.id} "

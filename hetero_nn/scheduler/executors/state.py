@@ -17,6 +17,7 @@ are used, in :mod:`hetero_nn.scheduler.executors.local`'s docstring, *State*.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -128,3 +129,35 @@ def prefetch_error(task, node, exc) -> TaskError:
                     codelet=task.codelet.name, task_id=task.id)
     err.__cause__ = exc
     return err
+
+
+class Wakeup:
+    """A worker's sleep on the executor's lock: ``threading.Condition``'s ``wait`` and
+    ``notify`` for its one waiter, without the Python frames of ``threading.py`` on the way
+    (a sleep and a wake-up per task where workers outrun the program). ``gate``: a raw
+    lock, held while no wake-up is due, that the sleeping worker blocks on; ``waiting``:
+    whether it sleeps (read and written under the executor's lock, so a wake-up is never
+    lost nor given twice)."""
+
+    __slots__ = ("lock", "gate", "waiting")
+
+    def __init__(self, lock):
+        self.lock = lock
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.waiting = False
+
+    def wait(self):
+        """Sleep until :meth:`notify` (the executor's lock held; released while asleep)."""
+        self.waiting = True
+        self.lock.release()
+        try:
+            self.gate.acquire()
+        finally:
+            self.lock.acquire()
+
+    def notify(self):
+        """Wake the worker if it sleeps (the executor's lock held)."""
+        if self.waiting:
+            self.waiting = False
+            self.gate.release()

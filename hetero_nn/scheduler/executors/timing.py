@@ -9,7 +9,8 @@ afterwards (a 4.8 µs kernel recorded as 18.5 µs beside a second worker). Where
 variant *is* a Numba dispatcher compiled ``nogil=True`` (not a Python wrapper around
 one), it is called through a compiled trampoline made once per variant,
 ``timed(*args)``: it calls the kernel and reads the clock before returning to Python,
-so the recorded end excludes the wait for the lock. The clock is the runtime's one
+so the recorded end excludes the wait for the lock (the caller carries it as ``timed``, which
+the local executor calls directly for a task without parameters). The clock is the runtime's one
 compiled clock, the replay engine's (:mod:`~hetero_nn.scheduler.trace.clock`), where it
 is the clock of ``time.perf_counter`` (Linux); where it is not, or the variant is Python
 code, the end is ``time.perf_counter()`` after the call, as before. Keyword parameters reach the
@@ -63,6 +64,7 @@ def _make_caller(fn):
         if params:
             return timed(*arrays, *_positional(fn, len(arrays), params))
         return timed(*arrays)
+    call.timed = timed  # a task without parameters may call it directly: timed(*arrays)
     return call
 
 

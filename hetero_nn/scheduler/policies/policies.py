@@ -207,9 +207,10 @@ class Eager(Policy):
         if task.priority:
             self.queue.push(task)
             return None
-        home = self._home(task)
+        source = task.source  # _home(task), inline: the hot path
+        home = source.worker if source is not None else None
         if home is not None and home is not from_worker and home.idle and not home.queue \
-                and home.stream is None:  # its input's worker is free: there
+                and home.stream is None and home in task.eligible:  # its input's worker is free
             home.queue.append(task)
             return home
         if from_worker is not None and not from_worker.queue and from_worker.stream is None \
