@@ -19,13 +19,17 @@ def test_a_family_drops_each_operands_leading_dimension_and_keeps_parameters():
     assert family_of("64:<f4|:<f8") == ":<f4|:<f8"
 
 
-def test_the_calibration_order_takes_both_ends_first():
+def test_the_calibration_order_takes_a_partition_per_worker_then_another_size():
     configs = [(g, f) for g in (1, 2, 4, 8) for f in (True, False)]
-    order = calibration_order(configs)
-    assert order[:2] == [(8, True), (1, False)]
+    order = calibration_order(configs, workers=2)
+    # one partition per worker, the largest g (a second size of the same fusion's
+    # families), the smallest g with the other fusion, then the rest from large to small
+    assert order[:3] == [(2, True), (8, True), (1, False)]
     assert sorted(order) == sorted(configs)
-    assert [g for g, _ in order[2:]] == [8, 4, 4, 2, 2, 1]
+    assert [g for g, _ in order[3:]] == [8, 4, 4, 2, 1]
+    assert calibration_order(configs, workers=16)[:2] == [(8, True), (1, True)]
     assert calibration_order([(1, None), (2, None)]) == [(1, None), (2, None)]
+    assert calibration_order([(4, None)], workers=2) == [(4, None)]
 
 
 def _task(fp, size):
