@@ -8,7 +8,10 @@ import pytest
 import hetero_nn as hn
 from hetero_nn.codelets import conv
 from hetero_nn.scheduler.perfmodel.model import PerfModel
+from hetero_nn.scheduler.trace.records import TaskRecord
+from hetero_nn.simulation.paths import PathCosts
 from hetero_nn.simulation.simulate import SimTask
+from hetero_nn.training import granularity
 from hetero_nn.training.granularity_family import FamilyModel, calibration_order, family_of
 
 
@@ -60,10 +63,15 @@ def test_an_unmeasured_footprint_is_predicted_from_its_family(tmp_path):
         assert family.used == 1
 
 
-def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer):
+def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer, captures=None):
     """``granularity="auto"`` on a batch of 8 with g in {1, 4} and no calibration budget:
-    the first configuration of the order calibrated, the rest predicted or left out."""
+    the first configuration of the order calibrated, the rest predicted or left out;
+    ``captures`` (a list) gets one entry per step graph captured without running."""
     monkeypatch.setattr("hetero_nn.training.granularity.CALIBRATION_BUDGET", 0.0)
+    if captures is not None:
+        real = granularity.capture
+        monkeypatch.setattr(granularity, "capture",
+                            lambda *a, **k: captures.append(1) or real(*a, **k))
     model = hn.build_model(name, shape, 10, seed=0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, *shape), dtype=np.float32)
@@ -79,7 +87,9 @@ def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer):
 
 def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_path,
                                                                           monkeypatch):
-    decision = _decided_past_budget("lenet5", (1, 28, 28), tmp_path, monkeypatch, False)
+    captures = []
+    decision = _decided_past_budget("lenet5", (1, 28, 28), tmp_path, monkeypatch, False,
+                                    captures)
     # the first of the order calibrated, no more steps than it takes to measure each
     # footprint once (past the budget); the same fusion at every other g predicted by
     # shape family; the other fusion's codelets never ran, so it is left out
@@ -91,6 +101,9 @@ def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_pat
     text = decision.format()
     assert "predicted by shape family" in text and "left out" in text
     assert decision.to_json()["left_out"] == decision.left_out
+    # each configuration's graphs captured once: for the calibration or the check of its
+    # families, then reused by its prediction
+    assert len(captures) == 4
 
 
 def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch):
@@ -101,3 +114,20 @@ def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch
     tried = {(t["block"], t["granularity"]) for t in decision.blocks}
     assert ("Conv2d", 1) in tried  # its family was calibrated at g=4
     assert ("BatchNorm2d", 1) not in tried  # its one-partition codelets never ran
+
+
+def _replayed_step(workers):
+    """One replayed step's records: two chains of three tasks, on ``workers`` in turn."""
+    return [TaskRecord(i, "relu_fwd", "cpu", workers[i % len(workers)], "cpu", "host0",
+                       0.0, 0.001 * i, 0.001 * i, 0.001 * i + 0.0005, deps=(i - 2,) if i > 1
+                       else ()) for i in range(6)]
+
+
+def test_steps_the_engine_replayed_on_one_thread_are_predicted_on_one_worker():
+    parallel, serial = _replayed_step(["cpu0", "cpu1"]), _replayed_step(["cpu0"])
+    steps = lambda *recs: [[(0.01, r) for r in recs]]  # noqa: E731
+    assert not PathCosts.measure("compiled", steps(parallel, parallel, serial)).serial
+    costs = PathCosts.measure("compiled", steps(serial, parallel, serial))
+    assert costs.serial and costs.to_json()["serial"]
+    # the executor's paths have no serial mode
+    assert not PathCosts.measure("replayed", steps(serial, serial)).serial

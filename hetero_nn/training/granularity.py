@@ -37,7 +37,11 @@ Policy
    performance model (a footprint never measured: its shape family's,
    :class:`~.granularity_family.FamilyModel`): under the runtime's policy with ``dispatch`` per task, or,
    on the compiled path, on the engine's fixed schedule with ``dispatch`` and
-   ``handoff``. A step the trainer replays (the step cache's rule,
+   ``handoff``; where most calibration steps ran every task on one thread (the
+   engine's serial mode, chosen when other load on the cores made its parallel
+   replays slower: ``PathCosts.serial``), on one worker, as those steps will run.
+   A uniform configuration's graph is captured once, for the check of its families
+   or its calibration, and serves its prediction. A step the trainer replays (the step cache's rule,
    :meth:`~hetero_nn.training.step_cache.StepCache.replays`) costs the replay's
    host time; one it submits costs the host's measured submission time.
 4. *Choice*: the smallest ``g`` (fused before unfused) whose prediction is within
@@ -102,8 +106,10 @@ class GranularityDecision:
     re-check of the models' choice against measured steps
     (:func:`~hetero_nn.training.recheck.recheck`), None where none ran;
     ``calibrated`` the ``[g, fuse]`` calibrated, in order, ``calibration_seconds``
-    their time, ``left_out`` those that were not candidates (past the budget with a
-    task of no shape family; :mod:`.granularity_family`).
+    their time (their steps, and the capture of their graphs; the other candidates'
+    graphs are captured after it, with the predictions), ``left_out`` those that were not candidates (past the budget with a
+    task of no shape family; :mod:`.granularity_family`); ``serial`` whether the
+    predictions ran on one worker (the engine replayed the calibration on one thread).
     """
 
     granularity: int
@@ -205,17 +211,20 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
             step_graphs = _StepGraphs(trainer, x, y)
             t_calibration = _perf()
             kinds = [k for k, n in platform.workers.items() if n]
-            for g, fuse in calibration_order(configs, len(rt.workers)):
-                _configure(trainer, g, fuse, None)
+            order = calibration_order(configs, len(rt.workers))
+            for g, fuse in order:
                 slowest = max((t for run in runs for t, _ in run), default=0.0)
                 if calibrated and _perf() - t_calibration + 2 * slowest > CALIBRATION_BUDGET:
-                    if not FamilyModel(rt).covers(step_graphs()[-1].graphs, kinds):
-                        left_out.append([g, fuse])
-                    continue  # predicted by its shape families, or left out
+                    break  # this one and the rest: predicted by their shape families
+                _configure(trainer, g, fuse, None)
                 steps += _calibrate(trainer, x, y, platform, runs, step_graphs,
                                     t_calibration + CALIBRATION_BUDGET)
                 calibrated.append([g, fuse])
             calibration_seconds = _perf() - t_calibration
+            for g, fuse in order[len(calibrated):]:  # or left out where a task has no family
+                _configure(trainer, g, fuse, None)
+                if not FamilyModel(rt).covers(step_graphs()[-1].graphs, kinds):
+                    left_out.append([g, fuse])
             configs = [c for c in configs if list(c) not in left_out]
             costs = PathCosts.measure(path, runs)
             family = FamilyModel(rt)
