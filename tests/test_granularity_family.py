@@ -8,8 +8,6 @@ import pytest
 import hetero_nn as hn
 from hetero_nn.codelets import conv
 from hetero_nn.scheduler.perfmodel.model import PerfModel
-from hetero_nn.scheduler.trace.records import TaskRecord
-from hetero_nn.simulation.paths import PathCosts
 from hetero_nn.simulation.simulate import SimTask
 from hetero_nn.training import granularity
 from hetero_nn.training.granularity_family import FamilyModel, calibration_order, family_of
@@ -115,19 +113,3 @@ def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch
     assert ("Conv2d", 1) in tried  # its family was calibrated at g=4
     assert ("BatchNorm2d", 1) not in tried  # its one-partition codelets never ran
 
-
-def _replayed_step(workers):
-    """One replayed step's records: two chains of three tasks, on ``workers`` in turn."""
-    return [TaskRecord(i, "relu_fwd", "cpu", workers[i % len(workers)], "cpu", "host0",
-                       0.0, 0.001 * i, 0.001 * i, 0.001 * i + 0.0005, deps=(i - 2,) if i > 1
-                       else ()) for i in range(6)]
-
-
-def test_steps_the_engine_replayed_on_one_thread_are_predicted_on_one_worker():
-    parallel, serial = _replayed_step(["cpu0", "cpu1"]), _replayed_step(["cpu0"])
-    steps = lambda *recs: [[(0.01, r) for r in recs]]  # noqa: E731
-    assert not PathCosts.measure("compiled", steps(parallel, parallel, serial)).serial
-    costs = PathCosts.measure("compiled", steps(serial, parallel, serial))
-    assert costs.serial and costs.to_json()["serial"]
-    # the executor's paths have no serial mode
-    assert not PathCosts.measure("replayed", steps(serial, serial)).serial
