@@ -107,9 +107,10 @@ class GranularityDecision:
     (:func:`~hetero_nn.training.recheck.recheck`), None where none ran;
     ``calibrated`` the ``[g, fuse]`` calibrated, in order, ``calibration_seconds``
     their time (their steps, and the capture of their graphs; the other candidates'
-    graphs are captured after it, with the predictions), ``left_out`` those that were not candidates (past the budget with a
-    task of no shape family; :mod:`.granularity_family`); ``serial`` whether the
-    predictions ran on one worker (the engine replayed the calibration on one thread).
+    graphs are captured after it, with the predictions), ``left_out`` those that were
+    not candidates (past the budget with a task of no shape family;
+    :mod:`.granularity_family`); ``serial`` whether the predictions ran on one worker
+    (the engine replayed the calibration on one thread).
     """
 
     granularity: int
@@ -343,9 +344,10 @@ def _known(rt, codelet, footprint, kinds, samples=CALIBRATION_SAMPLES) -> bool:
 class _StepGraphs:
     """The graphs one training step flushes at the trainer's configuration, captured
     without running (the last two of three: each starts where the one before left the
-    data; on one memory node, where no data moves, the second of two). A uniform configuration's are captured once and serve the calibration's
-    check and its prediction; a replayed step's host time is ``host``, a submitted
-    one's the fastest of the two submissions (against preemptions)."""
+    data; on one memory node, where no data moves, the second of two). A uniform
+    configuration's are captured once and serve its calibration or the check of its
+    families, and its prediction; a replayed step's host time is ``host``, a submitted
+    one's the fastest of its captured submissions."""
 
     def __init__(self, trainer, x, y):
         self.trainer, self.x, self.y = trainer, x, y
