@@ -4,6 +4,7 @@ the decision, every candidate measured, and the verdict it prints and writes."""
 import json
 import os
 
+import pytest
 from helpers import load_script
 
 
@@ -35,6 +36,7 @@ def test_the_neighbour_spins_on_one_core_and_is_ended():
         assert none is None
 
 
+@pytest.mark.slow  # a whole decision: 2 s after the test above, 34 s alone at load 10
 def test_decision_only_reports_the_calibration_and_the_chosen_prediction(tmp_path, capsys):
     script = load_script("benchmarks/bench_auto_granularity.py")
     out = tmp_path / "auto.json"
