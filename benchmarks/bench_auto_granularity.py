@@ -20,10 +20,18 @@ one core, ``os.sched_setaffinity``; ended when the benchmark ends), then per mod
 
 It prints a line per model (predicted, chosen, best, ratio) with the load average, and
 ``--json`` writes every measured configuration with the decision and provenance.
-Examples::
+
+Issue 28's goal (ResNet-18: calibration <= 10 s, the chosen configuration's predicted step
+within 15% of its measured one) reads the decision alone: ``--models resnet18-tv`` (the
+torchvision layout of ``bench_models.py``) or ``resnet18`` (the CIFAR layout) with
+``--decision-only`` prints the calibration's seconds and steps and the chosen
+configuration's predicted and measured step (the re-check's median), with no neighbour
+when ``--no-neighbour``. Examples::
 
     python benchmarks/bench_auto_granularity.py --json auto.json
     python benchmarks/bench_auto_granularity.py --models dahl-basic --rounds 2 --steps 2
+    python benchmarks/bench_auto_granularity.py --models resnet18-tv --policy eager \
+        --no-neighbour --decision-only
 """
 
 from __future__ import annotations
@@ -67,12 +75,29 @@ def _label(g, fuse, layers=None) -> str:
     return f"g={g}{fused}" + ("" if layers is None else f" per layer {list(layers)}")
 
 
+RESNETS = {"resnet18": (3, 32, 32), "resnet18-tv": (3, 32, 32)}  # issue 28's goal
+
+
+def build(name, shape):
+    """The model ``name`` for samples of ``shape``, seeded (``resnet18-tv``:
+    ``bench_models.resnet18_torchvision``)."""
+    import hetero_nn as hn
+    from step_timing import CLASSES
+    if name != "resnet18-tv":
+        return hn.build_model(name, shape, CLASSES, seed=0)
+    from bench_models import resnet18_torchvision
+    hn.manual_seed(0)
+    model = resnet18_torchvision(CLASSES)
+    model.build(shape, "float32")
+    return model
+
+
 def decide(name, shape, args, cache):
     """``granularity="auto"`` on one synthetic batch of ``name``: its decision."""
     import hetero_nn as hn
     from hetero_nn.scheduler.perfmodel.model import PerfModel
-    from step_timing import CLASSES, LR, MOMENTUM
-    model = hn.build_model(name, shape, CLASSES, seed=0)
+    from step_timing import LR, MOMENTUM
+    model = build(name, shape)
     x, y = next(synthetic_batches(shape, args.batch, 1, 0))
     with hn.Runtime(devices=args.devices, policy=args.policy,
                     perfmodel=PerfModel(cache)) as rt:
@@ -105,10 +130,14 @@ def measure(name, shape, configs, args, cache) -> list[float]:
 
 
 def bench(name, args) -> dict:
-    """Decide, then measure every candidate; the model's row."""
-    shape = model_shape(name, args.image_size)
+    """Decide, then measure every candidate (``--decision-only``: none); the model's row."""
+    shape = RESNETS[name] if name in RESNETS else model_shape(name, args.image_size)
+    if args.image_size and name in RESNETS:
+        shape = (3, args.image_size, args.image_size)
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as cache:
         decision, seconds = decide(name, shape, args, cache)
+        if args.decision_only:
+            return decision_row(name, shape, args, decision, seconds)
         configs = [(r["granularity"], r["fuse"], None) for r in decision.candidates]
         configs += [(g, f, None) for g, f in decision.left_out]  # past auto's budget: measured too
         chosen = (decision.granularity, decision.fuse, decision.layer_granularity)
@@ -140,7 +169,30 @@ def bench(name, args) -> dict:
             "measured": measured, "loadavg": list(os.getloadavg())}
 
 
+def decision_row(name, shape, args, decision, seconds) -> dict:
+    """Issue 28's figures from the decision alone: the calibration's cost, the chosen
+    configuration's predicted and measured step."""
+    ratio = decision.measured_seconds / decision.predicted_seconds
+    return {"model": name, "shape": list(shape), "batch": args.batch,
+            "devices": args.devices, "policy": args.policy,
+            "chosen": _label(decision.granularity, decision.fuse, decision.layer_granularity),
+            "calibration_seconds": decision.calibration_seconds,
+            "calibration_steps": decision.calibration_steps,
+            "calibrated": decision.calibrated, "left_out": decision.left_out,
+            "chosen_predicted_ms": 1e3 * decision.predicted_seconds,
+            "chosen_ms": 1e3 * decision.measured_seconds, "measured_over_predicted": ratio,
+            "decision_seconds": seconds, "decision": decision.to_json(),
+            "loadavg": list(os.getloadavg())}
+
+
 def format_row(row) -> str:
+    if "calibration_seconds" in row:  # --decision-only
+        return (f"{row['model']:<10} calibration {row['calibration_seconds']:.1f} s in "
+                f"{row['calibration_steps']} steps ({len(row['calibrated'])} configurations); "
+                f"chosen {row['chosen']}: predicted {row['chosen_predicted_ms']:.1f} ms, "
+                f"measured {row['chosen_ms']:.1f} ms (measured/predicted "
+                f"{row['measured_over_predicted']:.2f}); decision {row['decision_seconds']:.1f} s "
+                f"[load {row['loadavg'][0]:.2f}]")
     models = "" if not row["switched"] else \
         f" (models chose {row['models_choice']}, re-check switched)"
     return (f"{row['model']:<10} predicted {row['predicted_ms']:.2f} ms; chosen "
@@ -153,7 +205,7 @@ def format_row(row) -> str:
 def main(argv=None) -> int:
     p = Parser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["lenet5", "dahl-basic"],
-                   choices=["lenet5", "dahl-basic", "cifar-small"])
+                   choices=["lenet5", "dahl-basic", "cifar-small", *RESNETS])
     p.add_argument("--batch", type=positive_int, default=64)
     p.add_argument("--image-size", type=positive_int, default=None,
                    help="square images of this side (default: the model's own)")
@@ -166,6 +218,9 @@ def main(argv=None) -> int:
                    help="the goal: chosen within this share of the best (default 0.10)")
     p.add_argument("--no-neighbour", action="store_true",
                    help="do not start the busy neighbour process")
+    p.add_argument("--decision-only", action="store_true",
+                   help="measure no candidate: the decision's calibration and its chosen "
+                        "configuration's predicted and measured step (issue 28's goal)")
     p.add_argument("--json", help="write the rows, with provenance, to this file")
     args = p.parse_args(argv)
     rows = []

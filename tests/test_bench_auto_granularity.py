@@ -4,6 +4,7 @@ the decision, every candidate measured, and the verdict it prints and writes."""
 import json
 import os
 
+import pytest
 from helpers import load_script
 
 
@@ -33,3 +34,19 @@ def test_the_neighbour_spins_on_one_core_and_is_ended():
     assert proc.returncode is not None
     with script.neighbour(enabled=False) as none:
         assert none is None
+
+
+@pytest.mark.slow  # a whole decision: 2 s after the test above, 34 s alone at load 10
+def test_decision_only_reports_the_calibration_and_the_chosen_prediction(tmp_path, capsys):
+    script = load_script("benchmarks/bench_auto_granularity.py")
+    out = tmp_path / "auto.json"
+    assert script.main(["--models", "dahl-basic", "--batch", "4", "--image-size", "12",
+                        "--no-neighbour", "--decision-only", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "measured" not in row and row["neighbour_core"] is None  # no candidate measured
+    decision = row["decision"]
+    assert row["calibration_seconds"] == decision["calibration_seconds"] > 0
+    assert row["calibration_steps"] == decision["calibration_steps"] >= 2
+    assert row["chosen_ms"] == 1e3 * decision["measured_seconds"]
+    assert row["measured_over_predicted"] == row["chosen_ms"] / row["chosen_predicted_ms"]
+    assert "calibration" in capsys.readouterr().out

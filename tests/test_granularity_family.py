@@ -9,6 +9,7 @@ import hetero_nn as hn
 from hetero_nn.codelets import conv
 from hetero_nn.scheduler.perfmodel.model import PerfModel
 from hetero_nn.simulation.simulate import SimTask
+from hetero_nn.training import granularity
 from hetero_nn.training.granularity_family import FamilyModel, calibration_order, family_of
 
 
@@ -19,13 +20,17 @@ def test_a_family_drops_each_operands_leading_dimension_and_keeps_parameters():
     assert family_of("64:<f4|:<f8") == ":<f4|:<f8"
 
 
-def test_the_calibration_order_takes_both_ends_first():
+def test_the_calibration_order_takes_a_partition_per_worker_then_another_size():
     configs = [(g, f) for g in (1, 2, 4, 8) for f in (True, False)]
-    order = calibration_order(configs)
-    assert order[:2] == [(8, True), (1, False)]
+    order = calibration_order(configs, workers=2)
+    # one partition per worker, the largest g (a second size of the same fusion's
+    # families), the smallest g with the other fusion, then the rest from large to small
+    assert order[:3] == [(2, True), (8, True), (1, False)]
     assert sorted(order) == sorted(configs)
-    assert [g for g, _ in order[2:]] == [8, 4, 4, 2, 2, 1]
+    assert [g for g, _ in order[3:]] == [8, 4, 4, 2, 1]
+    assert calibration_order(configs, workers=16)[:2] == [(8, True), (1, True)]
     assert calibration_order([(1, None), (2, None)]) == [(1, None), (2, None)]
+    assert calibration_order([(4, None)], workers=2) == [(4, None)]
 
 
 def _task(fp, size):
@@ -56,10 +61,15 @@ def test_an_unmeasured_footprint_is_predicted_from_its_family(tmp_path):
         assert family.used == 1
 
 
-def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer):
+def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer, captures=None):
     """``granularity="auto"`` on a batch of 8 with g in {1, 4} and no calibration budget:
-    the first configuration of the order calibrated, the rest predicted or left out."""
+    the first configuration of the order calibrated, the rest predicted or left out;
+    ``captures`` (a list) gets one entry per step graph captured without running."""
     monkeypatch.setattr("hetero_nn.training.granularity.CALIBRATION_BUDGET", 0.0)
+    if captures is not None:
+        real = granularity.capture
+        monkeypatch.setattr(granularity, "capture",
+                            lambda *a, **k: captures.append(1) or real(*a, **k))
     model = hn.build_model(name, shape, 10, seed=0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, *shape), dtype=np.float32)
@@ -75,7 +85,9 @@ def _decided_past_budget(name, shape, tmp_path, monkeypatch, per_layer):
 
 def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_path,
                                                                           monkeypatch):
-    decision = _decided_past_budget("lenet5", (1, 28, 28), tmp_path, monkeypatch, False)
+    captures = []
+    decision = _decided_past_budget("lenet5", (1, 28, 28), tmp_path, monkeypatch, False,
+                                    captures)
     # the first of the order calibrated, no more steps than it takes to measure each
     # footprint once (past the budget); the same fusion at every other g predicted by
     # shape family; the other fusion's codelets never ran, so it is left out
@@ -87,6 +99,9 @@ def test_a_decision_past_its_budget_calibrates_one_and_predicts_the_rest(tmp_pat
     text = decision.format()
     assert "predicted by shape family" in text and "left out" in text
     assert decision.to_json()["left_out"] == decision.left_out
+    # each configuration's graphs captured once: for the calibration or the check of its
+    # families, then reused by its prediction
+    assert len(captures) == 4
 
 
 def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch):
@@ -97,3 +112,4 @@ def test_a_block_granularity_no_family_covers_is_not_tried(tmp_path, monkeypatch
     tried = {(t["block"], t["granularity"]) for t in decision.blocks}
     assert ("Conv2d", 1) in tried  # its family was calibrated at g=4
     assert ("BatchNorm2d", 1) not in tried  # its one-partition codelets never ran
+

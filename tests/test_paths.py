@@ -85,6 +85,21 @@ def test_path_costs_tell_a_worker_s_own_wait_from_an_edge_between_workers():
                           _record(1, "w0", 3.0, 4.0, submit=2.5)]) == 1.5 + 1.5
 
 
+def test_steps_the_engine_replayed_on_one_thread_make_a_serial_path():
+    """A serial replay's records all name its first worker: where most steps measured
+    were so, ``serial`` is set and ``granularity="auto"`` predicts on one worker."""
+    def step(workers):
+        return [_record(i, workers[i % len(workers)], 0.5 * i, 0.5 * i + 0.4,
+                        [i - 2] if i > 1 else []) for i in range(6)]
+
+    parallel, serial = step(["w0", "w1"]), step(["w0"])
+    assert not PathCosts.measure("compiled", [[(4.0, parallel), (4.0, serial)],
+                                              [(4.0, parallel)]]).serial
+    costs = PathCosts.measure("compiled", [[(4.0, serial), (4.0, parallel)], [(4.0, serial)]])
+    assert costs.serial and costs.to_json()["serial"]
+    assert not PathCosts.measure("replayed", [[(4.0, serial)]]).serial  # no serial mode
+
+
 def test_path_costs_measured_from_steps_and_the_path_of_a_trainer():
     records = [_record(0, "w0", 1.0, 2.0), _record(1, "w1", 2.5, 3.0, [0])]
     runs = [[(4.0, records), (3.5, records)]]  # flushes 3 s: host 1 s and 0.5 s

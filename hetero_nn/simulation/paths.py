@@ -143,13 +143,18 @@ class PathCosts:
     ``dispatch``: seconds per task; ``handoff``: seconds per edge between workers
     (compiled path; 0 elsewhere, where ``dispatch`` covers wake-ups); ``host``:
     seconds of the host's own work in a replayed step (None: not measured, or a
-    submitted path, whose submission is measured where its graph is captured).
+    submitted path, whose submission is measured where its graph is captured);
+    ``serial``: on the compiled path, most steps measured ran every task on one
+    thread (the engine's serial mode, :mod:`~hetero_nn.scheduler.engine.contention`:
+    chosen where other load on the cores made its parallel replays slower), so the
+    steps to come are predicted on one worker.
     """
 
     path: str = "submitted"
     dispatch: float = 0.0
     handoff: float = 0.0
     host: float | None = None
+    serial: bool = False
 
     @classmethod
     def measure(cls, path, runs) -> "PathCosts":
@@ -171,11 +176,16 @@ class PathCosts:
             hosts = [min(max(0.0, wall - flush_seconds(recs)) for wall, recs in steps)
                      for steps in runs if steps]
             host = statistics.median(hosts) if hosts else None
-        return cls(path, dispatch, handoff, host)
+        # a serial replay's records all name the worker whose thread ran them (the first)
+        alone = [len({r.worker for r in recs}) == 1 for steps in runs for _, recs in steps
+                 if recs]
+        serial = path == "compiled" and 2 * sum(alone) > len(alone)
+        return cls(path, dispatch, handoff, host, serial)
 
     def to_json(self) -> dict:
         return {"path": self.path, "dispatch_seconds": self.dispatch,
-                "handoff_seconds": self.handoff, "host_seconds": self.host}
+                "handoff_seconds": self.handoff, "host_seconds": self.host,
+                "serial": self.serial}
 
 
 def step_path(trainer) -> str:

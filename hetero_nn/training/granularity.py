@@ -37,7 +37,11 @@ Policy
    performance model (a footprint never measured: its shape family's,
    :class:`~.granularity_family.FamilyModel`): under the runtime's policy with ``dispatch`` per task, or,
    on the compiled path, on the engine's fixed schedule with ``dispatch`` and
-   ``handoff``. A step the trainer replays (the step cache's rule,
+   ``handoff``; where most calibration steps ran every task on one thread (the
+   engine's serial mode, chosen when other load on the cores made its parallel
+   replays slower: ``PathCosts.serial``), on one worker, as those steps will run.
+   A uniform configuration's graph is captured once, for the check of its families
+   or its calibration, and serves its prediction. A step the trainer replays (the step cache's rule,
    :meth:`~hetero_nn.training.step_cache.StepCache.replays`) costs the replay's
    host time; one it submits costs the host's measured submission time.
 4. *Choice*: the smallest ``g`` (fused before unfused) whose prediction is within
@@ -66,7 +70,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -102,8 +106,11 @@ class GranularityDecision:
     re-check of the models' choice against measured steps
     (:func:`~hetero_nn.training.recheck.recheck`), None where none ran;
     ``calibrated`` the ``[g, fuse]`` calibrated, in order, ``calibration_seconds``
-    their time, ``left_out`` those that were not candidates (past the budget with a
-    task of no shape family; :mod:`.granularity_family`).
+    their time (their steps, and the capture of their graphs; the other candidates'
+    graphs are captured after it, with the predictions), ``left_out`` those that were
+    not candidates (past the budget with a task of no shape family;
+    :mod:`.granularity_family`); ``serial`` whether the predictions ran on one worker
+    (the engine replayed the calibration on one thread).
     """
 
     granularity: int
@@ -124,6 +131,7 @@ class GranularityDecision:
     calibrated: list | None = None
     calibration_seconds: float = 0.0
     left_out: list = field(default_factory=list)
+    serial: bool = False
 
     def to_json(self) -> dict:
         return {"granularity": self.granularity, "fuse": self.fuse,
@@ -138,13 +146,14 @@ class GranularityDecision:
                 "platform": self.platform, "calibration_steps": self.calibration_steps,
                 "seconds": self.seconds, "recheck": self.recheck,
                 "calibrated": self.calibrated, "calibration_seconds": self.calibration_seconds,
-                "left_out": self.left_out}
+                "left_out": self.left_out, "serial": self.serial}
 
     def format(self) -> str:
         """The decision as a few lines: the candidates' predictions, the choice, the measure."""
         handoff = (f", handoff {1e6 * self.handoff_seconds:.1f} us"
                    if self.path == "compiled" else "")
-        lines = [f"granularity auto ({self.platform}, {self.policy}, {self.path}, dispatch "
+        path = f"{self.path}, serial replays" if self.serial else self.path
+        lines = [f"granularity auto ({self.platform}, {self.policy}, {path}, dispatch "
                  f"{1e6 * self.dispatch_seconds:.1f} us/task{handoff}, "
                  f"{self.calibration_steps} calibration steps, {self.seconds:.1f} s):"]
         if self.calibrated is not None and len(self.calibrated) < len(self.candidates):
@@ -200,28 +209,33 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
         trainer.prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
             runs, steps, calibrated, left_out = [], 0, [], []
+            step_graphs = _StepGraphs(trainer, x, y)
             t_calibration = _perf()
             kinds = [k for k, n in platform.workers.items() if n]
-            for g, fuse in calibration_order(configs):
-                _configure(trainer, g, fuse, None)
+            order = calibration_order(configs, len(rt.workers))
+            for g, fuse in order:
                 slowest = max((t for run in runs for t, _ in run), default=0.0)
                 if calibrated and _perf() - t_calibration + 2 * slowest > CALIBRATION_BUDGET:
-                    if not FamilyModel(rt).covers(
-                            _step_graphs(trainer, x, y, False)[-1].graphs, kinds):
-                        left_out.append([g, fuse])
-                    continue  # predicted by its shape families, or left out
-                steps += _calibrate(trainer, x, y, platform, runs,
+                    break  # this one and the rest: predicted by their shape families
+                _configure(trainer, g, fuse, None)
+                steps += _calibrate(trainer, x, y, platform, runs, step_graphs,
                                     t_calibration + CALIBRATION_BUDGET)
                 calibrated.append([g, fuse])
             calibration_seconds = _perf() - t_calibration
+            for g, fuse in order[len(calibrated):]:  # or left out where a task has no family
+                _configure(trainer, g, fuse, None)
+                if not FamilyModel(rt).covers(step_graphs()[-1].graphs, kinds):
+                    left_out.append([g, fuse])
             configs = [c for c in configs if list(c) not in left_out]
             costs = PathCosts.measure(path, runs)
             family = FamilyModel(rt)
+            serial = costs.serial and len(kinds) == 1  # the engine's replays on one thread
+            machine = replace(platform, workers={kinds[0]: 1}) if serial else platform
 
             def predict(g, fuse, layers):
                 _configure(trainer, g, fuse, layers)
-                graphs = _step_graphs(trainer, x, y, replayed, costs.host or 0.0)
-                r = simulate(graphs, platform, rt.policy_name, rt, dispatch=costs.dispatch,
+                graphs = step_graphs(replayed, costs.host or 0.0)
+                r = simulate(graphs, machine, rt.policy_name, rt, dispatch=costs.dispatch,
                              partial=True, engine=path == "compiled", handoff=costs.handoff,
                              models=family)
                 return r.step_seconds, r.tasks
@@ -249,7 +263,7 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
     return GranularityDecision(g, fuse, layers, predicted, measured, rows, trials,
                                costs.dispatch, costs.handoff, path, rt.policy_name,
                                platform.name, steps, _perf() - t_start, checked, calibrated,
-                               calibration_seconds, left_out)
+                               calibration_seconds, left_out, serial)
 
 
 def _per_block(model, g, fuse, candidates, predicted, predict):
@@ -289,7 +303,7 @@ def _configure(trainer, g, fuse, layers):
         model.granularities = layers
 
 
-def _calibrate(trainer, x, y, platform, runs, deadline=float("inf")):
+def _calibrate(trainer, x, y, platform, runs, step_graphs, deadline=float("inf")):
     """Real steps at the trainer's configuration until the models know every task of
     its graph, or, where another step would end past ``deadline``, have measured each
     footprint once (a task that runs once a step, the last layer's optimizer step, would
@@ -297,7 +311,7 @@ def _calibrate(trainer, x, y, platform, runs, deadline=float("inf")):
     ``[(wall seconds, records), ...]`` of its timed steps to ``runs``, returns the steps
     run."""
     rt = trainer.runtime
-    graph = _step_graphs(trainer, x, y, False)[-1].graphs
+    graph = step_graphs()[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}
     kinds = [k for k, n in platform.workers.items() if n]
     # the calibration's records in a buffer of their own, unbounded (the runtime's keeps
@@ -327,23 +341,39 @@ def _known(rt, codelet, footprint, kinds, samples=CALIBRATION_SAMPLES) -> bool:
         for v in rt.candidates(codelet, kind)) for kind in kinds)
 
 
-def _step_graphs(trainer, x, y, replayed, host=0.0):
+class _StepGraphs:
     """The graphs one training step flushes at the trainer's configuration, captured
     without running (the last two of three: each starts where the one before left the
-    data); a replayed step's host time is ``host``."""
-    rt = trainer.runtime
+    data; on one memory node, where no data moves, the second of two). A uniform
+    configuration's are captured once and serve its calibration or the check of its
+    families, and its prediction; a replayed step's host time is ``host``, a submitted
+    one's the fastest of its captured submissions."""
 
-    def submit():
-        trainer.submit_step(x, y)
-        rt.wait()
+    def __init__(self, trainer, x, y):
+        self.trainer, self.x, self.y = trainer, x, y
+        self._kept: dict = {}  # (g, fuse) -> (steps, submission seconds)
 
-    steps = capture(rt, submit, steps=3)[1:]
-    # a replayed step submits nothing (its host time was measured); a submitted one: the
-    # fastest of the two, against preemptions
-    seconds = host if replayed else min(s.submit_seconds for s in steps)
-    for s in steps:
-        s.submit_seconds = seconds
-    return steps
+    def __call__(self, replayed=False, host=0.0):
+        trainer = self.trainer
+        model = trainer.model
+        layers = getattr(model, "granularities", None)
+        key = (trainer.granularity, getattr(model, "fuse", None))
+        got = self._kept.get(key) if layers is None else None
+        if got is None:
+            rt = trainer.runtime
+
+            def submit():
+                trainer.submit_step(self.x, self.y)
+                rt.wait()
+
+            steps = capture(rt, submit, steps=3 if len(rt.nodes) > 1 else 2)[1:]
+            got = (steps, min(s.submit_seconds for s in steps))
+            if layers is None:
+                self._kept[key] = got
+        steps, submitted = got
+        for s in steps:
+            s.submit_seconds = host if replayed else submitted
+        return steps
 
 
 def _measure(trainer, x, y) -> float:

@@ -18,10 +18,15 @@ Policy
   the only one; a line that would give a time under a tenth of the nearest measured
   one's share of its size gives that share instead (it never goes to zero or below).
   A footprint measured for any candidate variant is left to the measured models.
-- Calibration order (:func:`calibration_order`): the largest ``g`` first (its steps
-  run the most tasks per footprint, so they measure in the fewest steps) with the
-  model's first fusion, then the smallest with the other, then the rest from large to
-  small. The first is always calibrated; each further one while the projected
+- Calibration order (:func:`calibration_order`): with the model's first fusion, the
+  ``g`` of one partition per worker (the smallest ``g`` at least the worker count: the
+  configuration a model of large kernels most often runs at, so it is measured, not
+  predicted, and its graph is small, so its capture step is cheap), then the largest
+  ``g`` (another size, so every family of that fusion has a line: partitions of 8 and of
+  32 images of ResNet-18 predict the sizes between and beyond them within 10% where one
+  size scaled in proportion missed a weight gradient's per-partition cost by 70%); then
+  the smallest ``g`` with the other fusion, then the rest from large to small. The first
+  is always calibrated; each further one while the projected
   calibration (seconds so far, plus two steps of the slowest step measured: a
   configuration's first step and one timed) stays under ``CALIBRATION_BUDGET``
   (a configuration whose next step would end past it stops once each footprint has
@@ -54,17 +59,28 @@ def family_of(footprint: str) -> str:
     return "|".join(parts)
 
 
-def calibration_order(configs: list) -> list:
+def calibration_order(configs: list, workers: int = 1) -> list:
     """``configs`` (``(g, fuse)``, g ascending, fusions in the model's order) in the order
-    they are calibrated: the largest g with the first fusion, the smallest with the last,
-    then the others from the largest g down."""
-    if len(configs) <= 2:
+    they are calibrated (module docstring): the g of one partition per worker (the smallest
+    at least ``workers``, else the largest) and another size, the largest g (else the
+    smallest), with the first fusion; the smallest g with the last fusion; then the
+    others from the largest g down."""
+    if len(configs) <= 1:
         return list(configs)
-    first = max(configs, key=lambda c: (c[0], -configs.index(c)))
-    second = min(configs, key=lambda c: (c[0], -configs.index(c)))
-    rest = sorted((c for c in configs if c not in (first, second)),
+    fusion = configs[0][1]
+    sizes = sorted({g for g, f in configs if f == fusion})
+    own = next((g for g in sizes if g >= workers), sizes[-1])
+    first = [(own, fusion)]
+    if len(sizes) > 1:
+        first.append((sizes[-1] if sizes[-1] != own else sizes[0], fusion))
+    last = configs[-1][1]
+    other = min((c for c in configs if c[1] == last and c not in first), default=None,
+                key=lambda c: c[0])
+    if other is not None:
+        first.append(other)
+    rest = sorted((c for c in configs if c not in first),
                   key=lambda c: (-c[0], configs.index(c)))
-    return [first, second, *rest]
+    return [*first, *rest]
 
 
 class FamilyModel:
