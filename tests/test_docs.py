@@ -8,6 +8,9 @@ block is left alone. The blocks of one file run in order,
 in one scratch folder laid out as a checkout (the repository's folders linked in, a
 ``../shared`` beside it holding the datasets), so a block may use what an earlier one
 wrote (``runs/quick``). Shell blocks run under ``bash -e``; Python blocks as scripts.
+Each Python process of a block (a Python block, a ``hetero-nn`` command) is a fork of one
+interpreter that imported hetero_nn once (:mod:`docs_zygote`; ``HETERO_NN_DOCS_FORK=0``
+starts a new interpreter for each instead).
 ``hetero-nn`` there is this checkout's, with ``--limit 256`` added to ``train`` and
 ``evaluate`` when the block gives no ``--limit`` (short runs in CI); the data directory
 is ``../shared/datasets`` (``HETERO_NN_DATA``).
