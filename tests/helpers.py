@@ -1,6 +1,7 @@
 """Helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
 
 import importlib.util
+import os
 import threading
 from pathlib import Path
 
@@ -32,6 +33,19 @@ def load_script(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def cache_with_shared_trampolines(path) -> Path:
+    """A new ``HETERO_NN_CACHE`` at ``path``, empty but for ``trampolines/``: the session's
+    folder (conftest), so a subprocess on this cache loads the trampolines the suite
+    already compiled instead of compiling them again (they are named by a hash of their
+    source and checked before they are imported). Its performance models start empty."""
+    path = Path(path)
+    shared = Path(os.environ["HETERO_NN_CACHE"]) / "trampolines"
+    shared.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True)
+    (path / "trampolines").symlink_to(shared, target_is_directory=True)
+    return path
 
 
 def within(seconds, fn, *args):

@@ -8,9 +8,20 @@ block is left alone. The blocks of one file run in order,
 in one scratch folder laid out as a checkout (the repository's folders linked in, a
 ``../shared`` beside it holding the datasets), so a block may use what an earlier one
 wrote (``runs/quick``). Shell blocks run under ``bash -e``; Python blocks as scripts.
+Each Python process of a block (a Python block, a ``hetero-nn`` command) is a fork of one
+interpreter that imported hetero_nn once (:mod:`docs_zygote`; ``HETERO_NN_DOCS_FORK=0``
+starts a new interpreter for each instead).
 ``hetero-nn`` there is this checkout's, with ``--limit 256`` added to ``train`` and
 ``evaluate`` when the block gives no ``--limit`` (short runs in CI); the data directory
-is ``../shared/datasets`` (``HETERO_NN_DATA``); performance models go to a private cache.
+is ``../shared/datasets`` (``HETERO_NN_DATA``).
+
+The blocks' cache (``HETERO_NN_CACHE``) is private to this module and shared by every
+file's blocks, as one user's cache is when they read the docs in order: performance
+models calibrated by README's blocks serve the later files. Its ``trampolines/`` folder
+is the test session's: trampolines are named by a hash of their source and checked
+before they are imported, so a block loads the machine code the suite already compiled
+instead of compiling it again in each file's first process (about 16 for a LeNet-5 run,
+seconds each on a loaded machine).
 """
 
 from __future__ import annotations
@@ -18,12 +29,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import select
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import docs_zygote
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -33,15 +48,21 @@ MARK = re.compile(r"<!--\s*runnable(?:\s*:\s*(?P<tags>[a-z, ]+))?\s*-->")
 FENCE = re.compile(r"^```(\w*)\s*$")
 LIMIT = "256"  # samples per split for the CLI's train and evaluate
 TIMEOUT = 300  # seconds per block
+ZYGOTE_ENV = docs_zygote.ENV
 #: The repository's entries a block may use, linked into the scratch checkout.
 LINKED = ("hetero_nn", "examples", "experiments", "benchmarks", "datasets", "docs",
           "README.md", "pyproject.toml")
 
 SHIM = f"""#!{sys.executable}
+import os
 import sys
-from hetero_nn.cli import main
 
 if __name__ == "__main__":  # Dask's worker processes import this file again
+    if os.environ.get("{ZYGOTE_ENV}") and "hetero_nn" not in sys.modules:
+        sys.path.insert(0, {str(REPO / "tests")!r})  # a client: a fork runs this file
+        from docs_zygote import run_in_zygote
+        sys.exit(run_in_zygote(__file__, sys.argv))
+    from hetero_nn.cli import main
     argv = sys.argv[1:]
     if argv[:1] in (["train"], ["evaluate"]) and "--resume" not in argv \\
             and not any(a == "--limit" or a.startswith("--limit=") for a in argv):
@@ -111,7 +132,52 @@ def _cases():
 
 
 @pytest.fixture(scope="module")
-def sandboxes(tmp_path_factory):
+def docs_cache(tmp_path_factory):
+    """The blocks' ``HETERO_NN_CACHE``: private, with the session's trampolines (docstring)."""
+    from helpers import cache_with_shared_trampolines
+
+    return cache_with_shared_trampolines(tmp_path_factory.mktemp("docs") / "cache")
+
+
+def _environment(docs_cache) -> dict:
+    """What every block's process has in its environment (a file's sandbox adds to it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+            "HETERO_NN_CACHE": str(docs_cache), "MPLBACKEND": "Agg", "COLUMNS": "100",
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory, docs_cache):
+    """The fork server's socket path (tests/docs_zygote.py), or None where it is off
+    (``HETERO_NN_DOCS_FORK=0``: every block's process a new interpreter) or did not start."""
+    if os.environ.get("HETERO_NN_DOCS_FORK", "1") == "0":
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("zygote")
+    path = folder / "socket"
+    with open(folder / "stderr", "w") as errors:
+        server = subprocess.Popen(
+            [sys.executable, str(Path(docs_zygote.__file__)), "serve", str(path)],
+            cwd=folder, env=_environment(docs_cache), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        started, _, _ = select.select([server.stdout], [], [], TIMEOUT)
+        ready = bool(started) and server.stdout.readline().strip() == "ready"
+        if not ready:
+            server.kill()
+            server.wait()
+            warnings.warn(f"the docs' fork server did not start (exit {server.returncode}): "
+                          f"{(folder / 'stderr').read_text()[-500:]}; each block's process "
+                          f"starts a new interpreter")
+        yield str(path) if ready else None
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def sandboxes(tmp_path_factory, docs_cache, zygote):
     """One scratch checkout per markdown file, shared by its blocks in order."""
     made: dict = {}
 
@@ -128,12 +194,11 @@ def sandboxes(tmp_path_factory):
             bin_dir.mkdir()
             (bin_dir / "hetero-nn").write_text(SHIM)
             (bin_dir / "hetero-nn").chmod(0o755)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                       [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+            env = {**_environment(docs_cache),
                    "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]),
-                   "HETERO_NN_DATA": str(root / "shared" / "datasets"),
-                   "HETERO_NN_CACHE": str(root / "cache"), "MPLBACKEND": "Agg",
-                   "COLUMNS": "100", "PYTHONDONTWRITEBYTECODE": "1"}
+                   "HETERO_NN_DATA": str(root / "shared" / "datasets")}
+            if zygote:
+                env[ZYGOTE_ENV] = zygote
             made[path] = (checkout, env)
         return made[path]
 
@@ -157,6 +222,8 @@ def test_block_runs_as_written(block, sandboxes):
         script = cwd / f".block-{block.line}.py"
         script.write_text(block.code)
         argv = [sys.executable, str(script)]
+        if ZYGOTE_ENV in env:
+            argv = [sys.executable, str(Path(docs_zygote.__file__)), "run", str(script)]
     try:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)

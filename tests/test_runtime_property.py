@@ -12,7 +12,10 @@ them), and on 32 runtimes: the local executor with 1, 2, 3 workers under each
 policy, each with one and two host memory nodes (pinned variants with one,
 variants chosen by the performance model with two), ``executor="dask"`` and a
 ``distributed.Client`` of two worker processes. Every fetched array must equal
-the reference bit for bit.
+the reference bit for bit. The ``distributed`` runtime, two thirds of the test's time
+(a round trip to a worker process per task), takes one program in three in the default
+run (chosen by a hash of the program, so the same ones each time and while shrinking)
+and every program in the slow run.
 
 A root may also be an ``empty`` or a ``temporary`` handle (no data until written):
 the program then starts by writing it through the children of one of its partition
@@ -27,6 +30,8 @@ one region in one task would alias in place but not in the pure Dask graph);
 views of different plans do overlap, partially, across tasks.
 The codelets live at module level so ``distributed`` workers can unpickle them.
 """
+
+import zlib
 
 import numpy as np
 import pytest
@@ -419,6 +424,11 @@ def runtimes(dist_client):
             rt.close()
 
 
+def _runs_on_distributed(ops) -> bool:
+    """Whether this program runs on the ``distributed`` runtime too (module docstring)."""
+    return settings.default.derandomize is False or zlib.crc32(repr(ops).encode()) % 3 == 0
+
+
 @settings(max_examples=24, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
@@ -427,6 +437,8 @@ def test_random_programs_match_sequential_numpy(runtimes, program):
     roots, splits, ops = program
     expected, expected_fetched = run_reference(roots, splits, ops)
     for label, rt in runtimes:
+        if label == "distributed" and not _runs_on_distributed(ops):
+            continue
         got, got_fetched = run_runtime(rt, roots, splits, ops)
         assert len(got_fetched) == len(expected_fetched)
         for i, (g, e) in enumerate(zip(got, expected)):

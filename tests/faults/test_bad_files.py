@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from harness import TRAIN, hetero_nn, temporaries, train_args, with_tmpfs
+from helpers import cache_with_shared_trampolines
 from hetero_nn.training.checkpoint import read_checkpoint
 from hetero_nn.scheduler.perfmodel.model import PerfModel
 
@@ -91,7 +92,7 @@ def test_a_truncated_dataset_file_is_one_line(tmp_path, cut):
 # -- performance models ------------------------------------------------------------------
 
 def test_damaged_perfmodel_files_are_set_aside_and_the_run_completes(tmp_path):
-    cache = tmp_path / "cache"
+    cache = cache_with_shared_trampolines(tmp_path / "cache")
     first = hetero_nn(*TRAIN, "--out", tmp_path / "first", extra_env={"HETERO_NN_CACHE": cache})
     assert first.returncode == 0, first.stderr
     folder = PerfModel(cache).directory
