@@ -35,17 +35,40 @@ kernels on the same replicas in an order their dependencies allow, so its result
 are the parallel replay's bit for bit. Its trace records name the worker whose thread
 ran them (the first).
 
+The deadline on the calling thread: a share that runs on an engine thread is bounded
+by the replay's deadline (``Runtime(wait_timeout=)``: the caller stops waiting for it
+and raises a ``TaskError``). The share the calling thread runs (a serial replay's one
+share, worker 0's of a parallel one) cannot be: a task that never returns there keeps
+the program's own thread, and Python cannot take a thread back from a call. Handing the
+serial share to an engine thread while the caller only waits would cover it, at two
+thread wake-ups per replay: measured beside other processes (load 6 on 2 cores) that
+made serial replays 3-11 ms against 0.7-1.1 ms, the very cost serial mode exists to
+avoid. So the :data:`WATCHDOG` (one daemon thread per process, asleep but every
+``wait_timeout`` seconds) looks at the calling thread's share under way: once no task of
+the replay has ended for ``wait_timeout``, it stops the replay (``abort``: nothing that
+has not started runs, as when a wait passes its deadline) and logs the engine's state, naming the task that runs
+(logger ``hetero_nn.scheduler``, error); the replay raises its ``TaskError`` as soon as
+that task returns. Its cost on the replay: two dictionary operations.
+
 State
 -----
 ``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
-replay; ``probe``, ``countdown``: replays between tries of the other mode.
+replay; ``probe``, ``countdown``: replays between tries of the other mode. The
+watchdog's ``running``: per segment whose calling thread's share runs, its replay's
+epoch, deadline, last progress (a task ended), tasks ended, and whether it was reported.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 import threading
+import time
+
+import numpy as np
+
+from ..executors.stalls import TIMED_OUT, engine_state, stalled
 
 KEEP = 5          # wall times kept per mode
 FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while it loses)
@@ -153,3 +176,61 @@ class QuickHandoffs:
                 if sys.getswitchinterval() == cls._set:  # else the program changed it
                     sys.setswitchinterval(cls._saved)
                 cls._saved = cls._set = None
+
+
+class Watchdog:
+    """The deadline of the shares the calling thread runs (module docstring)."""
+
+    def __init__(self):
+        self.running: dict = {}  # segment -> [epoch, deadline s, since, tasks ended, told]
+        self.period = None  # seconds between two looks: the shortest deadline given
+        self._wake = threading.Condition()
+        self._thread = None
+
+    def watch(self, seg, epoch, run):
+        """``run()`` (the calling thread's share of ``seg`` at replay ``epoch``), watched."""
+        timeout = seg.rt.wait_timeout
+        self.running[seg] = [epoch, timeout, time.monotonic(), 0, False]
+        if self.period is None or timeout < self.period:
+            self._start(timeout)
+        try:
+            return run()
+        finally:
+            self.running.pop(seg, None)
+
+    def _start(self, timeout):
+        with self._wake:
+            self.period = timeout if self.period is None else min(self.period, timeout)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="hetero_nn-watchdog")
+                self._thread.start()
+            self._wake.notify()
+
+    def _loop(self):
+        while True:
+            with self._wake:
+                self._wake.wait(self.period)
+            self._look()
+
+    def _look(self):
+        """Stop, and report, each watched replay in which no task ended for its deadline
+        (holding no segment once it returns)."""
+        now = time.monotonic()
+        for seg, entry in list(self.running.items()):
+            epoch, timeout, since, ended, told = entry
+            count = int(np.count_nonzero(seg.times[:, 1]))
+            if count != ended:
+                entry[2], entry[3] = now, count
+            elif now - since >= timeout and not told and self.running.get(seg) is entry:
+                entry[4] = True
+                if seg.abort[0] == 0:  # (else a wait on another worker saw it first)
+                    seg.abort[0] = TIMED_OUT
+                _log.error("%s\n(the replay raises this once that task returns: it runs on "
+                           "the calling thread)",
+                           stalled("a replay", timeout, engine_state(seg, epoch)))
+
+
+_log = logging.getLogger("hetero_nn.scheduler")
+WATCHDOG = Watchdog()
+"""The process's watchdog (:class:`Watchdog`)."""
