@@ -50,7 +50,7 @@ def _segments(draw):
     return costs, preds, workers, draw(st.sampled_from([0.0, 2e-6, 1e-5])), allowed
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(_segments())
 def test_the_compiled_planner_places_as_the_list_scheduler_and_knows_its_makespan(case):
     costs, preds, workers, handoff, allowed = case
