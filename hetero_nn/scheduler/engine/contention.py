@@ -41,14 +41,17 @@ and raises a ``TaskError``). The share the calling thread runs (a serial replay'
 share, worker 0's of a parallel one) cannot be: a task that never returns there keeps
 the program's own thread, and Python cannot take a thread back from a call. Handing the
 serial share to an engine thread while the caller only waits would cover it, at two
-thread wake-ups per replay: measured beside other processes (load 6 on 2 cores) that
-made serial replays 3-11 ms against 0.7-1.1 ms, the very cost serial mode exists to
-avoid. So the :data:`WATCHDOG` (one daemon thread per process, asleep but every
-``wait_timeout`` seconds) looks at the calling thread's share under way: once no task of
-the replay has ended for ``wait_timeout``, it stops the replay (``abort``: nothing that
-has not started runs, as when a wait passes its deadline) and logs the engine's state, naming the task that runs
-(logger ``hetero_nn.scheduler``, error); the replay raises its ``TaskError`` as soon as
-that task returns. Its cost on the replay: two dictionary operations.
+thread wake-ups per replay: beside other processes (load 6 on 2 cores) that made
+serial replays 5.6-6.7 ms against 0.8-1.1 ms, the very cost serial mode exists to
+avoid. So the :data:`WATCHDOG` looks at the calling thread's share under way: once no
+task of the replay has ended for ``wait_timeout``, it stops the replay (``abort``:
+nothing that has not started runs, as when a wait passes its deadline) and logs the
+engine's state, naming the task that runs (logger ``hetero_nn.scheduler``, error); the
+replay raises its ``TaskError`` as soon as that task returns. It is one thread per
+process while replays run, asleep but every :data:`IDLE_LOOK` seconds (or
+``wait_timeout``, where shorter); a look that finds no replay since the one before
+ends it. Its cost on a replay: a lock taken and two dictionary operations (and a
+thread started after a pause of a second or more).
 
 State
 -----
@@ -74,6 +77,8 @@ KEEP = 5          # wall times kept per mode
 FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while it loses)
 MAX_PROBE = 256
 REPLAY_SWITCH_INTERVAL = 1e-4  # seconds: the interpreter's switch interval during replays
+IDLE_LOOK = 1.0   # seconds between two looks of the watchdog at most; one that finds no
+#                   replay since the last ends its thread (the next replay starts another)
 WIN = 0.9         # the other mode wins when its time is under this share of the current's
 
 
@@ -183,34 +188,38 @@ class Watchdog:
 
     def __init__(self):
         self.running: dict = {}  # segment -> [epoch, deadline s, since, tasks ended, told]
-        self.period = None  # seconds between two looks: the shortest deadline given
-        self._wake = threading.Condition()
+        self.started = 0  # watched replays so far (an idle look ends the thread)
+        self.period = None  # seconds between two looks (IDLE_LOOK, or a shorter deadline)
+        self._wake = threading.Condition(threading.Lock())
         self._thread = None
 
     def watch(self, seg, epoch, run):
         """``run()`` (the calling thread's share of ``seg`` at replay ``epoch``), watched."""
         timeout = seg.rt.wait_timeout
-        self.running[seg] = [epoch, timeout, time.monotonic(), 0, False]
-        if self.period is None or timeout < self.period:
-            self._start(timeout)
+        with self._wake:
+            self.running[seg] = [epoch, timeout, time.monotonic(), 0, False]
+            self.started += 1
+            if self._thread is None or timeout < self.period:
+                self.period = min(timeout, self.period or IDLE_LOOK)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                    name="hetero_nn-watchdog")
+                    self._thread.start()
+                self._wake.notify()
         try:
             return run()
         finally:
             self.running.pop(seg, None)
 
-    def _start(self, timeout):
-        with self._wake:
-            self.period = timeout if self.period is None else min(self.period, timeout)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="hetero_nn-watchdog")
-                self._thread.start()
-            self._wake.notify()
-
     def _loop(self):
+        seen = -1
         while True:
             with self._wake:
                 self._wake.wait(self.period)
+                if not self.running and self.started == seen:  # a whole period idle
+                    self._thread = self.period = None
+                    return
+                seen = self.started
             self._look()
 
     def _look(self):
