@@ -8,6 +8,7 @@ ends and the runtime is checked usable. Every test runs under :func:`helpers.wit
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -151,14 +152,18 @@ def _captured_hang(rt, independent):
     return graph, x, y
 
 
+def _force(graph, mode):
+    for seg in graph._compiled.segments:  # (a test's choice of contention.py's mode)
+        seg.contention.mode, seg.contention.countdown = mode, 10 ** 9
+
+
 @pytest.mark.parametrize("independent", (False, True), ids=("wait_done", "shares"))
 def test_a_hung_share_stops_the_replay_with_the_engine_state(independent):
     def scenario():
         with _runtime() as rt:
             graph, x, y = _captured_hang(rt, independent)
             graph.replay()
-            for seg in graph._compiled.segments:  # one thread per worker: the waits under
-                seg.contention.mode, seg.contention.countdown = "parallel", 10 ** 9  # test
+            _force(graph, "parallel")  # one thread per worker: the waits under test
             GATE.clear()
             with pytest.raises(hn.TaskError, match="a replay made no progress") as info:
                 graph.replay()
@@ -176,9 +181,57 @@ def test_a_hung_share_stops_the_replay_with_the_engine_state(independent):
     within(BOUND, scenario)
 
 
-def test_a_keyboard_interrupt_in_a_replay_leaves_the_runtime_usable():
-    """Ctrl-C lands in a Python task of the calling thread's share: the other shares stop,
-    the interrupt is raised, and the graph and the runtime go on."""
+class _Reported(logging.Handler):
+    """The runtime's log records of a stopped replay; opens GATE at the first."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.texts = []
+
+    def emit(self, record):
+        self.texts.append(record.getMessage())
+        GATE.set()
+
+
+@pytest.mark.parametrize("mode", ("serial", "parallel"))
+def test_a_hung_task_on_the_calling_thread_is_reported_at_the_deadline(mode):
+    """The calling thread runs a serial replay's one share and worker 0's of a parallel one;
+    Python cannot take it back from a task that never returns (contention.py's
+    docstring). At the deadline the watchdog stops the replay and logs the engine's state
+    naming that task; once the task returns the replay raises its TaskError, and the
+    runtime goes on."""
+    def scenario():
+        log = logging.getLogger("hetero_nn.scheduler")
+        reported = _Reported()
+        log.addHandler(reported)
+        try:
+            with _runtime() as rt:
+                x, y = rt.register(np.zeros(2)), rt.register(np.zeros(2))
+                with rt.capture() as graph:
+                    rt.submit(HANG, x, worker="cpu0")
+                    rt.submit(COPY, x, y, worker="cpu1")
+                graph.replay()
+                _force(graph, mode)
+                GATE.clear()
+                with pytest.raises(hn.TaskError, match="a replay made no progress"):
+                    graph.replay()  # returns once the log record opened GATE
+                (text,) = reported.texts
+                assert "running task 0 ('stall_hang'" in text and "calling thread" in text
+                assert ("in 1 share(s)" in text) == (mode == "serial")
+                np.testing.assert_array_equal(rt.fetch(y), np.full(2, 2.0))  # cancelled
+                graph.replay()  # usable
+                np.testing.assert_array_equal(rt.fetch(y), np.full(2, 4.0))
+                assert not rt._engine.broken  # no thread was lost
+        finally:
+            log.removeHandler(reported)
+    within(BOUND, scenario)
+
+
+@pytest.mark.parametrize("mode", ("parallel", "serial"))
+def test_a_keyboard_interrupt_in_a_replay_leaves_the_runtime_usable(mode):
+    """Ctrl-C lands in a Python task of the calling thread's share (parallel) or of the
+    serial share: the other shares stop, the interrupt is raised, and the graph and the
+    runtime go on."""
     def scenario():
         with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
             x, y = rt.register(np.zeros(2)), rt.register(np.zeros(2))
@@ -187,6 +240,7 @@ def test_a_keyboard_interrupt_in_a_replay_leaves_the_runtime_usable():
                 for _ in range(20):
                     rt.submit(ADD, y, worker="cpu1")
             graph.replay()
+            _force(graph, mode)
             ARMED.set()
             try:
                 with pytest.raises(KeyboardInterrupt):

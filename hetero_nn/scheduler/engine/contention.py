@@ -49,22 +49,50 @@ kernels on the same replicas in an order their dependencies allow, so its result
 are the parallel replay's bit for bit. Its trace records name the worker whose thread
 ran them (the first).
 
+The deadline on the calling thread: a share that runs on an engine thread is bounded
+by the replay's deadline (``Runtime(wait_timeout=)``: the caller stops waiting for it
+and raises a ``TaskError``). The share the calling thread runs (a serial replay's one
+share, worker 0's of a parallel one) cannot be: a task that never returns there keeps
+the program's own thread, and Python cannot take a thread back from a call. Handing the
+serial share to an engine thread while the caller only waits would cover it, at two
+thread wake-ups per replay: beside other processes (load 6 on 2 cores) that made
+serial replays 5.6-6.7 ms against 0.8-1.1 ms, the very cost serial mode exists to
+avoid. So the :data:`WATCHDOG` looks at the calling thread's share under way: once no
+task of the replay has ended for ``wait_timeout``, it stops the replay (``abort``:
+nothing that has not started runs, as when a wait passes its deadline) and logs the
+engine's state, naming the task that runs (logger ``hetero_nn.scheduler``, error); the
+replay raises its ``TaskError`` as soon as that task returns. It is one thread per
+process while replays run, asleep but every :data:`IDLE_LOOK` seconds (or
+``wait_timeout``, where shorter); a look that finds no replay since the one before
+ends it. Its cost on a replay: a lock taken and two dictionary operations (and a
+thread started after a pause of a second or more).
+
 State
 -----
 ``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
-replay; ``probe``, ``countdown``: replays between tries of the other mode.
+replay; ``probe``, ``countdown``: replays between tries of the other mode. The
+watchdog's ``running``: per segment whose calling thread's share runs, its replay's
+epoch, deadline, last progress (a task ended), tasks ended, and whether it was reported.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 import threading
+import time
+
+import numpy as np
+
+from ..executors.stalls import TIMED_OUT, engine_state, stalled
 
 KEEP = 5          # wall times kept per mode
 FIRST_PROBE = 4   # replays before the other mode is tried again (doubles while it loses)
 MAX_PROBE = 256
 REPLAY_SWITCH_INTERVAL = 1e-4  # seconds: the interpreter's switch interval during replays
+IDLE_LOOK = 1.0   # seconds between two looks of the watchdog at most; one that finds no
+#                   replay since the last ends its thread (the next replay starts another)
 WIN = 0.9         # the other mode wins when its time is under this share of the current's
 CLEAR_WIN = 0.75  # a parallel replay under this share of its tasks' summed time: no serial try
 RECENT = 3        # a try is judged against the best of the current mode's last walls
@@ -177,3 +205,65 @@ class QuickHandoffs:
                 if sys.getswitchinterval() == cls._set:  # else the program changed it
                     sys.setswitchinterval(cls._saved)
                 cls._saved = cls._set = None
+
+
+class Watchdog:
+    """The deadline of the shares the calling thread runs (module docstring)."""
+
+    def __init__(self):
+        self.running: dict = {}  # segment -> [epoch, deadline s, since, tasks ended, told]
+        self.started = 0  # watched replays so far (an idle look ends the thread)
+        self.period = None  # seconds between two looks (IDLE_LOOK, or a shorter deadline)
+        self._wake = threading.Condition(threading.Lock())
+        self._thread = None
+
+    def watch(self, seg, epoch, run):
+        """``run()`` (the calling thread's share of ``seg`` at replay ``epoch``), watched."""
+        timeout = seg.rt.wait_timeout
+        with self._wake:
+            self.running[seg] = [epoch, timeout, time.monotonic(), 0, False]
+            self.started += 1
+            if self._thread is None or timeout < self.period:
+                self.period = min(timeout, self.period or IDLE_LOOK)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                    name="hetero_nn-watchdog")
+                    self._thread.start()
+                self._wake.notify()
+        try:
+            return run()
+        finally:
+            self.running.pop(seg, None)
+
+    def _loop(self):
+        seen = -1
+        while True:
+            with self._wake:
+                self._wake.wait(self.period)
+                if not self.running and self.started == seen:  # a whole period idle
+                    self._thread = self.period = None
+                    return
+                seen = self.started
+            self._look()
+
+    def _look(self):
+        """Stop, and report, each watched replay in which no task ended for its deadline
+        (holding no segment once it returns)."""
+        now = time.monotonic()
+        for seg, entry in list(self.running.items()):
+            epoch, timeout, since, ended, told = entry
+            count = int(np.count_nonzero(seg.times[:, 1]))
+            if count != ended:
+                entry[2], entry[3] = now, count
+            elif now - since >= timeout and not told and self.running.get(seg) is entry:
+                entry[4] = True
+                if seg.abort[0] == 0:  # (else a wait on another worker saw it first)
+                    seg.abort[0] = TIMED_OUT
+                _log.error("%s\n(the replay raises this once that task returns: it runs on "
+                           "the calling thread)",
+                           stalled("a replay", timeout, engine_state(seg, epoch)))
+
+
+_log = logging.getLogger("hetero_nn.scheduler")
+WATCHDOG = Watchdog()
+"""The process's watchdog (:class:`Watchdog`)."""

@@ -374,8 +374,7 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run([lambda s=s: seg.run(s, epoch) for s in shares], seg, epoch,
-                          rt.wait_timeout)
+    results = threads.run(seg.jobs(shares, epoch), seg, epoch, rt.wait_timeout)
     wall = _perf() - t_submit
     if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes

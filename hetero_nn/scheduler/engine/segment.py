@@ -5,20 +5,17 @@ Policy
 A segment (one recorded flush) is compiled in three steps (see
 :mod:`~hetero_nn.scheduler.engine.replay` for when): its tasks grouped in *units* (a task,
 or a bundle's members, which stay together on one worker), a fixed schedule of the
-units (:func:`_schedule`), then every task bound for its worker
+units (:func:`~.planning.schedule`), then every task bound for its worker
 (:mod:`~hetero_nn.scheduler.engine.bound`) and each worker's *share* laid out as the arrays
 of :func:`~hetero_nn.scheduler.engine.dispatch.run_compiled`: its tasks in order, their
 trampolines and argument blocks, the predecessors to wait for on other workers (per
 other worker the latest in that worker's order: the others come before it) and
 whether another worker waits for each task.
 
-Schedules. ``heft``'s plan under ``heft``, else, on workers of one kind,
-:func:`~hetero_nn.scheduler.policies.list_scheduling.plan` on the costs known (the engine's own
-measurements, the model's predictions, or the capture run's times, each (codelet,
-footprint)'s median standing for all, so a first run's compilation does not
-count). Workers of several kinds (CPU and CUDA) are served under ``heft`` only
-(:func:`~hetero_nn.scheduler.engine.replay.unavailable`); should its ranks tie across an
-edge, its placement at capture is kept, each worker's tasks in submission order.
+Schedules: :mod:`~hetero_nn.scheduler.engine.planning` (``heft``'s plan, or list
+scheduling on the costs known; made again once on the engine's own measurements, and
+taken only where it gains enough: :func:`replan`). Workers of several kinds (CPU and
+CUDA) are served under ``heft`` only (:func:`~hetero_nn.scheduler.engine.replay.unavailable`).
 With several memory nodes (CUDA workers, ``host_nodes``) the schedule fixes every
 task's node, hence its copies: the segment's data plan
 (:mod:`~hetero_nn.scheduler.engine.data_plan`, :func:`_plan_copies`) adds each planned copy
@@ -44,6 +41,7 @@ The host waits for the stream once, at the share's end.
 State
 -----
 ``units``, ``tasks`` (bundles flattened, segment order; ``n_tasks`` of them),
+``planning`` (:class:`~.planning.Planning`), ``schedule`` and ``schedule_arrays``,
 ``task_preds``, ``bound``, ``data`` (the data plan or None) and ``moves`` (its copies,
 bound), ``runs`` (``bound + moves``, by counter index), ``worker_of`` (per unit),
 ``share_tasks`` (per worker), ``shares``, ``waits_of`` / ``notify_of`` (per counter),
@@ -56,8 +54,6 @@ tasks).
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 
 from ...codelets.prepared import WorkerBuffers
@@ -65,10 +61,11 @@ from .bound import BoundTransfer, bind_task, bound_roots, model_key, moved_to
 from .data_plan import schedule_transfers
 from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
 from .intrinsics import clock_offset
-from .contention import Contention, serial_order
-from ..policies.policies import UNKNOWN_COST
+from .contention import WATCHDOG, Contention, serial_order
+from .planning import Planning, better_schedule, schedule_arrays
+from .planning import schedule as plan_schedule
 from ..executors.stalls import timeout_ns
-from ..policies.list_scheduling import check_orders, fixed_orders
+from ..policies.list_scheduling import check_orders
 from ..variants import EXPLORE_SAMPLES
 
 
@@ -106,8 +103,9 @@ class CompiledSegment:
         the workers' scratch buffers (worker index -> WorkerBuffers), the runtime's;
         ``schedule``: ``(worker_of, orders)`` when already made (:func:`replan`)."""
         self.unit_graph = _units(segment) if previous is None else previous.unit_graph
-        self.cost_groups = None if previous is None else previous.cost_groups  # _measured
         units, unit_preds, self.tasks, self.task_preds, self.unit_of_task = self.unit_graph
+        self.planning = Planning(rt, segment, units, unit_preds, self.tasks) \
+            if previous is None else previous.planning
         self.rt = rt
         self.multinode = len(rt.nodes) > 1
         n = self.n_tasks = len(self.tasks)
@@ -115,9 +113,12 @@ class CompiledSegment:
         self.spin_ns = spin_budget(len(workers))  # one thread per worker's share
         self.timeout_ns = timeout_ns(rt.wait_timeout)
         if schedule is None:
-            schedule = _schedule(rt, segment, units, unit_preds, _measured(previous),
-                                 self.tasks)
+            schedule = plan_schedule(rt, segment, units, unit_preds, None if previous is None
+                                     else self.planning.measured_costs(previous.times),
+                                     self.tasks, self.planning)
         self.worker_of, orders = self.schedule = schedule
+        self.schedule_arrays = None if self.multinode or not self.planning.single_kind \
+            else schedule_arrays(schedule)  # what a re-plan compares with (planning.py)
         self.data, self.moves = None, []
         if self.multinode:  # the copies between nodes, fixed by the schedule (data_plan.py)
             planned = _plan_copies(self, rt, units, unit_preds, orders)
@@ -173,6 +174,9 @@ class CompiledSegment:
                         if len(rt.candidates(b.task.codelet, b.worker.kind)) > 1]
         self.done = np.zeros(n, dtype=np.int32)
         self.times = np.zeros((n, 2), dtype=np.int64)
+        if previous is None and self.schedule_arrays is not None:  # the re-plan's compiled
+            self.planning.makespan(self.planning.measured_costs(self.times),  # passes loaded
+                                   self.schedule_arrays)  # now, not inside the 2nd replay
         self.bytes_in = np.zeros(n, dtype=np.int64)
         self.planned_bytes = np.zeros(n, dtype=np.int64)  # each copy's, at its first reader
         for x in self.data.transfers if self.data is not None else ():
@@ -201,6 +205,16 @@ class CompiledSegment:
                                  [False] * n)
         return self._serial
 
+    def jobs(self, shares, epoch):
+        """The calls that run ``shares`` at replay ``epoch``, for ``EngineThreads.run``:
+        the first on the calling thread, under the :data:`~.contention.WATCHDOG` (a CPU
+        worker's share, where the runtime has a deadline), each other on an engine thread."""
+        self.running = shares  # what executors.stalls.engine_state reports
+        jobs = [lambda s=s: self.run(s, epoch) for s in shares]
+        if shares[0].worker.stream is None and self.rt.wait_timeout is not None:
+            jobs[0] = lambda s=shares[0]: WATCHDOG.watch(self, epoch, lambda: self.run(s, epoch))
+        return jobs
+
     def run_stream_share(self, share, epoch):
         """Enqueue a CUDA worker's share on its stream, then wait for the stream once;
         returns None, or ``(task index, exception)``."""
@@ -211,6 +225,7 @@ class CompiledSegment:
         self.runs = self.bound + self.moves  # by counter index
         self.layout = None  # what its replays' trace records read (replay.record_layout)
         self._serial = None  # the serial share (contention.py), made when first used
+        self.running = None  # the shares of the replay under way (jobs)
         self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of)
                        for w, tasks in zip(self.workers, self.share_tasks)]
 
@@ -397,35 +412,13 @@ def _launch_dynamic(rt, seg, run, t, w):
         raise
 
 
-def _measured(seg):
-    """Nanoseconds per task to plan on after ``seg``'s last replay (None: no compilation
-    before): each (codelet, footprint)'s median over the tasks it ran, standing for all of
-    them, so a task that lost its core once on a busy machine does not move the plan."""
-    if seg is None:
-        return None
-    n = seg.n_tasks
-    ns = (seg.times[:n, 1] - seg.times[:n, 0]).astype(np.float64)
-    if seg.cost_groups is None:
-        index: dict = {}
-        seg.cost_groups = np.array(
-            [index.setdefault((t.codelet.name, seg.rt.footprint(t)[0]), len(index))
-             for t in seg.tasks], dtype=np.int64)
-    groups = seg.cost_groups
-    out = np.empty(n)
-    for k in range(int(groups.max()) + 1 if n else 0):
-        members = groups == k
-        out[members] = np.median(ns[members])
-    return out
-
-
 def replan(rt, segment, previous, buffers):
     """``segment`` planned again on the times ``previous`` (its compilation) measured:
-    ``previous`` itself where the plan is the one it runs (nothing bound, laid out or
-    measured is made again), else compiled again on that plan, its bound tasks kept
-    where they keep their worker (:class:`CompiledSegment`)."""
-    units, unit_preds, tasks = previous.unit_graph[:3]
-    schedule = _schedule(rt, segment, units, unit_preds, _measured(previous), tasks)
-    if not previous.multinode and schedule == previous.schedule:
+    ``previous`` itself unless the new plan gains enough (nothing bound, laid out or
+    measured is made again: :func:`~.planning.better_schedule`), else compiled again on
+    that plan, its bound tasks kept where they keep their worker (:class:`CompiledSegment`)."""
+    schedule = better_schedule(previous)
+    if schedule is None:
         return previous
     return CompiledSegment(rt, segment, previous, buffers, schedule)
 
@@ -490,60 +483,6 @@ def _units(segment):
         task_preds.append([units[p][-1] for p in ps])
         task_preds.extend([m - 1] for m in first[1:])
     return units, unit_preds, tasks, task_preds, unit_of_task
-
-
-def _schedule(rt, segment, units, unit_preds, costs_ns, tasks):
-    """``(worker_of per unit, orders)``: heft's plan, or :func:`plan` on known costs; with
-    several memory nodes, heft's plan or the capture run's placement (module docstring)."""
-    index = {w: i for i, w in enumerate(rt.workers)}
-    heads = [t for t, _, _ in segment]
-    planned = costs_ns is None and rt.policy_name == "heft" and all(
-        t.assigned is not None for t in heads)
-    if len({w.kind for w in rt.workers}) > 1:  # heft's plan (or, if its ranks tie across
-        placed = [index.get(t.worker, index[t.eligible[0]]) for t in heads]  # an edge, its
-        return fixed_orders(unit_preds, len(rt.workers), None,  # placement at capture)
-                            [index[t.assigned] for t in heads] if planned else placed,
-                            [t.rank for t in heads] if planned else
-                            [-u for u in range(len(heads))],
-                            fallback=(placed, [-u for u in range(len(heads))]))
-    every = len(rt.workers)
-    allowed = [None if len(t.eligible) == every else [index[w] for w in t.eligible]
-               for t in heads]  # placement constraints (a pipeline's stages)
-    return fixed_orders(unit_preds, len(rt.workers),
-                        lambda: _unit_costs(rt, units, tasks, costs_ns),
-                        [index[t.assigned] for t in heads] if planned else None,
-                        [t.rank for t in heads], allowed=allowed)
-
-
-def _unit_costs(rt, units, tasks, costs_ns):
-    """Seconds per unit: measured by the engine, else predicted, else the capture run's
-    median per (codelet, footprint)."""
-    if costs_ns is not None:  # a unit is a run of consecutive tasks (_units)
-        return (np.add.reduceat(costs_ns, [u[0] for u in units]) * 1e-9).tolist() \
-            if units else []
-    kind = rt.workers[0].kind
-    per_task = []
-    medians: dict = {}
-    for t in tasks:
-        p = None
-        if rt.perfmodel is not None:
-            p = rt.predict(t, kind)[1]
-        if p is None and t.t_start and t.t_end >= t.t_start:
-            medians.setdefault((t.codelet.name, rt.footprint(t)[0]), []).append(
-                t.t_end - t.t_start)
-        per_task.append(p)
-    medians = {k: statistics.median(v) for k, v in medians.items()}
-    out = []
-    for u in units:
-        total = 0.0
-        for i in u:
-            p = per_task[i]
-            if p is None:
-                t = tasks[i]
-                p = medians.get((t.codelet.name, rt.footprint(t)[0]), UNKNOWN_COST)
-            total += p
-        out.append(total)
-    return out
 
 
 def _model_groups(bound):

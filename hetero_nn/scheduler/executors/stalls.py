@@ -78,9 +78,10 @@ def engine_state(seg, epoch) -> str:
     """What each share of a compiled segment does at replay ``epoch``: done, running a
     task, or waiting on tasks of other workers (read from its stamps and counters)."""
     times, done = seg.times, seg.done
-    lines = [f"replay engine state: {seg.n_tasks} task(s) in {len(seg.shares)} share(s), "
+    shares = seg.running or seg.shares  # (a serial replay's one share)
+    lines = [f"replay engine state: {seg.n_tasks} task(s) in {len(shares)} share(s), "
              f"abort flag {int(seg.abort[0])}"]
-    for share in seg.shares:
+    for share in shares:
         order = share.order
         ended = times[order, 1] != 0 if len(order) else np.zeros(0, dtype=bool)
         left = np.flatnonzero(~ended)
