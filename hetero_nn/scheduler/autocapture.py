@@ -195,7 +195,8 @@ class AutoCapture:
             self._drop(shape)  # not plain, or a handle unregistered since (submitted: refused)
             shape = None
         if shape is not None:
-            self.shapes.move_to_end(key)
+            if key in self.shapes:  # (a shape reached as the last one's next may be evicted)
+                self.shapes.move_to_end(key)
             self.state = DEFER
             self.shape = shape
             self.steps = {}

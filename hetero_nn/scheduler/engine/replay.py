@@ -7,8 +7,8 @@ Policy
 the local executor, with workers of one kind or under ``heft``) runs each recorded
 flush (*segment*) as follows. At the first replay, and (on one memory node; on several
 the placement made at capture or by heft is kept) once more after the first one measured
-its own tasks, the segment is *compiled*
-(:mod:`~hetero_nn.scheduler.engine.segment`):
+its own tasks where the plan made on those times saves 5% (:mod:`~hetero_nn.scheduler.engine.planning`),
+the segment is *compiled* (:mod:`~hetero_nn.scheduler.engine.segment`):
 
 1. a fixed schedule (:mod:`~hetero_nn.scheduler.policies.list_scheduling`): ``heft``'s plan when
    the policy is ``heft``, else list scheduling on the costs known (the last
