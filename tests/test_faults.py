@@ -21,6 +21,7 @@ import pytest
 import hetero_nn as hn
 from hetero_nn import RW, W
 from hetero_nn.scheduler.perfmodel.model import PerfModel
+from hetero_nn.scheduler.variants import FEED_EVERY
 from hetero_nn.scheduler.policies.policies import POLICIES, Dmda, Eager, Heft, WorkStealing
 from helpers import within
 
@@ -146,7 +147,7 @@ def test_a_performance_model_update_that_raises_is_not_the_codelets_failure(tmp_
         with hn.Runtime(devices=devices, perfmodel=pm) as rt:
             pm.armed = True
             x = rt.register(np.zeros(1))
-            for _ in range(20):  # more than a worker buffers before it feeds the model
+            for _ in range(FEED_EVERY + 8):  # more than a worker buffers before it feeds
                 rt.submit(ADD, x)
             with pytest.raises(hn.TaskError, match="performance model") as caught:
                 rt.wait()
@@ -168,7 +169,7 @@ def test_the_completion_callback_of_a_stream_cannot_strand_its_worker(tmp_path):
         with hn.Runtime(devices="cuda-emu:1", perfmodel=pm) as rt:
             pm.armed = True
             x = rt.register(np.zeros(1))
-            for _ in range(20):
+            for _ in range(FEED_EVERY + 8):  # the model's update runs in the callback
                 rt.submit(ADD, x)
             with pytest.raises(hn.TaskError, match="completion callback of task"):
                 rt.wait()
