@@ -222,45 +222,42 @@ class EngineThreads:
             return run
         bound = self.binding is not None and self.binding.enter(len(jobs))
         try:
-            return self._run(jobs, results, finished, wrap, seg, epoch, timeout)
+            for i in range(1, len(jobs)):
+                self._queues[i - 1].put(wrap(i, jobs[i]))
+            interrupt = None
+            try:
+                results[0] = jobs[0]()
+            except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
+                interrupt = exc
+            left = len(jobs) - 1
+            while left:
+                wait = timeout
+                if seg is not None and seg.abort[0] == TIMED_OUT:
+                    wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
+                try:
+                    if finished.acquire(timeout=wait):
+                        left -= 1
+                        continue
+                except KeyboardInterrupt as exc:
+                    if interrupt is not None:  # a second one: leave the shares behind
+                        self.broken = True
+                        raise
+                    interrupt = exc
+                    if seg is not None:
+                        set_abort(seg.abort, seg.done, seg.notify_tasks)
+                    continue
+                self.broken = True
+                if seg is None:
+                    raise stalled("the replay engine", timeout, "(no segment)")
+                if seg.abort[0] == 0:
+                    seg.abort[0] = TIMED_OUT
+                raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
+            if interrupt is not None:
+                raise interrupt
+            return results
         finally:
             if bound:
                 self.binding.exit()
-
-    def _run(self, jobs, results, finished, wrap, seg, epoch, timeout):
-        for i in range(1, len(jobs)):
-            self._queues[i - 1].put(wrap(i, jobs[i]))
-        interrupt = None
-        try:
-            results[0] = jobs[0]()
-        except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
-            interrupt = exc
-        left = len(jobs) - 1
-        while left:
-            wait = timeout
-            if seg is not None and seg.abort[0] == TIMED_OUT:
-                wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
-            try:
-                if finished.acquire(timeout=wait):
-                    left -= 1
-                    continue
-            except KeyboardInterrupt as exc:
-                if interrupt is not None:  # a second one: leave the shares behind
-                    self.broken = True
-                    raise
-                interrupt = exc
-                if seg is not None:
-                    set_abort(seg.abort, seg.done, seg.notify_tasks)
-                continue
-            self.broken = True
-            if seg is None:
-                raise stalled("the replay engine", timeout, "(no segment)")
-            if seg.abort[0] == 0:
-                seg.abort[0] = TIMED_OUT
-            raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
-        if interrupt is not None:
-            raise interrupt
-        return results
 
     def close(self):
         for q in self._queues:
