@@ -5,10 +5,14 @@ Replays one Task Bench grid (``stencil_1d``, ``--width`` points by ``--steps`` s
 ``cpu:1`` and on ``cpu:2``, alone and beside a busy-loop process (``python -c 'while
 True: pass'``, pinned to the last core with ``--pin``), and prints the median replay
 time of each. ``--dask-first`` runs ``dask.threaded.get`` once in the process before
-anything (the cluster path always has Dask in the process). Note the machine's load
-(``uptime``) beside any figure: other processes take cores from it. Example::
+anything (the cluster path always has Dask in the process). ``--dask-worker`` also replays
+the same grid inside a ``distributed`` worker process (a ``LocalCluster`` of one worker
+with one thread, the task run through ``Client.submit``: where a cluster rank runs its
+steps), one run in this process and one in the worker in turn, alone. Note the machine's
+load (``uptime``) beside any figure: other processes take cores from it. Examples::
 
     python benchmarks/bench_contention.py --replays 30 --pin
+    python benchmarks/bench_contention.py --replays 30 --dask-worker --no-neighbour
 """
 
 from __future__ import annotations
@@ -40,6 +44,35 @@ def replay_times(devices, tasks, width, steps, iterations, replays):
     return statistics.median(walls), walls, mode
 
 
+def rank_replay(bench_dir, *args):
+    """:func:`replay_times` in a Dask worker process (this module is not importable there:
+    the function travels by value)."""
+    sys.path.insert(0, bench_dir)
+    from bench_contention import replay_times as run
+    median, walls, mode = run(*args)
+    return median, walls, repr(mode)
+
+
+def dask_worker_rows(args, tasks, rounds=2):
+    """Replays in this process and in a Dask worker process, ``rounds`` times in turn."""
+    from distributed import Client, LocalCluster
+    here = str(Path(__file__).resolve().parent)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        for r in range(rounds):
+            for devices in args.devices:
+                a = (devices, tasks, args.width, args.steps, args.iterations, args.replays)
+                for where in ("this process", "a Dask worker"):
+                    if where == "this process":
+                        median, walls, mode = replay_times(*a)
+                    else:
+                        median, walls, mode = client.submit(rank_replay, here, *a,
+                                                            pure=False).result()
+                    print(f"  round {r + 1} {where:<13} {devices}: median {1e3 * median:8.2f} "
+                          f"ms (min {1e3 * min(walls):.2f}, max {1e3 * max(walls):.2f})"
+                          + (f"  [{mode}]" if mode else ""))
+
+
 def neighbour(pin):
     """A busy-loop process (pinned to the last core with ``pin``)."""
     def pin_it():
@@ -58,6 +91,10 @@ def main(argv=None):
     parser.add_argument("--dask-first", action="store_true",
                         help="run dask.threaded.get once in the process first")
     parser.add_argument("--devices", nargs="+", default=["cpu:1", "cpu:2"])
+    parser.add_argument("--dask-worker", action="store_true",
+                        help="also replay inside a distributed worker process (a rank)")
+    parser.add_argument("--no-neighbour", action="store_true",
+                        help="leave out the rows beside a busy loop")
     args = parser.parse_args(argv)
     if args.dask_first:
         import dask.threaded
@@ -65,7 +102,9 @@ def main(argv=None):
     tasks = grid("stencil_1d", args.width, args.steps)
     print(f"stencil_1d {len(tasks)} tasks, {args.iterations} iterations, load "
           f"{os.getloadavg()[0]:.2f}, dask first: {args.dask_first}")
-    for busy in (False, True):
+    if args.dask_worker:
+        dask_worker_rows(args, tasks)
+    for busy in (False,) if args.no_neighbour else (False, True):
         proc = neighbour(args.pin) if busy else None
         try:
             time.sleep(0.2 if busy else 0)
