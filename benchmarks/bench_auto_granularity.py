@@ -114,7 +114,11 @@ def decide(name, shape, args, cache):
         t0 = time.perf_counter()
         trainer.tune_granularity(x, y)
         seconds = time.perf_counter() - t0
-        after = steady(trainer, shape, args) if args.decision_only else None
+        after = None
+        if args.decision_only:
+            after = steady(trainer, shape, args)
+            after["repredicted_s"], after["repredicted_codelets_s"] = repredicted(
+                trainer, x, y, after.pop("runs"))
         rt.perfmodel.save()  # the candidates' trainers start from the same calibration
         trainer.close()
     return trainer.granularity_decision, seconds, after
@@ -127,7 +131,7 @@ def steady(trainer, shape, args) -> dict:
     tasks}`` (one where the engine replayed on one thread)."""
     rt = trainer.runtime
     batches = synthetic_batches(shape, args.batch, args.warmup + args.steps, 1)
-    walls, busy, workers = [], {}, set()
+    walls, busy, workers, runs = [], {}, set(), []
     for i, (x, y) in enumerate(batches):
         rt.trace(clear=True)
         t0 = time.perf_counter()
@@ -136,12 +140,45 @@ def steady(trainer, shape, args) -> dict:
         if i < args.warmup:
             continue
         walls.append(wall)
-        for r in rt.trace(clear=True):
+        records = list(rt.trace(clear=True))
+        runs.append((wall, records))
+        for r in records:
             busy[r.codelet] = busy.get(r.codelet, 0.0) + r.end - r.start
             workers.add(r.worker)
     return {"step_s": statistics.median(walls), "steps_s": walls,
             "codelets_s": {k: v / len(walls) for k, v in busy.items()},
-            "workers": sorted(workers)}
+            "workers": sorted(workers), "runs": [runs]}
+
+
+def repredicted(trainer, x, y, runs):
+    """The chosen configuration predicted again as the decision predicts it, from the
+    performance models as the steady steps left them (they fed the runtime's models:
+    each footprint's median of its last runs) and those steps' path costs:
+    ``(step seconds, {codelet: seconds})``. Beside the decision's prediction it tells
+    the calibration's samples (first replays, the load of that minute) from the
+    simulation's model of a step."""
+    from hetero_nn.simulation.paths import PathCosts, step_path
+    from hetero_nn.simulation.simulate import Platform, capture, simulate
+    from hetero_nn.training.granularity_family import FamilyModel
+    rt = trainer.runtime
+    path = step_path(trainer)
+    costs = PathCosts.measure(path, runs)
+    workers = {}
+    for w in rt.workers:
+        workers[w.kind] = workers.get(w.kind, 0) + 1
+    if costs.serial and len(workers) == 1:
+        workers = {kind: 1 for kind in workers}
+    steps = capture(rt, lambda: (trainer.submit_step(x, y), rt.wait()), steps=2)[1:]
+    for step in steps:
+        if path != "submitted":
+            step.submit_seconds = costs.host or 0.0
+    r = simulate(steps, Platform(name=str(rt.devices), workers=workers), rt.policy_name, rt,
+                 dispatch=costs.dispatch, partial=True, engine=path == "compiled",
+                 handoff=costs.handoff, models=FamilyModel(rt))
+    busy = {}
+    for _, name, _, start, end in r.schedule:
+        busy[name] = busy.get(name, 0.0) + end - start
+    return r.step_seconds, busy
 
 
 def measure(name, shape, configs, args, cache) -> list[float]:
@@ -208,7 +245,9 @@ def decision_row(name, shape, args, decision, seconds, after) -> dict:
     and per codelet the predicted and the steady steps' traced seconds."""
     ratio = decision.measured_seconds / decision.predicted_seconds
     predicted = decision.predicted_codelets
+    again = after["repredicted_codelets_s"]
     codelets = [{"codelet": c, "predicted_ms": 1e3 * predicted.get(c, 0.0),
+                 "repredicted_ms": 1e3 * again.get(c, 0.0),
                  "measured_ms": 1e3 * after["codelets_s"].get(c, 0.0)}
                 for c in sorted(set(predicted) | set(after["codelets_s"]),
                                 key=lambda c: -after["codelets_s"].get(c, 0.0))]
@@ -222,6 +261,8 @@ def decision_row(name, shape, args, decision, seconds, after) -> dict:
             "chosen_ms": 1e3 * decision.measured_seconds, "measured_over_predicted": ratio,
             "steady_ms": 1e3 * after["step_s"],
             "steady_over_predicted": after["step_s"] / decision.predicted_seconds,
+            "repredicted_ms": 1e3 * after["repredicted_s"],
+            "steady_over_repredicted": after["step_s"] / after["repredicted_s"],
             "steady_steps_ms": [1e3 * s for s in after["steps_s"]], "codelets": codelets,
             "steady_workers": after["workers"], "serial_predicted": decision.serial,
             "per_block_simulations": sum(r["predicted_seconds"] is not None
@@ -238,14 +279,16 @@ def format_row(row) -> str:
                  f"decision's measure {row['chosen_ms']:.1f} ms "
                  f"({row['measured_over_predicted']:.2f}), steady step "
                  f"{row['steady_ms']:.1f} ms (steady/predicted "
-                 f"{row['steady_over_predicted']:.2f}); per-block simulations "
+                 f"{row['steady_over_predicted']:.2f}); predicted again from the steady steps' "
+                 f"models {row['repredicted_ms']:.1f} ms (steady/that "
+                 f"{row['steady_over_repredicted']:.2f}); per-block simulations "
                  f"{row['per_block_simulations']}; decision {row['decision_seconds']:.1f} s "
                  f"[load {row['loadavg'][0]:.2f}]",
                  "  decision's seconds: " + ", ".join(
                      f"{k} {v:.1f}" for k, v in row["decision"]["phase_seconds"].items()),
-                 "  codelet                              predicted ms  steady ms"]
-        lines += [f"  {c['codelet']:<36} {c['predicted_ms']:12.1f} {c['measured_ms']:10.1f}"
-                  for c in row["codelets"][:12]]
+                 "  codelet                              predicted ms  again ms  steady ms"]
+        lines += [f"  {c['codelet']:<36} {c['predicted_ms']:12.1f} {c['repredicted_ms']:9.1f} "
+                  f"{c['measured_ms']:10.1f}" for c in row["codelets"][:12]]
         return "\n".join(lines)
     models = "" if not row["switched"] else \
         f" (models chose {row['models_choice']}, re-check switched)"

@@ -20,7 +20,9 @@ Policy
    variant it runs on some worker kind of the runtime (one of the footprint,
    where another step would end past the budget); the first step of each candidate (capture, compilation: Numba compiles once per
    signature, first touch of the memory) feeds neither the models nor the
-   overhead. The other steps run on the path the trained steps will run on
+   overhead, nor does the first configuration's second (``FIRST_UNTIMED``: the
+   decision's first replay, whose kernels ran 1.25-1.35x their later times in every
+   ResNet-18 run at load 7-9, `docs/granularity.md`). The other steps run on the path the trained steps will run on
    (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
    or compiled by the replay engine), and give that path's costs. Submitted or
    replayed through the executor: the per-task overhead ``dispatch`` is the
@@ -95,6 +97,7 @@ TOLERANCE = 1.05          # the smallest g within 5 % of the best prediction win
 
 PER_WORKER = 4            # candidates up to 4 partitions per worker
 MEASURED_STEPS = 3
+FIRST_UNTIMED = 2         # the first configuration's capture and first replay feed no model
 WARMUP_STEPS = 3
 _perf = time.perf_counter
 
@@ -227,7 +230,7 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
         trainer.prepare(x)  # built and bound before the state to restore is read
         with _state_kept(trainer):
             runs, steps, calibrated, left_out = [], 0, [], []
-            step_graphs = _StepGraphs(trainer, x, y)
+            step_graphs = _StepGraphs(trainer, x, y, replayed)
             t_calibration = _perf()
             kinds = [k for k, n in platform.workers.items() if n]
             order = calibration_order(configs, len(rt.workers))
@@ -241,7 +244,8 @@ def choose_granularity(trainer, x, y, candidates=None, per_layer=True) -> Granul
                 # the first leaves the second its two steps (a first one and a timed one)
                 most = left - 2 if not calibrated and len(order) > 1 else left
                 steps += _calibrate(trainer, x, y, platform, runs, step_graphs,
-                                    t_calibration + CALIBRATION_BUDGET, max(2, most))
+                                    t_calibration + CALIBRATION_BUDGET, max(2, most),
+                                    untimed=1 if calibrated else FIRST_UNTIMED)
                 calibrated.append([g, fuse])
             t_predictions = _perf()
             calibration_seconds = t_predictions - t_calibration
@@ -329,9 +333,9 @@ def _configure(trainer, g, fuse, layers):
 
 
 def _calibrate(trainer, x, y, platform, runs, step_graphs, deadline=float("inf"),
-               most=CALIBRATION_STEPS):
-    """Real steps at the trainer's configuration (``most`` at most, the first untimed)
-    until the models know every task of its graph (:func:`_known`), or, where another
+               most=CALIBRATION_STEPS, untimed=1):
+    """Real steps at the trainer's configuration (``most`` at most, the first ``untimed``
+    of them, and at least one timed) until the models know every task of its graph (:func:`_known`), or, where another
     step would end past ``deadline``, have measured each footprint once (a task that
     runs once a step, the last layer's optimizer step, would otherwise cost three steps
     of a model that takes seconds a step); appends ``[(wall seconds, records), ...]`` of
@@ -343,11 +347,15 @@ def _calibrate(trainer, x, y, platform, runs, step_graphs, deadline=float("inf")
     # the calibration's records in a buffer of their own, unbounded (the runtime's keeps
     # only its last flushes); they join the runtime's trace afterwards if it is on
     with rt.tracing_apart() as trace:
-        with rt.measuring(None):  # capture, compilation (Numba compiles per signature),
-            trainer.train_step(x, y)  # first touch: unrecorded
+        # capture, compilation (Numba compiles per signature), first touch, the decision's
+        # first replay: measured into a model of their own, dropped (so each footprint's
+        # first run in the process, which the runtime never records, is one of theirs)
+        with rt.measuring(PerfModel(load=False, save_every=None)):
+            for _ in range(untimed):
+                trainer.train_step(x, y)
         timed = []
-        steps = 1
-        while steps < most:
+        steps = untimed
+        while steps < max(most, untimed + 1):
             before = len(trace)
             t0 = _perf()
             trainer.train_step(x, y)
@@ -386,13 +394,15 @@ def _family_counts(rt, names) -> dict:
 class _StepGraphs:
     """The graphs one training step flushes at the trainer's configuration, captured
     without running (the last two of three: each starts where the one before left the
-    data; on one memory node, where no data moves, the second of two). A uniform
-    configuration's are captured once and serve its calibration or the check of its
-    families, and its prediction; a replayed step's host time is ``host``, a submitted
-    one's the fastest of its captured submissions."""
+    data; on one memory node, where no data moves, the second of two, or one where the
+    steps are ``replayed``: its graph is the second's, task for task, and only a
+    submitted step's time needs a second submission, the first one's being slower). A
+    uniform configuration's are captured once and serve its calibration or the check of
+    its families, and its prediction; a replayed step's host time is ``host``, a
+    submitted one's the fastest of its captured submissions."""
 
-    def __init__(self, trainer, x, y):
-        self.trainer, self.x, self.y = trainer, x, y
+    def __init__(self, trainer, x, y, replayed=False):
+        self.trainer, self.x, self.y, self.replayed = trainer, x, y, replayed
         self._kept: dict = {}  # (g, fuse) -> (steps, submission seconds, handles)
         self._handles: dict = {}  # of the last capture: real handle -> its graphs' handle
 
@@ -410,7 +420,8 @@ class _StepGraphs:
                 rt.wait()
 
             handles: dict = {}
-            steps = capture(rt, submit, steps=3 if len(rt.nodes) > 1 else 2, handles=handles)[1:]
+            count = 3 if len(rt.nodes) > 1 else 1 if self.replayed else 2
+            steps = capture(rt, submit, steps=count, handles=handles)[count > 1:]
             got = (steps, min(s.submit_seconds for s in steps), handles)
             if layers is None:
                 self._kept[key] = got

@@ -53,7 +53,8 @@ it; on 2 cores ResNet-18 in the CIFAR layout (3 s a step at batch 64) calibrates
 CALIBRATION_STEPS = 5
 """Training steps the calibration may take in all, each configuration's first included (issue
 28: "at most 10 s or five steps, whichever is less"): the first configuration takes up to
-three (its first step and two timed ones), the second the two left (its first and one timed);
+three (its first step, its first replay and one timed), the second the two left (its first
+and one timed);
 past them, configurations are left to their families."""
 
 _FLOOR = 0.1  # a line never predicts under a tenth of the nearest measure's share of size
