@@ -47,15 +47,18 @@ __all__ = ["CALIBRATION_BUDGET", "CALIBRATION_STEPS", "FamilyModel", "calibratio
 
 CALIBRATION_BUDGET = 10.0
 """Seconds the calibration may take before configurations are left to their families (issue
-28's goal for ResNet-18). The built-in toy models calibrate every configuration well under
-it; on 2 cores ResNet-18 in the CIFAR layout (3 s a step at batch 64) calibrates one."""
+28's goal for ResNet-18). The built-in toy models stay well under it (``CALIBRATION_STEPS``
+stops them first); on 2 cores ResNet-18 in the CIFAR layout (3 s a step at batch 64)
+calibrates one configuration."""
 
 CALIBRATION_STEPS = 5
 """Training steps the calibration may take in all, each configuration's first included (issue
 28: "at most 10 s or five steps, whichever is less"): the first configuration takes up to
 three (its first step, its first replay and one timed), the second the two left (its first
-and one timed);
-past them, configurations are left to their families."""
+and one timed); past them, configurations are left to their families. Those of the other
+fusion then have none (their codelets never ran) and are left out of the candidates: on
+the toy models the fused configurations measured fastest (``docs/granularity.md``), and
+the re-check compares the rest on measured steps."""
 
 _FLOOR = 0.1  # a line never predicts under a tenth of the nearest measure's share of size
 
