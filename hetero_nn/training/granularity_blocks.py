@@ -23,7 +23,11 @@ Policy
   buffers or their gradients; a task touching none of a block's (an activation's,
   the REDUX partials' of a weight gradient) belongs to the block of the task
   submitted before it, a REDUX tree's to the block its combination reaches. The loss's
-  tasks fall to the last block: at every g they are few and small.
+  tasks fall to the last block: at every g they are few and small. A block with no
+  parameters (ReLU, pooling, Flatten) has no tasks of its own, so it is not tried.
+- The estimate is coarse on purpose: it leaves out what the simulation sees (a block's
+  weight gradients beside the next block's backward, the wait for a worker), so it only
+  ranks; the simulation decides.
 - A block is not tried at an ``h`` where one of its tasks in the uniform configuration
   has no prediction (one-partition batch norm at g=1 when only g=4 was calibrated);
   the uniform configuration may be left out of the candidates while some of its blocks
