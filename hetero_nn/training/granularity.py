@@ -17,13 +17,14 @@ Policy
    optimizer state, running statistics and dropout steps are put back after)
    until every task of the step's graph has been measured and its shape family has
    at least ``CALIBRATION_SAMPLES`` measurements (any size, any layer) of the
-   variant it runs on some worker kind of the runtime (one of the footprint,
-   where another step would end past the budget); the first step of each candidate (capture, compilation: Numba compiles once per
-   signature, first touch of the memory) feeds neither the models nor the
-   overhead, nor does the first configuration's second (``FIRST_UNTIMED``: the
-   decision's first replay, whose kernels ran 1.25-1.35x their later times in every
-   ResNet-18 run at load 7-9, `docs/granularity.md`). The other steps run on the path the trained steps will run on
-   (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
+   variant it runs on some worker kind of the runtime (one of the footprint, where
+   another step would end past the budget); the first step of each candidate
+   (capture, compilation: Numba compiles once per signature, first touch of the
+   memory) feeds neither the models nor the overhead, nor does the first
+   configuration's second (``FIRST_UNTIMED``: the decision's first replay, whose
+   kernels ran 1.2-1.35x their later times in two traced ResNet-18 runs at load 7-9,
+   `docs/granularity.md`). The other steps run on the path the trained steps will
+   run on (:mod:`~hetero_nn.simulation.paths`: submitted, replayed through the executor,
    or compiled by the replay engine), and give that path's costs. Submitted or
    replayed through the executor: the per-task overhead ``dispatch`` is the
    median, over the tasks of those steps, of the time from a task's worker
@@ -335,11 +336,12 @@ def _configure(trainer, g, fuse, layers):
 def _calibrate(trainer, x, y, platform, runs, step_graphs, deadline=float("inf"),
                most=CALIBRATION_STEPS, untimed=1):
     """Real steps at the trainer's configuration (``most`` at most, the first ``untimed``
-    of them, and at least one timed) until the models know every task of its graph (:func:`_known`), or, where another
-    step would end past ``deadline``, have measured each footprint once (a task that
-    runs once a step, the last layer's optimizer step, would otherwise cost three steps
-    of a model that takes seconds a step); appends ``[(wall seconds, records), ...]`` of
-    its timed steps to ``runs``, returns the steps run."""
+    of them, and at least one timed) until the models know every task of its graph
+    (:func:`_known`), or, where another step would end past ``deadline``, have measured
+    each footprint once (a task that runs once a step, the last layer's optimizer step,
+    would otherwise cost three steps of a model that takes seconds a step); appends
+    ``[(wall seconds, records), ...]`` of its timed steps to ``runs``, returns the steps
+    run."""
     rt = trainer.runtime
     graph = step_graphs()[-1].graphs
     tasks = {(t.codelet, t.footprint) for flushed in graph for t in flushed}

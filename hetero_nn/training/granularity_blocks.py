@@ -91,7 +91,8 @@ def per_block(model, g, fuse, candidates, predicted, predict, uniform, workers, 
     ``predict(g, fuse, layers)`` -> ``(seconds, tasks)`` simulates a configuration (it
     raises MissingModels for a task no model covers); ``uniform(h)`` -> ``{first layer:
     predicted seconds}`` of the uniform configuration ``(h, fuse)``'s blocks (a block
-    left out where a task of it has no prediction); ``workers``: the workers the predictions run on."""
+    left out where a task of it has no prediction); ``workers``: the workers the
+    predictions run on."""
     n = len(model.layers)
     layers = [g] * n
     trials = []
