@@ -56,9 +56,9 @@ CALIBRATION_STEPS = 5
 28: "at most 10 s or five steps, whichever is less"): the first configuration takes up to
 three (its first step, its first replay and one timed), the second the two left (its first
 and one timed); past them, configurations are left to their families. Those of the other
-fusion then have none (their codelets never ran) and are left out of the candidates: on
-the toy models the fused configurations measured fastest (``docs/granularity.md``), and
-the re-check compares the rest on measured steps."""
+fusion then have none (their codelets never ran) and are left out of the candidates (in
+issue 30's goal figure, ``docs/granularity.md``, a fused configuration measured fastest
+for LeNet-5 and dahl-basic); the re-check compares the rest on measured steps."""
 
 _FLOOR = 0.1  # a line never predicts under a tenth of the nearest measure's share of size
 
