@@ -49,4 +49,11 @@ def test_decision_only_reports_the_calibration_and_the_chosen_prediction(tmp_pat
     assert row["calibration_steps"] == decision["calibration_steps"] >= 2
     assert row["chosen_ms"] == 1e3 * decision["measured_seconds"]
     assert row["measured_over_predicted"] == row["chosen_ms"] / row["chosen_predicted_ms"]
+    # the steady step of training on after the decision, and where the prediction misses
+    assert len(row["steady_steps_ms"]) == 5 and row["steady_ms"] > 0
+    assert row["steady_over_predicted"] == row["steady_ms"] / row["chosen_predicted_ms"]
+    assert row["repredicted_ms"] > 0 and row["per_block_simulations"] >= 0
+    assert "sgd_step" in {c["codelet"] for c in row["codelets"]}
+    assert set(decision["phase_seconds"]) == {"calibration", "predictions", "per_block",
+                                              "measure", "recheck"}
     assert "calibration" in capsys.readouterr().out

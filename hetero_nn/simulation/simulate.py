@@ -173,14 +173,15 @@ class _GraphRecorder:
         self.graphs.append(graph)
 
 
-def capture(runtime, submit_step, steps: int = 2) -> list[StepGraph]:
+def capture(runtime, submit_step, steps: int = 2, handles=None) -> list[StepGraph]:
     """Run ``submit_step()`` ``steps`` times on ``runtime`` recording without running
     (:meth:`~hetero_nn.scheduler.runtime.Runtime.recording`): the DAGs it flushes are
     kept, not run (work submitted before is run first). Returns one :class:`StepGraph` per step.
+    ``handles``, if given, is filled with each real handle's :class:`SimHandle`.
 
     The runtime's data are left as they were (nothing ran); use a runtime made for this.
     """
-    recorder = _GraphRecorder(runtime, {})
+    recorder = _GraphRecorder(runtime, {} if handles is None else handles)
     out = []
     with runtime.recording(recorder):  # whole DAGs, none run
         for _ in range(steps):

@@ -29,8 +29,12 @@ Policy
   is always calibrated; each further one while the projected
   calibration (seconds so far, plus two steps of the slowest step measured: a
   configuration's first step and one timed) stays under ``CALIBRATION_BUDGET``
-  (a configuration whose next step would end past it stops once each footprint has
-  one measurement: ``granularity._calibrate``). Past
+  and two of the ``CALIBRATION_STEPS`` are left (a configuration whose next step
+  would end past the budget stops once each footprint has one measurement:
+  ``granularity._calibrate``). A configuration's steps stop once each of its
+  footprints is measured and each one's family has ``CALIBRATION_SAMPLES``
+  measurements at any size, in any layer: partitions of 32 images measured at g=2
+  count for those of 8 at g=8, so the second configuration needs one timed step. Past
   it, a configuration is predicted by its families, or left out of the candidates
   where one of its tasks has neither a measured footprint nor a family (a codelet no
   calibrated configuration ran, such as the other fusion's).
@@ -38,12 +42,23 @@ Policy
 
 from __future__ import annotations
 
-__all__ = ["CALIBRATION_BUDGET", "FamilyModel", "calibration_order", "family_of"]
+__all__ = ["CALIBRATION_BUDGET", "CALIBRATION_STEPS", "FamilyModel", "calibration_order",
+           "family_of"]
 
 CALIBRATION_BUDGET = 10.0
 """Seconds the calibration may take before configurations are left to their families (issue
-28's goal for ResNet-18). The built-in toy models calibrate every configuration well under
-it; on 2 cores ResNet-18 in the CIFAR layout (3 s a step at batch 64) calibrates one."""
+28's goal for ResNet-18). The built-in toy models stay well under it (``CALIBRATION_STEPS``
+stops them first); on 2 cores ResNet-18 in the CIFAR layout (3 s a step at batch 64)
+calibrates one configuration."""
+
+CALIBRATION_STEPS = 5
+"""Training steps the calibration may take in all, each configuration's first included (issue
+28: "at most 10 s or five steps, whichever is less"): the first configuration takes up to
+three (its first step, its first replay and one timed), the second the two left (its first
+and one timed); past them, configurations are left to their families. Those of the other
+fusion then have none (their codelets never ran) and are left out of the candidates (in
+issue 30's goal figure, ``docs/granularity.md``, a fused configuration measured fastest
+for LeNet-5 and dahl-basic); the re-check compares the rest on measured steps."""
 
 _FLOOR = 0.1  # a line never predicts under a tenth of the nearest measure's share of size
 
