@@ -68,16 +68,18 @@ def untiles_twin(m, bias, out_shape):
     return y[:, :, :out_h, :out_w]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 9), DTYPES)
-def test_filter_transform_equals_its_twin(n_out, n_in, dtype):
+def test_filter_transforms_equal_their_twin(n_out, n_in, dtype):
     w = np.random.default_rng(n_out * 10 + n_in).standard_normal((n_out, n_in, 3, 3))
     w = w.astype(dtype)
-    u = padded(n_out * n_in, dtype)
-    conv_winograd.transform_filters(w, u, conv_winograd.plane_stride(n_out * n_in))
-    np.testing.assert_array_equal(planes(u, n_out * n_in).reshape(16, n_out, n_in),
-                                  filters_twin(w))
-    assert np.isnan(u.reshape(16, -1)[:, n_out * n_in:]).all()
+    ps = conv_winograd.plane_stride(n_out * n_in)
+    for flipped, want in ((False, filters_twin(w)),
+                          (True, filters_twin(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]))):
+        u = padded(n_out * n_in, dtype)
+        conv_winograd.transform_filters(w, u, ps, flipped)
+        np.testing.assert_array_equal(planes(u, n_out * n_in).reshape(want.shape), want)
+        assert np.isnan(u.reshape(16, -1)[:, n_out * n_in:]).all()
 
 
 @settings(max_examples=30, deadline=None)

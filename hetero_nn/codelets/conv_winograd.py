@@ -125,22 +125,30 @@ def _runs(buf, e, ps, length):
 
 
 @jit
-def transform_filters(w, u, ps):
+def transform_filters(w, u, ps, flipped):
     """Plane ``xi = 4*i + j`` of ``u`` (planes ``ps`` apart, each ``[O, C]``) ``= (G g G^T)[i,
     j]`` for each 3x3 filter ``g = w[o, c]``: a filter's taps and ``G g`` in registers, an
-    output channel's filters along the 16 planes' rows."""
-    n_out, n_in = w.shape[0], w.shape[1]
+    output channel's filters along the 16 planes' rows. ``flipped``: the filters of the
+    input gradient instead (``handles_input``), ``g = w[c, o]`` turned by 180 degrees at row
+    ``o`` (an input channel of ``w``) and column ``c``."""
+    n_in = w.shape[1]
+    n_rows, n_cols = (n_in, w.shape[0]) if flipped else (w.shape[0], n_in)
     half = w.dtype.type(0.5)
-    wf = w.reshape(n_out, n_in * 9)
-    for o in range(n_out):
-        row = wf[o]
+    wf = w.reshape(-1)
+    for o in range(n_rows):
         u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = _runs(
-            u, o * n_in, ps, n_in)
-        for c in range(n_in):
-            b = 9 * c
-            g00, g01, g02 = row[b], row[b + 1], row[b + 2]
-            g10, g11, g12 = row[b + 3], row[b + 4], row[b + 5]
-            g20, g21, g22 = row[b + 6], row[b + 7], row[b + 8]
+            u, o * n_cols, ps, n_cols)
+        for c in range(n_cols):
+            if flipped:
+                b = 9 * (c * n_in + o)
+                g00, g01, g02 = wf[b + 8], wf[b + 7], wf[b + 6]
+                g10, g11, g12 = wf[b + 5], wf[b + 4], wf[b + 3]
+                g20, g21, g22 = wf[b + 2], wf[b + 1], wf[b]
+            else:
+                b = 9 * (o * n_in + c)
+                g00, g01, g02 = wf[b], wf[b + 1], wf[b + 2]
+                g10, g11, g12 = wf[b + 3], wf[b + 4], wf[b + 5]
+                g20, g21, g22 = wf[b + 6], wf[b + 7], wf[b + 8]
             t10, t11, t12 = ((g00 + g10 + g20) * half, (g01 + g11 + g21) * half,
                              (g02 + g12 + g22) * half)                          # G g: row 1
             t20, t21, t22 = ((g00 - g10 + g20) * half, (g01 - g11 + g21) * half,
@@ -229,15 +237,16 @@ def untransform_tiles(m, n0, n1, bias, y, ps):
 
 
 @jit
-def fwd_winograd_cpu(x, w, bias, y, u, v, m, plane, geo, step):
-    """``y = conv2d(x, w) (+ bias)`` (``bias`` empty: none), ``step`` samples at a time;
-    ``u``, ``v``, ``m`` flat buffers of 16 planes (``plane_stride`` apart) for the transformed
-    filters, tiles and products."""
-    n_batch, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
+def fwd_winograd_cpu(x, w, bias, y, u, v, m, plane, geo, step, flipped):
+    """``y = conv2d(x, w) (+ bias)`` (``bias`` empty: none; ``flipped``: ``w``'s flipped,
+    transposed filters, ``transform_filters``), ``step`` samples at a time; ``u``, ``v``,
+    ``m`` flat buffers of 16 planes (``plane_stride`` apart) for the transformed filters,
+    tiles and products."""
+    n_batch, n_in, n_out = x.shape[0], x.shape[1], y.shape[1]
     th, tw = (geo.out_h + 1) // 2, (geo.out_w + 1) // 2
     psu, k_step = n_out * n_in + PLANE_PAD, step * th * tw
     psv, psm = n_in * k_step + PLANE_PAD, n_out * k_step + PLANE_PAD
-    transform_filters(w, u, psu)
+    transform_filters(w, u, psu, flipped)
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
         k = (stop - start) * th * tw
@@ -260,34 +269,23 @@ def _chunk_buffers(buffers, geo, n_batch, n_in, n_out, dtype):
             buffers("winograd:plane", (2 * th + 2, 2 * tw + 2), dtype))
 
 
-def fwd_calls(buffers, x, w, b, y, geo):
-    """The call of ``fwd_winograd_cpu`` for ``y = conv2d(x, w) (+ b)`` (``b`` None: no bias)."""
+def fwd_calls(buffers, x, w, b, y, geo, flipped=False):
+    """The call of ``fwd_winograd_cpu`` for ``y = conv2d(x, w) (+ b)`` (``b`` None: no bias;
+    ``flipped``: with ``w``'s flipped, transposed filters)."""
     n_batch, n_in = x.shape[0], x.shape[1]
-    n_out = w.shape[0]
+    n_out = y.shape[1]
     step, v, m, plane = _chunk_buffers(buffers, geo, n_batch, n_in, n_out, y.dtype)
     u = buffers("winograd:u", (16 * plane_stride(n_out * n_in),), y.dtype)
     bias = np.empty(0, dtype=y.dtype) if b is None else np.ascontiguousarray(b, dtype=y.dtype)
     return [(fwd_winograd_cpu, (np.ascontiguousarray(x, dtype=y.dtype),
                                 np.ascontiguousarray(w, dtype=y.dtype), bias, y, u, v, m,
-                                plane, geo, step))]
-
-
-@jit
-def flip_filters(w, flipped):
-    """``flipped[c, o, i, j] = w[o, c, 2 - i, 2 - j]``: the filters of the input gradient."""
-    for o in range(w.shape[0]):
-        for c in range(w.shape[1]):
-            for i in range(3):
-                for j in range(3):
-                    flipped[c, o, i, j] = w[o, c, 2 - i, 2 - j]
+                                plane, geo, step, flipped))]
 
 
 def bwd_input_calls(buffers, dy, w, dx, geo):
-    """The calls for ``dx = conv2d^T(dy, w)`` as the convolution of ``dy`` with the flipped
-    filters (``handles_input``); ``geo`` the layer's geometry."""
-    flipped = buffers("winograd:flipped", (w.shape[1], w.shape[0], 3, 3), dx.dtype)
-    return [(flip_filters, (np.ascontiguousarray(w, dtype=dx.dtype), flipped)),
-            *fwd_calls(buffers, dy, flipped, None, dx, transposed(geo))]
+    """The call for ``dx = conv2d^T(dy, w)`` as the convolution of ``dy`` with the flipped,
+    transposed filters (``handles_input``); ``geo`` the layer's geometry."""
+    return fwd_calls(buffers, dy, w, None, dx, transposed(geo), flipped=True)
 
 
 def run(x, w, b, y, geo):
