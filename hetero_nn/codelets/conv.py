@@ -50,6 +50,11 @@ Variants
 ``cpu:winograd`` (pinned): Winograd F(2x2, 3x3) on 3x3 stride-1 layers
     (``conv_winograd.py``; the weight gradient as 16 GEMMs of transformed gradient and
     input tiles), ``cpu:unrolled`` on the others.
+
+The four BLAS variants (``cpu:im2col``, ``cpu:gemm``, ``cpu:unrolled``, ``cpu:winograd``)
+share one table per pass (``_FWD``, ``_BWD_INPUT``, ``_BWD_PARAMS``): ``(variant, whether
+its kernels take the layer, their calls)``, most specialised first; a variant runs the
+first entry, from its own on, that takes the layer.
 ``cuda``
     The im2col/GEMM formulation written against the array module of its
     operands (CuPy on a GPU, NumPy in CI): slicing, batched ``matmul`` over
@@ -62,6 +67,7 @@ by ``init``; every variant *adds* its contribution to them, never overwrites.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -222,16 +228,12 @@ def conv2d_bwd_weight_cpu_direct(view, x, dy, dw, **params):
                                                  np.empty(0, dtype=dw.dtype), False, geo))]
 
 
-# --------------------------------------------------------------------------- cpu:im2col
+# --------------------------------------------------------------------------- BLAS variants
 
-def _fwd_im2col_calls(buffers, x, w, b, y, params):
+def _fwd_im2col_calls(buffers, x, w, b, y, geo):
     """im2col then one GEMM per sample and group straight into ``y``, in one Numba call
-    (and one packing ``[w | b]``): the calls (:mod:`~hetero_nn.codelets.prepared`).
-
-    Without groups, ``[w | b]`` multiplies the columns plus a row of ones.
-    """
-    require_contiguous("conv2d_fwd", y=y)
-    geo = conv2d_geometry(x.shape, w.shape, **params)
+    (and one packing ``[w | b]``: without groups, ``[w | b]`` multiplies the columns plus a
+    row of ones): the calls (:mod:`~hetero_nn.codelets.prepared`)."""
     (x, w3, bias, cols, xpad, step), pack = conv_im2col.fwd_operands(x, w, b, y.dtype, geo,
                                                                      buffers)
     n_batch, n_out = y.shape[0], y.shape[1]
@@ -239,59 +241,20 @@ def _fwd_im2col_calls(buffers, x, w, b, y, params):
         x, 0, n_batch, w3, bias, y.reshape(n_batch, n_out, -1), cols, xpad, geo, step))]
 
 
-def _prepare_fwd(buffers, x, w, b, y, **params):
-    return _fwd_im2col_calls(buffers, x, w, b, y, params) \
-        if conv_im2col.views(y.dtype, x, w, b, y) else None
-
-
-def _prepare_fwd_nobias(buffers, x, w, y, **params):
-    return _prepare_fwd(buffers, x, w, None, y, **params)
-
-
-@prepares(_prepare_fwd)
-def conv2d_fwd_cpu_im2col(x, w, b, y, **params):
-    """``conv2d_fwd`` as im2col + GEMM, the bias inside the GEMM (without groups)."""
-    conv_im2col.run_calls(_fwd_im2col_calls(conv_im2col.worker_buffer, x, w, b, y, params))
-
-
-@prepares(_prepare_fwd_nobias)
-def conv2d_fwd_nobias_cpu_im2col(x, w, y, **params):
-    """``conv2d_fwd_nobias`` as im2col + GEMM."""
-    conv_im2col.run_calls(_fwd_im2col_calls(conv_im2col.worker_buffer, x, w, None, y, params))
-
-
-def _prepare_bwd_input(buffers, dy, w, dx, **params):
-    if not conv_im2col.views(dx.dtype, dy, w, dx):
-        return None
-    geo = conv2d_geometry(dx.shape, w.shape, **params)
+def _bwd_input_im2col_calls(buffers, dy, w, dx, geo):
+    """One GEMM per sample and group (``w^T dy``) then col2im, in one Numba call. On narrow
+    images (``conv_im2col._wide_rows``) ``dy`` is first widened to rows of ``WP`` (zeros
+    past ``OW``): the GEMM does ``WP/OW`` times the work but col2im then adds one long row
+    per tap instead of ``OH`` short ones."""
     return [(conv_im2col.bwd_input_im2col_cpu,
-             (dy, *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
+             (_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
 
 
-@prepares(_prepare_bwd_input)
-def conv2d_bwd_input_cpu_im2col(dy, w, dx, **params):
-    """``conv2d_bwd_input`` as one GEMM per sample and group (``w^T dy``) then col2im, in one
-    Numba call.
-
-    On narrow images (``conv_im2col._wide_rows``) ``dy`` is first widened to
-    rows of ``WP`` (zeros past ``OW``): the GEMM does ``WP/OW`` times the work
-    but col2im then adds one long row per tap instead of ``OH`` short ones.
-    """
-    require_contiguous("conv2d_bwd_input", dx=dx)
-    geo = conv2d_geometry(dx.shape, w.shape, **params)
-    conv_im2col.bwd_input_im2col_cpu(_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo))
-
-
-def _bwd_params_im2col_calls(buffers, x, dy, dw, db, params):
+def _bwd_params_im2col_calls(buffers, x, dy, dw, db, geo):
     """im2col then one GEMM per sample and group, ``cols_n dy_n^T``, summed into ``dw`` (and
-    ``db``), in one Numba call: the call.
-
-    Without groups the row of ones under the columns makes the GEMM's last row
-    the bias gradient. ``cols_n dy_n^T`` ([C*KH*KW, O]) rather than ``dy_n
-    cols_n^T``: OpenBLAS runs this orientation 10-40% faster on these shapes.
-    """
-    require_contiguous("conv2d_bwd_params", dw=dw)
-    geo = conv2d_geometry(x.shape, dw.shape, **params)
+    ``db``; None: none), in one Numba call. Without groups the row of ones under the columns
+    makes the GEMM's last row the bias gradient. ``cols_n dy_n^T`` ([C*KH*KW, O]) rather
+    than ``dy_n cols_n^T``: OpenBLAS runs this orientation 10-40% faster on these shapes."""
     x = _c(x)
     dw_flat, db, bias = conv_im2col.params_operands(dw, db)
     return [(conv_im2col.bwd_params_im2col_cpu, (
@@ -299,98 +262,60 @@ def _bwd_params_im2col_calls(buffers, x, dy, dw, db, params):
         *conv_im2col.bwd_params_operands(x, dw.shape, bias, dw.dtype, geo, buffers)))]
 
 
-def _prepare_bwd_params(buffers, x, dy, dw, db, **params):
-    return _bwd_params_im2col_calls(buffers, x, dy, dw, db, params) \
-        if conv_im2col.views(dw.dtype, x, dy, dw, db) else None
+class _Pass(NamedTuple):
+    """One pass as the BLAS variants run it. ``roles``: the indices, among the pass's
+    operands, of the layer's input (``x`` or ``dx``), its weights (``w`` or ``dw``), its
+    output (``y`` or ``dy``) and the operand written; ``chain``: ``(variant, takes(geo,
+    x_shape, n_out, y_shape), calls(buffers, *operands, geo))``, most specialised first. A
+    variant runs the first entry, from its own on, that takes the layer; the last takes
+    every layer."""
+    codelet: str
+    written: str
+    roles: tuple
+    chain: tuple
 
 
-def _prepare_bwd_weight(buffers, x, dy, dw, **params):
-    return _prepare_bwd_params(buffers, x, dy, dw, None, **params)
+def _chain(winograd_takes, kernels, im2col_calls):
+    """The chain of a pass: Winograd where ``winograd_takes``, unrolled filters, partition
+    GEMMs, im2col; ``kernels`` the name of the pass's calls in the first three modules."""
+    return (("cpu:winograd", winograd_takes, getattr(conv_winograd, kernels)),
+            ("cpu:unrolled", lambda geo, x, n_out, y: conv_unrolled.handles(geo, x, n_out),
+             getattr(conv_unrolled, kernels)),
+            ("cpu:gemm", lambda geo, x, n_out, y: conv_gemm.handles(geo, x),
+             getattr(conv_gemm, kernels)),
+            ("cpu:im2col", lambda geo, x, n_out, y: True, im2col_calls))
 
 
-@prepares(_prepare_bwd_weight)
-def conv2d_bwd_weight_cpu_im2col(x, dy, dw, **params):
-    """``conv2d_bwd_weight`` as im2col then one GEMM per sample, summed into ``dw``."""
-    conv_im2col.run_calls(_bwd_params_im2col_calls(conv_im2col.worker_buffer, x, dy, dw, None,
-                                                   params))
+_FWD = _Pass("conv2d_fwd", "y", (0, 1, 3, 3), _chain(
+    lambda geo, x, n_out, y: conv_winograd.handles(geo, x), "fwd_calls", _fwd_im2col_calls))
+"""``(x, w, b, y)``, ``b`` None for none."""
+
+_BWD_INPUT = _Pass("conv2d_bwd_input", "dx", (2, 1, 0, 2), _chain(
+    lambda geo, dx, n_out, dy: conv_winograd.handles_input(geo, dy), "bwd_input_calls",
+    _bwd_input_im2col_calls))
+"""``(dy, w, dx)``."""
+
+_BWD_PARAMS = _Pass("conv2d_bwd_params", "dw", (0, 2, 1, 2), _chain(
+    lambda geo, x, n_out, dy: conv_winograd.handles_weight(geo, x, n_out), "bwd_params_calls",
+    _bwd_params_im2col_calls))
+"""``(x, dy, dw, db)``, ``db`` None for none."""
 
 
-@prepares(_prepare_bwd_params)
-def conv2d_bwd_params_cpu_im2col(x, dy, dw, db, **params):
-    """``conv2d_bwd_params`` as im2col + GEMM, ``db`` from the GEMM's row of ones."""
-    conv_im2col.run_calls(_bwd_params_im2col_calls(conv_im2col.worker_buffer, x, dy, dw, db,
-                                                   params))
+def _chain_calls(layer_pass, variant):
+    """``calls(buffers, *operands, params)`` of ``variant`` in ``layer_pass``: the calls of
+    the first entry of its chain, from the variant's own on, that takes the layer."""
+    chain = layer_pass.chain[[entry[0] for entry in layer_pass.chain].index(variant):]
+    ix, iw, iy, iout = layer_pass.roles
 
-
-# --------------------------------------------------------------------------- cpu:gemm
-
-def _fwd_gemm_calls(buffers, x, w, b, y, params):
-    require_contiguous("conv2d_fwd", y=y)
-    geo = conv2d_geometry(x.shape, w.shape, **params)
-    if not conv_gemm.handles(geo, x.shape):
-        return _fwd_im2col_calls(buffers, x, w, b, y, params)
-    return conv_gemm.fwd_calls(buffers, x, w, b, y, geo)
-
-
-def _fwd_unrolled_calls(buffers, x, w, b, y, params):
-    geo = conv2d_geometry(x.shape, w.shape, **params)
-    if not conv_unrolled.handles(geo, x.shape, w.shape[0]):
-        return _fwd_gemm_calls(buffers, x, w, b, y, params)
-    require_contiguous("conv2d_fwd", y=y)
-    return conv_unrolled.fwd_calls(buffers, x, w, b, y, geo)
-
-
-def _fwd_winograd_calls(buffers, x, w, b, y, params):
-    geo = conv2d_geometry(x.shape, w.shape, **params)
-    return (conv_winograd.fwd_calls(buffers, x, w, b, y, geo) if conv_winograd.handles(
-        geo, x.shape) else _fwd_unrolled_calls(buffers, x, w, b, y, params))
-
-
-def _bwd_input_gemm_calls(buffers, dy, w, dx, params):
-    require_contiguous("conv2d_bwd_input", dx=dx)
-    geo = conv2d_geometry(dx.shape, w.shape, **params)
-    if not conv_gemm.handles(geo, dx.shape):
-        return [(conv_im2col.bwd_input_im2col_cpu,
-                 (_c(dy), *conv_im2col.bwd_input_operands(w, dx, geo, buffers)))]
-    return conv_gemm.bwd_input_calls(buffers, dy, w, dx, geo)
-
-
-def _bwd_input_unrolled_calls(buffers, dy, w, dx, params):
-    geo = conv2d_geometry(dx.shape, w.shape, **params)
-    if not conv_unrolled.handles(geo, dx.shape, w.shape[0]):
-        return _bwd_input_gemm_calls(buffers, dy, w, dx, params)
-    require_contiguous("conv2d_bwd_input", dx=dx)
-    return conv_unrolled.bwd_input_calls(buffers, dy, w, dx, geo)
-
-
-def _bwd_input_winograd_calls(buffers, dy, w, dx, params):
-    geo = conv2d_geometry(dx.shape, w.shape, **params)
-    return (conv_winograd.bwd_input_calls(buffers, dy, w, dx, geo) if conv_winograd.handles_input(
-        geo, dy.shape) else _bwd_input_unrolled_calls(buffers, dy, w, dx, params))
-
-
-def _bwd_params_gemm_calls(buffers, x, dy, dw, db, params):
-    require_contiguous("conv2d_bwd_params", dw=dw)
-    geo = conv2d_geometry(x.shape, dw.shape, **params)
-    if not conv_gemm.handles(geo, x.shape):
-        return _bwd_params_im2col_calls(buffers, x, dy, dw, db, params)
-    return conv_gemm.bwd_params_calls(buffers, x, dy, dw, db, geo)
-
-
-def _bwd_params_unrolled_calls(buffers, x, dy, dw, db, params):
-    geo = conv2d_geometry(x.shape, dw.shape, **params)
-    if not conv_unrolled.handles(geo, x.shape, dw.shape[0]):
-        return _bwd_params_gemm_calls(buffers, x, dy, dw, db, params)
-    require_contiguous("conv2d_bwd_params", dw=dw)
-    return conv_unrolled.bwd_params_calls(buffers, x, dy, dw, db, geo)
-
-
-def _bwd_params_winograd_calls(buffers, x, dy, dw, db, params):
-    geo = conv2d_geometry(x.shape, dw.shape, **params)
-    if not conv_winograd.handles_weight(geo, x.shape, dw.shape[0]):
-        return _bwd_params_unrolled_calls(buffers, x, dy, dw, db, params)
-    require_contiguous("conv2d_bwd_params", dw=dw)
-    return conv_winograd.bwd_params_calls(buffers, x, dy, dw, db, geo)
+    def calls(buffers, *args):
+        *operands, params = args
+        x, w, y = operands[ix].shape, operands[iw].shape, operands[iy].shape
+        geo = conv2d_geometry(x, w, **params)
+        require_contiguous(layer_pass.codelet, **{layer_pass.written: operands[iout]})
+        for _, takes, kernels in chain:
+            if takes(geo, x, w[0], y):
+                return kernels(buffers, *operands, geo)
+    return calls
 
 
 def _gemm_variant(calls, absent, doc):
@@ -412,34 +337,19 @@ def _gemm_variant(calls, absent, doc):
     return variant
 
 
-conv2d_fwd_cpu_gemm = _gemm_variant(_fwd_gemm_calls, None, "``conv2d_fwd`` by partition GEMMs.")
-conv2d_fwd_nobias_cpu_gemm = _gemm_variant(_fwd_gemm_calls, 2,
-                                           "``conv2d_fwd_nobias`` by partition GEMMs.")
-conv2d_fwd_cpu_winograd = _gemm_variant(_fwd_winograd_calls, None, "Winograd or GEMMs.")
-conv2d_fwd_nobias_cpu_winograd = _gemm_variant(_fwd_winograd_calls, 2, "Winograd or GEMMs.")
-conv2d_bwd_input_cpu_gemm = _gemm_variant(lambda buffers, dy, w, _, dx, params:
-                                          _bwd_input_gemm_calls(buffers, dy, w, dx, params),
-                                          2, "``conv2d_bwd_input`` by partition GEMMs.")
-conv2d_bwd_input_cpu_winograd = _gemm_variant(lambda buffers, dy, w, _, dx, params:
-                                              _bwd_input_winograd_calls(buffers, dy, w, dx, params),
-                                              2, "Winograd or GEMMs.")
-conv2d_bwd_params_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, None,
-                                           "``conv2d_bwd_params`` by partition GEMMs.")
-conv2d_bwd_weight_cpu_gemm = _gemm_variant(_bwd_params_gemm_calls, 3,
-                                           "``conv2d_bwd_weight`` by partition GEMMs.")
-conv2d_fwd_cpu_unrolled = _gemm_variant(_fwd_unrolled_calls, None, "Unrolled filters or GEMMs.")
-conv2d_fwd_nobias_cpu_unrolled = _gemm_variant(_fwd_unrolled_calls, 2, "Unrolled or GEMMs.")
-conv2d_bwd_input_cpu_unrolled = _gemm_variant(lambda buffers, dy, w, _, dx, params:
-                                              _bwd_input_unrolled_calls(buffers, dy, w, dx, params),
-                                              2, "Unrolled filters or GEMMs.")
-conv2d_bwd_params_cpu_unrolled = _gemm_variant(_bwd_params_unrolled_calls, None,
-                                               "Unrolled filters or GEMMs.")
-conv2d_bwd_weight_cpu_unrolled = _gemm_variant(_bwd_params_unrolled_calls, 3,
-                                               "Unrolled filters or GEMMs.")
-conv2d_bwd_params_cpu_winograd = _gemm_variant(_bwd_params_winograd_calls, None,
-                                               "Winograd, unrolled filters or GEMMs.")
-conv2d_bwd_weight_cpu_winograd = _gemm_variant(_bwd_params_winograd_calls, 3,
-                                               "Winograd, unrolled filters or GEMMs.")
+_BY = {"cpu:im2col": "im2col and one GEMM per sample",
+       "cpu:gemm": "partition GEMMs, else im2col",
+       "cpu:winograd": "Winograd, else unrolled filters, partition GEMMs or im2col",
+       "cpu:unrolled": "unrolled filters, else partition GEMMs or im2col"}
+
+
+def _blas_variants(codelet, layer_pass, absent=None):
+    """``codelet``'s BLAS variants over ``layer_pass`` (``absent``: see ``_gemm_variant``)."""
+    return {name: _gemm_variant(_chain_calls(layer_pass, name), absent,
+                                f"``{codelet}`` by {how}.") for name, how in _BY.items()}
+
+
+_fwd_winograd_calls = _chain_calls(_FWD, "cpu:winograd")  # the fused blocks' convolution
 
 
 # --------------------------------------------------------------------------- cuda (array module)
@@ -519,48 +429,38 @@ def conv2d_bwd_params_cuda(x, dy, dw, db, **params):
 conv2d_fwd = Codelet(
     "conv2d_fwd", modes=(R, R, R, W),
     variants={"ref": conv2d_fwd_ref, "cpu:direct": conv2d_fwd_cpu_direct,
-              "cpu:im2col": conv2d_fwd_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_cpu_gemm, "cpu:winograd": conv2d_fwd_cpu_winograd,
-              "cpu:unrolled": conv2d_fwd_cpu_unrolled, "cuda": conv2d_fwd_cuda},
+              **_blas_variants("conv2d_fwd", _FWD), "cuda": conv2d_fwd_cuda},
     flops=_fwd_flops)
 """``y = conv2d(x, w) + b``: operands ``(x R, w R, b R, y W)``."""
 
 conv2d_fwd_nobias = Codelet(
     "conv2d_fwd_nobias", modes=(R, R, W),
     variants={"ref": conv2d_fwd_nobias_ref, "cpu:direct": conv2d_fwd_nobias_cpu_direct,
-              "cpu:im2col": conv2d_fwd_nobias_cpu_im2col,
-              "cpu:gemm": conv2d_fwd_nobias_cpu_gemm,
-              "cpu:winograd": conv2d_fwd_nobias_cpu_winograd,
-              "cpu:unrolled": conv2d_fwd_nobias_cpu_unrolled, "cuda": conv2d_fwd_nobias_cuda},
+              **_blas_variants("conv2d_fwd_nobias", _FWD, 2),
+              "cuda": conv2d_fwd_nobias_cuda},
     flops=_fwd_nobias_flops)
 """``y = conv2d(x, w)``: operands ``(x R, w R, y W)``."""
 
 conv2d_bwd_input = Codelet(
     "conv2d_bwd_input", modes=(R, R, W),
     variants={"ref": conv2d_bwd_input_ref, "cpu:direct": conv2d_bwd_input_cpu_direct,
-              "cpu:im2col": conv2d_bwd_input_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_input_cpu_gemm,
-              "cpu:winograd": conv2d_bwd_input_cpu_winograd,
-              "cpu:unrolled": conv2d_bwd_input_cpu_unrolled, "cuda": conv2d_bwd_input_cuda},
+              **_blas_variants("conv2d_bwd_input", _BWD_INPUT),
+              "cuda": conv2d_bwd_input_cuda},
     flops=_bwd_input_flops)
 """``dx = conv2d^T(dy, w)``: operands ``(dy R, w R, dx W)``."""
 
 conv2d_bwd_params = Codelet(
     "conv2d_bwd_params", modes=(R, R, REDUX, REDUX),
     variants={"ref": conv2d_bwd_params_ref, "cpu:direct": conv2d_bwd_params_cpu_direct,
-              "cpu:im2col": conv2d_bwd_params_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_params_cpu_gemm,
-              "cpu:winograd": conv2d_bwd_params_cpu_winograd,
-              "cpu:unrolled": conv2d_bwd_params_cpu_unrolled, "cuda": conv2d_bwd_params_cuda},
+              **_blas_variants("conv2d_bwd_params", _BWD_PARAMS),
+              "cuda": conv2d_bwd_params_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_params_flops)
 """``dw += dL/dw, db += dL/db``: operands ``(x R, dy R, dw REDUX, db REDUX)``."""
 
 conv2d_bwd_weight = Codelet(
     "conv2d_bwd_weight", modes=(R, R, REDUX),
     variants={"ref": conv2d_bwd_weight_ref, "cpu:direct": conv2d_bwd_weight_cpu_direct,
-              "cpu:im2col": conv2d_bwd_weight_cpu_im2col,
-              "cpu:gemm": conv2d_bwd_weight_cpu_gemm,
-              "cpu:winograd": conv2d_bwd_weight_cpu_winograd,
-              "cpu:unrolled": conv2d_bwd_weight_cpu_unrolled, "cuda": conv2d_bwd_weight_cuda},
+              **_blas_variants("conv2d_bwd_weight", _BWD_PARAMS, 3),
+              "cuda": conv2d_bwd_weight_cuda},
     init=zero_init, redux=add_redux, flops=_bwd_weight_flops)
 """``dw += dL/dw`` for a convolution without bias: operands ``(x R, dy R, dw REDUX)``."""
