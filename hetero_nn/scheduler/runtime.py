@@ -503,7 +503,8 @@ class Runtime(RuntimeHandles):
     def param(self, name, value):
         """A step parameter outside a capture: ``value`` (an int or a float) to give
         ``submit``; a repeated flush (``auto_capture``) matches it by ``name`` and replays
-        with its new value."""
+        with its new value (the object made last under ``name`` where ``value`` is equal in
+        type and value: a flush passing it again is matched by identity)."""
         return self._auto.param(name, value)
 
     def capture(self) -> Graph:
