@@ -24,9 +24,9 @@ executor is served.
   the object it gave last for an equal value) costs one identity test per parameter and
   brings no step value: the shape's objects hold its graph's values (after a capture,
   its calls copied; after a replay that compared in type and value, that flush's calls).
-  Where a step value seen differs from the graph's, and at a capture, every kept task is
-  compared again in type and value at ``wait()`` (one value per name, all names
-  known). At ``wait()`` (``fetch``, ``Task.wait``) a complete
+  Where a step value seen differs from the graph's, and at a capture, the kept tasks are
+  compared again in type and value at ``wait()`` (one value per name, all names known)
+  unless each was compared so already. At ``wait()`` (``fetch``, ``Task.wait``) a complete
   match runs as a graph: the shape's second occurrence is captured (a
   :class:`~.capture.Graph` whose capture runs it), later ones replay that graph, the step
   parameters whose value changed given to ``replay``. A submission that differs, a flush
@@ -58,8 +58,8 @@ State
 ``on``: looking (False: ``Runtime(auto_capture=False)`` or the miss budget spent);
 ``state``: :data:`IDLE` between flushes, :data:`RECORD` (``calls``: the flush's
 submissions so far), :data:`DEFER` (``shape``: the one compared with; ``deferred``: the
-tasks kept; ``steps``: step parameter values seen; ``identical``: whether every kept
-submission had the shape's objects), :data:`NONE` (the flush has no
+tasks kept; ``steps``: step parameter values seen; ``compared``: how many kept tasks
+were compared in type and value, the others having had the shape's objects), :data:`NONE` (the flush has no
 shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
 :class:`Shape` objects starting that way, newest first (keys in least recently used
 order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
@@ -140,7 +140,7 @@ class AutoCapture:
         self.shape = None
         self.deferred: list = []
         self.steps: dict = {}
-        self.identical = True  # every kept submission's parameters the shape's own objects
+        self.compared = 0  # kept tasks compared in type and value (not the shape's objects)
         self.params: dict = {}  # step parameter name -> the last one made (param)
         self.shapes: OrderedDict = OrderedDict()
         self.last = None
@@ -177,7 +177,7 @@ class AutoCapture:
                         same = False
                 if not same:  # compared in type and value (a step parameter by name)
                     same = self._same(shape, k, codelet, handles, modes, params)
-                    self.identical = False
+                    self.compared += 1
             if same or self._switch(k, (codelet, handles, modes, params)):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
                 task.id = next(rt._ids)
@@ -227,7 +227,7 @@ class AutoCapture:
             self.state = DEFER
             self.shape = shape
             self.steps = {}
-            self.identical = True
+            self.compared = 0
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
@@ -247,7 +247,7 @@ class AutoCapture:
             if shape is current or (n <= k if call is not None else n != k) \
                     or not shape.ready(self.rt):
                 continue
-            self.steps, self.shape, self.identical = {}, shape, False
+            self.steps, self.shape, self.compared = {}, shape, k + (call is not None)
             if all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
                    for i, t in enumerate(self.deferred)) and \
                     (call is None or self._same(shape, k, *call)):
@@ -319,8 +319,11 @@ class AutoCapture:
         parameters are the shape's very objects brings no value to ``steps``: those objects
         hold the values the shape's graph has (``Shape.values``). So where a value seen
         differs from the graph's, or for a capture (which needs every name), each kept
-        task is compared again in type and value, ``steps`` made anew."""
+        task is compared again in type and value, ``steps`` made anew (unless each was
+        compared so already: then ``steps`` has every name, one value each)."""
         shape, steps = self.shape, self.steps
+        if self.compared == len(self.deferred):  # each compared: every name seen, one value
+            return True
         values = shape.values
         if shape.graph is not None and all(
                 n in values and _equal_typed(values[n], v) for n, v in steps.items()):
@@ -352,7 +355,7 @@ class AutoCapture:
     def _run(self) -> bool:
         """Capture or replay a flush that matched its shape completely."""
         rt = self.rt
-        shape, tasks, steps, identical = self.shape, self.deferred, self.steps, self.identical
+        shape, tasks, steps, compared = self.shape, self.deferred, self.steps, self.compared
         self.state, self.shape, self.deferred, self.steps = IDLE, None, [], {}
         graph = shape.graph
         if graph is not None:
@@ -382,7 +385,7 @@ class AutoCapture:
                 shape.values.update(changed)
                 rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
                 graph.replay(**changed)
-                if not identical:  # the calls compared with next: these, whose objects the
+                if compared:  # the calls compared with next: these, whose objects the
                     # next flush most likely passes again (each then one identity test)
                     shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         except BaseException:
