@@ -18,10 +18,15 @@ executor is served.
   task: the arguments as given).
 - A flush that starts with the first submission of a known shape is *deferred*: each
   submission is compared with the one at its position in the shape (the check is
-  incremental, per task, and stops at the first difference; a parameter that is the very
-  object of the last flush, as where a program passes the same values again, costs one
-  identity test: after a replay the shape holds that flush's calls) and kept, unrun; ``submit``
-  returns its :class:`~.task.Task`. At ``wait()`` (``fetch``, ``Task.wait``) a complete
+  incremental, per task, and stops at the first difference) and kept, unrun; ``submit``
+  returns its :class:`~.task.Task`. A submission whose parameters are the very objects
+  of the shape's call (a program passing the same values again; ``Runtime.param`` gives
+  the object it gave last for an equal value) costs one identity test per parameter and
+  brings no step value: the shape's objects hold its graph's values (after a capture,
+  its calls copied; after a replay that compared in type and value, that flush's calls).
+  Where a step value seen differs from the graph's, and at a capture, the kept tasks are
+  compared again in type and value at ``wait()`` (one value per name, all names known)
+  unless each was compared so already. At ``wait()`` (``fetch``, ``Task.wait``) a complete
   match runs as a graph: the shape's second occurrence is captured (a
   :class:`~.capture.Graph` whose capture runs it), later ones replay that graph, the step
   parameters whose value changed given to ``replay``. A submission that differs, a flush
@@ -30,7 +35,9 @@ executor is served.
   in order, and the flush goes on as a new shape. Which shape a flush is compared with:
   the one that followed the previous flush's shape last time, if it starts the same way,
   else the last one seen starting that way; at a difference, another of the last
-  :data:`ALIKE` shapes starting that way that has the kept tasks and the submission.
+  :data:`ALIKE` shapes starting that way that has the kept tasks and the submission, and
+  at a flush that ends early, one that has exactly the kept tasks (a shape that is a
+  prefix of the one compared with is replayed, not submitted).
 - Cost bounds: after :data:`MISS_BUDGET` flushes in a row of new shapes (or none) with no
   replay, the runtime stops looking (a program whose flushes never repeat, e.g. steps on
   fresh temporaries, pays the appends of that many flushes); at most :data:`MAX_SHAPES`
@@ -51,11 +58,13 @@ State
 ``on``: looking (False: ``Runtime(auto_capture=False)`` or the miss budget spent);
 ``state``: :data:`IDLE` between flushes, :data:`RECORD` (``calls``: the flush's
 submissions so far), :data:`DEFER` (``shape``: the one compared with; ``deferred``: the
-tasks kept; ``steps``: step parameter values seen), :data:`NONE` (the flush has no
+tasks kept; ``steps``: step parameter values seen; ``compared``: how many kept tasks
+were compared in type and value, the others having had the shape's objects), :data:`NONE` (the flush has no
 shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
 :class:`Shape` objects starting that way, newest first (keys in least recently used
 order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
-``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at.
+``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at;
+``params``: per step parameter name, the last one :meth:`AutoCapture.param` made.
 """
 
 from __future__ import annotations
@@ -131,6 +140,8 @@ class AutoCapture:
         self.shape = None
         self.deferred: list = []
         self.steps: dict = {}
+        self.compared = 0  # kept tasks compared in type and value (not the shape's objects)
+        self.params: dict = {}  # step parameter name -> the last one made (param)
         self.shapes: OrderedDict = OrderedDict()
         self.last = None
         self.misses = 0
@@ -148,10 +159,26 @@ class AutoCapture:
             self.state = NONE
             return None
         if state == DEFER:
-            k = len(self.deferred)
+            deferred = self.deferred
+            k = len(deferred)
             shape = self.shape
-            if (k < len(shape.calls) and self._same(shape, k, codelet, handles, modes, params)) \
-                    or self._switch(k, codelet, handles, modes, params):
+            calls = shape.calls
+            same = False
+            if k < len(calls):
+                c, h, m, p = calls[k]
+                if c is codelet and h == handles and m is modes and len(p) == len(params):
+                    same = True  # every parameter the very object of the shape's call
+                    try:
+                        for key, w in p.items():
+                            if params[key] is not w:
+                                same = False
+                                break
+                    except KeyError:
+                        same = False
+                if not same:  # compared in type and value (a step parameter by name)
+                    same = self._same(shape, k, codelet, handles, modes, params)
+                    self.compared += 1
+            if same or self._switch(k, (codelet, handles, modes, params)):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
                 task.id = next(rt._ids)
                 task.codelet = codelet
@@ -164,7 +191,7 @@ class AutoCapture:
                 # what a program or the runtime's queries may read of a kept task
                 task.variant = task.worker = task._fp = None
                 task.t_submit = task.t_ready = task.t_start = task.t_end = 0.0
-                self.deferred.append(task)
+                deferred.append(task)
                 return task
             self.fall_back()
             state = RECORD
@@ -200,25 +227,30 @@ class AutoCapture:
             self.state = DEFER
             self.shape = shape
             self.steps = {}
+            self.compared = 0
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
         self.room = MAX_TASKS
         return None
 
-    def _switch(self, k, codelet, handles, modes, params) -> bool:
-        """At a difference from the shape compared with: whether another shape starting
-        the same way has the kept tasks and this submission; it is compared with then."""
+    def _switch(self, k, call=None) -> bool:
+        """At a difference from the shape compared with (``call``: the ``k``-th submission,
+        ``(codelet, handles, modes, params)``), or where the flush ends after ``k`` kept
+        tasks (``call`` None): whether another shape starting the same way has the kept
+        tasks and ``call`` (or exactly ``k`` calls); it is compared with then."""
         first = self.deferred[0] if self.deferred else None
-        key = (codelet, handles) if first is None else (first.codelet, first.handles)
+        key = (call[0], call[1]) if first is None else (first.codelet, first.handles)
         current = self.shape
         for shape in self.shapes.get(key, ()):
-            if shape is current or len(shape.calls) <= k or not shape.ready(self.rt):
+            n = len(shape.calls)
+            if shape is current or (n <= k if call is not None else n != k) \
+                    or not shape.ready(self.rt):
                 continue
-            self.steps, self.shape = {}, shape
+            self.steps, self.shape, self.compared = {}, shape, k + (call is not None)
             if all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
                    for i, t in enumerate(self.deferred)) and \
-                    self._same(shape, k, codelet, handles, modes, params):
+                    (call is None or self._same(shape, k, *call)):
                 return True
         self.shape = current
         return False
@@ -266,8 +298,10 @@ class AutoCapture:
             return False
         state = self.state
         if state == DEFER:
-            if len(self.deferred) == len(self.shape.calls) and not self._context():
-                return self._run()
+            k = len(self.deferred)
+            if not self._context() and (k == len(self.shape.calls) or self._switch(k)) \
+                    and self._steps_agree():
+                return self._run()  # (a flush that ended early may be another shape's whole)
             state = NONE if self._context() else RECORD
             self.fall_back()
         shape = None
@@ -279,6 +313,24 @@ class AutoCapture:
         self.calls = None
         self.last = shape
         return False
+
+    def _steps_agree(self) -> bool:
+        """Whether the kept flush has one value per step parameter name. A submission whose
+        parameters are the shape's very objects brings no value to ``steps``: those objects
+        hold the values the shape's graph has (``Shape.values``). So where a value seen
+        differs from the graph's, or for a capture (which needs every name), each kept
+        task is compared again in type and value, ``steps`` made anew (unless each was
+        compared so already: then ``steps`` has every name, one value each)."""
+        shape, steps = self.shape, self.steps
+        if self.compared == len(self.deferred):  # each compared: every name seen, one value
+            return True
+        values = shape.values
+        if shape.graph is not None and all(
+                n in values and _equal_typed(values[n], v) for n, v in steps.items()):
+            return True
+        self.steps = {}
+        return all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
+                   for i, t in enumerate(self.deferred))
 
     def _keep(self, calls):
         """Keep a flush's calls as a shape (checked when seen again: :meth:`Shape.ready`)."""
@@ -303,7 +355,7 @@ class AutoCapture:
     def _run(self) -> bool:
         """Capture or replay a flush that matched its shape completely."""
         rt = self.rt
-        shape, tasks, steps = self.shape, self.deferred, self.steps
+        shape, tasks, steps, compared = self.shape, self.deferred, self.steps, self.compared
         self.state, self.shape, self.deferred, self.steps = IDLE, None, [], {}
         graph = shape.graph
         if graph is not None:
@@ -318,22 +370,24 @@ class AutoCapture:
         action = "captured" if graph is None else "replayed"
         try:
             if graph is None:
+                # the calls compared with next: these, their parameters copied (a replay
+                # rewrites the graph's step values in the submitted tasks' own)
+                calls = [(t.codelet, t.handles, t.modes, dict(t.params)) for t in tasks]
                 graph = Graph(rt)
                 with graph:
                     for t in tasks:
                         self._submit(t)
                 graph._params.update(steps)
-                shape.graph, shape.values = graph, dict(steps)
+                shape.graph, shape.values, shape.calls = graph, dict(steps), calls
             else:
                 changed = {n: v for n, v in steps.items()
                            if not _equal_typed(shape.values.get(n), v)}
                 shape.values.update(changed)
                 rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
                 graph.replay(**changed)
-                # the shape compared with next: these calls, equal to its own but for the step
-                # parameters' values, which the next flush most likely repeats (so ``==``
-                # holds at once); a capture's calls are the graph's, whose values replays rewrite
-                shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
+                if compared:  # the calls compared with next: these, whose objects the
+                    # next flush most likely passes again (each then one identity test)
+                    shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         except BaseException:
             if graph is not None and action == "replayed":
                 for t in tasks:  # which one failed is the replay's TaskError's to say
@@ -403,17 +457,25 @@ class AutoCapture:
         if self.last is shape:
             self.last = None
 
+    def param(self, name, value):
+        """A step parameter outside a capture (:meth:`Runtime.param`): the one made last
+        under ``name`` where ``value`` is the same in type and value, so that a flush
+        passing it again is matched by one identity test per task; else a new one."""
+        last = self.params.get(name)
+        if last is not None and type(value) is last[0] and _equal(value, last[1]):
+            return last[2]
+        if len(self.params) >= MAX_SHAPES * ALIKE * 4:  # names made on the fly: bounded
+            self.params.clear()
+        made = step_param(name, value)
+        self.params[name] = (type(value), value, made)
+        return made
+
     def metadata(self, clear=False) -> dict:
         """What the trace says about the flushes captured or replayed here."""
         notes = list(self.notes)
         if clear:
             self.notes.clear()
         return {"auto_capture": notes} if notes else {}
-
-
-def param(name, value):
-    """A step parameter outside a capture (:meth:`Runtime.param`)."""
-    return step_param(name, value)
 
 
 def _plain(v) -> bool:

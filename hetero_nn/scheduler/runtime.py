@@ -67,7 +67,7 @@ from .redux import Reductions
 from .executors.stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
 from .task import Task, link, task_options
-from .autocapture import NONE, RECORD, AutoCapture, param as step_param
+from .autocapture import NONE, RECORD, AutoCapture
 from .trace.views import Trace
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
@@ -503,8 +503,9 @@ class Runtime(RuntimeHandles):
     def param(self, name, value):
         """A step parameter outside a capture: ``value`` (an int or a float) to give
         ``submit``; a repeated flush (``auto_capture``) matches it by ``name`` and replays
-        with its new value."""
-        return step_param(name, value)
+        with its new value (the object made last under ``name`` where ``value`` is equal in
+        type and value: a flush passing it again is matched by identity)."""
+        return self._auto.param(name, value)
 
     def capture(self) -> Graph:
         """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
