@@ -581,6 +581,7 @@ class Runtime(RuntimeHandles):
             for node in self.nodes:
                 node.close()
         finally:
+            self._flushes.release()  # a flush left open (a failure) holds the Collector no more
             if self.perfmodel is not None:
                 self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
