@@ -53,11 +53,11 @@ A submitted task allocates a few objects the collector tracks (the task, its ope
 tuple, its dependency lists; automatic capture keeps each call of a new shape), most of
 them alive until the task has run. With CPython's default thresholds (a young collection
 every 700 such allocations, an older one every 10 of those, a full one every 10 older
-ones where enough has survived) a 10,000-task flush set off about 80 young collections,
-8 older ones and a full one. A full collection walks every object of the process (the
-imports alone are about 95,000: 70 ms of CPU on the 2-core machine, whose memory is
-slow), so it cost about 7 us a task, more than the submission itself (measured with
-``gc.callbacks``: docs/benchmarks.md, "Submission and the garbage collector"). So while
+ones where enough has survived) a 10,000-task flush set off 60-80 young collections, 5-8
+older ones and, every second or third flush, a full one, which walks every object of
+the process (the imports alone are about 95,000: 70 ms of CPU on the 2-core machine).
+In all they took 2.5-12 us of CPU a task, as much as the submission itself (measured
+with ``gc.callbacks``: docs/benchmarks.md, "Submission and the garbage collector"). So while
 any flush of any runtime is open, :class:`Collector` keeps the young threshold at
 least :data:`FLUSH_THRESHOLD`: collections still run (cyclic garbage is still freed, at
 most that many allocations later), but a flush's tasks have mostly run and died before
