@@ -42,7 +42,8 @@ More tables:
   performance models on), ``--tasks`` tasks: ``chain`` (``RW`` on one handle) and
   ``wide`` (``W`` on each part of a ``--tasks``-way split, made before the clock
   starts); microseconds per task from the first submit to ``wait()`` returning
-  (goal: <= 5); then each program again on handles made once, so that the default
+  (goal: <= 5), the best and the median run, and the garbage collections per run by
+  generation (young / older / full: flush.py's ``Collector``); then each program again on handles made once, so that the default
   runtime's automatic capture replays it (``chain repeated``, ``wide repeated``: the
   submissions compared with the shape and kept, then one compiled replay; after four
   untimed runs);
@@ -70,10 +71,12 @@ The submission goal and the handles alone (a few seconds)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -257,8 +260,11 @@ def time_two_plans(parts, repeat, workers):
 
 def time_goal(n, repeat, workers):
     """Best seconds per task of the submission goal, per program (see the docstring)."""
+    timing = [False]  # from a timed run's first submit to its wait() returning
+
     def chain(rt):
         h = rt.register(np.zeros(1))
+        timing[0] = True
         t0 = time.perf_counter()
         for _ in range(n):
             rt.submit(EMPTY_RW, h)
@@ -266,23 +272,37 @@ def time_goal(n, repeat, workers):
 
     def wide(rt):
         parts = rt.register(np.zeros(n)).split(axis=0, n=n)
+        timing[0] = True
         t0 = time.perf_counter()
         for p in parts:
             rt.submit(EMPTY_W, p)
         return t0
 
     out = {}
-    with hn.Runtime(devices=f"cpu:{workers}") as rt:  # the defaults: trace, perfmodel on
-        for name, program in (("chain", chain), ("wide", wide)):
-            program(rt)  # warm-up: compilation, threads, models
-            rt.wait()
-            best = float("inf")
-            for _ in range(repeat):
-                t0 = program(rt)
+    counts = [0, 0, 0]  # collections by generation while a timed run runs
+
+    def counted(phase, info):
+        if phase == "start" and timing[0]:
+            counts[info["generation"]] += 1
+
+    gc.callbacks.append(counted)
+    try:
+        with hn.Runtime(devices=f"cpu:{workers}") as rt:  # the defaults: trace, perfmodel on
+            for name, program in (("chain", chain), ("wide", wide)):
+                program(rt)  # warm-up: compilation, threads, models
                 rt.wait()
-                best = min(best, time.perf_counter() - t0)
-                rt.trace(clear=True)
-            out[name] = best / n
+                walls, counts[:], timing[0] = [], [0, 0, 0], False
+                for _ in range(repeat):
+                    t0 = program(rt)
+                    rt.wait()
+                    walls.append(time.perf_counter() - t0)
+                    timing[0] = False
+                    rt.trace(clear=True)
+                out[name] = min(walls) / n
+                out[f"{name} median"] = statistics.median(walls) / n
+                out[f"{name} collections"] = [c / repeat for c in counts]
+    finally:
+        gc.callbacks.remove(counted)
     with hn.Runtime(devices=f"cpu:{workers}") as rt:  # the same handles each run: replayed
         h = rt.register(np.zeros(1))
         parts = rt.register(np.zeros(n)).split(axis=0, n=n)
@@ -495,13 +515,19 @@ def main(argv=None):
         doc["perfmodel_ns_per_call"] = calls = time_perfmodel_calls()
         print("perfmodel hot calls: " + ", ".join(f"{k} {v:.0f} ns" for k, v in calls.items()))
     if "goal" in args.only:
-        doc["goal_us_per_task"] = goal = {k: 1e6 * v for k, v in
-                                          time_goal(n, repeat, workers).items()}
+        goal = time_goal(n, repeat, workers)
+        goal = {k: v if k.endswith("collections") else 1e6 * v for k, v in goal.items()}
+        doc["goal_us_per_task"] = goal
         print(f"submission goal (nogil no-op, default Runtime(), {workers} workers, {n} tasks, "
               f"best of {repeat}): chain {goal['chain']:.2f} us/task, wide "
               f"{goal['wide']:.2f} us/task (goal <= 5); the same program on the same "
               f"handles again (auto_capture replays it): chain {goal['chain repeated']:.2f}, "
               f"wide {goal['wide repeated']:.2f} us/task", flush=True)
+        print("  medians: chain {:.2f}, wide {:.2f} us/task; garbage collections per run "
+              "(young / older / full): chain {}, wide {}".format(
+                  goal["chain median"], goal["wide median"],
+                  " / ".join(f"{c:g}" for c in goal["chain collections"]),
+                  " / ".join(f"{c:g}" for c in goal["wide collections"])), flush=True)
     if "calls" in args.only:
         doc["calls_per_task"] = {}
         for name, (total, top, main) in count_calls(n, workers).items():

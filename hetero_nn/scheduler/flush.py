@@ -43,18 +43,78 @@ trace records of the flush's tasks, as tuples (the local and sync executors appe
 its task ends); at the flush's end they go to the runtime's bounded
 :class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer` (``rt._trace``) as one unit.
 ``memory``: per flush run as one DAG, its temporaries' lifetimes (trace memory records),
-as many flushes as the trace buffer keeps.
+as many flushes as the trace buffer keeps. ``held``: the open flush holds the garbage
+collector's raised young threshold (:class:`Collector`), from its first task (or closed
+DAG, or replay) to its end.
+
+The garbage collector while flushes run
+---------------------------------------
+A submitted task allocates a few objects the collector tracks (the task, its operands'
+tuple, its dependency lists; automatic capture keeps each call of a new shape), most of
+them alive until the task has run. With CPython's default thresholds (a young collection
+every 700 such allocations, an older one every 10 of those, a full one every 10 older
+ones where enough has survived) a 10,000-task flush set off 60-80 young collections, 5-8
+older ones and, every second or third flush, a full one, which walks every object of
+the process (the imports alone are about 95,000: 70 ms of CPU on the 2-core machine).
+In all they took 2.5-12 us of CPU a task, as much as the submission itself (measured
+with ``gc.callbacks``: docs/benchmarks.md, "Submission and the garbage collector"). So while
+any flush of any runtime is open, :class:`Collector` keeps the young threshold at
+least :data:`FLUSH_THRESHOLD`: collections still run (cyclic garbage is still freed, at
+most that many allocations later), but a flush's tasks have mostly run and died before
+one comes, and the older and full collections come about 70 times less often. The
+program's thresholds come back when the last open flush ends, unless it set others
+meanwhile. Results do not depend on it, only when garbage cycles are freed.
 """
 
 from __future__ import annotations
 
 from collections import deque
 import contextlib
+import gc
 from operator import attrgetter
 import heapq
+import threading
 
 from ..errors import TaskError
 from .trace.buffer import TraceBuffer
+
+
+#: The garbage collector's young threshold while a flush is open (CPython's default: 700).
+FLUSH_THRESHOLD = 50_000
+
+
+class Collector:
+    """The young threshold of the garbage collector, raised while any flush of the process
+    is open (module docstring). Class state, under ``_lock``: ``open``, flushes holding it;
+    ``saved``, the thresholds the first found; ``set``, those it set."""
+
+    _lock = threading.Lock()
+    open = 0
+    saved = None
+    set = None
+
+    @classmethod
+    def hold(cls) -> None:
+        """A flush opens: the first one open raises the young threshold."""
+        with cls._lock:
+            if cls.open == 0:
+                cls.saved = gc.get_threshold()
+                if 0 < cls.saved[0] < FLUSH_THRESHOLD:  # 0: the program turned collection off
+                    gc.set_threshold(FLUSH_THRESHOLD, *cls.saved[1:])
+                cls.set = gc.get_threshold()
+            cls.open += 1
+
+    @classmethod
+    def release(cls) -> None:
+        """A flush ends: the last one open gives the program its thresholds back."""
+        with cls._lock:
+            if cls.open == 0:
+                return
+            cls.open -= 1
+            if cls.open == 0:
+                if gc.get_threshold() == cls.set:  # else the program changed them meanwhile
+                    gc.set_threshold(*cls.saved)
+                cls.saved = cls.set = None
 
 
 class Flushes:
@@ -73,6 +133,7 @@ class Flushes:
         self.reordered = False  # a dependency on a task submitted later (add_dependency)
         self.sink = None  # recording without running: takes the closed DAGs (recording)
         self.hand_over = self.add  # a submitted task's way in: add, or the executor's add
+        self.held = False  # this flush holds the Collector's raised young threshold
 
     def add(self, task):
         """Take a task just submitted, its ``preds`` (from dependency inference) set."""
@@ -96,11 +157,20 @@ class Flushes:
         rt = self.rt
         self.open = True
         self.first_id = task.id
+        if not self.held:
+            self.held = True
+            Collector.hold()
         self.streaming = rt.overlap and self.capturing is None and self.sink is None
         if self.streaming:
             self.hand_over = rt.executor.add  # the flush's next tasks: no call more per task
             for node in rt.nodes:
                 node.arena.reset()
+
+    def release(self):
+        """Give back the collector's threshold this flush holds (its end; a closed runtime)."""
+        if self.held:
+            self.held = False
+            Collector.release()
 
     def wait(self):
         """Block until every task of the flush has run (handing them to the executor
@@ -134,6 +204,9 @@ class Flushes:
         arenas reset, its temporaries (``lifetimes``: their layout, if laid out) counted."""
         rt = self.rt
         self.open = True
+        if not self.held:
+            self.held = True
+            Collector.hold()
         for node in rt.nodes:
             node.arena.reset()
         rt._temporaries.begin(lifetimes)
@@ -231,6 +304,7 @@ class Flushes:
             t.ended = True
             t.preds = ()
             t.succ = ()
+        self.release()  # after the flush's own allocations at its end
         if fault is not None and not failed:
             raise TaskError(f"the performance model's update at the end of flush "
                             f"{self.generation - 1} failed: {type(fault).__name__}: "

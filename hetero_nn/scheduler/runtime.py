@@ -80,7 +80,7 @@ from .executors.sync import SyncExecutor
 
 _perf = time.perf_counter
 
-class Runtime(RuntimeHandles):
+class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
     """A task runtime over a set of devices.
 
     Parameters
@@ -582,14 +582,12 @@ class Runtime(RuntimeHandles):
             for node in self.nodes:
                 node.close()
         finally:
+            self._flushes.release()  # a flush left open (a failure) holds the Collector no more
             if self.perfmodel is not None:
                 self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def __exit__(self, *exc):  # __enter__ (self) is AbstractContextManager's
         self.close()
 
     def __repr__(self):

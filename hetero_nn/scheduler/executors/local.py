@@ -151,7 +151,7 @@ class LocalExecutor(StreamedWorkers, Executor):
                 task.npred = n
                 state.waiting[task] = None
                 return
-            task.t_ready = _perf()
+            task.t_ready = task.t_submit or _perf()  # ready as submitted: no clock read more
             try:
                 target = self.policy.push(task, None)
             except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
