@@ -10,6 +10,7 @@ import pytest
 
 import hetero_nn as hn
 from hetero_nn import RW
+from hetero_nn.scheduler.autocapture import DEFER
 from hetero_nn.scheduler.flush import FLUSH_THRESHOLD, Collector
 
 TIMEOUT = 30.0  # a hang ends in a TaskError (Runtime(wait_timeout=))
@@ -107,3 +108,29 @@ def test_a_failed_flush_and_a_runtime_closed_with_one_open_release_it():
         assert gc.get_threshold() == (700, 10, 10)
         rt.submit(ADD, h)  # left open: close() gives it back
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_kept_flush_holds_the_threshold_from_its_first_task_to_its_end():
+    """Automatic capture keeps a repeated flush's tasks unrun until wait(): they live as
+    long as an open flush's, so the threshold is raised while they are kept; a flush that
+    differs midway (submitted then) and a runtime closed with a kept flush give it back."""
+    with _runtime() as rt:
+        h = rt.register(np.zeros(2))
+        for _ in range(2):  # seen, then captured: the shape is known
+            for _ in range(3):
+                rt.submit(ADD, h)
+            rt.wait()
+        rt.submit(ADD, h)  # kept: compared with the shape, not run
+        assert rt._auto.state == DEFER and Collector.open == 1
+        assert gc.get_threshold() == (FLUSH_THRESHOLD, 10, 10)
+        rt.submit(ADD, h)
+        rt.submit(ADD, h)
+        rt.wait()  # replayed
+        assert gc.get_threshold() == (700, 10, 10) and Collector.open == 0
+        for _ in range(4):  # the fourth task is not the shape's: submitted as the program did
+            rt.submit(ADD, h)
+        rt.wait()
+        assert gc.get_threshold() == (700, 10, 10) and Collector.open == 0
+        np.testing.assert_array_equal(rt.fetch(h), np.full(2, 13.0))
+        rt.submit(ADD, h)  # kept, then the runtime closes without a wait
+    assert gc.get_threshold() == (700, 10, 10) and Collector.open == 0

@@ -64,7 +64,9 @@ shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
 :class:`Shape` objects starting that way, newest first (keys in least recently used
 order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
 ``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at;
-``params``: per step parameter name, the last one :meth:`AutoCapture.param` made.
+``params``: per step parameter name, the last one :meth:`AutoCapture.param` made;
+``held``: whether a kept flush holds the garbage collector's raised threshold (from the
+first kept task to ``wait()`` or a fallback, as an open flush does: ``flush.Collector``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from collections import OrderedDict, deque
 from ..errors import SubmitError
 from .capture import Graph
 from .engine.replay import FloatParam, IntParam, step_param
+from .flush import Collector
 from .task import Task
 
 #: Flushes in a row of new shapes, with no replay, after which the runtime stops looking.
@@ -146,6 +149,7 @@ class AutoCapture:
         self.last = None
         self.misses = 0
         self.busy = False
+        self.held = False  # the collector's threshold, raised while a flush is kept (hold)
         self.notes: deque = deque(maxlen=runtime._trace.flushes)
 
     # ------------------------------------------------------------------ submissions
@@ -228,6 +232,7 @@ class AutoCapture:
             self.shape = shape
             self.steps = {}
             self.compared = 0
+            self.hold(True)
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
@@ -291,11 +296,28 @@ class AutoCapture:
         return True
 
     # ------------------------------------------------------------------ flush ends
+    def hold(self, on: bool) -> None:
+        """Raise (``on``) or give back the garbage collector's young threshold for a kept
+        flush, as an open flush does (:class:`~.flush.Collector`): kept tasks live until
+        ``wait()``, and a young collection per 700 of them cost up to 0.5 us a task."""
+        if on != self.held:
+            self.held = on
+            if on:
+                Collector.hold()
+            else:
+                Collector.release()
+
     def wait(self) -> bool:
         """At ``Runtime.wait``: True where the flush was run here (captured or replayed);
         otherwise the flush is the runtime's to run, and its shape is kept."""
         if self.busy:
             return False
+        try:
+            return self._wait()
+        finally:
+            self.hold(False)
+
+    def _wait(self) -> bool:
         state = self.state
         if state == DEFER:
             k = len(self.deferred)
@@ -408,6 +430,7 @@ class AutoCapture:
         if self.state != DEFER:
             return
         tasks, self.deferred, self.shape = self.deferred, [], None
+        self.hold(False)  # (submitted now: the runtime's flush holds the collector)
         self.state = RECORD
         self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         self.room = MAX_TASKS - len(tasks) + 1

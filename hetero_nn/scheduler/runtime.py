@@ -583,6 +583,7 @@ class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
                 node.close()
         finally:
             self._flushes.release()  # a flush left open (a failure) holds the Collector no more
+            self._auto.hold(False)  # nor a kept flush never waited for
             if self.perfmodel is not None:
                 self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
