@@ -150,15 +150,13 @@ def fwd_stacked(x, w, b, has_bias, activation, y, geo, unit, stack, acc):
                     if activation == 0:
                         gather_row(yf, d0, acc, a0, geo.sw, out_w)
                         continue
-                    for j in range(out_w):
+                    for j in range(out_w):  # selects, one store (as relu[6]_fwd's kernels)
                         v = acc[a0 + j * geo.sw]
-                        if activation == 1:  # relu_fwd's kernel: -0.0 becomes 0
-                            v = zero if v <= 0 else v
-                        elif v < 0:  # relu6_fwd's
-                            v = zero
-                        elif v > 6:
-                            v = six
-                        yf[d0 + j] = v
+                        if activation == 1:  # -0.0 becomes 0
+                            yf[d0 + j] = zero if v <= 0 else v
+                        else:  # a clamp: NaN and -0.0 pass
+                            r = zero if v < 0 else v
+                            yf[d0 + j] = six if v > 6 else r
 
 
 @jit
