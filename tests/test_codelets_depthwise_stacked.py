@@ -149,3 +149,15 @@ def test_folded_bn_eval_matches_ref_and_torch(case, dtype, activation, bias):
     for variant, y in outs.items():
         assert rel_err(y, want) <= tol, variant
     assert rel_err(outs["cpu"], outs["ref"]) <= (1e-13 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu6_kernel_gives_the_clamp_bits_with_nan_and_signed_zeros(dtype):
+    from hetero_nn.codelets import activation
+    x = np.array([np.nan, -0.0, 0.0, 6.0, 6.5, -1.0, np.inf, -np.inf, 5.99, 1e-30, -1e-30] * 5,
+                 dtype)
+    got, want = np.empty_like(x), np.empty_like(x)
+    activation.relu6_fwd.variants["cpu"](x, got)
+    activation.relu6_fwd.variants["ref"](x, want)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))  # -0.0 passes, as a clamp
