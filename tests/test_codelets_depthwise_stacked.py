@@ -81,7 +81,7 @@ def torch_conv(x, w, b, dy, params):
             module.bias.grad.numpy())
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(case=geometries(), dtype=st.sampled_from([np.float64, np.float32]))
 def test_fast_variants_give_the_bits_of_cpu_and_match_torch(case, dtype):
     x, w, b, dy, params = operands(case, dtype)
