@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-chec
 
 TOL = {np.float64: 1e-10, np.float32: 1e-4}
 GENERAL = ["ref", "cpu:direct", "cpu:im2col", "cuda"]
-DEPTHWISE = ["ref", "cpu", "cuda"]
+DEPTHWISE = ["ref", "cpu", "cpu:stacked", "cuda"]
 MODES = list(padding.MODES)
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -273,7 +273,7 @@ def test_depthwise_declarations():
     for codelet in DW_CODELETS:
         assert codelet.name.startswith("conv2d_depthwise_")
         assert sorted(codelet.variants) == sorted(DEPTHWISE)
-        assert codelet.kinds == {"cpu": ("ref", "cpu"), "cuda": ("cuda",)}
+        assert codelet.kinds == {"cpu": ("ref", "cpu", "cpu:stacked"), "cuda": ("cuda",)}
         if REDUX in codelet.modes:
             assert codelet.init is zero_init and codelet.redux is add_redux
     # Each output sums KH*KW products (the convolution's flops with C/G = 1).

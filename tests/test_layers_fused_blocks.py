@@ -37,7 +37,8 @@ def test_plan_fuses_conv_bn_only_in_evaluation():
     assert block_names(model.layers[7].shortcut) == ["ConvBNEval"]
     mobile = build_model("mobilenetv2", (3, 16, 16), 10, seed=0).eval()
     names = block_names(mobile)
-    assert names[0] == "ConvBNEval" and "Conv2d" in names  # depthwise ones stay unfused
+    assert names[:4] == ["ConvBNEval"] * 4 and "Conv2d" not in names  # depthwise ones too
+    assert [mobile.layers[i].depthwise for i, _, _ in mobile.blocks()[1:3]] == [True, False]
     untracked = Sequential(Conv2d(3, 4, 3), BatchNorm2d(4, track_running_stats=False), ReLU6())
     assert block_names(untracked.eval()) == ["Conv2d", "BatchNorm2d", "ReLU6"]
 

@@ -445,14 +445,10 @@ def _relu6_bwd_xp(xp, x, dy, dx):
 
 @jit
 def _relu6_fwd_cpu(x, y):
-    for i in range(x.shape[0]):
+    for i in range(x.shape[0]):  # selects, one store: vectorised (branches: 4x slower)
         v = x[i]
-        if v < 0:
-            y[i] = 0
-        elif v > 6:
-            y[i] = 6
-        else:
-            y[i] = v  # NaN and -0.0 included, as clamp
+        r = x.dtype.type(0) if v < 0 else v  # NaN and -0.0 pass, as clamp
+        y[i] = x.dtype.type(6) if v > 6 else r
 
 
 @jit

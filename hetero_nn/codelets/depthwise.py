@@ -26,14 +26,21 @@ one output row buffer in the L1 cache, three taps per pass), which the table
 runs for these names.
 
 Variants: ``ref`` (``conv.py``'s reference with ``groups=C``: the maths is the
-same), ``cpu`` (``conv_direct.py``) and ``cuda`` (one multiply-add of strided
-slices per kernel tap over all channels at once, in the array module: CuPy on a
-GPU, NumPy in CI; no GEMM, no scatter).
+same), ``cpu`` (``conv_direct.py``), ``cpu:stacked``, a faster twin of ``cpu`` for small
+images giving its bits (declared ``same_bits``, so the performance model chooses between
+the two per shape; ``depthwise_stacked.py``: planes laid end to end, one channel of every
+image or a block of one image's channels, so that each kernel tap is one long vectorised
+pass), and ``cuda`` (one
+multiply-add of strided slices per kernel tap over all channels at once, in the array
+module: CuPy on a GPU, NumPy in CI; no GEMM, no scatter).
 """
 
 from __future__ import annotations
 
-from . import conv
+import numpy as np
+
+from . import conv, conv_direct, depthwise_stacked
+from ._checks import require_contiguous
 from .codelet import REDUX, R, W, Codelet
 from .padding import fold_xp, pad_xp
 from .prepared import calls_of
@@ -128,17 +135,79 @@ def conv2d_depthwise_bwd_params_cuda(x, dy, dw, db, **params):
     db += dy.sum(axis=(0, 2, 3))
 
 
+# --------------------------------------------------------------------------- cpu:stacked
+
+_c = np.ascontiguousarray
+
+
+def geometry(x_shape, w_shape, params):
+    """The :class:`~hetero_nn.codelets.conv.Conv2dGeometry` of a depthwise convolution."""
+    return conv.conv2d_geometry(x_shape, w_shape, **_params(x_shape, w_shape, params))
+
+
+def fwd_stacked_calls(buffers, x, w, b, y, params, activation=0):
+    """The call of ``depthwise_stacked.fwd_stacked`` (``b`` None: no bias)."""
+    require_contiguous("conv2d_depthwise_fwd", y=y)
+    geo = geometry(x.shape, w.shape, params)
+    x, w = _c(x, dtype=y.dtype), _c(w, dtype=y.dtype)  # themselves where prepared
+    bias = np.empty(0, dtype=y.dtype) if b is None else _c(b, dtype=y.dtype)
+    return [(depthwise_stacked.fwd_stacked,
+             (x, w, bias, b is not None, activation, y, geo,
+              *depthwise_stacked.fwd_buffers(buffers, geo, x.shape, y.dtype)))]
+
+
+def _bwd_input_stacked_calls(buffers, dy, w, _, dx, params):
+    require_contiguous("conv2d_depthwise_bwd_input", dx=dx)
+    geo = geometry(dx.shape, w.shape, params)
+    return [(depthwise_stacked.bwd_input_stacked,
+             (_c(dy, dtype=dx.dtype), _c(w, dtype=dx.dtype), dx, geo, *depthwise_stacked.bwd_input_buffers(
+                 buffers, geo, dx.shape, w.shape[0], dx.dtype)))]
+
+
+def _bwd_params_stacked_calls(buffers, x, dy, dw, db, params):
+    require_contiguous("conv2d_depthwise_bwd_params", dw=dw)
+    geo = geometry(x.shape, dw.shape, params)
+    x, dy = _c(x, dtype=dw.dtype), _c(dy, dtype=dw.dtype)
+    bias = np.empty(0, dtype=dw.dtype) if db is None else db
+    if dw.shape[0] != x.shape[1]:  # a channel multiplier: cpu's kernel
+        return [(conv_direct.conv2d_bwd_params_cpu, (x, dy, dw, bias, db is not None, geo))]
+    return [(depthwise_stacked.bwd_params_stacked,
+             (x, dy, dw, bias, db is not None, geo,
+              *depthwise_stacked.params_buffers(buffers, geo, x.shape, dw.dtype)))]
+
+
+_FAST = {
+    "conv2d_depthwise_fwd": ("cpu:stacked", conv._gemm_variant(
+        fwd_stacked_calls, None, "Depthwise forward, one long pass per tap over the stack.")),
+    "conv2d_depthwise_fwd_nobias": ("cpu:stacked", conv._gemm_variant(
+        fwd_stacked_calls, 2, "Depthwise forward, one long pass per tap over the stack.")),
+    "conv2d_depthwise_bwd_input": ("cpu:stacked", conv._gemm_variant(
+        _bwd_input_stacked_calls, 2, "Depthwise input gradient, one pass per tap over the "
+        "stack.")),
+    "conv2d_depthwise_bwd_params": ("cpu:stacked", conv._gemm_variant(
+        _bwd_params_stacked_calls, None, "Depthwise parameter gradient, one pass per tap over "
+        "a stack of channels.")),
+    "conv2d_depthwise_bwd_weight": ("cpu:stacked", conv._gemm_variant(
+        _bwd_params_stacked_calls, 3, "Depthwise weight gradient, one pass per tap over a "
+        "stack of channels.")),
+}
+"""Per codelet, its variant giving ``cpu``'s bits faster on some shapes (``same_bits``)."""
+
+
 # --------------------------------------------------------------------------- codelets
 
 def _declare(name, modes, base, input_index, weight_index, cuda, flops, **redux):
     """A depthwise codelet whose ``ref`` and ``cpu`` variants are ``conv.py``'s ``base``
-    reference and direct variants with ``groups = C``."""
+    reference and direct variants with ``groups = C`` (and the variant of ``_FAST`` giving
+    ``cpu``'s bits, the performance model choosing between the two)."""
     ref, direct = base.variants["ref"], base.variants["cpu:direct"]
-    return Codelet(name, modes=modes,
-                   variants={"ref": _variant(ref, f"{name}_ref", input_index, weight_index),
-                             "cpu": _variant(direct, f"{name}_cpu", input_index, weight_index),
-                             "cuda": cuda},
-                   flops=flops, **redux)
+    variants = {"ref": _variant(ref, f"{name}_ref", input_index, weight_index),
+                "cpu": _variant(direct, f"{name}_cpu", input_index, weight_index),
+                "cuda": cuda}
+    fast, variant = _FAST[name]
+    variants[fast] = variant
+    return Codelet(name, modes=modes, variants=variants, flops=flops, same_bits=("cpu", fast),
+                   **redux)
 
 
 _REDUX = {"init": zero_init, "redux": add_redux}

@@ -106,18 +106,24 @@ def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
         np.copyto(y, np.where(y < 0, y.dtype.type(0), np.where(y > 6, y.dtype.type(6), y)))
 
 
+def fold_calls(buffers, w, b, mean, var, weight, bias, eps, dtype):
+    """``(wf, bf, calls)``: worker buffers for the folded filters and bias, and the call of
+    ``fold_bn_cpu`` filling them."""
+    n_out = w.shape[0]
+    wf = buffers("bn_fold:w", w.shape, dtype)
+    bf = buffers("bn_fold:b", (n_out,), dtype)
+    w2 = np.ascontiguousarray(w).reshape(n_out, -1)
+    b = w2[0, :0] if b is None else np.ascontiguousarray(b)
+    return wf, bf, [(fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (
+        mean, var, weight, bias)), eps, wf.reshape(n_out, -1), bf))]
+
+
 def _bn_eval_calls(buffers, x, w, b, mean, var, weight, bias, y, params):
     """The fold, ``conv2d_fwd``'s ``cpu:winograd`` calls on the folded operands, the
     activation: the calls (:mod:`~hetero_nn.codelets.prepared`)."""
     require_contiguous("conv2d_bn_eval_fwd", y=y)
     conv_params, eps, code = _split(params)
-    n_out = w.shape[0]
-    wf = buffers("bn_fold:w", w.shape, y.dtype)
-    bf = buffers("bn_fold:b", (n_out,), y.dtype)
-    w2 = np.ascontiguousarray(w).reshape(n_out, -1)
-    b = w2[0, :0] if b is None else np.ascontiguousarray(b)
-    calls = [(fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (mean, var, weight, bias)),
-                            eps, wf.reshape(n_out, -1), bf))]
+    wf, bf, calls = fold_calls(buffers, w, b, mean, var, weight, bias, eps, y.dtype)
     calls += conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
     if code:  # relu_fwd's or relu6_fwd's kernel, in place
         flat = y.reshape(-1)

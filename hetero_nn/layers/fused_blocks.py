@@ -7,7 +7,8 @@ Policy:
   running statistics (``eval()`` and ``track_running_stats``): one
   ``conv2d_[nobias_]bn_eval_fwd`` task per partition, the batch norm folded into the
   convolution. In training mode the batch norm needs the batch's statistics, so the
-  layers run unfused. Any convolution but a depthwise one (``Conv2d.fusable``).
+  layers run unfused. Any convolution (``Conv2d.fusable``); a depthwise one (MobileNet's)
+  as ``conv2d_depthwise_[nobias_]bn_eval_fwd`` (``codelets/depthwise_fused.py``).
 - ``Residual, ReLU`` (ResNet's join), in both modes: the residual's body and shortcut
   as usual, then one ``add2_relu`` task per partition instead of ``add2`` and
   ``relu_fwd``; the backward pass is the ReLU's and the residual's own.
@@ -20,6 +21,8 @@ fused forward keeps no intermediate.
 
 from __future__ import annotations
 
+from ..codelets.depthwise_fused import (conv2d_depthwise_bn_eval_fwd,
+                                        conv2d_depthwise_nobias_bn_eval_fwd)
 from ..codelets.fused_blocks import add2_relu, conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd
 from .activation import ReLU, ReLU6
 from .conv import Conv2d
@@ -41,7 +44,8 @@ class ConvBNEval:
     def match(layers, i):
         """The length of the run starting at ``layers[i]`` (0: none)."""
         window = layers[i:i + 3]
-        if (len(window) < 2 or type(window[0]) is not Conv2d or not window[0].fusable
+        if (len(window) < 2 or type(window[0]) is not Conv2d
+                or not (window[0].fusable or window[0].depthwise)
                 or type(window[1]) is not BatchNorm2d or window[1].training
                 or not window[1].track_running_stats):
             return 0
@@ -55,7 +59,9 @@ class ConvBNEval:
         w = [p["weight"].handle] + ([p["bias"].handle] if conv.bias else [])
         stats = (bn._buffers["running_mean"].handle, bn._buffers["running_var"].handle,
                  *bn._affine_handles(rt))
-        codelet = conv2d_bn_eval_fwd if conv.bias else conv2d_nobias_bn_eval_fwd
+        codelet = ((conv2d_depthwise_bn_eval_fwd, conv2d_depthwise_nobias_bn_eval_fwd)
+                   if conv.depthwise else (conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd))[
+                       0 if conv.bias else 1]
         for x, y in zip(xs, ys):
             rt.submit(codelet, x, *w, *stats, y, **conv._kw, eps=bn.eps,
                       activation=self.activation)
