@@ -36,6 +36,23 @@ def test_the_faster_mode_is_kept_and_the_other_tried_again_with_a_doubling_perio
     assert fresh.next_mode() == "serial"  # tried at once
 
 
+def test_a_win_the_next_replay_does_not_confirm_is_undone_with_a_doubled_period():
+    c = Contention("serial")
+    for _ in range(FIRST_PROBE):
+        c.observe("serial", 0.0048, 0.005)
+    assert c.next_mode() == "parallel"
+    c.observe("parallel", 0.0034, 0.005)  # a lucky try: the neighbour left it both cores
+    assert c.mode == "parallel"
+    c.observe("parallel", 0.0082, 0.005)  # the next one is not under serial's 4.8 ms
+    assert c.mode == "serial" and c.probe == c.countdown == 2 * FIRST_PROBE
+    for _ in range(2 * FIRST_PROBE):
+        assert c.next_mode() == "serial"
+        c.observe("serial", 0.0048, 0.005)
+    c.observe("parallel", 0.0030, 0.005)  # the neighbour went: a win ...
+    c.observe("parallel", 0.0031, 0.005)  # ... confirmed
+    assert c.mode == "parallel" and c.probe == FIRST_PROBE and c.beaten is None
+
+
 def test_a_plain_parallel_win_makes_no_serial_try_and_new_costs_try_the_other_mode_soon():
     c = Contention()
     for _ in range(10 * FIRST_PROBE):  # half the tasks' summed time: one thread cannot win

@@ -30,7 +30,12 @@ core for milliseconds now and then (measured on the 2-core machine: a parallel r
 10 ms took 27-44 ms once in about twenty, where the other thread's core was taken), and
 a parallel replay pays for it in full where a serial one does not. So a try wins only
 against the current mode's best of its last :data:`RECENT` walls, and the early serial
-try needs two slow parallel replays in a row.
+try needs two slow parallel replays in a row. Luck runs the other way too: beside a
+busy loop pinned to one core, the scheduler now and then gave a parallel try both cores
+(3.4 ms against serial's 4.8), and the parallel replays after it took 8 ms until the next
+try, four replays later. So a win is kept only if the next replay in the new mode also
+beats the wall the try beat; else the mode goes back at once, the period doubled as
+after a loss.
 
 The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
 each share's thread coming back from the compiled loop, the calling thread collecting
@@ -70,7 +75,9 @@ thread started after a pause of a second or more).
 State
 -----
 ``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
-replay; ``probe``, ``countdown``: replays between tries of the other mode. The
+replay; ``probe``, ``countdown``: replays between tries of the other mode; ``beaten``,
+``lost_probe``: after a try won, the wall it beat and the period before (the next
+replay confirms the win or undoes it). The
 watchdog's ``running``: per segment whose calling thread's share runs, its replay's
 epoch, deadline, last progress (a task ended), tasks ended, and whether it was reported.
 """
@@ -130,6 +137,8 @@ class Contention:
         self.probe = FIRST_PROBE
         self.countdown = FIRST_PROBE
         self.slow = 0  # parallel replays in a row slower than one thread would be
+        self.beaten = None  # after a try won: the wall it beat (the next replay must too)
+        self.lost_probe = FIRST_PROBE  # the probe before that win, doubled if not confirmed
 
     def __repr__(self):
         medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
@@ -143,6 +152,7 @@ class Contention:
         self.probe = FIRST_PROBE
         self.countdown = 2
         self.slow = 0
+        self.beaten = None
 
     def next_mode(self) -> str:
         """The mode of the next replay: the current one, or the other when it is due."""
@@ -157,12 +167,19 @@ class Contention:
         del walls[:-KEEP]
         if mode != self.mode:  # a try of the other mode
             mine = min(self.walls[self.mode][-RECENT:], default=float("inf"))
-            if wall < WIN * mine:
-                self.mode, self.probe = mode, FIRST_PROBE
+            if wall < WIN * mine:  # won: kept if the next replay confirms it
+                self.mode, self.beaten, self.lost_probe = mode, mine, self.probe
+                self.probe = FIRST_PROBE
             else:
                 self.probe = min(2 * self.probe, MAX_PROBE)
             self.countdown = self.probe
             return
+        if self.beaten is not None:  # the first replay after a win: is it one too?
+            beaten, self.beaten = self.beaten, None
+            if wall >= beaten:  # no: the win was a lucky replay; back, as after a loss
+                self.mode = "serial" if mode == "parallel" else "parallel"
+                self.probe = self.countdown = min(2 * self.lost_probe, MAX_PROBE)
+                return
         self.countdown -= 1
         if mode != "parallel":
             return
