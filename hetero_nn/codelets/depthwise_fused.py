@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import conv, depthwise
+from . import depthwise
 from .codelet import R, W, Codelet
-from .fused_blocks import _fold_xp, _split, fold_calls
+from .fused_blocks import _fold_xp, _split, eval_variants, fold_calls
 from .xp import array_module
 
 __all__ = ["conv2d_depthwise_bn_eval_fwd", "conv2d_depthwise_nobias_bn_eval_fwd"]
@@ -76,13 +76,7 @@ def _flops(x, w, *rest, **params):
 
 
 def _variants(absent):
-    """The variants with (``absent`` None) or without (2) the convolution's bias ``b``."""
-    def operands(arrays):
-        return arrays if absent is None else (*arrays[:absent], None, *arrays[absent:])
-
-    return {"ref": lambda *a, **p: _ref(*operands(a), **p),
-            "cpu": conv._gemm_variant(_calls, absent, "Folded, then the stacked depthwise pass."),
-            "cuda": lambda *a, **p: _cuda(*operands(a), **p)}
+    return eval_variants(absent, _ref, _calls, _cuda, "Folded, then the stacked depthwise pass.")
 
 
 conv2d_depthwise_bn_eval_fwd = Codelet(

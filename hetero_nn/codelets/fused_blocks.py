@@ -140,14 +140,21 @@ def _bn_eval_cuda(x, w, b, mean, var, weight, bias, y, **params):
         xp.clip(y, 0, 6 if code == 2 else None, out=y)
 
 
-def _variants(absent):
-    """The variants of the codelet with (``absent`` None) or without (2) the bias ``b``."""
+def eval_variants(absent, ref, calls, cuda, doc):
+    """The ``ref``, ``cpu`` (``calls``, described by ``doc``) and ``cuda`` variants of a
+    folded evaluation codelet with (``absent`` None) or without (2) the bias ``b``: the
+    variants' operands then get None at that position."""
     def operands(arrays):
         return arrays if absent is None else (*arrays[:absent], None, *arrays[absent:])
 
-    return {"ref": lambda *a, **p: _bn_eval_ref(*operands(a), **p),
-            "cpu": conv._gemm_variant(_bn_eval_calls, absent, "Folded, then the convolution."),
-            "cuda": lambda *a, **p: _bn_eval_cuda(*operands(a), **p)}
+    return {"ref": lambda *a, **p: ref(*operands(a), **p),
+            "cpu": conv._gemm_variant(calls, absent, doc),
+            "cuda": lambda *a, **p: cuda(*operands(a), **p)}
+
+
+def _variants(absent):
+    return eval_variants(absent, _bn_eval_ref, _bn_eval_calls, _bn_eval_cuda,
+                         "Folded, then the convolution.")
 
 
 def _bn_eval_flops(x, w, *rest, **params):
