@@ -6,6 +6,9 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from hypothesis import strategies as st
+
+from hetero_nn.codelets import padding
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,3 +197,22 @@ def small_run(cluster, on_step=None, epochs=2, seed=0) -> dict:
           hn.Trainer(model, runtime=rt, batch_size=32, granularity=4, cluster=cluster) as t):
         t.fit(data, epochs=epochs, verbose=0, on_step=on_step)
     return model.state_dict()
+
+
+def draw_window(draw, kernel, dilation, stride, pad, size):
+    """A random convolution window and an input it fits, drawn with hypothesis's ``draw``:
+    ``(k, stride, pad, dilation, mode, h, w)``. Each argument bounds its draws (kernel
+    sides, dilations, strides, explicit paddings, image sides); half the windows have
+    ``pad="same"`` at stride 1. The input fits the dilated kernel and the padding mode's
+    limit (reflect: pad < size)."""
+    k = (draw(st.integers(1, kernel)), draw(st.integers(1, kernel)))
+    dil = (draw(st.integers(1, dilation)), draw(st.integers(1, dilation)))
+    mode = draw(st.sampled_from(list(padding.MODES)))
+    same = draw(st.booleans())
+    strides = (1, 1) if same else (draw(st.integers(1, stride)), draw(st.integers(1, stride)))
+    pads = "same" if same else (draw(st.integers(0, pad)), draw(st.integers(0, pad)))
+    sides = padding.resolve_padding(pads, k, strides, dil)
+    extent = [d * (kk - 1) + 1 for d, kk in zip(dil, k)]
+    h = draw(st.integers(max(1, extent[0] - sides[0] - sides[1], max(sides[:2]) + 1), size))
+    w = draw(st.integers(max(1, extent[1] - sides[2] - sides[3], max(sides[2:]) + 1), size))
+    return k, strides, pads, dil, mode, h, w

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hetero_nn.codelets import REDUX, R, W, conv, depthwise, padding
 from hetero_nn.codelets.reduce import add_redux, zero_init
-from helpers import central_differences, pair, rel_err
+from helpers import central_differences, draw_window, pair, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is optional; the cross-checks against it need it")
 
@@ -143,17 +143,7 @@ def test_depthwise_codelets_match_torch(case, dtype):
 
 def geometries(draw, depthwise_case):
     """A random convolution that fits its input (hypothesis draws)."""
-    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
-    dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    mode = draw(st.sampled_from(MODES))
-    same = draw(st.booleans())
-    stride = (1, 1) if same else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    pad = "same" if same else (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
-    pads = padding.resolve_padding(pad, k, stride, dilation)
-    extent = [d * (kk - 1) + 1 for d, kk in zip(dilation, k)]
-    # The input fits the dilated kernel and the mode's limit (reflect: pad < size).
-    h = draw(st.integers(max(1, extent[0] - pads[0] - pads[1], max(pads[:2]) + 1), 11))
-    w_ = draw(st.integers(max(1, extent[1] - pads[2] - pads[3], max(pads[2:]) + 1), 11))
+    k, stride, pad, dilation, mode, h, w_ = draw_window(draw, 4, 3, 3, 3, 11)
     groups = draw(st.sampled_from([1, 2, 3]))
     c = groups * draw(st.integers(1, 3))
     multiplier = draw(st.integers(1, 3))

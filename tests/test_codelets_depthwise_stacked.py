@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_nn.codelets import depthwise, depthwise_fused, padding
-from helpers import rel_err
+from hetero_nn.codelets import depthwise, depthwise_fused
+from helpers import draw_window, rel_err
 
 TOL = {np.float64: 1e-10, np.float32: 1e-5}
-MODES = list(padding.MODES)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 
@@ -22,16 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even k
 @st.composite
 def geometries(draw):
     """``(n, c, multiplier, h, w, kernel, stride, padding, dilation, mode)`` that fits."""
-    k = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    mode = draw(st.sampled_from(MODES))
-    same = draw(st.booleans())
-    stride = (1, 1) if same else (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pad = "same" if same else (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
-    pads = padding.resolve_padding(pad, k, stride, dilation)
-    extent = [d * (kk - 1) + 1 for d, kk in zip(dilation, k)]
-    h = draw(st.integers(max(1, extent[0] - pads[0] - pads[1], max(pads[:2]) + 1), 9))
-    w = draw(st.integers(max(1, extent[1] - pads[2] - pads[3], max(pads[2:]) + 1), 9))
+    k, stride, pad, dilation, mode, h, w = draw_window(draw, 3, 2, 2, 2, 9)
     return (draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 2)), h, w,
             k, stride, pad, dilation, mode)
 
