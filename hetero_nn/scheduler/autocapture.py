@@ -65,8 +65,9 @@ shape); ``shapes``: first call ``(codelet, handles)`` -> the last :data:`ALIKE`
 order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's log;
 ``busy``: the runtime's own submissions (a fallback, a capture) under way, not looked at;
 ``params``: per step parameter name, the last one :meth:`AutoCapture.param` made;
-``held``: whether a kept flush holds the garbage collector's raised threshold (from the
-first kept task to ``wait()`` or a fallback, as an open flush does: ``flush.Collector``).
+``collector``: a kept flush's share of the garbage collector's raised threshold (from
+the first kept task to ``wait()`` or a fallback, as an open flush holds one:
+``flush.Collector``; a young collection per 700 kept tasks cost up to 0.5 us a task).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ from collections import OrderedDict, deque
 from ..errors import SubmitError
 from .capture import Graph
 from .engine.replay import FloatParam, IntParam, step_param
-from .flush import Collector
+from .flush import CollectorShare
 from .task import Task
 
 #: Flushes in a row of new shapes, with no replay, after which the runtime stops looking.
@@ -149,7 +150,7 @@ class AutoCapture:
         self.last = None
         self.misses = 0
         self.busy = False
-        self.held = False  # the collector's threshold, raised while a flush is kept (hold)
+        self.collector = CollectorShare()  # the raised threshold, while a flush is kept
         self.notes: deque = deque(maxlen=runtime._trace.flushes)
 
     # ------------------------------------------------------------------ submissions
@@ -232,7 +233,7 @@ class AutoCapture:
             self.shape = shape
             self.steps = {}
             self.compared = 0
-            self.hold(True)
+            self.collector.hold()  # kept tasks live until wait(), as an open flush's
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
         self.calls = [(codelet, handles, modes, params)]
@@ -296,17 +297,6 @@ class AutoCapture:
         return True
 
     # ------------------------------------------------------------------ flush ends
-    def hold(self, on: bool) -> None:
-        """Raise (``on``) or give back the garbage collector's young threshold for a kept
-        flush, as an open flush does (:class:`~.flush.Collector`): kept tasks live until
-        ``wait()``, and a young collection per 700 of them cost up to 0.5 us a task."""
-        if on != self.held:
-            self.held = on
-            if on:
-                Collector.hold()
-            else:
-                Collector.release()
-
     def wait(self) -> bool:
         """At ``Runtime.wait``: True where the flush was run here (captured or replayed);
         otherwise the flush is the runtime's to run, and its shape is kept."""
@@ -315,7 +305,7 @@ class AutoCapture:
         try:
             return self._wait()
         finally:
-            self.hold(False)
+            self.collector.release()
 
     def _wait(self) -> bool:
         state = self.state
@@ -430,7 +420,7 @@ class AutoCapture:
         if self.state != DEFER:
             return
         tasks, self.deferred, self.shape = self.deferred, [], None
-        self.hold(False)  # (submitted now: the runtime's flush holds the collector)
+        self.collector.release()  # (submitted now: the runtime's flush holds its own)
         self.state = RECORD
         self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         self.room = MAX_TASKS - len(tasks) + 1

@@ -43,7 +43,7 @@ trace records of the flush's tasks, as tuples (the local and sync executors appe
 its task ends); at the flush's end they go to the runtime's bounded
 :class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer` (``rt._trace``) as one unit.
 ``memory``: per flush run as one DAG, its temporaries' lifetimes (trace memory records),
-as many flushes as the trace buffer keeps. ``held``: the open flush holds the garbage
+as many flushes as the trace buffer keeps. ``collector``: the open flush's share of the garbage
 collector's raised young threshold (:class:`Collector`), from its first task (or closed
 DAG, or replay) to its end.
 
@@ -117,6 +117,26 @@ class Collector:
                 cls.saved = cls.set = None
 
 
+class CollectorShare:
+    """One holder's share of :class:`Collector`'s raised threshold (a runtime's open flush,
+    a flush automatic capture keeps): taken at most once, given back at most once."""
+
+    __slots__ = ("held",)
+
+    def __init__(self):
+        self.held = False
+
+    def hold(self) -> None:
+        if not self.held:
+            self.held = True
+            Collector.hold()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            Collector.release()
+
+
 class Flushes:
     """One runtime's flush lifecycle (see the module docstring)."""
 
@@ -133,7 +153,7 @@ class Flushes:
         self.reordered = False  # a dependency on a task submitted later (add_dependency)
         self.sink = None  # recording without running: takes the closed DAGs (recording)
         self.hand_over = self.add  # a submitted task's way in: add, or the executor's add
-        self.held = False  # this flush holds the Collector's raised young threshold
+        self.collector = CollectorShare()  # the open flush's share of the raised threshold
 
     def add(self, task):
         """Take a task just submitted, its ``preds`` (from dependency inference) set."""
@@ -157,20 +177,12 @@ class Flushes:
         rt = self.rt
         self.open = True
         self.first_id = task.id
-        if not self.held:
-            self.held = True
-            Collector.hold()
+        self.collector.hold()
         self.streaming = rt.overlap and self.capturing is None and self.sink is None
         if self.streaming:
             self.hand_over = rt.executor.add  # the flush's next tasks: no call more per task
             for node in rt.nodes:
                 node.arena.reset()
-
-    def release(self):
-        """Give back the collector's threshold this flush holds (its end; a closed runtime)."""
-        if self.held:
-            self.held = False
-            Collector.release()
 
     def wait(self):
         """Block until every task of the flush has run (handing them to the executor
@@ -204,9 +216,7 @@ class Flushes:
         arenas reset, its temporaries (``lifetimes``: their layout, if laid out) counted."""
         rt = self.rt
         self.open = True
-        if not self.held:
-            self.held = True
-            Collector.hold()
+        self.collector.hold()
         for node in rt.nodes:
             node.arena.reset()
         rt._temporaries.begin(lifetimes)
@@ -304,7 +314,7 @@ class Flushes:
             t.ended = True
             t.preds = ()
             t.succ = ()
-        self.release()  # after the flush's own allocations at its end
+        self.collector.release()  # after the flush's own allocations at its end
         if fault is not None and not failed:
             raise TaskError(f"the performance model's update at the end of flush "
                             f"{self.generation - 1} failed: {type(fault).__name__}: "

@@ -582,8 +582,8 @@ class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
             for node in self.nodes:
                 node.close()
         finally:
-            self._flushes.release()  # a flush left open (a failure) holds the Collector no more
-            self._auto.hold(False)  # nor a kept flush never waited for
+            self._flushes.collector.release()  # a flush left open (a failure) holds it no more
+            self._auto.collector.release()  # nor a kept flush never waited for
             if self.perfmodel is not None:
                 self.perfmodel.save()  # warns (PerfModelWarning) where it cannot; never raises
             _live_runtimes.discard(self)
