@@ -123,11 +123,11 @@ class RuntimeSubmission:
         eligible = (self._eligible[codelet] if codelet in self._eligible
                     else self._compute_eligible(codelet))
         if task is None:
-            task = Task(next(self._ids), codelet, handles, modes, params, _perf())
+            task = Task(next(self._ids), codelet, handles, modes, params, _perf(), eligible, self)
         else:
             task.modes = modes
-        task.eligible = eligible
-        task.runtime = self
+            task.eligible = eligible
+            task.runtime = self
         if self._placing is not None:
             if worker is None:
                 worker = self._placing[0]
