@@ -43,7 +43,10 @@ More tables:
   ``wide`` (``W`` on each part of a ``--tasks``-way split, made before the clock
   starts); microseconds per task from the first submit to ``wait()`` returning
   (goal: <= 5), the best and the median run, and the garbage collections per run by
-  generation (young / older / full: flush.py's ``Collector``); then each program again on handles made once, so that the default
+  generation (young / older / full: flush.py's ``Collector``); the process CPU per task
+  (all threads, median run) and the CPU in collections per task, both from the first
+  submit through the trace's clear after ``wait()`` (where the collection a flush leaves
+  for after it comes); then each program again on handles made once, so that the default
   runtime's automatic capture replays it (``chain repeated``, ``wide repeated``: the
   submissions compared with the shape and kept, then one compiled replay; after four
   untimed runs);
@@ -260,11 +263,15 @@ def time_two_plans(parts, repeat, workers):
 
 def time_goal(n, repeat, workers):
     """Best seconds per task of the submission goal, per program (see the docstring)."""
-    timing = [False]  # from a timed run's first submit to its wait() returning
+    # timing[0]: from a timed run's first submit to its wait() returning; timing[1]: on
+    # through the trace's clear (the collection a flush leaves for after it comes there)
+    timing = [False, False]
+    cpu0 = [0.0]
 
     def chain(rt):
         h = rt.register(np.zeros(1))
-        timing[0] = True
+        timing[:] = True, True
+        cpu0[0] = time.process_time()
         t0 = time.perf_counter()
         for _ in range(n):
             rt.submit(EMPTY_RW, h)
@@ -272,7 +279,8 @@ def time_goal(n, repeat, workers):
 
     def wide(rt):
         parts = rt.register(np.zeros(n)).split(axis=0, n=n)
-        timing[0] = True
+        timing[:] = True, True
+        cpu0[0] = time.process_time()
         t0 = time.perf_counter()
         for p in parts:
             rt.submit(EMPTY_W, p)
@@ -280,10 +288,18 @@ def time_goal(n, repeat, workers):
 
     out = {}
     counts = [0, 0, 0]  # collections by generation while a timed run runs
+    collecting = [0.0, None]  # CPU seconds in collections in timing[1]'s window (a
+    # collection runs start to stop in one thread: its thread's clock), the last start
 
     def counted(phase, info):
-        if phase == "start" and timing[0]:
-            counts[info["generation"]] += 1
+        if phase == "start":
+            if timing[0]:
+                counts[info["generation"]] += 1
+            if timing[1]:
+                collecting[1] = time.thread_time()
+        elif collecting[1] is not None:
+            collecting[0] += time.thread_time() - collecting[1]
+            collecting[1] = None
 
     gc.callbacks.append(counted)
     try:
@@ -291,16 +307,21 @@ def time_goal(n, repeat, workers):
             for name, program in (("chain", chain), ("wide", wide)):
                 program(rt)  # warm-up: compilation, threads, models
                 rt.wait()
-                walls, counts[:], timing[0] = [], [0, 0, 0], False
+                walls, cpus, counts[:], timing[:], collecting[0] = [], [], [0, 0, 0], \
+                    [False, False], 0.0
                 for _ in range(repeat):
                     t0 = program(rt)
                     rt.wait()
                     walls.append(time.perf_counter() - t0)
                     timing[0] = False
                     rt.trace(clear=True)
+                    cpus.append(time.process_time() - cpu0[0])
+                    timing[1] = False
                 out[name] = min(walls) / n
                 out[f"{name} median"] = statistics.median(walls) / n
                 out[f"{name} collections"] = [c / repeat for c in counts]
+                out[f"{name} cpu"] = statistics.median(cpus) / n
+                out[f"{name} collecting"] = collecting[0] / repeat / n
     finally:
         gc.callbacks.remove(counted)
     with hn.Runtime(devices=f"cpu:{workers}") as rt:  # the same handles each run: replayed
@@ -528,6 +549,11 @@ def main(argv=None):
                   goal["chain median"], goal["wide median"],
                   " / ".join(f"{c:g}" for c in goal["chain collections"]),
                   " / ".join(f"{c:g}" for c in goal["wide collections"])), flush=True)
+        print("  process CPU per task, through the trace's clear (so the collection a flush "
+              "leaves for after it counts): chain {:.2f}, wide {:.2f} us (of which the "
+              "collections' CPU {:.2f}, {:.2f})".format(goal["chain cpu"], goal["wide cpu"],
+                                                   goal["chain collecting"],
+                                                   goal["wide collecting"]), flush=True)
     if "calls" in args.only:
         doc["calls_per_task"] = {}
         for name, (total, top, main) in count_calls(n, workers).items():

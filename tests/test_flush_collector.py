@@ -134,3 +134,28 @@ def test_a_kept_flush_holds_the_threshold_from_its_first_task_to_its_end():
         np.testing.assert_array_equal(rt.fetch(h), np.full(2, 13.0))
         rt.submit(ADD, h)  # kept, then the runtime closes without a wait
     assert gc.get_threshold() == (700, 10, 10) and Collector.open == 0
+
+
+def test_a_long_streamed_flush_meets_no_young_collection_until_it_ends():
+    """A 12,000-task chain keeps most of its tasks alive while it is submitted (the worker
+    gets the interpreter lock only now and then): at a young threshold of 50,000 they met
+    a collection that walked them all; under FLUSH_THRESHOLD the collection comes after
+    the flush, when they are gone."""
+    n = 12_000
+    young = []
+
+    def seen(phase, info):
+        if phase == "start" and Collector.open:
+            young.append(info["generation"])
+
+    with _runtime() as rt:
+        h = rt.register(np.zeros(1))
+        gc.callbacks.append(seen)
+        try:
+            tasks = [rt.submit(ADD, h) for _ in range(n)]  # alive until wait(), as a
+            rt.wait()  # program may keep them
+        finally:
+            gc.callbacks.remove(seen)
+        assert rt.fetch(h)[0] == float(n)
+        assert all(t.done() for t in tasks)
+    assert young == [], f"collections while the flush was open: {young}"

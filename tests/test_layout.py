@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hetero_nn"
 LAYERS = ("arena", "codelets", "scheduler", "simulation", "layers", "training", "cli")
 #: Sub-packages, bottom up: one may import those below it (and its parent's own modules),
 #: never one above it. A module directly in the parent may use any of them.
-SUBLAYERS = {"scheduler": ("trace", "perfmodel", "policies", "executors", "engine"),
+SUBLAYERS = {"scheduler": ("trace", "perfmodel", "policies", "executors", "engine", "front"),
              "training": ("cluster", "pipeline")}
 MAX_LINES = 600
 #: Modules over MAX_LINES that belong to work in progress elsewhere (issue 28 and the

@@ -64,6 +64,15 @@ most that many allocations later), but a flush's tasks have mostly run and died 
 one comes, and the older and full collections come about 70 times less often. The
 program's thresholds come back when the last open flush ends, unless it set others
 meanwhile. Results do not depend on it, only when garbage cycles are freed.
+
+The threshold is above what a 10,000-task flush keeps alive (about 5 tracked objects a
+task: the workers get the interpreter lock only now and then while the program submits,
+so most of a streamed flush's tasks are still alive when it is submitted): at 50,000 such
+a flush met one young collection that walked all of them (45-60 ms at load 6-7 on the
+2-core machine, 20% of the submitting thread's time) and moved them to the older
+generation, to be walked again. At :data:`FLUSH_THRESHOLD` the collection comes after
+the flush, when its tasks are gone: it walks only what outlives them (the trace's
+records, automatic capture's calls).
 """
 
 from __future__ import annotations
@@ -80,7 +89,7 @@ from .trace.buffer import TraceBuffer
 
 
 #: The garbage collector's young threshold while a flush is open (CPython's default: 700).
-FLUSH_THRESHOLD = 50_000
+FLUSH_THRESHOLD = 200_000
 
 
 class Collector:
@@ -321,20 +330,27 @@ class Flushes:
                             f"{fault}") from fault
 
 
-def record_of(t) -> tuple:
+def record_of(t, where=None) -> tuple:
     """A task's trace record, as a tuple of :class:`TaskRecord`'s fields in order (made a
     ``TaskRecord`` by :meth:`Runtime.trace`): plain values only, so the garbage collector
     stops tracking it (a flush's records would otherwise make every full collection
-    longer)."""
-    w = t.worker
-    if w is None or type(w) is str:  # not run, or run by a Dask worker (its name)
-        worker, device, node = w or "", "cpu", "host0"
-    else:
-        worker, device, node = w.name, w.device, w.node.name
+    longer). ``where``: the worker's ``(name, device, node name)``, where the caller keeps
+    it (the local executor, once per worker: a record per task reads no attribute more)."""
+    if where is None:
+        w = t.worker
+        if w is None or type(w) is str:  # not run, or run by a Dask worker (its name)
+            where = (w or "", "cpu", "host0")
+        else:
+            where = (w.name, w.device, w.node.name)
     preds = t.preds
-    return (t.id, t.codelet.name, t.variant or "", worker, device, node, t.t_submit, t.t_ready,
-            t.t_start, t.t_end, t.bytes_in, tuple(map(_task_id, preds)) if preds else (),
-            t.error)
+    if not preds:
+        ids = ()
+    elif len(preds) == 1:  # a chain's: no map object for one id
+        ids = (preds[0].id,)
+    else:
+        ids = tuple(map(_task_id, preds))
+    return (t.id, t.codelet.name, t.variant or "", *where, t.t_submit, t.t_ready, t.t_start,
+            t.t_end, t.bytes_in, ids, t.error)
 
 
 _task_id = attrgetter("id")

@@ -7,8 +7,13 @@ Tasks are submitted in program order (StarPU's sequential task flow): layers cal
 ``submit(codelet, *handles, **params)``, the runtime infers the dependencies from
 the access modes and hands the task to an executor, which places it on a worker
 with a scheduling policy. ``wait()`` / ``fetch()`` are the synchronisation
-points. One module per concern, this one only wiring them together:
+points. One module per concern, this one holding the options, the executors and the
+runtime's life, and wiring the others together:
 
+- :mod:`~hetero_nn.scheduler.front.submission` (``submit``, ``add_dependency``) and
+  :mod:`~hetero_nn.scheduler.front.synchronisation` (``wait``, ``fetch``, ``capture``,
+  ``trace``, ``param`` and the block modes): the runtime's methods a program calls, by
+  concern, which ``Runtime`` inherits;
 - :mod:`~hetero_nn.scheduler.handles`: the handle factory (``register``,
   ``empty``, ``temporary``) and the checks on operands;
 - :mod:`~hetero_nn.scheduler.dependencies`: dependency inference (per handle the
@@ -29,12 +34,6 @@ points. One module per concern, this one only wiring them together:
   sync, Dask, and the compiled replay engine's) and policies
   (:mod:`~hetero_nn.scheduler.policies`).
 
-A submission checks its operands, infers its dependencies from its non-REDUX
-operands (combining first any REDUX tree pending on their roots), gives its
-REDUX operands private partials, and hands the task to the flush, which streams
-it to the executor or keeps it for ``wait()``. ``SCRATCH`` operands are private
-temporaries and make no dependency.
-
 State
 -----
 The components above (``_handles``, ``_dependencies``, ``_reductions``, ``_variants``,
@@ -49,26 +48,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-import time
 import weakref
 
-from ..arena.handle import Handle
-from ..codelets.codelet import R, REDUX, RW, SCRATCH, Codelet
 from ..codelets.pinned import PINNED_VARIANTS
 from ..errors import ConfigError, DeviceError, SubmitError
 from .binding import Binder
-from .capture import Graph
-from .dependencies import Dependencies, check_overlap
-from .devices import Worker, make_workers
+from .capture import Graph  # noqa: F401 - cited as runtime.Graph (executors/bundle.py)
+from .dependencies import Dependencies
+from .devices import make_workers
 from .flush import Flushes
+from .front.submission import RuntimeSubmission
+from .front.synchronisation import RuntimeSynchronisation
 from .handles import HandleFactory, RuntimeHandles
 from .lifetimes import Temporaries
 from .redux import Reductions
 from .executors.stalls import WAIT_TIMEOUT, check_wait_timeout
 from .study import StudyOptions
-from .task import Task, link, task_options
-from .autocapture import NONE, RECORD, AutoCapture
-from .trace.views import Trace
+from .autocapture import AutoCapture
 from .trace.buffer import TRACE_FLUSHES, TraceBuffer
 from .variants import Variants, preferences
 from .policies.policies import make_policy, policy_class
@@ -78,9 +74,9 @@ from .executors.dask import DaskExecutor
 from .executors.local import LocalExecutor
 from .executors.sync import SyncExecutor
 
-_perf = time.perf_counter
 
-class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
+class Runtime(RuntimeSubmission, RuntimeSynchronisation, RuntimeHandles,
+              contextlib.AbstractContextManager):
     """A task runtime over a set of devices.
 
     Parameters
@@ -259,160 +255,6 @@ class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
         self.executor_name = "distributed"
         return DaskExecutor(self, "distributed", client=executor)
 
-    # ------------------------------------------------------------------ handles (more in RuntimeHandles)
-    @property
-    def streaming(self) -> bool:
-        """Whether the current flush (or, with nothing submitted yet, the next one) hands its
-        tasks to the executor as they are submitted (then no dependency can be added)."""
-        flushes = self._flushes
-        if flushes.pending:
-            return flushes.streaming
-        return self.overlap and flushes.capturing is None
-
-    def add_dependency(self, before, after):
-        """Make the submitted task ``after`` wait for ``before`` as well (an order the
-        data does not imply: a pipeline schedule). Both must belong to the current flush,
-        which must not stream (a capture, ``overlap=False``, CUDA workers, ``heft``)."""
-        if self.streaming:
-            raise SubmitError("add_dependency: this flush streams its tasks to the executor "
-                              "as they are submitted; order tasks inside a capture")
-        self._auto.forget()  # the flush's tasks as submitted (autocapture.py)
-        if link(before, after) and before.id > after.id:  # against submission order
-            self._flushes.reordered = True
-
-    # ------------------------------------------------------------------ submission
-    def submit(self, codelet: Codelet, *handles, priority=0, after=(), callback=None,
-               worker=None, modes=None, **params) -> Task:
-        """Submit ``codelet`` on ``handles`` (one per mode); ``params`` reach the variant.
-
-        Returns the :class:`~hetero_nn.scheduler.task.Task` (``done()``, ``wait()``,
-        ``exception()``). StarPU's task fields, as keywords (reserved: a variant cannot
-        take a parameter of these names):
-
-        priority : int
-            Among ready tasks, higher first (0 by default; negative: after the others).
-        after : sequence of Task
-            Explicit dependencies on tasks of this runtime, besides those the access
-            modes imply (tasks of an earlier flush have ended: nothing to wait for).
-        callback : callable(task)
-            Called once the task has run (whether it succeeded or raised), in the thread
-            that ran it, before its successors are released; an exception it raises
-            fails the flush. Not called for a cancelled task.
-        worker : Worker, worker name, worker index, or a collection of them
-            Run on that worker (an int is its index in ``workers``: StarPU's worker id),
-            or on one of those (a placement constraint every policy
-            honours, see :mod:`~hetero_nn.scheduler.policies`).
-        modes : sequence of AccessMode
-            The operands' modes, for a codelet declared with ``modes=None``.
-
-        The Dask executors order and place tasks themselves: ``priority`` and ``worker``
-        are refused there.
-        """
-        if self._closed:
-            raise SubmitError("submit on a closed Runtime")
-        auto = self._auto  # a repeated flush's submissions are kept and replayed (autocapture.py)
-        if auto.on and not (priority or after or callback is not None or worker is not None):
-            state = auto.state
-            if state == RECORD:  # AutoCapture.submit's record of a new shape, inline
-                auto.calls.append((codelet, handles, modes, params))
-                auto.room -= 1
-                if not auto.room:
-                    auto.state = NONE
-            elif state != NONE:
-                task = auto.submit(codelet, handles, modes, params)
-                if task is not None:
-                    return task
-            try:
-                return self._submit(codelet, handles, params, modes)
-            except BaseException:
-                auto.forget()  # a refused submission: the flush has no shape
-                raise
-        return self._submit(codelet, handles, params, modes, priority, after, callback, worker)
-
-    def _submit(self, codelet, handles, params, modes=None, priority=0, after=(), callback=None,
-                worker=None, task=None):
-        """:meth:`submit`'s work, and the runtime's own submissions (REDUX trees; a kept
-        flush's ``task``, made)."""
-        n = len(handles)  # the hot path makes no call it can avoid (docs/benchmarks.md)
-        if modes is None and codelet.modes is not None:
-            modes = codelet.modes
-            if n != codelet.arity:
-                codelet.check_operands(n)
-        else:
-            modes = codelet.submission_modes(n, modes)
-        if n > 1:
-            check_overlap(codelet, handles, modes)
-        eligible = (self._eligible[codelet] if codelet in self._eligible
-                    else self._compute_eligible(codelet))
-        if task is None:
-            task = Task(next(self._ids), codelet, handles, modes, params, _perf())
-        else:
-            task.modes = modes
-        task.eligible = eligible
-        task.runtime = self
-        if self._placing is not None:
-            if worker is None:
-                worker = self._placing[0]
-            self._placing[1].append(task)
-        if priority or after or callback is not None or worker is not None:
-            task_options(self, task, priority, after, callback, worker)
-        preds: dict = {}
-        redux = False
-        generation = self._flushes.generation
-        reductions = self._reductions
-        redux_pending = reductions.pending
-        dependencies = self._dependencies
-        source = None
-        i = 0
-        for h in handles:
-            if type(h) is not Handle or h.owner is not self or (
-                    h.temporary and h.generation != generation):
-                self._handles.bad_operand(codelet, i, h)
-            m = modes[i]
-            i += 1
-            if m is REDUX:
-                redux = True
-            elif m is not SCRATCH:
-                if redux_pending and h.root in redux_pending:
-                    reductions.combine_family(h.root)
-                if source is None and (m is R or m is RW):  # where its first input was made
-                    source = task.source = h._last_writer
-                if h.parent is None and not h.plans:
-                    dependencies.depend_root(task, h, m is not R, preds)
-                else:
-                    dependencies.depend(task, h, m is not R, preds)
-        if redux:  # after the other operands, so no combine ever takes this task's own partials
-            task.handles = reductions.contribute(task, codelet, handles, modes)
-        if task.after:
-            flushes = self._flushes
-            for p in task.after:  # a task of an earlier flush has ended: nothing to follow
-                if flushes.open and p.id >= flushes.first_id:
-                    preds[p] = None
-        if preds:
-            preds.pop(task, None)  # a handle twice in one task
-            task.preds = list(preds)
-        self._flushes.hand_over(task)  # streaming: the executor's add itself (flush.py)
-        return task
-
-    def _wait_task(self, task, timeout):
-        """Block until ``task`` ended (:meth:`Task.wait`): where it waits in a flush kept
-        for ``wait()``, that is the flush run now."""
-        flushes = self._flushes
-        if flushes.open and flushes.streaming:
-            self.executor.wait_for(task, timeout)
-        elif not task.ended:
-            self.wait()
-
-    def _compute_eligible(self, codelet):
-        kinds = set(codelet.kinds)
-        eligible = tuple(w for w in self.workers if w.kind in kinds)
-        if not eligible:
-            have = sorted({w.kind for w in self.workers})
-            raise SubmitError(f"codelet {codelet.name!r} has variants for {sorted(kinds)} but this "
-                              f"runtime's devices are {have} ({self.devices!r})")
-        self._eligible[codelet] = eligible
-        return eligible
-
     # ------------------------------------------------------------------ what executors and policies call
     def candidates(self, codelet, kind) -> tuple:
         """Variant names of ``codelet`` that may run on ``kind``, preferred first."""
@@ -452,119 +294,10 @@ class Runtime(RuntimeHandles, contextlib.AbstractContextManager):
         """``handle``'s replica on the host node, made coherent (no wait: see :meth:`fetch`)."""
         return self._binder.host_replica(handle)
 
-    # ------------------------------------------------------------------ synchronisation
-    def flush(self):
-        """Run every submitted task and return when all have finished (same as :meth:`wait`)."""
-        self.wait()
-
-    def wait(self):
-        """Combine pending reductions and block until every submitted task has run
-        (handing them to the executor first where they were not streamed to it).
-
-        A task that raised is re-raised as :class:`~hetero_nn.errors.TaskError` naming the
-        codelet and task; the rest of that graph is cancelled and the runtime stays usable.
-        """
-        self._check_open()
-        if self._auto.state and self._auto.wait():  # captured or replayed (autocapture.py)
-            return
-        self._reductions.combine_all()
-        self._flushes.wait()
-
-    def take_partials(self, handle) -> list:
-        """The REDUX partials pending on ``handle``, in submission order, taken out of its tree:
-        no tree is submitted for them and combining them is the caller's (a cluster worker
-        sends its partitions' partials to the other workers)."""
-        return self._reductions.take(handle)
-
-    @contextlib.contextmanager
-    def combining_with(self, across):
-        """Inside the block, a REDUX tree due (at a handle's next non-REDUX access) is handed
-        to ``across(handle, partials)``, which submits the combination, instead of the local
-        tree (a cluster worker's reduction of batch statistics across workers)."""
-        reductions = self._reductions
-        previous, reductions.across = reductions.across, across
-        try:
-            yield
-        finally:
-            reductions.across = previous
-
-    def recording(self, sink):
-        """Flushes recorded, not run, in the block (:meth:`.flush.Flushes.recording`)."""
-        return self._flushes.recording(sink)
-
-    def measuring(self, model):
-        """Measure and predict with ``model`` in the block (:meth:`.variants.Variants.measuring`)."""
-        return self._variants.measuring(model)
-
-    def tracing_apart(self):
-        """Trace into a buffer of its own in the block (:meth:`.flush.Flushes.tracing_apart`)."""
-        return self._flushes.tracing_apart()
-
-    def param(self, name, value):
-        """A step parameter outside a capture: ``value`` (an int or a float) to give
-        ``submit``; a repeated flush (``auto_capture``) matches it by ``name`` and replays
-        with its new value (the object made last under ``name`` where ``value`` is equal in
-        type and value: a flush passing it again is matched by identity)."""
-        return self._auto.param(name, value)
-
-    def capture(self) -> Graph:
-        """Record the tasks flushed inside a ``with`` block as a :class:`Graph` to replay.
-
-        Work submitted before the block is flushed first; what is still pending at the end
-        of the block is flushed (and recorded) when it closes (the README's *The runtime in
-        ten lines*).
-        """
-        if self._flushes.capturing is not None:
-            raise SubmitError("capture: this Runtime is already capturing a graph")
-        self.wait()
-        return Graph(self)
-
-    def fetch(self, handle: Handle, copy: bool = False):
-        """Wait, then return ``handle``'s data as a coherent host NumPy array.
-
-        Without ``copy`` the array is the host replica itself (StarPU's acquire): read it
-        before submitting more work on the handle."""
-        if type(handle) is not Handle or handle.owner is not self:
-            raise SubmitError(f"fetch: {handle!r} is not a handle of this Runtime")
-        self.wait()
-        if handle.temporary and handle.generation < self.generation - 1:
-            raise SubmitError(f"fetch: temporary handle {handle.name!r} belongs to an earlier "
-                              "flush; its arena was reset")
-        arr = self.host_replica(handle)
-        return arr.copy() if copy else arr
-
-    def trace(self, clear: bool = False) -> Trace:
-        """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
-        memory = self._flushes.memory
-        t = Trace(self._trace.records(), [w.name for w in self.workers],
-                  transfers=self._trace.transfers(), memory=[m for f in memory for m in f])
-        t.metadata.update(self._auto.metadata(clear))
-        if clear:
-            self._trace.clear()
-            memory.clear()
-        return t
-
-    def memory_stats(self) -> dict:
-        """Per memory node, the temporaries' ``high_water`` (bytes) and ``allocations`` (real
-        allocations made so far): from the arenas (the node's and those of the captured
-        graphs alive), or, with ``arenas=False``, from the per-task arrays
-        (:mod:`~hetero_nn.scheduler.lifetimes`)."""
-        return self._temporaries.stats()
-
-    @property
-    def generation(self) -> int:
-        """Number of flushes run (temporaries belong to one)."""
-        return self._flushes.generation
-
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (handles of a closed runtime cannot be used)."""
         return self._closed
-
-    def arena_stats(self) -> dict:
-        """Per memory node: the temporaries arena's statistics."""
-        return {n.name: n.arena.stats for n in self.nodes}
-
     # ------------------------------------------------------------------ lifetime
     def _check_open(self):
         if self._closed:

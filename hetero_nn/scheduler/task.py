@@ -31,7 +31,8 @@ class Task:
                  "bytes_in", "predicted", "priority", "rank", "assigned", "error", "failure",
                  "runtime", "after", "callback", "watched", "source", "_fp", "frees", "members")
 
-    def __init__(self, task_id, codelet, handles, modes, params, t_submit):
+    def __init__(self, task_id, codelet, handles, modes, params, t_submit, eligible=(),
+                 runtime=None):
         self.id = task_id
         self.codelet = codelet
         self.handles = handles      # operands after REDUX partial substitution
@@ -41,7 +42,7 @@ class Task:
         self.succ: list[Task] | tuple = ()  # a list once a successor is linked
         self.npred = 0
         self.ended = False          # finished, failed or cancelled
-        self.eligible = ()          # workers that may run it (a variant; ``worker=``)
+        self.eligible = eligible    # workers that may run it (a variant; ``worker=``)
         self.variant = None
         self.worker = None
         self.t_submit = t_submit
@@ -55,7 +56,7 @@ class Task:
         self.assigned = None        # heft's static worker
         self.error = None           # while running the exception, then its text or "cancelled"
         self.failure = None         # the TaskError of a task that raised
-        self.runtime = None
+        self.runtime = runtime
         self.after = ()             # tasks given as ``after=``
         self.callback = None
         self.watched = False        # a thread waits in wait(): notify when it ends

@@ -173,14 +173,18 @@ class Variants:
                 return
             runs = []
             warm = self._warm
+            seen = None  # the last key known warm: runs of one key in a row test it once
             for task, kind in measured:
                 fp, size = task._fp or self.footprint(task)
-                key = (task.codelet, task.variant, fp)
-                if key not in warm:  # _warming(key), inline: a warm-up run, not kept
-                    warm.add(key)
-                    continue
-                runs.append((task.codelet.name, task.variant, kind, fp, size,
-                             task.t_end - task.t_start))
+                codelet, variant = task.codelet, task.variant
+                if seen is None or seen[2] is not fp or seen[0] is not codelet \
+                        or seen[1] != variant:
+                    seen = (codelet, variant, fp)
+                    if seen not in warm:  # _warming(key), inline: a warm-up run, not kept
+                        warm.add(seen)
+                        seen = None
+                        continue
+                runs.append((codelet.name, variant, kind, fp, size, task.t_end - task.t_start))
             if runs:
                 pm.record_many(runs)
 

@@ -117,6 +117,7 @@ class LocalExecutor(StreamedWorkers, Executor):
         self._bind = runtime._binder.bind
         self._single = runtime._binder.single_node  # operands are the host replicas
         self._records = runtime._flushes.records
+        self._where = {w: (w.name, w.device, w.node.name) for w in self.workers}  # records'
         self._blas = None
         try:
             self._blas = threadpool_limits(limits=1, user_api="blas")
@@ -510,7 +511,7 @@ class LocalExecutor(StreamedWorkers, Executor):
             if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
                 rt._temporaries.plain.finished(task)
             if rt.tracing:
-                self._records.append(record_of(task))
+                self._records.append(record_of(task, self._where[w]))
             if rt.perfmodel is not None:
                 try:
                     if pinned:  # Variants.record for a codelet of one variant, inline
