@@ -138,6 +138,31 @@ def test_an_early_replay_that_fails_raises_at_wait_and_the_runtime_goes_on():
         np.testing.assert_array_equal(rt.fetch(h), _stencil_reference(np.ones(2 * PARTS), 2))
 
 
+def _slow(x, y, a):
+    time.sleep(2e-4)  # behind the submission: the replay is left half done at wait()
+    y += a * x
+
+
+SLOW = hn.Codelet("early_slow", modes=(R, RW), variants={"ref": _slow})
+
+
+def test_an_early_replay_behind_at_wait_finishes_on_every_worker_with_the_bits():
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.ones(2 * PARTS))
+        parts = h.split(0, PARTS)
+        for _ in range(STEADY + 1):
+            for j in range(TASKS):
+                rt.submit(SLOW, parts[(j + 1) % PARTS], parts[j % PARTS], a=0.5)
+            within(60, rt.wait)
+        np.testing.assert_array_equal(rt.fetch(h), _stencil_reference(np.ones(2 * PARTS),
+                                                                      STEADY + 1))
+        trace = rt.trace()
+        assert [n.get("early", False) for n in trace.metadata["auto_capture"]] == [
+            False, False, False, True, True]
+        assert Counter(r.task_id for r in trace.records).most_common(1)[0][1] == 1
+        assert len(trace.records) == (STEADY + 1) * TASKS
+
+
 def _stencil_reference(data, runs):
     parts = np.split(data, PARTS)
     for _ in range(runs):

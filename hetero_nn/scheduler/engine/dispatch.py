@@ -215,6 +215,8 @@ def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start
         t = order[k]
         if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
             return ABORTED
+        if times[t, 1] != 0:  # run already (an early replay's one-thread start)
+            continue
         if atomic_load(gate, 0) <= t and not wait_gate(gate, t, abort):
             return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):

@@ -10,13 +10,18 @@ submitting thread raises every :data:`STEP` tasks. A segment task whose index (i
 submission position: only segments whose tasks are the flush's submissions, one for
 one, in order) is not below the count waits for it
 (:func:`~hetero_nn.scheduler.engine.dispatch.wait_gate`), so what runs is always a
-matched prefix, each task once its dependencies in it ran. Every share runs on an engine
-thread (the first on a spare one): the submitting thread only submits. Waits behind a
-gate have no deadline (a program may pause while it submits); :meth:`EarlyReplay.finish`
-waits for the shares with the runtime's ``wait_timeout``, as a replay does.
+matched prefix, each task once its dependencies in it ran. While the program submits,
+the tasks run on one thread (a spare engine thread, the segment's serial share: every
+task in one merged order): the submitting thread holds a core, and the workers' shares,
+which wait on each other, would take turns on the other one (measured beside the
+submission on 2 cores: 15 of 1,000 tasks run in 22 ms). Waits behind a gate have no
+deadline (a program may pause while it submits).
 
-Where the flush then matches to its end, :meth:`EarlyReplay.finish` opens the gate and
-ends the replay as any replay ends (records, samples, the first failure raised). Where it
+Where the flush then matches to its end, :meth:`EarlyReplay.finish` stops the one-thread
+run where it is and runs the rest as a replay runs (each worker its share, or one thread
+where the segment measured that faster: :mod:`~.contention`), the dispatch loop skipping
+the tasks run already (their counters set first), with the runtime's ``wait_timeout``;
+the replay then ends as any replay ends (records, samples, the first failure raised). Where it
 does not (a submission differs, the flush ends early, a step value the graph does not
 hold, a ``placing()`` block, ``Task.done()``...), :meth:`EarlyReplay.stop` aborts the
 shares without opening the gate and says which tasks ran: a set closed under
@@ -94,9 +99,7 @@ class EarlyReplay:
         self.base = begin_segment(rt, seg, base)
         rt._flushes.streaming = False  # a kept task's wait() is the flush's (Runtime.wait)
         self.gate = np.array([count, 0], dtype=np.int32)
-        contention = seg.contention
-        self.shares = seg.shares if contention is None or contention.mode == "parallel" \
-            else [seg.serial_share()]
+        self.shares = [seg.serial_share()]  # one thread beside the submitting one
         seg.running = self.shares
         self.t_submit = _perf()
         gate, epoch = self.gate, self.epoch
@@ -114,16 +117,33 @@ class EarlyReplay:
                             self.epoch, timeout)
 
     def finish(self):
-        """Every submission matched: run the rest, wait, end the replay as a replay ends
-        (its first failure raised as the flush's ``TaskError``)."""
-        rt, seg = self.rt, self.seg
-        open_gate(self.gate, seg.n_tasks)
+        """Every submission matched: the one-thread run stopped where it is, the rest run
+        as a replay runs (on every worker, or on one where that was measured faster),
+        the tasks run already skipped; the replay ended as a replay ends (its first
+        failure raised as the flush's ``TaskError``)."""
+        rt, seg, epoch = self.rt, self.seg, self.epoch
+        self.cancel()
         try:
             results = self._join(rt.wait_timeout)
-        finally:
+        except BaseException:
             self.graph.replays += 1
-        end_segment(rt, seg, self.epoch, self.base, self.t_submit, self.shares, results,
-                    None, self.threads)
+            raise
+        if not any(results):  # (a failure ends the replay here: nothing more runs)
+            n = seg.n_tasks
+            seg.done[:n][seg.times[:n, 1] != 0] = epoch  # what the other shares wait for
+            seg.abort[0] = 0
+            contention = seg.contention
+            self.shares = seg.shares if contention is None or contention.mode == "parallel" \
+                else [seg.serial_share()]
+            try:
+                results = self.threads.run(seg.jobs(self.shares, epoch), seg, epoch,
+                                           rt.wait_timeout)
+            finally:
+                self.graph.replays += 1
+        else:
+            self.graph.replays += 1
+        end_segment(rt, seg, epoch, self.base, self.t_submit, self.shares, results, None,
+                    self.threads)
 
     def cancel(self):
         """Tell the shares to stop (nothing not started runs) and wake them."""
