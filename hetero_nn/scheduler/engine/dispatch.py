@@ -59,10 +59,11 @@ Shared by the shares of a segment: ``done`` (int32 per task), ``times`` (int64
 (int32 ``[1]``).
 
 Early replays (:mod:`~hetero_nn.scheduler.engine.early`): a replay may start while its
-flush is still being submitted; ``gate`` (int32 ``[2]``: tasks submitted so far, gate
-sleepers) holds back every task whose index is not below the count (:func:`wait_gate`:
-a short spin, then futex sleeps, no deadline: the program's pace is not a stall; an abort
-ends it). :data:`OPEN` is the gate of every other replay: nothing held.
+flush is still being submitted; ``gate`` (int32 ``[3]``: tasks submitted so far, gate
+sleepers, the count a sleeper wants) holds back every task whose index is not below the
+count (:func:`wait_gate`: a short spin, then futex sleeps until ``GATE_BATCH`` more are
+submitted, so the submitter wakes it once per batch; no deadline: the program's pace is
+not a stall; an abort ends it). :data:`OPEN` is the gate of every other replay: nothing held.
 
 Return value of :func:`run_compiled`: ``len(order)`` when the share is done;
 ``k >= 0``: the task at ``k`` runs in Python; ``ABORTED``: another share failed;
@@ -91,7 +92,8 @@ YIELD_ROUNDS = 4         # while spinning, a sched_yield every this many rounds 
 ABORTED = -1
 GATE_SPIN_NS = 2_000     # spin on the gate before sleeping (the submitter takes microseconds
 #                          a task: a longer spin would take its core)
-OPEN = np.array([np.iinfo(np.int32).max, 0], dtype=np.int32)  # every task submitted
+GATE_BATCH = 64          # submissions a sleeper on the gate waits for (one wake-up each)
+OPEN = np.array([np.iinfo(np.int32).max, 0, 0], dtype=np.int32)  # every task submitted
 
 
 def spin_budget(threads: int) -> int:
@@ -150,8 +152,9 @@ def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
 
 @njit(nogil=True, cache=True)
 def wait_gate(gate, t, abort):
-    """Block until ``gate[0] > t`` (task ``t`` submitted); False once the replay is
-    aborted (a stop wakes the sleepers without opening the gate)."""
+    """Block until ``gate[0] > t`` (task ``t`` submitted; once asleep, until ``GATE_BATCH``
+    more are, or the gate opens); False once the replay is aborted (a stop wakes the
+    sleepers without opening the gate)."""
     deadline = monotonic_ns() + GATE_SPIN_NS
     while monotonic_ns() < deadline:
         for _ in range(64):
@@ -160,11 +163,12 @@ def wait_gate(gate, t, abort):
             cpu_pause()
         if atomic_load(abort, 0) != 0:
             return False
+    atomic_store(gate, 2, np.int32(t + GATE_BATCH))  # the count to be woken at
     atomic_add(gate, 1, np.int32(1))
     ok = True
     while True:
         seen = atomic_load(gate, 0)
-        if seen > t:
+        if seen >= t + GATE_BATCH:  # (or opened, or the replay stopped: early.py)
             break
         if atomic_load(abort, 0) != 0:
             ok = False
@@ -180,7 +184,7 @@ def open_gate(gate, count):
     ``count`` -1, only the wake (a stop: the sleepers then see the abort)."""
     if count >= 0:
         atomic_store(gate, 0, np.int32(count))
-    if count < 0 or atomic_load(gate, 1) != 0:
+    if count < 0 or atomic_load(gate, 1) != 0 and count >= atomic_load(gate, 2):
         futex_wake(gate, 0)
 
 

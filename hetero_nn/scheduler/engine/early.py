@@ -17,7 +17,8 @@ which wait on each other, would take turns on the other one (measured beside the
 submission on 2 cores: 15 of 1,000 tasks run in 22 ms). Waits behind a gate have no
 deadline (a program may pause while it submits).
 
-Where the flush then matches to its end, :meth:`EarlyReplay.finish` stops the one-thread
+Where the flush then matches to its end, :meth:`EarlyReplay.finish` opens the gate where
+few tasks are left (:data:`ALONE`: the one thread runs them), else stops the one-thread
 run where it is and runs the rest as a replay runs (each worker its share, or one thread
 where the segment measured that faster: :mod:`~.contention`), the dispatch loop skipping
 the tasks run already (their counters set first), with the runtime's ``wait_timeout``;
@@ -37,7 +38,7 @@ replanned already, its variants settled, its replicas where they were bound
 State
 -----
 ``seg``, ``epoch``, ``base`` (the first kept task's id: its records' ids), ``gate``
-(int32 ``[count, sleepers]``) and ``view`` (the submitting thread's way to it), ``shares``, ``results``/``finished`` (from
+(int32 ``[count, sleepers, the count a sleeper waits for]``) and ``view`` (the submitting thread's way to it), ``shares``, ``results``/``finished`` (from
 ``EngineThreads.start``), ``t_submit``.
 """
 
@@ -48,12 +49,14 @@ import time
 import numpy as np
 
 from ...errors import SubmitError
-from .dispatch import open_gate, set_abort
+from .dispatch import OPEN, open_gate, set_abort
 from .executor import replay_executor
 from .replay import _threads, begin_segment, end_segment
 
 #: Kept submissions between two raises of the gate.
 STEP = 8
+#: Tasks left at ``wait()`` that the one thread runs itself (more: every worker's share).
+ALONE = 64
 
 _perf = time.perf_counter
 
@@ -98,7 +101,7 @@ class EarlyReplay:
         self.epoch = compiled.epoch
         self.base = begin_segment(rt, seg, base)
         rt._flushes.streaming = False  # a kept task's wait() is the flush's (Runtime.wait)
-        self.gate = np.array([count, 0], dtype=np.int32)
+        self.gate = np.array([count, 0, 0], dtype=np.int32)
         self.view = memoryview(self.gate)
         self.shares = [seg.serial_share()]  # one thread beside the submitting one
         seg.running = self.shares
@@ -115,7 +118,7 @@ class EarlyReplay:
         ``dispatch.WAIT_NS``, its futex sleep's bound."""
         view = self.view
         view[0] = count
-        if view[1]:
+        if view[1] and count >= view[2]:  # a sleeper waits for this many
             open_gate(self.gate, -1)
 
     def _join(self, timeout):
@@ -124,19 +127,24 @@ class EarlyReplay:
                             self.epoch, timeout)
 
     def finish(self):
-        """Every submission matched: the one-thread run stopped where it is, the rest run
-        as a replay runs (on every worker, or on one where that was measured faster),
-        the tasks run already skipped; the replay ended as a replay ends (its first
-        failure raised as the flush's ``TaskError``)."""
+        """Every submission matched: where at most :data:`ALONE` tasks are left, the gate
+        opens and the one thread runs them too (a thread hand-off costs more); else it
+        stops where it is and the rest runs as a replay runs (on every worker, or on one
+        where that was measured faster), the tasks run already skipped. The replay then
+        ends as a replay ends (its first failure raised as the flush's ``TaskError``)."""
         rt, seg, epoch = self.rt, self.seg, self.epoch
-        self.cancel()
+        n = seg.n_tasks
+        alone = n - int(np.count_nonzero(seg.times[:n, 1])) <= ALONE
+        if alone:
+            open_gate(self.gate, OPEN[0])
+        else:
+            self.cancel()
         try:
             results = self._join(rt.wait_timeout)
         except BaseException:
             self.graph.replays += 1
             raise
-        if not any(results):  # (a failure ends the replay here: nothing more runs)
-            n = seg.n_tasks
+        if not alone and not any(results):  # (a failure ends the replay: nothing more runs)
             seg.done[:n][seg.times[:n, 1] != 0] = epoch  # what the other shares wait for
             seg.abort[0] = 0
             contention = seg.contention
