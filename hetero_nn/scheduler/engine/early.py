@@ -14,7 +14,7 @@ matched prefix, each task once its dependencies in it ran. While the program sub
 the tasks run on one thread (a spare engine thread, the segment's serial share: every
 task in one merged order): the submitting thread holds a core, and the workers' shares,
 which wait on each other, would take turns on the other one (measured beside the
-submission on 2 cores: 15 of 1,000 tasks run in 22 ms). Waits behind a gate have no
+submission on 2 cores at load 6: 15 of 1,000 tasks run in 22 ms). Waits behind a gate have no
 deadline (a program may pause while it submits).
 
 Where the flush then matches to its end, :meth:`EarlyReplay.finish` opens the gate where
