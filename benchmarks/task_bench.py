@@ -31,8 +31,11 @@ Systems, run in the same process on the same grid (``--systems``):
                ``rt.param``) and ``wait()``; the default ``Runtime`` captures the
                repeated flush by itself and replays it (``auto_capture``: the
                submissions compared with the shape and kept, then one compiled
-               replay). A runtime of its own; three untimed runs first (seen,
-               captured, bound), as ``replayed`` captures before its sweep;
+               replay, started early: while the flush is still submitted, the
+               tasks of its matched prefix run, :mod:`~hetero_nn.scheduler.engine.early`).
+               A runtime of its own; three untimed runs first (seen, captured, bound), as
+               ``replayed`` captures before its sweep; its lines say how many timed runs
+               replayed early (``early`` in ``--json``);
 ``dask``       ``dask.threaded.get`` on a dict of the same tasks (``--width`` threads),
                the kernel called by a pure Python function per task.
 
@@ -263,6 +266,7 @@ class HeteroGrid:
         elapsed = time.perf_counter() - t0
         notes = self.rt.trace(clear=True).metadata.get("auto_capture", [])
         self.action = notes[-1]["action"] if notes else "submitted"
+        self.early = bool(notes and notes[-1].get("early"))
         return elapsed
 
     def next_mode(self):
@@ -385,6 +389,7 @@ def bench_pattern(pattern, args, rt, peak, log):
             auto.run_auto(iterations)
         times = {s: [] for s in args.systems}
         serial = 0  # timed replays the engine ran on one thread (engine/contention.py)
+        early = 0  # timed auto runs replayed while submitted (engine/early.py)
         for r in range(args.rounds + 1):  # round 0 warms up (not kept)
             order = list(args.systems)
             order = order[r % len(order):] + order[:r % len(order)]
@@ -398,6 +403,7 @@ def bench_pattern(pattern, args, rt, peak, log):
                     hetero.check()
                 elif system == "auto":
                     wall = auto.run_auto(iterations)
+                    early += bool(r) and auto.early
                     auto.check()
                     if auto.action != "replayed":
                         raise AssertionError(f"auto: the repeated flush was {auto.action}, "
@@ -413,10 +419,12 @@ def bench_pattern(pattern, args, rt, peak, log):
             rows.append({"pattern": pattern, "system": system, "iterations": iterations,
                          "tasks": n, "wall": wall, "granularity": granularity,
                          "efficiency": efficiency,
-                         **({"serial": serial} if system == "replayed" else {})})
+                         **({"serial": serial} if system == "replayed" else {}),
+                         **({"early": early} if system == "auto" else {})})
             log(f"  {pattern:<11} {system:<9} iterations {iterations:>7}  "
                 f"{1e6 * granularity:10.2f} us/task  efficiency {100 * efficiency:6.1f}%"
-                + (f"  ({serial} of {len(walls)} serial)" if system == "replayed" else ""))
+                + (f"  ({serial} of {len(walls)} serial)" if system == "replayed" else "")
+                + (f"  ({early} of {len(walls)} early)" if system == "auto" else ""))
     return rows
 
 

@@ -271,3 +271,26 @@ def test_step_parameter_objects_passed_again_replay_with_their_own_values():
         want *= [2.0, 2.0, 5.0, 5.0]
         np.testing.assert_array_equal(rt.fetch(h), want)
         assert "auto_capture" not in rt.trace().metadata
+
+
+ADD = hn.Codelet("auto_add", modes=(RW,), variants={"ref": lambda x, v: x.__iadd__(v)})
+
+
+@pytest.mark.parametrize("option", ("priority", "callback"))
+def test_a_task_given_options_leaves_its_flush_without_shape_in_program_order(option):
+    """A task with ``priority``/``callback``... is never kept: the tasks kept before it in
+    its flush are submitted first (it ran before them, and the flush was replayed without
+    it, until this was fixed)."""
+    kwargs = {"priority": 1} if option == "priority" else {"callback": lambda task: None}
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        h = rt.register(np.ones(2))
+        for _ in range(4):
+            rt.submit(SCALE, h, factor=2.0)
+            rt.submit(ADD, h, v=1.0, **kwargs)
+            rt.submit(SCALE, h, factor=3.0)
+            rt.wait()
+        want = 1.0
+        for _ in range(4):
+            want = (want * 2.0 + 1.0) * 3.0
+        assert rt.fetch(h).tolist() == [want] * 2
+        assert "auto_capture" not in rt.trace().metadata

@@ -585,10 +585,10 @@ def test_a_fault_of_the_engine_itself_is_a_task_error_and_nothing_hangs(monkeypa
         threads = rt._engine._threads
         run_share = CompiledSegment.run_share
 
-        def broken(seg, share, epoch):
+        def broken(seg, share, *args):  # (epoch, and an early replay's gate)
             if share.worker.index == 1:
                 raise RuntimeError("engine fault")
-            return run_share(seg, share, epoch)
+            return run_share(seg, share, *args)
         monkeypatch.setattr(CompiledSegment, "run_share", broken)
         with pytest.raises(hn.TaskError, match="replay engine failed: RuntimeError: engine "
                                                "fault"):

@@ -38,6 +38,12 @@ executor is served.
   :data:`ALIKE` shapes starting that way that has the kept tasks and the submission, and
   at a flush that ends early, one that has exactly the kept tasks (a shape that is a
   prefix of the one compared with is replayed, not submitted).
+- Early replays (:mod:`~.engine.early`): where the shape's graph is steady on the engine
+  and has at least :data:`EARLY_MIN` tasks, its replay starts once :data:`EARLY_AT` kept
+  submissions matched (with the graph's step values: a submission bringing another one
+  leaves the shape) and runs the matched prefix while the rest is submitted; ``wait()``
+  finishes it. A flush that leaves the shape after the start stops it, and only the kept
+  tasks it did not run are submitted (no other shape is looked for then).
 - Cost bounds: after :data:`MISS_BUDGET` flushes in a row of new shapes (or none) with no
   replay, the runtime stops looking (a program whose flushes never repeat, e.g. steps on
   fresh temporaries, pays the appends of that many flushes); at most :data:`MAX_SHAPES`
@@ -45,13 +51,14 @@ executor is served.
   :data:`MAX_TASKS` submissions.
 
 Results are those of explicit capture, which are the submitted flush's bits
-(``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``,
-not while it is submitted (as with ``overlap=False``; ``Task.done()`` on a kept task
+(``tests/test_autocapture.py``). What differs: a deferred flush starts at ``wait()``
+(or early), not while it is submitted (as with ``overlap=False``; ``Task.done()`` on a kept task
 submits its flush as the program did, so a program that polls sees its tasks end); a
 replay's trace records carry the kept
 tasks' ids (in the graph's order where it holds REDUX trees or fused chains).
 ``rt.trace().metadata["auto_capture"]`` says, per flush the runtime captured or replayed
-by itself, its generation, what it did and its tasks (no key where there is none).
+by itself, its generation, what it did and its tasks, and ``early`` where it replayed
+early (no key where there is none).
 
 State
 -----
@@ -67,7 +74,9 @@ order); ``last``: the previous flush's shape; ``misses``; ``notes``: the trace's
 ``params``: per step parameter name, the last one :meth:`AutoCapture.param` made;
 ``collector``: a kept flush's share of the garbage collector's raised threshold (from
 the first kept task to ``wait()`` or a fallback, as an open flush holds one:
-``flush.Collector``; a young collection per 700 kept tasks cost up to 0.5 us a task).
+``flush.Collector``; a young collection per 700 kept tasks cost up to 0.5 us a task);
+``early``: the shape's :class:`~.engine.early.EarlyReplay` under way, and ``mark``: the
+kept count at which it starts or its gate is raised next (0: never).
 """
 
 from __future__ import annotations
@@ -79,6 +88,8 @@ from collections import OrderedDict, deque
 
 from ..errors import SubmitError
 from .capture import Graph
+from .engine.early import STEP, EarlyReplay
+from .engine.early import refusal as early_refusal
 from .engine.replay import FloatParam, IntParam, step_param
 from .flush import CollectorShare
 from .task import Task
@@ -91,6 +102,10 @@ MAX_SHAPES = 8
 ALIKE = 4
 #: Submissions a flush may have and still be kept as a shape.
 MAX_TASKS = 1 << 16
+#: Kept submissions matched before the shape's graph starts to replay (an early replay).
+EARLY_AT = 16
+#: Submissions a shape must have for its graph to replay early.
+EARLY_MIN = 64
 
 IDLE, RECORD, DEFER, NONE = 0, 1, 2, 3
 
@@ -145,6 +160,8 @@ class AutoCapture:
         self.deferred: list = []
         self.steps: dict = {}
         self.compared = 0  # kept tasks compared in type and value (not the shape's objects)
+        self.early = None  # the shape's graph replaying while the flush is kept (EarlyReplay)
+        self.mark = 0  # kept tasks at which _reached starts or advances it (0: never)
         self.params: dict = {}  # step parameter name -> the last one made (param)
         self.shapes: OrderedDict = OrderedDict()
         self.last = None
@@ -183,7 +200,11 @@ class AutoCapture:
                 if not same:  # compared in type and value (a step parameter by name)
                     same = self._same(shape, k, codelet, handles, modes, params)
                     self.compared += 1
-            if same or self._switch(k, (codelet, handles, modes, params)):
+                    if same and self.early is not None and self.steps and \
+                            not self._graph_values():
+                        same = False  # the replay under way has another value: stopped
+            if same or (self.early is None and self._switch(k, (codelet, handles, modes,
+                                                                 params))):
                 task = _new_task(Task)  # completed by Task.__init__ if it falls back
                 task.id = next(rt._ids)
                 task.codelet = codelet
@@ -197,6 +218,8 @@ class AutoCapture:
                 task.variant = task.worker = task._fp = None
                 task.t_submit = task.t_ready = task.t_start = task.t_end = 0.0
                 deferred.append(task)
+                if k + 1 == self.mark:
+                    self._reached(k + 1)
                 return task
             self.fall_back()
             state = RECORD
@@ -233,6 +256,8 @@ class AutoCapture:
             self.shape = shape
             self.steps = {}
             self.compared = 0
+            self.mark = EARLY_AT if shape.graph is not None and \
+                len(shape.calls) >= EARLY_MIN else 0
             self.collector.hold()  # kept tasks live until wait(), as an open flush's
             return self.submit(codelet, handles, modes, params)
         self.state = RECORD
@@ -257,9 +282,31 @@ class AutoCapture:
             if all(self._same(shape, i, t.codelet, t.handles, t.modes, t.params)
                    for i, t in enumerate(self.deferred)) and \
                     (call is None or self._same(shape, k, *call)):
+                if call is not None and shape.graph is not None and len(shape.calls) >= EARLY_MIN:
+                    self.mark = max(k + 1, EARLY_AT)  # its early replay: from here on
                 return True
         self.shape = current
         return False
+
+    def _reached(self, count):
+        """``count`` kept tasks matched: the early replay's gate raised, or the replay
+        started where it may (:mod:`~.engine.early`)."""
+        early = self.early
+        if early is not None:
+            early.advance(count)
+        elif self.shape.graph is not None and self._graph_values() and \
+                early_refusal(self.rt, self.shape.graph, len(self.shape.calls)) is None:
+            self.early = EarlyReplay(self.rt, self.shape.graph, self.deferred[0].id, count)
+        else:
+            self.mark = 0
+            return
+        self.mark = count + STEP
+
+    def _graph_values(self) -> bool:
+        """Whether the step values seen are those the shape's graph holds (the kept tasks
+        whose parameters are the shape's objects bring none: they are the graph's)."""
+        values = self.shape.values
+        return all(n in values and _equal_typed(values[n], v) for n, v in self.steps.items())
 
     def _same(self, shape, k, codelet, handles, modes, params) -> bool:
         """Whether a submission is the shape's ``k``-th: parameters by name, each the very
@@ -311,7 +358,10 @@ class AutoCapture:
         state = self.state
         if state == DEFER:
             k = len(self.deferred)
-            if not self._context() and (k == len(self.shape.calls) or self._switch(k)) \
+            if self.early is not None:  # replaying: only the whole shape finishes it
+                if not self._context() and k == len(self.shape.calls):
+                    return self._run()
+            elif not self._context() and (k == len(self.shape.calls) or self._switch(k)) \
                     and self._steps_agree():
                 return self._run()  # (a flush that ended early may be another shape's whole)
             state = NONE if self._context() else RECORD
@@ -368,9 +418,10 @@ class AutoCapture:
         """Capture or replay a flush that matched its shape completely."""
         rt = self.rt
         shape, tasks, steps, compared = self.shape, self.deferred, self.steps, self.compared
+        early, self.early = self.early, None
         self.state, self.shape, self.deferred, self.steps = IDLE, None, [], {}
         graph = shape.graph
-        if graph is not None:
+        if graph is not None and early is None:  # (an early replay checked them at its start)
             try:
                 graph._check_roots(rt)
             except SubmitError:  # a handle unregistered since: submitted, refused as such
@@ -391,15 +442,17 @@ class AutoCapture:
                         self._submit(t)
                 graph._params.update(steps)
                 shape.graph, shape.values, shape.calls = graph, dict(steps), calls
+            elif early is not None:  # the graph's values throughout (_reached, submit)
+                early.finish()
             else:
                 changed = {n: v for n, v in steps.items()
                            if not _equal_typed(shape.values.get(n), v)}
                 shape.values.update(changed)
                 rt._ids = itertools.count(tasks[0].id)  # the records take the kept tasks' ids
                 graph.replay(**changed)
-                if compared:  # the calls compared with next: these, whose objects the
-                    # next flush most likely passes again (each then one identity test)
-                    shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
+            if action == "replayed" and compared:  # the calls compared with next: these,
+                # whose objects the next flush most likely passes again (one identity test)
+                shape.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
         except BaseException:
             if graph is not None and action == "replayed":
                 for t in tasks:  # which one failed is the replay's TaskError's to say
@@ -409,17 +462,33 @@ class AutoCapture:
             self.busy = False
             for t in tasks:
                 t.ended = True
-        self.notes.append({"flush": rt.generation - 1, "action": action, "tasks": len(tasks)})
+        note = {"flush": rt.generation - 1, "action": action, "tasks": len(tasks)}
+        if early is not None:
+            note["early"] = True
+        self.notes.append(note)
+        if self.last is not None:
+            self.last.next = shape  # what followed it this time (compared with next time)
         self.misses = 0
         self.last = shape
         return True
 
     def fall_back(self):
         """Submit the deferred tasks as the program did (same tasks, same order); the flush
-        goes on recorded as a new shape."""
+        goes on recorded as a new shape. Where the shape's graph replays early, it is
+        stopped first, and the tasks it ran are not submitted again (the others are:
+        :mod:`~.engine.early` says why that gives the same results)."""
         if self.state != DEFER:
             return
         tasks, self.deferred, self.shape = self.deferred, [], None
+        early, self.early = self.early, None
+        ran = ()
+        if early is not None:
+            try:
+                ran = early.stop()
+            except BaseException:  # a stall: what did not run is lost with the flush
+                self.state = NONE
+                self.collector.release()
+                raise
         self.collector.release()  # (submitted now: the runtime's flush holds its own)
         self.state = RECORD
         self.calls = [(t.codelet, t.handles, t.modes, t.params) for t in tasks]
@@ -429,8 +498,11 @@ class AutoCapture:
         rt._placing = rt._reductions.across = None
         self.busy = True
         try:
-            for t in tasks:
-                self._submit(t)
+            for i, t in enumerate(tasks):
+                if i < len(ran) and ran[i]:
+                    t.ended = True  # run by the early replay
+                else:
+                    self._submit(t)
         finally:
             self.busy = False
             rt._placing, rt._reductions.across = placing, across

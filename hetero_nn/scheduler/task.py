@@ -138,6 +138,7 @@ def link(before, after) -> bool:
 # ---------------------------------------------------------------- submit's task fields
 def task_options(rt, task, priority, after, callback, worker):
     """Check and set the StarPU task fields given to ``rt.submit`` on ``task``."""
+    rt._auto.forget()  # its flush has no shape: tasks kept for it are submitted first
     name = task.codelet.name
     pure = rt.executor_name in ("dask", "distributed")
     if priority:

@@ -58,6 +58,13 @@ Shared by the shares of a segment: ``done`` (int32 per task), ``times`` (int64
 ``[tasks, 2]``, start and end in ``monotonic_ns``), ``sleepers`` and ``abort``
 (int32 ``[1]``).
 
+Early replays (:mod:`~hetero_nn.scheduler.engine.early`): a replay may start while its
+flush is still being submitted; ``gate`` (int32 ``[3]``: tasks submitted so far, gate
+sleepers, the count a sleeper wants) holds back every task whose index is not below the
+count (:func:`wait_gate`: a short spin, then futex sleeps until ``GATE_BATCH`` more are
+submitted, so the submitter wakes it once per batch; no deadline: the program's pace is
+not a stall; an abort ends it). :data:`OPEN` is the gate of every other replay: nothing held.
+
 Return value of :func:`run_compiled`: ``len(order)`` when the share is done;
 ``k >= 0``: the task at ``k`` runs in Python; ``ABORTED``: another share failed;
 ``-(k + 2)``: the task at ``k`` failed (its trampoline returned non-zero).
@@ -83,6 +90,10 @@ YIELDS = 4               # sched_yield calls between the spin and the sleep
 YIELD_ROUNDS = 4         # while spinning, a sched_yield every this many rounds of 64
 #                          pause hints (about 7 us on the 2-core machine)
 ABORTED = -1
+GATE_SPIN_NS = 2_000     # spin on the gate before sleeping (the submitter takes microseconds
+#                          a task: a longer spin would take its core)
+GATE_BATCH = 64          # submissions a sleeper on the gate waits for (one wake-up each)
+OPEN = np.array([np.iinfo(np.int32).max, 0, 0], dtype=np.int32)  # every task submitted
 
 
 def spin_budget(threads: int) -> int:
@@ -140,6 +151,44 @@ def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
 
 
 @njit(nogil=True, cache=True)
+def wait_gate(gate, t, abort):
+    """Block until ``gate[0] > t`` (task ``t`` submitted; once asleep, until ``GATE_BATCH``
+    more are, or the gate opens); False once the replay is aborted (a stop wakes the
+    sleepers without opening the gate)."""
+    deadline = monotonic_ns() + GATE_SPIN_NS
+    while monotonic_ns() < deadline:
+        for _ in range(64):
+            if atomic_load(gate, 0) > t:
+                return True
+            cpu_pause()
+        if atomic_load(abort, 0) != 0:
+            return False
+    atomic_store(gate, 2, np.int32(t + GATE_BATCH))  # the count to be woken at
+    atomic_add(gate, 1, np.int32(1))
+    ok = True
+    while True:
+        seen = atomic_load(gate, 0)
+        if seen >= t + GATE_BATCH:  # (or opened, or the replay stopped: early.py)
+            break
+        if atomic_load(abort, 0) != 0:
+            ok = False
+            break
+        futex_wait(gate, 0, seen, WAIT_NS)
+    atomic_add(gate, 1, np.int32(-1))
+    return ok
+
+
+@njit(nogil=True, cache=True)
+def open_gate(gate, count):
+    """``gate[0] = count`` (``count`` tasks submitted), waking its sleepers if any; with
+    ``count`` -1, only the wake (a stop: the sleepers then see the abort)."""
+    if count >= 0:
+        atomic_store(gate, 0, np.int32(count))
+    if count < 0 or atomic_load(gate, 1) != 0 and count >= atomic_load(gate, 2):
+        futex_wake(gate, 0)
+
+
+@njit(nogil=True, cache=True)
 def publish(done, t, epoch, sleepers):
     """``done[t] = epoch``, waking whoever sleeps on it."""
     atomic_store(done, t, epoch)
@@ -163,12 +212,16 @@ def now_ns():
 
 @njit(nogil=True, cache=True)
 def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
-                 notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns):
+                 notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns, gate):
     """Run the share from position ``k0``; see the module docstring for the result."""
     n = order.shape[0]
     for k in range(k0, n):
         t = order[k]
         if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
+            return ABORTED
+        if times[t, 1] != 0:  # run already (an early replay's one-thread start)
+            continue
+        if atomic_load(gate, 0) <= t and not wait_gate(gate, t, abort):
             return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):
             if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns, timeout_ns):

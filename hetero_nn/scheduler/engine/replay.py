@@ -75,7 +75,10 @@ State
 :class:`CompiledSegment`: ``units`` (tasks or a bundle's members), ``tasks`` (in
 segment order, bundles flattened), ``bound``, ``worker_of``, ``shares``, and
 the arrays ``done``, ``times``, ``sleepers``, ``abort``, ``bytes_in``.
-:class:`EngineThreads` (``runtime._engine``): one thread per worker but the first.
+:class:`EngineThreads` (``runtime._engine``): one thread per worker but the first, and
+a spare one for an early replay's first share (:mod:`~.early`: a replay started while its
+flush is submitted, through :meth:`EngineThreads.start`/:meth:`~EngineThreads.join` and
+:func:`begin_segment`/:func:`end_segment`).
 """
 
 from __future__ import annotations
@@ -175,7 +178,8 @@ def param_uses(segments) -> dict:
 # ----------------------------------------------------------------------------- threads
 
 class EngineThreads:
-    """One thread per worker but the first, each running the shares given to it."""
+    """One thread per worker but the first, each running the shares given to it (and a
+    spare one, made at the first early replay, for its first share)."""
 
     def __init__(self, count, buffers=None, quick_handoffs=True, bind_threads=True):
         #: worker index -> its WorkerBuffers, shared by every graph of the runtime (their
@@ -183,6 +187,8 @@ class EngineThreads:
         self.buffers: dict = {} if buffers is None else buffers
         self.broken = False  # a share never returned: its thread is lost
         self.mode = "parallel"  # the mode the last replayed segment chose (contention.py)
+        self.early = None  # the early replay under way (early.py)
+        self._spare = None  # (queue, thread) that runs an early replay's first share
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -208,6 +214,23 @@ class EngineThreads:
         shares, waits for them, and is raised; a share that has not returned ``timeout``
         seconds after the last one did stops the replay with a ``TaskError`` printing the
         engine's state (these threads are then ``broken``: the runtime makes new ones)."""
+        bound = self.binding is not None and self.binding.enter(len(jobs))
+        try:
+            results, finished = self.start(jobs, 1)
+            interrupt = None
+            try:
+                results[0] = jobs[0]()
+            except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
+                interrupt = exc
+            return self.join(results, finished, len(jobs) - 1, seg, epoch, timeout, interrupt)
+        finally:
+            if bound:
+                self.binding.exit()
+
+    def start(self, jobs, first):
+        """Hand ``jobs[first:]`` to the threads (``jobs[i]`` to thread ``i - 1``; ``jobs[0]``,
+        where ``first`` is 0, to a spare thread: an early replay's, :mod:`~.early`); returns
+        ``(results, finished)`` for :meth:`join`."""
         results = [None] * len(jobs)
         finished = threading.Semaphore(0)
 
@@ -220,49 +243,53 @@ class EngineThreads:
                 finally:
                     finished.release()
             return run
-        bound = self.binding is not None and self.binding.enter(len(jobs))
-        try:
-            for i in range(1, len(jobs)):
-                self._queues[i - 1].put(wrap(i, jobs[i]))
-            interrupt = None
+        if first == 0:
+            if self._spare is None:
+                q = queue.SimpleQueue()
+                thread = threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                          name="hetero_nn-replay0")
+                thread.start()
+                self._spare = (q, thread)
+            self._spare[0].put(wrap(0, jobs[0]))
+        for i in range(1, len(jobs)):
+            self._queues[i - 1].put(wrap(i, jobs[i]))
+        return results, finished
+
+    def join(self, results, finished, left, seg=None, epoch=0, timeout=None, interrupt=None):
+        """Wait for ``left`` jobs handed over by :meth:`start` (:meth:`run`'s rules)."""
+        while left:
+            wait = timeout
+            if seg is not None and seg.abort[0] == TIMED_OUT:
+                wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
             try:
-                results[0] = jobs[0]()
-            except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
-                interrupt = exc
-            left = len(jobs) - 1
-            while left:
-                wait = timeout
-                if seg is not None and seg.abort[0] == TIMED_OUT:
-                    wait = STOP_GRACE  # a wait timed out: the others see it within WAIT_NS
-                try:
-                    if finished.acquire(timeout=wait):
-                        left -= 1
-                        continue
-                except KeyboardInterrupt as exc:
-                    if interrupt is not None:  # a second one: leave the shares behind
-                        self.broken = True
-                        raise
-                    interrupt = exc
-                    if seg is not None:
-                        set_abort(seg.abort, seg.done, seg.notify_tasks)
+                if finished.acquire(timeout=wait):
+                    left -= 1
                     continue
-                self.broken = True
-                if seg is None:
-                    raise stalled("the replay engine", timeout, "(no segment)")
-                if seg.abort[0] == 0:
-                    seg.abort[0] = TIMED_OUT
-                raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
-            if interrupt is not None:
-                raise interrupt
-            return results
-        finally:
-            if bound:
-                self.binding.exit()
+            except KeyboardInterrupt as exc:
+                if interrupt is not None:  # a second one: leave the shares behind
+                    self.broken = True
+                    raise
+                interrupt = exc
+                if seg is not None:
+                    set_abort(seg.abort, seg.done, seg.notify_tasks)
+                continue
+            self.broken = True
+            if seg is None:
+                raise stalled("the replay engine", timeout, "(no segment)")
+            if seg.abort[0] == 0:
+                seg.abort[0] = TIMED_OUT
+            raise stalled("a replay", timeout or STOP_GRACE, engine_state(seg, epoch))
+        if interrupt is not None:
+            raise interrupt
+        return results
 
     def close(self):
-        for q in self._queues:
+        if self.early is not None:
+            self.early.cancel()  # an early replay left running (its flush never waited for)
+        spare = [self._spare] if self._spare is not None else []
+        for q in self._queues + [q for q, _ in spare]:
             q.put(None)
-        for t in self._threads:
+        for t in self._threads + [t for _, t in spare]:
             t.join(STOP_GRACE if self.broken else None)  # a hung share's thread is lost
         if self.handoffs is not None:
             self.handoffs.close()
@@ -358,13 +385,7 @@ _ids_lock = threading.Lock()
 
 
 def _run_segment(rt, seg, epoch, threads):
-    rt._flushes.begin()
-    n = len(seg.tasks)
-    with _ids_lock:  # fresh task ids for the records, as a submitted flush would take
-        base = next(rt._ids)
-        rt._ids = itertools.count(base + n)
-    seg.times[:] = 0
-    seg.abort[0] = 0
+    base = begin_segment(rt, seg)
     contention = seg.contention  # parallel, or every task on this thread (contention.py)
     mode = "parallel" if contention is None else contention.next_mode()
     shares = seg.shares if mode == "parallel" else [seg.serial_share()]
@@ -372,7 +393,31 @@ def _run_segment(rt, seg, epoch, threads):
     if seg.data is not None:
         seg.run_copies()
     results = threads.run(seg.jobs(shares, epoch), seg, epoch, rt.wait_timeout)
-    wall = _perf() - t_submit
+    end_segment(rt, seg, epoch, base, t_submit, shares, results, _perf() - t_submit, threads)
+
+
+def begin_segment(rt, seg, base=None) -> int:
+    """A segment's run begins (a flush): its arrays reset; returns the id of its first
+    task's record (``base``: the ids its tasks took already, an early replay's)."""
+    rt._flushes.begin()
+    n = len(seg.tasks)
+    if base is None:
+        with _ids_lock:  # fresh task ids for the records, as a submitted flush would take
+            base = next(rt._ids)
+            rt._ids = itertools.count(base + n)
+    seg.times[:] = 0
+    seg.abort[0] = 0
+    return base
+
+
+def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, stopped=False):
+    """After a segment's shares returned ``results``: the flush ended (records, the
+    performance model's samples), the first failure raised, the mode's wall observed
+    (``wall`` None: an early replay's, which times no mode; ``stopped``: one stopped
+    midway, :mod:`~.early`: its records kept, nothing measured or raised)."""
+    n = len(seg.tasks)
+    mode = "parallel" if shares is seg.shares else "serial"
+    contention = seg.contention
     if seg.multinode:
         for node in rt.nodes:  # copies made for tasks that ran on other nodes
             node.synchronize()
@@ -388,9 +433,11 @@ def _run_segment(rt, seg, epoch, threads):
                                 seg.bytes_in.copy() if seg.multinode else None,
                                 None if mode == "parallel" else shares[0].worker)
     timed_out = seg.abort[0] == TIMED_OUT
-    durations = None if failures or timed_out else _measure(seg, shares)
-    rt._flushes.end((), failed=bool(failures) or timed_out, replayed=records,
+    durations = None if failures or timed_out or stopped else _measure(seg, shares)
+    rt._flushes.end((), failed=bool(failures) or timed_out or stopped, replayed=records,
                     samples=None if durations is None else (seg.groups, durations))
+    if stopped:
+        return
     interrupted = [exc for _, exc in failures if isinstance(exc, KeyboardInterrupt)]
     if interrupted:  # in a Python task of the calling thread's share: the shares stopped
         raise interrupted[0]
@@ -411,7 +458,7 @@ def _run_segment(rt, seg, epoch, threads):
                         f"{type(exc).__name__}: {exc}", codelet=b.task.codelet.name,
                         task_id=task_id)
         raise err from exc
-    if contention is not None:
+    if contention is not None and wall is not None:
         contention.observe(mode, wall, float(durations.sum()) * 1e-9)
         threads.mode = contention.mode
 

@@ -59,7 +59,8 @@ import numpy as np
 from ...codelets.prepared import WorkerBuffers
 from .bound import BoundTransfer, bind_task, bound_roots, model_key, moved_to
 from .data_plan import schedule_transfers
-from .dispatch import ABORTED, now_ns, publish, run_compiled, set_abort, spin_budget, wait_done
+from .dispatch import (ABORTED, OPEN, now_ns, publish, run_compiled, set_abort, spin_budget,
+                       wait_done)
 from .intrinsics import clock_offset
 from .contention import WATCHDOG, Contention, serial_order
 from .planning import Planning, better_schedule, schedule_arrays
@@ -262,29 +263,33 @@ class CompiledSegment:
                 x = b.transfer
                 copied(x.src, x.dst, x.nbytes, t0 * 1e-9 + offset, t1 * 1e-9 + offset)
 
-    def run(self, share, epoch):
+    def run(self, share, epoch, gate=OPEN):
         """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
-        through the compiled loop. Returns None, or ``(task index, exception)`` (``(None,
-        exception)`` when the engine itself failed: the other shares are aborted too)."""
+        through the compiled loop (``gate``: an early replay's, :mod:`~.early`). Returns
+        None, or ``(task index, exception)`` (``(None, exception)`` when the engine itself
+        failed: the other shares are aborted too)."""
         try:
             if share.worker.stream is not None:
                 return self.run_stream_share(share, epoch)
-            return self.run_share(share, epoch)
+            return self.run_share(share, epoch, gate)
         except BaseException as exc:  # noqa: BLE001 - the engine's own fault, not a task's
             set_abort(self.abort, self.done, self.notify_tasks)
             if isinstance(exc, KeyboardInterrupt):
                 raise  # the other shares stop; EngineThreads.run waits for them
             return None, exc
 
-    def run_share(self, share, epoch):
-        """Run a CPU worker's share; returns None, or ``(task index, exception)``."""
+    def run_share(self, share, epoch, gate=OPEN):
+        """Run a CPU worker's share; returns None, or ``(task index, exception)``. Behind a
+        ``gate`` its waits have no deadline (a program's pause while it submits is no
+        stall): the early replay's join has it (:mod:`~.early`)."""
         n = len(share.order)
         k = 0
         done, times, sleepers, abort = self.done, self.times, self.sleepers, self.abort
+        deadline = self.timeout_ns if gate is OPEN else timeout_ns(None)
         while True:
             r = run_compiled(k, share.order, share.python, share.entry_start, share.trampolines,
                              share.blocks, share.wait_start, share.waits, share.notify, done,
-                             times, epoch, sleepers, abort, self.spin_ns, self.timeout_ns)
+                             times, epoch, sleepers, abort, self.spin_ns, deadline, gate)
             if r == n or r == ABORTED:
                 return None
             if r >= 0:  # a Python task, its predecessors done
