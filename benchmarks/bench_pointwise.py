@@ -5,8 +5,8 @@ Per layer shape (input channels, output channels, image size; ``x N``: how many 
 MobileNetV2 have it), the CPU time of one call (the least of ``--repeat`` calls,
 ``time.thread_time``): the forward pass, the input gradient and the weight gradient on one
 partition of ``--images`` images, float32, for the variants named by ``--variants``
-(default: the pinned ``cpu:winograd`` chain, which runs ``cpu:gemm`` on these layers,
-against ``cpu:pointwise``); PyTorch's forward (``torch.no_grad``) and its backward pass
+(default: the pinned ``cpu:winograd``, whose chain runs ``cpu:gemm``'s kernels on these
+layers); PyTorch's forward (``torch.no_grad``) and its backward pass
 (both gradients in one autograd call); a plain ``W @ X`` of the forward's FLOPs. The last
 line sums each column over the network's layers::
 
@@ -16,29 +16,23 @@ line sums each column over the network's layers::
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from hetero_nn.codelets import conv
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_depthwise import cpu_time  # noqa: E402
+
 SHAPES = {  # (in channels, out channels, size): 1x1 layers of MobileNetV2 (CIFAR strides)
     (32, 16, 32): 1, (16, 96, 32): 1, (96, 24, 32): 1, (24, 144, 32): 2, (144, 24, 32): 1,
     (144, 32, 16): 1, (32, 192, 16): 3, (192, 32, 16): 2, (192, 64, 8): 1, (64, 384, 8): 4,
     (384, 64, 8): 3, (384, 96, 8): 1, (96, 576, 8): 3, (576, 96, 8): 2, (576, 160, 4): 1,
     (160, 960, 4): 3, (960, 160, 4): 2, (960, 320, 4): 1, (320, 1280, 4): 1}
-VARIANTS = ("cpu:winograd", "cpu:pointwise")
-
-
-def cpu_time(fn, repeat):
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
+VARIANTS = ("cpu:winograd",)
 
 
 def main(argv=None):
