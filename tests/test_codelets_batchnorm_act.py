@@ -137,7 +137,8 @@ def test_plan_fuses_batch_norm_and_activation_in_training():
     assert [name for _, _, name in m.eval().blocks()][:2] == ["ConvBNEval", "ConvBNEval"]
 
 
-@pytest.mark.parametrize("granularity", [1])
+@pytest.mark.slow  # the default run has it from test_layers_fused_blocks (ReLU, g=2) and
+@pytest.mark.parametrize("granularity", [1, 3])  # test_models_builtin (MobileNetV2's ReLU6)
 def test_training_steps_fused_or_not_give_the_same_bits(granularity):
     rng = np.random.default_rng(0)
     batches = [(rng.standard_normal((5, 2, 5, 5)), rng.integers(0, 3, 5)) for _ in range(2)]
