@@ -16,7 +16,7 @@ projections) unfolds to its own input: on images of ``DIRECT_AREA`` pixels or
 more its GEMMs read ``x``, ``dy`` and ``dx`` in place, one per sample, with no
 column block; on smaller images (``is_planes``) a sample's block rows are its
 planes, so the block is gathered and folded back by one copy per plane (the
-same GEMMs and bits as unfolding row by row: 1.3-2.7x faster on MobileNetV2's
+same GEMMs and bits as unfolding row by row: 1.2-2.7x faster on MobileNetV2's
 4x4 layers, ``benchmarks/bench_pointwise.py``).
 
 The order of every sum depends only on the shapes (chunks in sample order, one
