@@ -28,9 +28,8 @@ def block_names(model):
 def test_plan_fuses_conv_bn_only_in_evaluation():
     model = build_model("resnet18", (3, 8, 8), 10, seed=0)
     body = model.layers[3].body
-    assert block_names(model)[:5] == ["Conv2d", "BatchNorm2d", "ReLU", "ResidualReLU",
-                                      "ResidualReLU"]
-    assert block_names(body) == ["Conv2d", "BatchNorm2d", "ReLU", "Conv2d", "BatchNorm2d"]
+    assert block_names(model)[:4] == ["Conv2d", "BNActivation", "ResidualReLU", "ResidualReLU"]
+    assert block_names(body) == ["Conv2d", "BNActivation", "Conv2d", "BatchNorm2d"]
     model.eval()
     assert block_names(model)[:3] == ["ConvBNEval", "ResidualReLU", "ResidualReLU"]
     assert block_names(body) == ["ConvBNEval", "ConvBNEval"]

@@ -54,7 +54,7 @@ import math
 import numpy as np
 
 from ._checks import require_contiguous
-from ._jit import as_dtype_of, jit
+from ._jit import as_dtype_of, jit, jit_inline
 from .codelet import R, REDUX, RW, W, Codelet
 from .prepared import from_calls
 from .reduce import add_redux, zero_init
@@ -209,13 +209,27 @@ def _sqdev_cpu(x, mean, sqdev):
         sqdev[j] += acc
 
 
+@jit_inline
+def fold(mean, var, weight, bias, eps, like):
+    """``(alpha, beta)`` of one channel in ``like``'s dtype: ``y = x * alpha + beta``."""
+    alpha64 = weight / np.sqrt(np.float64(var) + eps)
+    return as_dtype_of(like, alpha64), as_dtype_of(like, bias - mean * alpha64)
+
+
+@jit_inline
+def input_terms(var, weight, sum_dy, dotp, count, eps, like):
+    """``(scale, grad_mean, k)`` of one channel in ``like``'s dtype, batch statistics:
+    ``dx = (dy - grad_mean - (x - mean) * k) * scale``."""
+    invstd = 1.0 / np.sqrt(np.float64(var) + eps)
+    return (as_dtype_of(like, invstd * weight), as_dtype_of(like, sum_dy / count),
+            as_dtype_of(like, dotp * invstd * invstd / count))
+
+
 @jit
 def _fwd_cpu(x, mean, var, weight, bias, y, eps):
     n, c, length = x.shape
     for j in range(c):
-        alpha64 = weight[j] / np.sqrt(np.float64(var[j]) + eps)
-        beta = y.dtype.type(bias[j] - mean[j] * alpha64)
-        alpha = y.dtype.type(alpha64)
+        alpha, beta = fold(mean[j], var[j], weight[j], bias[j], eps, y)
         for i in range(n):
             for k in range(length):
                 y[i, j, k] = x[i, j, k] * alpha + beta
@@ -257,16 +271,9 @@ def _bwd_sums_cpu(x, dy, mean, sum_dy, dotp):
 @jit
 def _bwd_input_cpu(x, dy, mean, var, weight, sum_dy, dotp, dx, count, eps, batch_stats):
     n, c, length = x.shape
-    t = dx.dtype.type
     for j in range(c):
-        invstd = 1.0 / np.sqrt(np.float64(var[j]) + eps)
-        scale = t(invstd * weight[j])
-        if batch_stats:
-            grad_mean = t(sum_dy[j] / count)
-            k_ = t(dotp[j] * invstd * invstd / count)
-        else:
-            grad_mean = t(0.0)
-            k_ = t(0.0)
+        scale, grad_mean, k_ = input_terms(var[j], weight[j], sum_dy[j], dotp[j], count, eps,
+                                           dx)
         m = mean[j]
         for i in range(n):
             for k in range(length):

@@ -3,7 +3,8 @@
 Policy: :func:`choose_fusion` scans a model's layers for the chains of
 ``codelets/fused.py`` -- ``Conv2d`` (with bias), ``ReLU``, ``MaxPool2d`` and
 ``Dense`` (with bias), ``ReLU`` -- then for the runs of ``layers/fused_blocks.py``
-(convolution + batch norm in evaluation, residual + ReLU), and returns the blocks to
+(convolution + batch norm in evaluation, residual + ReLU) and ``layers/bn_activation.py``
+(batch norm + ReLU or ReLU6 in training), and returns the blocks to
 run: a fused run where a chain occurs, the layer itself elsewhere. ``ReLU`` means exactly that
 class (not a subclass with another slope or function). Every option of the
 convolution (stride, padding strings and modes, dilation, groups) and of the
@@ -27,6 +28,7 @@ from ..codelets.fused import (conv2d_relu_pool_bwd, conv2d_relu_pool_bwd_params,
                               dense_relu_fwd)
 from .activation import ReLU
 from .base import contribution
+from .bn_activation import BNActivation
 from .conv import Conv2d
 from .dense import Dense
 from .fused_blocks import RUNS
@@ -131,7 +133,8 @@ def choose_fusion(layers):
                 i += len(chain)
                 break
         else:
-            run, length = next(((r, n) for r in RUNS if (n := r.match(layers, i))), (None, 1))
+            run, length = next(((r, n) for r in (*RUNS, BNActivation)
+                                if (n := r.match(layers, i))), (None, 1))
             blocks.append((i, run(layers[i:i + length]) if run else layers[i]))
             i += length
     return blocks

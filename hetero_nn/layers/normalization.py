@@ -33,6 +33,7 @@ import numpy as np
 
 from ..codelets.batchnorm import (bn_bwd_input, bn_bwd_sums, bn_fwd, bn_mean, bn_param_grads,
                                   bn_running, bn_sqdev, bn_sum, bn_var)
+from ..codelets.batchnorm_act import bn_act_bwd_input, bn_act_bwd_sums, bn_act_fwd
 from ..codelets.batchnorm_step import bn_train_bwd, bn_train_fwd
 from ..codelets.reduce import fill_zero, overwriting
 from ..errors import ConfigError, ShapeError
@@ -157,7 +158,10 @@ class _BatchNorm(Layer):
         momentum = 1.0 / int(tracked) if self.momentum is None else self.momentum
         return np.array([momentum], np.float64)
 
-    def forward(self, rt, xs):
+    def forward(self, rt, xs, activation=None):
+        """The tasks of the forward pass; with ``activation`` (``"relu"``, ``"relu6"``: a
+        fused run's, ``layers/bn_activation.py``) the outputs are the activation's, from
+        ``bn_act_fwd``, after the chain (one partition too)."""
         batch_stats = self.training or not self.track_running_stats
         samples = self.batch_span[1] if self.batch_span else sum(x.shape[0] for x in xs)
         count = samples * math.prod(self.input_shape[1:])  # over the whole batch
@@ -176,7 +180,7 @@ class _BatchNorm(Layer):
                            self._buffers["running_var"].handle, momentum)
             ys = self.outputs(rt, xs)
             whole = self._whole(xs, ys)
-            if running and whole:
+            if running and whole and not activation:
                 rt.submit(bn_train_fwd, whole[0], *self._affine_handles(rt), *running, mean,
                           var, whole[1], count=count, eps=self.eps)
                 self._saved = (xs, mean, var, batch_stats, count)
@@ -197,17 +201,26 @@ class _BatchNorm(Layer):
         weight, bias = self._affine_handles(rt)
         ys = ys or self.outputs(rt, xs)
         for x, y in zip(xs, ys):
-            rt.submit(bn_fwd, x, mean, var, weight, bias, y, eps=self.eps)
+            if activation:
+                rt.submit(bn_act_fwd, x, mean, var, weight, bias, y, eps=self.eps,
+                          activation=activation)
+            else:
+                rt.submit(bn_fwd, x, mean, var, weight, bias, y, eps=self.eps)
         self._saved = (xs, mean, var, batch_stats, count)
         return ys
 
-    def backward(self, rt, dys, need_input_grad=True):
+    def backward(self, rt, dys, need_input_grad=True, activation=None):
+        """The tasks of the backward pass; with ``activation``, ``dys`` is the gradient of
+        that activation's output (the forward pass was given it too)."""
         xs, mean, var, batch_stats, count = self._saved
         if not (self.affine or need_input_grad):
             return None
         params = [self._params[k] for k in ("weight", "bias")] if self.affine else []
         dxs = self.outputs(rt, dys, shape=self.input_shape) if need_input_grad else None
-        whole = self._whole(xs, dys, dxs) if params and dxs and batch_stats else None
+        whole = (self._whole(xs, dys, dxs) if params and dxs and batch_stats and not activation
+                 else None)
+        if activation:
+            return self._act_backward(rt, xs, dys, dxs, mean, var, count, params, activation)
         if whole:
             rt.submit(contribution(bn_train_bwd, params), *whole[:2], mean, var,
                       params[0].handle, whole[2], *(p.grad for p in params), count=count,
@@ -226,6 +239,22 @@ class _BatchNorm(Layer):
         for x, dy, dx in zip(xs, dys, dxs):
             rt.submit(bn_bwd_input, x, dy, mean, var, weight, sum_dy, dotp, dx, count=count,
                       eps=self.eps, batch_stats=batch_stats)
+        return dxs
+
+    def _act_backward(self, rt, xs, dys, dxs, mean, var, count, params, activation):
+        """``backward``'s chain through ``bn_act_bwd_sums`` and ``bn_act_bwd_input``."""
+        weight, bias = self._affine_handles(rt)
+        kw = {"eps": self.eps, "activation": activation}
+        sum_dy, dotp = self._temporary(rt, "sum_dy"), self._temporary(rt, "dotp")
+        for i, (x, dy) in enumerate(zip(xs, dys)):
+            rt.submit(self._adding(rt, bn_act_bwd_sums, i, len(xs), sum_dy, dotp), x, dy, mean,
+                      var, weight, bias, sum_dy, dotp, **kw)
+        if params:
+            rt.submit(contribution(bn_param_grads, params), sum_dy, dotp, var,
+                      *(p.grad for p in params), eps=self.eps)
+        for x, dy, dx in zip(xs, dys, dxs or ()):
+            rt.submit(bn_act_bwd_input, x, dy, mean, var, weight, bias, sum_dy, dotp, dx,
+                      count=count, **kw)
         return dxs
 
     def extra_repr(self):

@@ -48,7 +48,9 @@ class Sequential(Layer):
     the runs ``Conv2D, ReLU, MaxPool2D`` and ``Dense, ReLU`` as one fused task per
     partition (``layers/fused.py``), and in evaluation ``Conv2D, BatchNorm2D[, ReLU]``
     with the batch norm folded, and ``Residual, ReLU`` with one join task
-    (``layers/fused_blocks.py``); ``fuse=False`` submits every layer's own tasks.
+    (``layers/fused_blocks.py``), and in training ``BatchNorm2D, ReLU | ReLU6`` with the
+    activation inside the batch norm's tasks (``layers/bn_activation.py``, the same
+    bits); ``fuse=False`` submits every layer's own tasks.
 
     ``granularities`` (default None; may be changed between steps): one positive int
     per layer, the number of partitions the block starting at that layer runs at
