@@ -2,7 +2,8 @@
 (+ ReLU / ReLU6) and the residual join + ReLU, each variant against its ``ref`` twin and
 PyTorch's eval-mode chain (float64 1e-10, float32 1e-4 of the scale) over hypothesis
 geometries (1x1 images, odd sizes, strides, groups), their prepared calls giving the
-variant's bits, and ``add2_relu`` giving the unfused pair's bits."""
+variant's bits, the fold as a task of its own then the convolution on its output giving
+the one-task codelets' bits, and ``add2_relu`` giving the unfused pair's bits."""
 
 from __future__ import annotations
 
