@@ -123,7 +123,7 @@ def folding_model():
     model = Sequential(Conv2d(3, 6, 3, padding=1, bias=False), BatchNorm2d(6), ReLU(),
                        Conv2d(6, 6, 3, padding=1, groups=6), BatchNorm2d(6), ReLU6(),
                        hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(6, 3))
-    model.build((3, 6, 6), "float32")
+    model.build((3, 6, 6), "float64")
     rng = np.random.default_rng(11)
     for bn in (model.layers[1], model.layers[4]):
         bn._buffers["running_var"].data[...] = rng.uniform(0.5, 1.5, 6)
@@ -138,7 +138,7 @@ def per_task_fold(model, x):
 
 def test_eval_call_folds_once_per_layer_with_the_per_task_fold_bits():
     model = folding_model()
-    x = np.random.default_rng(12).standard_normal((6, 3, 6, 6)).astype(np.float32)
+    x = np.random.default_rng(12).standard_normal((6, 3, 6, 6))
     want = per_task_fold(model, x)
     with hn.Runtime(devices="cpu:2", perfmodel=False, trace=True) as rt:
         model.bind(rt)
@@ -153,9 +153,9 @@ def test_eval_call_folds_once_per_layer_with_the_per_task_fold_bits():
 def test_fold_follows_a_training_step_and_load_state_dict():
     model = folding_model()
     rng = np.random.default_rng(13)
-    x, labels = rng.standard_normal((6, 3, 6, 6)).astype(np.float32), np.arange(6) % 3
+    x, labels = rng.standard_normal((6, 3, 6, 6)), np.arange(6) % 3
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt, \
-            hn.Trainer(model, runtime=rt, batch_size=6) as trainer:
+            hn.Trainer(model, runtime=rt, batch_size=6, dtype="float64") as trainer:
         trainer.train_step(x, labels)  # binds the model to rt
         before = model(x)
         model.train()
