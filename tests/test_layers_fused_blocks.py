@@ -2,7 +2,7 @@
 them (convolution + batch norm only in evaluation), ResNet's and MobileNetV2's eval-mode outputs
 equal to PyTorch (float64 1e-10), to the unfused layers and across granularities (1e-12,
 as unfused: the partition GEMMs' widths change), with the same bits across policies; training steps with ``Residual, ReLU`` fused give the unfused steps' bits;
-an input gradient through an eval-mode run equals the unfused one; a call of several
+an input gradient through an eval-mode run equals the unfused one; a pass of several
 partitions folds each layer once, with the bits of the fold inside each partition's task,
 and folds the new values after a training step and after ``load_state_dict``."""
 
