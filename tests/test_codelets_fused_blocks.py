@@ -2,7 +2,8 @@
 (+ ReLU / ReLU6) and the residual join + ReLU, each variant against its ``ref`` twin and
 PyTorch's eval-mode chain (float64 1e-10, float32 1e-4 of the scale) over hypothesis
 geometries (1x1 images, odd sizes, strides, groups), their prepared calls giving the
-variant's bits, and ``add2_relu`` giving the unfused pair's bits."""
+variant's bits, the fold as a task of its own then the convolution on its output giving
+the one-task codelets' bits, and ``add2_relu`` giving the unfused pair's bits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from hypothesis import strategies as st
 
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.activation import relu_fwd
-from hetero_nn.codelets.fused_blocks import add2_relu, conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd
+from hetero_nn.codelets import depthwise_fused
+from hetero_nn.codelets.fused_blocks import (add2_relu, bn_fold_eval, bn_nobias_fold_eval,
+                                             conv2d_bn_eval_fwd, conv2d_folded_fwd,
+                                             conv2d_nobias_bn_eval_fwd)
 from hetero_nn.codelets.prepared import WorkerBuffers, calls_of
 from hetero_nn.codelets.residual import add2
 from helpers import rel_err
@@ -106,6 +110,46 @@ def test_prepared_calls_give_the_variant_bits(geometry, dtype):
     moved = [a.copy() for a in operands]
     moved[2 + geometry[-1]] += 1
     np.testing.assert_array_equal(arrays[-1], run(codelet, "cpu", moved, kw))
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fold_task_then_folded_convolution_give_the_one_task_bits(depthwise, bias):
+    """``bn_[nobias_]fold_eval`` once, then ``conv2d[_depthwise]_folded_fwd`` per partition:
+    the bits of ``conv2d[_depthwise][_nobias]_bn_eval_fwd`` per partition, each variant and
+    the prepared calls."""
+    dtype = np.float32
+    params, operands = problem(4, 1, 1, 5, 5, 3, 1, 1, 6, bias, dtype) if depthwise else \
+        problem(4, 5, 6, 5, 5, 3, 2, 1, 1, bias, dtype)
+    if depthwise:
+        del params["groups"]
+        one = (depthwise_fused.conv2d_depthwise_bn_eval_fwd if bias
+               else depthwise_fused.conv2d_depthwise_nobias_bn_eval_fwd)
+        folded = depthwise_fused.conv2d_depthwise_folded_fwd
+    else:
+        one, folded = (conv2d_bn_eval_fwd if bias else conv2d_nobias_bn_eval_fwd), conv2d_folded_fwd
+    fold = bn_fold_eval if bias else bn_nobias_fold_eval
+    x, *ins, y = operands
+    kw = dict(params, eps=1e-3, activation="relu6")
+    folds = {}
+    for variant in ("ref", "cpu", "prepared"):
+        wf, bf = np.full_like(ins[0], np.nan), np.full(ins[0].shape[0], np.nan, dtype)
+        if variant == "prepared":
+            for kernel, args in calls_of(fold.variants["cpu"], WorkerBuffers(),
+                                         [*ins, wf, bf], {"eps": 1e-3}):
+                kernel(*args)
+        else:
+            fold.variants[variant](*ins, wf, bf, eps=1e-3)
+        folds[variant] = wf, bf
+    for variant in ("ref", "cpu"):
+        wf, bf = folds[variant]
+        for part in (slice(0, 1), slice(1, 4)):
+            want, got = np.empty_like(y[part]), np.empty_like(y[part])
+            one.variants[variant](x[part], *ins, want, **kw)
+            folded.variants[variant](x[part], wf, bf, got, **kw)
+            np.testing.assert_array_equal(got, want)
+    for a, b in zip(folds["cpu"], folds["prepared"]):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_unknown_activation_is_refused():

@@ -2,7 +2,9 @@
 them (convolution + batch norm only in evaluation), ResNet's and MobileNetV2's eval-mode outputs
 equal to PyTorch (float64 1e-10), to the unfused layers and across granularities (1e-12,
 as unfused: the partition GEMMs' widths change), with the same bits across policies; training steps with ``Residual, ReLU`` fused give the unfused steps' bits;
-an input gradient through an eval-mode run equals the unfused one."""
+an input gradient through an eval-mode run equals the unfused one; a pass of several
+partitions folds each layer once, with the bits of the fold inside each partition's task,
+and folds the new values after a training step and after ``load_state_dict``."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import hetero_nn as hn
-from hetero_nn.layers import BatchNorm2d, Conv2d, ReLU6, Sequential
+from hetero_nn.layers import BatchNorm2d, Conv2d, ReLU, ReLU6, Sequential
 from hetero_nn.models import build_model
 from helpers import rel_err
 
@@ -113,3 +115,58 @@ def test_input_gradient_through_an_eval_run_equals_unfused():
                 rt.fetch(p.grad, copy=True) for p in model.parameters()])
     for a, b in zip(*grads):
         assert rel_err(a, b) <= 1e-12
+
+
+def folding_model(groups=6, activation=ReLU6):
+    """A convolution without bias, then one with (depthwise by default), each + BN + act."""
+    hn.manual_seed(10)
+    model = Sequential(Conv2d(3, 6, 3, padding=1, bias=False), BatchNorm2d(6), ReLU(),
+                       Conv2d(6, 6, 3, padding=1, groups=groups), BatchNorm2d(6), activation(),
+                       hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(6, 3))
+    model.build((3, 6, 6), "float64")
+    rng = np.random.default_rng(11)
+    for bn in (model.layers[1], model.layers[4]):
+        bn._buffers["running_var"].data[...] = rng.uniform(0.5, 1.5, 6)
+        bn._buffers["running_mean"].data[...] = rng.standard_normal(6)
+    return model.eval()
+
+
+def per_task_fold(model, x):
+    """``x`` in two halves, each one partition: the fold inside each convolution task."""
+    return np.concatenate([predict(model, half, granularity=1) for half in (x[:3], x[3:])])
+
+
+def test_eval_pass_folds_once_per_layer_with_the_per_task_fold_bits():
+    model = folding_model()
+    x = np.random.default_rng(12).standard_normal((6, 3, 6, 6))
+    want = per_task_fold(model, x)
+    with hn.Runtime(devices="cpu:2", perfmodel=False, trace=True) as rt:
+        model.bind(rt)
+        for _ in range(2):  # two passes of two partitions each
+            ys = model.forward(rt, list(rt.register(x, name="x").split(0, 2)))
+            assert np.array_equal(np.concatenate([rt.fetch(y, copy=True) for y in ys]), want)
+        names = [r.codelet for r in rt.trace()]
+    assert names.count("bn_nobias_fold_eval") == names.count("bn_fold_eval") == 2
+    assert names.count("conv2d_folded_fwd") == names.count("conv2d_depthwise_folded_fwd") == 4
+    assert not any(n.endswith("bn_eval_fwd") for n in names)
+
+
+def test_fold_follows_a_training_step_and_load_state_dict():
+    model = folding_model(groups=1, activation=ReLU)  # training kernels other tests load
+    rng = np.random.default_rng(13)
+    x, labels = rng.standard_normal((6, 3, 6, 6)), np.arange(6) % 3
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt, \
+            hn.Trainer(model, runtime=rt, batch_size=6, dtype="float64") as trainer:
+        trainer.train_step(x, labels)  # binds the model to rt
+        before = model(x)
+        model.train()
+        trainer.train_step(x, labels)  # weights and running statistics written in place
+        model.eval()
+        after, trained = model(x), model.state_dict()
+        model.load_state_dict({k: v * 0.5 for k, v in trained.items()})
+        loaded = model(x)
+    assert not np.array_equal(before, after) and not np.array_equal(after, loaded)
+    assert np.array_equal(loaded, per_task_fold(model, x))
+    twin = folding_model(groups=1, activation=ReLU)
+    twin.load_state_dict(trained)
+    assert np.array_equal(after, per_task_fold(twin, x))

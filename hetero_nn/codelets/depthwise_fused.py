@@ -1,13 +1,14 @@
 """Depthwise convolution + batch norm (+ ReLU or ReLU6) in evaluation, folded: MobileNet's
 ``Conv2d(groups=C), BatchNorm2d, ReLU6`` as one task per partition.
 
-This module owns two codelets, the depthwise twins of ``fused_blocks.py``'s:
+This module owns three codelets, the depthwise twins of ``fused_blocks.py``'s:
 
 ===================================  =============================================
 codelet                              operands (access mode)
 ===================================  =============================================
 conv2d_depthwise_bn_eval_fwd         x, w, b, mean, var, weight, bias (R), y (W)
 conv2d_depthwise_nobias_bn_eval_fwd  the same without the convolution's bias ``b``
+conv2d_depthwise_folded_fwd          x, wf, bf (R), y (W): ``bn_fold_eval``'s output
 ===================================  =============================================
 
 Parameters: ``conv2d_depthwise_fwd``'s, the batch norm's ``eps`` and ``activation``
@@ -32,10 +33,11 @@ import numpy as np
 
 from . import depthwise
 from .codelet import R, W, Codelet
-from .fused_blocks import _fold_xp, _split, eval_variants, fold_calls
+from .fused_blocks import _fold_xp, _split, eval_variants, fold_calls, folded_variants
 from .xp import array_module
 
-__all__ = ["conv2d_depthwise_bn_eval_fwd", "conv2d_depthwise_nobias_bn_eval_fwd"]
+__all__ = ["conv2d_depthwise_bn_eval_fwd", "conv2d_depthwise_nobias_bn_eval_fwd",
+           "conv2d_depthwise_folded_fwd"]
 
 
 def _activate(xp, y, code):
@@ -46,19 +48,30 @@ def _activate(xp, y, code):
         y[...] = xp.where(y < 0, y.dtype.type(0), xp.where(y > 6, y.dtype.type(6), y))
 
 
-def _ref(x, w, b, mean, var, weight, bias, y, **params):
-    conv_params, eps, code = _split(params)
-    wf, bf = _fold_xp(np, w, b, mean, var, weight, bias, eps, y.dtype)
+def _folded_ref(x, wf, bf, y, code, conv_params):
     depthwise.conv2d_depthwise_fwd.variants["ref"](x, wf, bf, y, **conv_params)
     _activate(np, y, code)
 
 
+def _folded_cuda(x, wf, bf, y, code, conv_params):
+    depthwise.conv2d_depthwise_fwd_cuda(x, wf, bf, y, **conv_params)
+    _activate(array_module(x, wf, y), y, code)
+
+
+def _folded_calls(buffers, x, wf, bf, y, code, conv_params):
+    return depthwise.fwd_stacked_calls(buffers, x, wf, bf, y, conv_params, code)
+
+
+def _ref(x, w, b, mean, var, weight, bias, y, **params):
+    conv_params, eps, code = _split(params)
+    wf, bf = _fold_xp(np, w, b, mean, var, weight, bias, eps, y.dtype)
+    _folded_ref(x, wf, bf, y, code, conv_params)
+
+
 def _cuda(x, w, b, mean, var, weight, bias, y, **params):
     conv_params, eps, code = _split(params)
-    xp = array_module(x, w, y)
-    wf, bf = _fold_xp(xp, w, b, mean, var, weight, bias, eps, y.dtype)
-    depthwise.conv2d_depthwise_fwd_cuda(x, wf, bf, y, **conv_params)
-    _activate(xp, y, code)
+    wf, bf = _fold_xp(array_module(x, w, y), w, b, mean, var, weight, bias, eps, y.dtype)
+    _folded_cuda(x, wf, bf, y, code, conv_params)
 
 
 def _calls(buffers, x, w, b, mean, var, weight, bias, y, params):
@@ -66,7 +79,7 @@ def _calls(buffers, x, w, b, mean, var, weight, bias, y, params):
     (:mod:`~hetero_nn.codelets.prepared`)."""
     conv_params, eps, code = _split(params)
     wf, bf, calls = fold_calls(buffers, w, b, mean, var, weight, bias, eps, y.dtype)
-    return calls + depthwise.fwd_stacked_calls(buffers, x, wf, bf, y, conv_params, code)
+    return calls + _folded_calls(buffers, x, wf, bf, y, code, conv_params)
 
 
 def _flops(x, w, *rest, **params):
@@ -90,3 +103,10 @@ conv2d_depthwise_nobias_bn_eval_fwd = Codelet(
     flops=_flops)
 """``y = act(bn_eval(conv2d(x, w, groups=C)))``, folded: operands ``(x, w, mean, var, weight,
 bias R, y W)``."""
+
+conv2d_depthwise_folded_fwd = Codelet(
+    "conv2d_depthwise_folded_fwd", modes=(R, R, R, W), variants=folded_variants(
+        _folded_ref, _folded_calls, _folded_cuda, "The stacked depthwise pass on folded operands."),
+    flops=_flops)
+"""``y = act(conv2d(x, wf, groups=C) + bf)`` on ``bn_fold_eval``'s filters and bias: operands
+``(x, wf, bf R, y W)``; ``conv2d_depthwise_bn_eval_fwd``'s parameters (``eps`` unused)."""

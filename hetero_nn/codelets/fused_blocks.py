@@ -1,7 +1,7 @@
 """Fused codelets of real models' blocks: convolution + batch norm (+ ReLU or ReLU6) with
 the batch norm folded into the convolution (evaluation), and the residual join + ReLU.
 
-This module owns three codelets:
+This module owns six codelets:
 
 ========================  ========================================================  ============
 codelet                   operands (access mode)                                    composes
@@ -10,6 +10,10 @@ conv2d_bn_eval_fwd        x, w, b, mean, var, weight, bias (R), y (W)           
                                                                                     bn_fwd,
                                                                                     relu/relu6
 conv2d_nobias_bn_eval_fwd the same without the convolution's bias ``b``
+bn_fold_eval              w, b, mean, var, weight, bias (R), wf, bf (W)             the fold
+bn_nobias_fold_eval       the same without ``b``
+conv2d_folded_fwd         x, wf, bf (R), y (W)                                      conv2d_fwd,
+                                                                                    relu/relu6
 add2_relu                 a (R), b (R), y (W)                                       add2, relu_fwd
 ========================  ========================================================  ============
 
@@ -28,6 +32,11 @@ convolution), within the float tolerance of PyTorch's eval-mode result; it depen
 nothing but the parameters, so results stay bit-identical across policies and
 granularities. ``add2_relu`` is ``relu(a + b)`` with ``add2``'s and ``relu_fwd``'s
 roundings: bit-identical to the unfused pair.
+
+The fold as a task of its own (``bn_[nobias_]fold_eval``, parameter ``eps``) writes ``w'``
+and ``b'`` into handles that ``conv2d_folded_fwd`` (the activation's parameter, the
+convolution's) reads: one fold per layer and forward pass instead of one per partition,
+the same kernel, so the same bits as the fold inside each task.
 
 Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
 in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
@@ -50,7 +59,8 @@ from .codelet import R, W, Codelet
 from .prepared import from_calls
 from .xp import array_module
 
-__all__ = ["conv2d_bn_eval_fwd", "conv2d_nobias_bn_eval_fwd", "add2_relu", "ACTIVATIONS"]
+__all__ = ["conv2d_bn_eval_fwd", "conv2d_nobias_bn_eval_fwd", "bn_fold_eval", "bn_nobias_fold_eval",
+           "conv2d_folded_fwd", "add2_relu", "ACTIVATIONS"]
 
 ACTIVATIONS = ("none", "relu", "relu6")
 
@@ -96,9 +106,30 @@ def _split(params):
 
 # --------------------------------------------------------------------------- variants
 
-def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
-    conv_params, eps, code = _split(params)
-    wf, bf = _fold_xp(np, w, b, mean, var, weight, bias, eps, y.dtype)
+def fold_call(w, b, mean, var, weight, bias, eps, wf, bf):
+    """The call of ``fold_bn_cpu`` filling ``wf`` and ``bf`` (``b`` None: no bias)."""
+    n_out = w.shape[0]
+    w2 = np.ascontiguousarray(w).reshape(n_out, -1)
+    b = w2[0, :0] if b is None else np.ascontiguousarray(b)
+    return (fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (mean, var, weight, bias)),
+                          float(eps), wf.reshape(n_out, -1), bf))
+
+
+def fold_calls(buffers, w, b, mean, var, weight, bias, eps, dtype):
+    """``(wf, bf, calls)``: worker buffers for the folded filters and bias, and the call of
+    ``fold_bn_cpu`` filling them."""
+    wf = buffers("bn_fold:w", w.shape, dtype)
+    bf = buffers("bn_fold:b", (w.shape[0],), dtype)
+    return wf, bf, [fold_call(w, b, mean, var, weight, bias, eps, wf, bf)]
+
+
+def activation_calls(y, code):
+    """``relu_fwd``'s or ``relu6_fwd``'s kernel on ``y`` in place (``code`` 0: none)."""
+    flat = y.reshape(-1)
+    return [((_relu_fwd_cpu, _relu6_fwd_cpu)[code - 1], (flat, flat))] if code else []
+
+
+def _folded_ref(x, wf, bf, y, code, conv_params):
     conv.conv2d_fwd.variants["ref"](x, wf, bf, y, **conv_params)
     if code == 1:
         np.maximum(y, np.zeros((), y.dtype), out=y)
@@ -106,38 +137,36 @@ def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
         np.copyto(y, np.where(y < 0, y.dtype.type(0), np.where(y > 6, y.dtype.type(6), y)))
 
 
-def fold_calls(buffers, w, b, mean, var, weight, bias, eps, dtype):
-    """``(wf, bf, calls)``: worker buffers for the folded filters and bias, and the call of
-    ``fold_bn_cpu`` filling them."""
-    n_out = w.shape[0]
-    wf = buffers("bn_fold:w", w.shape, dtype)
-    bf = buffers("bn_fold:b", (n_out,), dtype)
-    w2 = np.ascontiguousarray(w).reshape(n_out, -1)
-    b = w2[0, :0] if b is None else np.ascontiguousarray(b)
-    return wf, bf, [(fold_bn_cpu, (w2, b, *(np.ascontiguousarray(a) for a in (
-        mean, var, weight, bias)), eps, wf.reshape(n_out, -1), bf))]
+def _folded_cuda(x, wf, bf, y, code, conv_params):
+    conv.conv2d_fwd.variants["cuda"](x, wf, bf, y, **conv_params)
+    if code:
+        array_module(x, wf, y).clip(y, 0, 6 if code == 2 else None, out=y)
+
+
+def _folded_calls(buffers, x, wf, bf, y, code, conv_params):
+    require_contiguous("conv2d_bn_eval_fwd", y=y)
+    return conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params) + activation_calls(
+        y, code)
+
+
+def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
+    conv_params, eps, code = _split(params)
+    wf, bf = _fold_xp(np, w, b, mean, var, weight, bias, eps, y.dtype)
+    _folded_ref(x, wf, bf, y, code, conv_params)
 
 
 def _bn_eval_calls(buffers, x, w, b, mean, var, weight, bias, y, params):
     """The fold, ``conv2d_fwd``'s ``cpu:winograd`` calls on the folded operands, the
     activation: the calls (:mod:`~hetero_nn.codelets.prepared`)."""
-    require_contiguous("conv2d_bn_eval_fwd", y=y)
     conv_params, eps, code = _split(params)
     wf, bf, calls = fold_calls(buffers, w, b, mean, var, weight, bias, eps, y.dtype)
-    calls += conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
-    if code:  # relu_fwd's or relu6_fwd's kernel, in place
-        flat = y.reshape(-1)
-        calls.append(((_relu_fwd_cpu, _relu6_fwd_cpu)[code - 1], (flat, flat)))
-    return calls
+    return calls + _folded_calls(buffers, x, wf, bf, y, code, conv_params)
 
 
 def _bn_eval_cuda(x, w, b, mean, var, weight, bias, y, **params):
     conv_params, eps, code = _split(params)
-    xp = array_module(x, w, y)
-    wf, bf = _fold_xp(xp, w, b, mean, var, weight, bias, eps, y.dtype)
-    conv.conv2d_fwd.variants["cuda"](x, wf, bf, y, **conv_params)
-    if code:
-        xp.clip(y, 0, 6 if code == 2 else None, out=y)
+    wf, bf = _fold_xp(array_module(x, w, y), w, b, mean, var, weight, bias, eps, y.dtype)
+    _folded_cuda(x, wf, bf, y, code, conv_params)
 
 
 def eval_variants(absent, ref, calls, cuda, doc):
@@ -171,6 +200,66 @@ conv2d_nobias_bn_eval_fwd = Codelet("conv2d_nobias_bn_eval_fwd", modes=(R,) * 6 
                                     variants=_variants(2), flops=_bn_eval_flops)
 """``y = act(bn_eval(conv2d(x, w)))``, folded: operands ``(x, w, mean, var, weight, bias R,
 y W)``."""
+
+
+# --------------------------------------------------------------------------- fold as a task
+
+def _fold_operands(absent, arrays):
+    """``(w, b, mean, var, weight, bias, wf, bf)``, None for the absent ``b``."""
+    return arrays if absent is None else (*arrays[:1], None, *arrays[1:])
+
+
+def _fold_variants(absent):
+    def ref(*arrays, eps=1e-5):
+        *ins, wf, bf = _fold_operands(absent, arrays)
+        wf[...], bf[...] = _fold_xp(np, *ins, eps, wf.dtype)
+
+    @from_calls
+    def cpu(view, *arrays, eps=1e-5):
+        """``fold_bn_cpu`` into the handles ``wf``, ``bf``."""
+        *ins, wf, bf = _fold_operands(absent, arrays)
+        require_contiguous("bn_fold_eval", wf=wf, bf=bf)
+        return [fold_call(*(None if a is None else view(a) for a in ins), eps, wf, bf)]
+
+    def cuda(*arrays, eps=1e-5):
+        *ins, wf, bf = _fold_operands(absent, arrays)
+        wf[...], bf[...] = _fold_xp(array_module(wf), *ins, eps, wf.dtype)
+
+    return {"ref": ref, "cpu": cpu, "cuda": cuda}
+
+
+def folded_variants(ref, calls, cuda, doc):
+    """The ``ref``, ``cpu`` (``calls``, described by ``doc``) and ``cuda`` variants of a
+    convolution on folded operands ``(x, wf, bf, y)``, each given ``(..., activation code,
+    the convolution's parameters)``."""
+    def split(params):
+        conv_params, _, code = _split(params)
+        return code, conv_params
+
+    return {"ref": lambda x, wf, bf, y, **p: ref(x, wf, bf, y, *split(p)),
+            "cpu": conv._gemm_variant(lambda buffers, x, wf, bf, y, p: calls(
+                buffers, x, wf, bf, y, *split(p)), None, doc),
+            "cuda": lambda x, wf, bf, y, **p: cuda(x, wf, bf, y, *split(p))}
+
+
+bn_fold_eval = Codelet("bn_fold_eval", modes=(R,) * 6 + (W, W), variants=_fold_variants(None),
+                       flops=lambda w, *rest, **params: 2.0 * math.prod(w))
+"""``wf, bf`` = the batch norm folded into a convolution's filters and bias (``eps``):
+operands ``(w, b, mean, var, weight, bias R, wf, bf W)``, what ``conv2d_bn_eval_fwd``
+computes inside each task, as a task of its own."""
+
+bn_nobias_fold_eval = Codelet("bn_nobias_fold_eval", modes=(R,) * 5 + (W, W),
+                              variants=_fold_variants(1),
+                              flops=lambda w, *rest, **params: 2.0 * math.prod(w))
+"""The same without the convolution's bias: operands ``(w, mean, var, weight, bias R, wf, bf
+W)``."""
+
+conv2d_folded_fwd = Codelet("conv2d_folded_fwd", modes=(R, R, R, W),
+                            variants=folded_variants(_folded_ref, _folded_calls, _folded_cuda,
+                                                     "The convolution on folded operands."),
+                            flops=_bn_eval_flops)
+"""``y = act(conv2d(x, wf) + bf)`` on ``bn_fold_eval``'s filters and bias: operands ``(x,
+wf, bf R, y W)``; ``conv2d_bn_eval_fwd``'s parameters (``eps`` unused)."""
 
 
 # --------------------------------------------------------------------------- add2_relu

@@ -4,11 +4,14 @@
 Policy:
 
 - ``Conv2d, BatchNorm2d[, ReLU | ReLU6]`` with the batch norm in evaluation mode on its
-  running statistics (``eval()`` and ``track_running_stats``): one
-  ``conv2d_[nobias_]bn_eval_fwd`` task per partition, the batch norm folded into the
-  convolution. In training mode the batch norm needs the batch's statistics, so the
-  layers run unfused. Any convolution (``Conv2d.fusable``); a depthwise one (MobileNet's)
-  as ``conv2d_depthwise_[nobias_]bn_eval_fwd`` (``codelets/depthwise_fused.py``).
+  running statistics (``eval()`` and ``track_running_stats``): the batch norm folded
+  into the convolution. One partition: one ``conv2d_[nobias_]bn_eval_fwd`` task, the
+  fold inside it. Several: one ``bn_[nobias_]fold_eval`` task folds into a temporary
+  that every partition's ``conv2d_folded_fwd`` task reads (the fold once per pass, not
+  per partition; the same bits). In training mode the batch norm needs the batch's
+  statistics, so the layers run unfused. Any convolution (``Conv2d.fusable``); a
+  depthwise one (MobileNet's) as ``conv2d_depthwise_[nobias_]bn_eval_fwd`` or
+  ``conv2d_depthwise_folded_fwd`` (``codelets/depthwise_fused.py``).
 - ``Residual, ReLU`` (ResNet's join), in both modes: the residual's body and shortcut
   as usual, then one ``add2_relu`` task per partition instead of ``add2`` and
   ``relu_fwd``; the backward pass is the ReLU's and the residual's own.
@@ -22,8 +25,11 @@ fused forward keeps no intermediate.
 from __future__ import annotations
 
 from ..codelets.depthwise_fused import (conv2d_depthwise_bn_eval_fwd,
+                                        conv2d_depthwise_folded_fwd,
                                         conv2d_depthwise_nobias_bn_eval_fwd)
-from ..codelets.fused_blocks import add2_relu, conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd
+from ..codelets.fused_blocks import (add2_relu, bn_fold_eval, bn_nobias_fold_eval,
+                                     conv2d_bn_eval_fwd, conv2d_folded_fwd,
+                                     conv2d_nobias_bn_eval_fwd)
 from .activation import ReLU, ReLU6
 from .conv import Conv2d
 from .normalization import BatchNorm2d
@@ -32,8 +38,8 @@ _ACTIVATION = {ReLU: "relu", ReLU6: "relu6"}
 
 
 class ConvBNEval:
-    """``Conv2d``, ``BatchNorm2d`` (evaluation mode) and an optional ``ReLU``/``ReLU6`` as
-    one ``conv2d_[nobias_]bn_eval_fwd`` task per partition."""
+    """``Conv2d``, ``BatchNorm2d`` (evaluation mode) and an optional ``ReLU``/``ReLU6``,
+    the batch norm folded (module docstring)."""
 
     def __init__(self, layers):
         self.layers = layers
@@ -59,12 +65,22 @@ class ConvBNEval:
         w = [p["weight"].handle] + ([p["bias"].handle] if conv.bias else [])
         stats = (bn._buffers["running_mean"].handle, bn._buffers["running_var"].handle,
                  *bn._affine_handles(rt))
-        codelet = ((conv2d_depthwise_bn_eval_fwd, conv2d_depthwise_nobias_bn_eval_fwd)
-                   if conv.depthwise else (conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd))[
-                       0 if conv.bias else 1]
+        kw = dict(conv._kw, activation=self.activation)
+        if len(xs) == 1:  # the fold inside the one task
+            codelet = ((conv2d_depthwise_bn_eval_fwd, conv2d_depthwise_nobias_bn_eval_fwd)
+                       if conv.depthwise else (conv2d_bn_eval_fwd, conv2d_nobias_bn_eval_fwd))[
+                           0 if conv.bias else 1]
+            rt.submit(codelet, xs[0], *w, *stats, ys[0], **kw, eps=bn.eps)
+            return ys
+        name = type(conv).__name__
+        wf = rt.temporary(w[0].shape, conv.dtype, name=f"{name}.folded_w")
+        bf = rt.temporary((w[0].shape[0],), conv.dtype, name=f"{name}.folded_b")
+        rt.submit(bn_fold_eval if conv.bias else bn_nobias_fold_eval, *w, *stats, wf, bf,
+                  eps=bn.eps)
+        codelet = conv2d_depthwise_folded_fwd if conv.depthwise else conv2d_folded_fwd
         for x, y in zip(xs, ys):
-            rt.submit(codelet, x, *w, *stats, y, **conv._kw, eps=bn.eps,
-                      activation=self.activation)
+            rt.submit(codelet, x, wf, bf, y, **kw)
+        rt.release(wf, bf)
         return ys
 
     def backward(self, rt, dys, need_input_grad=True):
