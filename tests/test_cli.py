@@ -275,7 +275,9 @@ def test_ctrl_c_under_the_distributed_executor_prints_one_line(tmp_path, request
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 130, stderr
-    (line,) = stderr.splitlines()
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr  # what else was printed, when a run says more
+    (line,) = lines
     assert line.startswith("hetero-nn: interrupted: stopped at step "), stderr
     assert f"resume with: hetero-nn train --out {out} --resume --devices cpu:1" in line
     assert json.loads((out / "metrics.json").read_text())["status"] == "interrupted"
