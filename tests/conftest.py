@@ -23,6 +23,11 @@ calls (on ``cuda-emu``, or directly on NumPy arrays) runs through the strict CuP
 stand-in (:mod:`hetero_nn.codelets.strict_xp`): an implicit device -> host conversion
 or an unordered accumulation in a variant fails the test that reached it.
 
+Numba's cache, warmed beside the tests: when the session holds convolution tests,
+``tests/warm_kernels.py`` compiles the convolution kernels at ``nice 19`` in a background
+process (the other core, while the first tests run); the tests load what it wrote
+instead of compiling it (its docstring; ``HETERO_NN_WARM=0`` turns it off).
+
 ``--ulp-report FILE`` writes, at the end of the session, the largest distance in
 units in the last place that each named :func:`helpers.assert_ulp` call saw, per
 codelet and dtype (markdown for ``.md``, else JSON): the table of docs/codelets.md.
@@ -31,6 +36,8 @@ codelet and dtype (markdown for ``.md``, else JSON): the table of docs/codelets.
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -69,6 +76,7 @@ def _random_profile(config) -> bool:
 def pytest_configure(config):
     # before the test modules are imported: their @settings inherit the loaded profile
     settings.load_profile("random" if _random_profile(config) else "ci")
+    _start_warming(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the property tests join the slow run
@@ -110,7 +118,43 @@ def pytest_sessionfinish(session):
         path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
+#: Test files whose kernels tests/warm_kernels.py compiles.
+_WARMED = ("test_codelets_conv", "test_codelets_depthwise", "test_bench_conv_options")
+_warming: list = []
+
+
+def _runs_warmed_tests(config) -> bool:
+    """Whether the session's paths hold a test file of ``_WARMED`` (a folder holding one,
+    or the file itself); known before collection, which takes the first 20 s."""
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0])
+        if path.name.startswith(_WARMED) or (
+                path.is_dir() and any(path.rglob(f"{_WARMED[0]}*.py"))):
+            return True
+    return False
+
+
+def _start_warming(config):
+    """Start tests/warm_kernels.py in the background where it pays (module docstring)."""
+    if os.environ.get("HETERO_NN_WARM", "1") == "0" or config.option.collectonly \
+            or not _runs_warmed_tests(config):
+        return
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))
+    _warming.append(subprocess.Popen(
+        [sys.executable, str(here / "warm_kernels.py")], cwd=here.parent,
+        env={**os.environ, "PYTHONPATH": path}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)))
+
+
 def pytest_unconfigure(config):
+    for process in _warming:  # the session ended first: what it wrote stays valid
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
     shutil.rmtree(_CACHE, ignore_errors=True)
 
 

@@ -8,7 +8,9 @@ with a few definitions of CUDA's names (``blockIdx``, ``threadIdx``, ``__shared_
 blocks in turn and the threads of a block concurrently, so a test can compare the
 source's results with the ``ref`` twins. ``-ffp-contract=off`` matches NVRTC's
 ``--fmad=false``; the host's ``exp``/``log``/``pow`` may differ from CUDA's in the
-last bit.
+last bit. The definitions and the C++ headers every kernel needs are compiled once per
+process into a precompiled header (most of a kernel's build was parsing ``<thread>``
+and ``<barrier>``); where ``g++`` cannot use it, it reads the header itself.
 
 :class:`HostCuda` stands where ``cupy`` would: its ``RawKernel`` compiles and runs a
 kernel, every other attribute is NumPy's.
@@ -84,19 +86,35 @@ def _signature(source: str, name: str):
     return out
 
 
+_FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-pthread"]
+_prelude: list = []  # the folder of prelude.h and its precompiled prelude.h.gch, once made
+
+
+def _prelude_folder() -> Path:
+    """A folder holding ``prelude.h`` (``_PRELUDE``) and, where g++ made it, its
+    precompiled form, built with the kernels' own flags (g++ uses it only then)."""
+    if not _prelude:
+        folder = Path(tempfile.mkdtemp(prefix="cuda_host-prelude-"))
+        (folder / "prelude.h").write_text(_PRELUDE)
+        subprocess.run([CXX, *_FLAGS, "-x", "c++-header", "-o", str(folder / "prelude.h.gch"),
+                        str(folder / "prelude.h")], capture_output=True, timeout=120)
+        _prelude.append(folder)
+    return _prelude[0]
+
+
 def _library(kernel):
     key = hashlib.sha1(kernel.source.encode()).hexdigest()
     if key not in _cache:
         sig = _signature(kernel.source, kernel.name)
-        text = (_PRELUDE + kernel.source + _RUN.format(
+        text = ('#include "prelude.h"\n' + kernel.source + _RUN.format(
             params=", ".join(decl for _, decl in sig), name=kernel.name,
             threaded=int("__syncthreads" in kernel.source),
             args=", ".join(f"a{i}" for i in range(len(sig)))))
         folder = Path(tempfile.mkdtemp(prefix="cuda_host-"))
         (folder / "k.cpp").write_text(text)
-        subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math",
-                        "-shared", "-fPIC", "-pthread", "-o", str(folder / "k.so"),
-                        str(folder / "k.cpp")], check=True, capture_output=True, timeout=120)
+        subprocess.run([CXX, *_FLAGS, "-shared", "-I", str(_prelude_folder()),
+                        "-o", str(folder / "k.so"), str(folder / "k.cpp")],
+                       check=True, capture_output=True, timeout=120)
         lib = ctypes.CDLL(str(folder / "k.so"))
         lib.run_grid.argtypes = [ctypes.c_longlong, ctypes.c_longlong] + [k for k, _ in sig]
         _cache[key] = (lib, sig)
