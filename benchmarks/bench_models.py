@@ -161,6 +161,8 @@ def bench_model(name, batch, args):
     """One row per configuration: images per second (median over rounds) and the ratio
     to PyTorch eager."""
     import torch
+    if args.compile:  # each model and batch compiles afresh: Dynamo's recompile limit (8 a
+        torch._dynamo.reset()  # function) is otherwise reached by the 5th, which runs eager
     source, shape, x, y = problem(name, batch)
     configs = {}
     for mode in ("train", "infer"):
