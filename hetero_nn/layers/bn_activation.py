@@ -6,8 +6,9 @@ norm's tasks with ``bn_act_fwd`` instead of ``bn_fwd`` (and no activation task),
 the backward pass ``bn_act_bwd_sums`` and ``bn_act_bwd_input`` on the activation's output
 gradient instead of the activation's backward task, ``bn_bwd_sums`` and ``bn_bwd_input``.
 The batch norm's output before the activation is never stored. The same bits as the two
-layers unfused; a one-partition batch runs the chain (a sum over one partition is ``0 +
-partial``: the bits of ``bn_train_fwd``'s one task). In evaluation mode a convolution
+layers unfused. A one-partition batch runs the two layers unfused: ``bn_train_fwd`` /
+``bn_train_bwd`` (one task each, issue 29's launch counts) and the activation's task,
+where the fused chain would be nine tasks. In evaluation mode a convolution
 before folds the batch norm (``fused_blocks.ConvBNEval``), and a batch norm alone runs
 unfused. A fused run owns no parameters (``state_dict`` is the same fused or not).
 """
@@ -37,9 +38,15 @@ class BNActivation:
                      and window[0].training and type(window[1]) in _ACTIVATION) else 0
 
     def forward(self, rt, xs):
+        self._unfused = len(xs) == 1
+        if self._unfused:
+            return self.layers[1].forward(rt, self.bn.forward(rt, xs))
         return self.bn.forward(rt, xs, activation=self.activation)
 
     def backward(self, rt, dys, need_input_grad=True):
+        if self._unfused:
+            return self.bn.backward(rt, self.layers[1].backward(rt, dys),
+                                    need_input_grad=need_input_grad)
         return self.bn.backward(rt, dys, need_input_grad=need_input_grad,
                                 activation=self.activation)
 
