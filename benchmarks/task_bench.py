@@ -60,7 +60,10 @@ the first below; the smallest granularity measured when it never drops).
 Each replayed point's line (and its ``--json`` row, ``serial``) says how many of its timed
 replays the engine ran on one thread, measured faster there than one thread per worker
 (:mod:`~hetero_nn.scheduler.engine.contention`; efficiency is then at most ``1 / C``).
-Prints METG per pattern and system and the ratio dask / replayed; ``--json``
+Each point's line ends with every timed round's wall in ms (``walls`` in ``--json``); a
+replayed round's is followed by ``p`` or ``s`` (parallel or serial), ``Nz`` when ``N`` of its
+waits fell asleep (``CompiledSegment.wait_stats``) and ``!`` when the replay compiled its
+segments again (a rebinding). Prints METG per pattern and system and the ratio dask / replayed; ``--json``
 writes every point; ``--plot`` the efficiency curves (a PNG, one panel per
 pattern). Take no figure on a loaded machine. Example (about 10 minutes on 2
 cores)::
@@ -279,10 +282,17 @@ class HeteroGrid:
 
     def run_replayed(self):
         self.next_epoch()
+        mode = self.next_mode()
+        before = list(self.graph._compiled.segments or ())
         t0 = time.perf_counter()
         self.graph.replay()
         elapsed = time.perf_counter() - t0
         self.rt.trace(clear=True)
+        from hetero_nn.scheduler.engine.dispatch import SLEPT
+        segments = self.graph._compiled.segments
+        slept = sum(int(seg.wait_stats[:, SLEPT].sum()) for seg in segments)
+        self.note = ("s" if mode == "serial" else "p") + \
+            (f"{slept}z" if slept else "") + ("!" if segments != before else "")
         return elapsed
 
     def check(self):
@@ -388,6 +398,7 @@ def bench_pattern(pattern, args, rt, peak, log):
         if auto is not None:  # untimed, as set_iterations: the new value bound, then planned
             auto.run_auto(iterations)
         times = {s: [] for s in args.systems}
+        notes = {s: [] for s in args.systems}  # each round's wall (ms), and how it ran
         serial = 0  # timed replays the engine ran on one thread (engine/contention.py)
         early = 0  # timed auto runs replayed while submitted (engine/early.py)
         for r in range(args.rounds + 1):  # round 0 warms up (not kept)
@@ -412,19 +423,22 @@ def bench_pattern(pattern, args, rt, peak, log):
                     wall = run_dask(tasks, args.width, args.steps, iterations, r + 1)
                 if r:
                     times[system].append(wall)
+                    notes[system].append(f"{1e3 * wall:.2f}" + (
+                        hetero.note if system == "replayed" else ""))
         for system, walls in times.items():
             wall = statistics.median(walls)
             granularity = wall * args.width / n
             efficiency = n * iterations * peak / (wall * args.width)
             rows.append({"pattern": pattern, "system": system, "iterations": iterations,
-                         "tasks": n, "wall": wall, "granularity": granularity,
+                         "tasks": n, "wall": wall, "walls": walls, "granularity": granularity,
                          "efficiency": efficiency,
                          **({"serial": serial} if system == "replayed" else {}),
                          **({"early": early} if system == "auto" else {})})
             log(f"  {pattern:<11} {system:<9} iterations {iterations:>7}  "
                 f"{1e6 * granularity:10.2f} us/task  efficiency {100 * efficiency:6.1f}%"
                 + (f"  ({serial} of {len(walls)} serial)" if system == "replayed" else "")
-                + (f"  ({early} of {len(walls)} early)" if system == "auto" else ""))
+                + (f"  ({early} of {len(walls)} early)" if system == "auto" else "")
+                + f"  rounds {' '.join(notes[system])}")
     return rows
 
 

@@ -160,6 +160,21 @@ class Contention:
             return "serial" if self.mode == "parallel" else "parallel"
         return self.mode
 
+    def cutoff(self) -> float | None:
+        """Seconds the next replay may take before it has lost: a try of parallel against
+        serial cannot win once it took :data:`WIN` of the wall it must beat, so it is cut
+        there (module docstring); None for any other replay."""
+        if self.mode != "serial" or self.next_mode() != "parallel":
+            return None
+        mine = min(self.walls["serial"][-RECENT:], default=None)
+        return None if mine is None else WIN * mine
+
+    def lost(self) -> None:
+        """A try of parallel was cut at :meth:`cutoff`: lost, its wall not kept (serial
+        ran part of it)."""
+        self.probe = min(2 * self.probe, MAX_PROBE)
+        self.countdown = self.probe
+
     def observe(self, mode, wall, task_seconds) -> None:
         """A replay in ``mode`` took ``wall`` seconds; its tasks ran ``task_seconds``."""
         walls = self.walls[mode]

@@ -95,7 +95,7 @@ from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
 from .cores import CoreBinding
 from .contention import QuickHandoffs
-from .dispatch import set_abort
+from .dispatch import CUT, now_ns, set_abort
 from .segment import CompiledSegment, explore, replan
 from ..executors.stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
@@ -392,8 +392,16 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run(seg.jobs(shares, epoch), seg, epoch, rt.wait_timeout)
-    end_segment(rt, seg, epoch, base, t_submit, shares, results, _perf() - t_submit, threads)
+    limit = None if mode == "serial" or contention is None else contention.cutoff()
+    budget = 0 if limit is None else int(limit * 1e9)
+    cut = (now_ns() + budget, budget) if budget else (0, 0)
+    results = threads.run(seg.jobs(shares, epoch, cut), seg, epoch, rt.wait_timeout)
+    cut = seg.abort[0] == CUT and not any(results)
+    if cut:  # a try of parallel lost already: the tasks left run here (contention.py)
+        seg.abort[0] = 0
+        results = threads.run(seg.jobs([seg.serial_share()], epoch), seg, epoch, rt.wait_timeout)
+    end_segment(rt, seg, epoch, base, t_submit, shares, results, _perf() - t_submit, threads,
+                cut=cut)
 
 
 def begin_segment(rt, seg, base=None) -> int:
@@ -407,14 +415,17 @@ def begin_segment(rt, seg, base=None) -> int:
             rt._ids = itertools.count(base + n)
     seg.times[:] = 0
     seg.abort[0] = 0
+    seg.wait_stats[:] = 0
     return base
 
 
-def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, stopped=False):
+def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, stopped=False,
+                cut=False):
     """After a segment's shares returned ``results``: the flush ended (records, the
     performance model's samples), the first failure raised, the mode's wall observed
     (``wall`` None: an early replay's, which times no mode; ``stopped``: one stopped
-    midway, :mod:`~.early`: its records kept, nothing measured or raised)."""
+    midway, :mod:`~.early`: its records kept, nothing measured or raised; ``cut``: a
+    try of parallel stopped at its cutoff and finished on one thread, a lost try)."""
     n = len(seg.tasks)
     mode = "parallel" if shares is seg.shares else "serial"
     contention = seg.contention
@@ -459,7 +470,10 @@ def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, 
                         task_id=task_id)
         raise err from exc
     if contention is not None and wall is not None:
-        contention.observe(mode, wall, float(durations.sum()) * 1e-9)
+        if cut:
+            contention.lost()
+        else:
+            contention.observe(mode, wall, float(durations.sum()) * 1e-9)
         threads.mode = contention.mode
 
 
