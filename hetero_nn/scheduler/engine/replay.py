@@ -392,7 +392,8 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    limit = None if mode == "serial" or contention is None else contention.cutoff()
+    limit = None if mode == "serial" or contention is None or not rt.study.cut_tries \
+        else contention.cutoff()
     budget = 0 if limit is None else int(limit * 1e9)
     cut = (now_ns() + budget, budget) if budget else (0, 0)
     results = threads.run(seg.jobs(shares, epoch, cut), seg, epoch, rt.wait_timeout)
