@@ -139,11 +139,13 @@ class Contention:
         self.slow = 0  # parallel replays in a row slower than one thread would be
         self.beaten = None  # after a try won: the wall it beat (the next replay must too)
         self.lost_probe = FIRST_PROBE  # the probe before that win, doubled if not confirmed
+        self.cuts = 0  # tries of parallel cut at their cutoff (lost)
 
     def __repr__(self):
         medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
                    if w}
-        return f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe})"
+        return (f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe}, "
+                f"cuts={self.cuts})")
 
     def restart(self) -> None:
         """The segment's tasks changed cost (a step parameter's new value): forget the
@@ -174,6 +176,7 @@ class Contention:
         ran part of it)."""
         self.probe = min(2 * self.probe, MAX_PROBE)
         self.countdown = self.probe
+        self.cuts += 1
 
     def observe(self, mode, wall, task_seconds) -> None:
         """A replay in ``mode`` took ``wall`` seconds; its tasks ran ``task_seconds``."""

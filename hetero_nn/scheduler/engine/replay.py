@@ -189,6 +189,8 @@ class EngineThreads:
         self.mode = "parallel"  # the mode the last replayed segment chose (contention.py)
         self.early = None  # the early replay under way (early.py)
         self._spare = None  # (queue, thread) that runs an early replay's first share
+        self._claims = threading.Lock()  # who starts a job first: its thread, or _cancel
+        self._started = None  # (claimed, finished) of the last start()
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -222,6 +224,8 @@ class EngineThreads:
                 results[0] = jobs[0]()
             except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
                 interrupt = exc
+            if seg is not None and seg.abort[0] == CUT:  # a try cut: what has not started
+                self._cancel()  # never will (the caller runs it), and is not waited for
             return self.join(results, finished, len(jobs) - 1, seg, epoch, timeout, interrupt)
         finally:
             if bound:
@@ -233,9 +237,14 @@ class EngineThreads:
         ``(results, finished)`` for :meth:`join`."""
         results = [None] * len(jobs)
         finished = threading.Semaphore(0)
+        claimed = [i < first for i in range(len(jobs))]  # started or cancelled (_claims)
 
         def wrap(i, job):
             def run():
+                with self._claims:
+                    if claimed[i]:
+                        return  # cancelled before it started: released for it already
+                    claimed[i] = True
                 try:
                     results[i] = job()
                 except BaseException as exc:  # noqa: BLE001 - never lose an engine thread
@@ -253,7 +262,19 @@ class EngineThreads:
             self._spare[0].put(wrap(0, jobs[0]))
         for i in range(1, len(jobs)):
             self._queues[i - 1].put(wrap(i, jobs[i]))
+        self._started = (claimed, finished)
         return results, finished
+
+    def _cancel(self) -> None:
+        """The jobs of the last :meth:`start` that no thread has begun are dropped, their
+        ends released for them: a cut try's (the caller runs their tasks) need not wait
+        until a thread whose core is taken gets it back only to return."""
+        claimed, finished = self._started
+        with self._claims:
+            for i, started in enumerate(claimed):
+                if not started:
+                    claimed[i] = True
+                    finished.release()
 
     def join(self, results, finished, left, seg=None, epoch=0, timeout=None, interrupt=None):
         """Wait for ``left`` jobs handed over by :meth:`start` (:meth:`run`'s rules)."""
