@@ -4,6 +4,7 @@ faster than its workers' threads, with the same bits, and tries the other mode a
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -197,3 +198,23 @@ def test_a_losing_try_of_parallel_is_cut_and_finished_on_one_thread_with_the_sam
             assert c.mode == "serial" and c.probe == 2 * FIRST_PROBE
             assert len(rt.trace().records) == len(seg.tasks)  # every task ran once
     within(60, scenario)
+
+
+def test_a_cut_try_drops_the_shares_no_thread_has_started_and_does_not_wait_for_them():
+    from hetero_nn.scheduler.engine.replay import EngineThreads
+
+    def scenario():
+        threads = EngineThreads(1, quick_handoffs=False, bind_threads=False)
+        busy, ran = threading.Event(), []
+        try:
+            threads._queues[0].put(busy.wait)  # the thread is held: the next job waits
+            results, finished = threads.start([None, lambda: ran.append(1)], 1)
+            threads._cancel()
+            assert threads.join(results, finished, 1) == [None, None]  # not waited for
+            busy.set()
+            started, _ = threads.start([None, lambda: ran.append(2) or "done"], 1)
+            assert threads.join(started, _, 1)[1] == "done" and ran == [2]  # dropped, not run
+        finally:
+            busy.set()
+            threads.close()
+    within(30, scenario)
