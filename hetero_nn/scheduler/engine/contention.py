@@ -37,6 +37,18 @@ try, four replays later. So a win is kept only if the next replay in the new mod
 beats the wall the try beat; else the mode goes back at once, the period doubled as
 after a loss.
 
+A try costs: beside a busy loop pinned to one core a parallel replay took up to ten
+times a serial one, so each try of parallel was the largest replay of its run (30-50 ms
+among 4-5 ms ones). A try of parallel against serial is therefore *cut* once it cannot
+win (:meth:`Contention.cutoff`: :data:`WIN` of serial's best recent wall): the calling
+thread's share stops the replay (``abort`` set to :data:`~.dispatch.CUT`) when one of
+its waits passes that time; the engine jobs no thread has started yet are dropped rather than waited for
+(their thread may be the one without a core), and the calling thread runs every task
+not yet run in the serial order (:func:`serial_order`; the loop skips tasks already
+ended). Same kernels on the same replicas in an order the dependencies allow: the same
+bits. The try is lost (:meth:`Contention.lost`), its wall not kept (part of it ran
+serially). ``StudyOptions(cut_tries=False)`` runs every try to its end.
+
 The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
 each share's thread coming back from the compiled loop, the calling thread collecting
 the results). Beside a thread that holds the lock (pure Python in a loop: an event
@@ -77,7 +89,7 @@ State
 ``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
 replay; ``probe``, ``countdown``: replays between tries of the other mode; ``beaten``,
 ``lost_probe``: after a try won, the wall it beat and the period before (the next
-replay confirms the win or undoes it). The
+replay confirms the win or undoes it); ``cuts``: tries cut. The
 watchdog's ``running``: per segment whose calling thread's share runs, its replay's
 epoch, deadline, last progress (a task ended), tasks ended, and whether it was reported.
 """

@@ -39,6 +39,19 @@ process runs there, the OpenMP runtimes' "passive wait" case) stops spinning at 
 spin only delays the thread it waits for. Where the whole replay loses to one thread, the
 engine runs it on one (:mod:`~hetero_nn.scheduler.engine.contention`).
 
+Each wait that does not find its counter set at once is counted in its share's row of
+``stats`` (:data:`STATS`: waits, how many ended spinning and their spin time, cut short
+because the core was lost, ended yielding, slept, futex calls, time asleep, the longest):
+what a stalled replay's report prints (:func:`~hetero_nn.scheduler.executors.stalls.engine_state`)
+and how a slow replay is told apart (a sleep of milliseconds is a partner without a core;
+many sleeps of tens of microseconds would be hand-offs the spin missed).
+
+A try of the other mode (:mod:`~hetero_nn.scheduler.engine.contention`) gives the calling
+thread's share a ``cutoff_ns``: a wait of that share past it sets ``abort`` to :data:`CUT`
+and returns ``ABORTED``; the other shares stop as after a failure, and the caller
+finishes the replay on one thread. (Not earlier from the share's pace: the first tasks
+carry the engine threads' wake-up, so a projection from them cut tries that would win.)
+
 Where the spinner and the thread it waits for share one core (the operating system put
 them there: :mod:`~hetero_nn.scheduler.engine.cores` binds a replay's threads to cores
 of their own where it can), the other thread runs only when the spinner gives the core
@@ -91,7 +104,6 @@ YIELD_ROUNDS = 4         # while spinning, a sched_yield every this many rounds 
 #                          pause hints (about 7 us on the 2-core machine)
 ABORTED = -1
 CUT = 3                  # ``abort`` of a try stopped at its cutoff (contention.py): no failure
-CUT_LOOK = 16            # a try's pace looked at every this many tasks of the calling share
 GATE_SPIN_NS = 2_000     # spin on the gate before sleeping (the submitter takes microseconds
 #                          a task: a longer spin would take its core)
 GATE_BATCH = 64          # submissions a sleeper on the gate waits for (one wake-up each)
@@ -262,20 +274,13 @@ def now_ns():
 @njit(nogil=True, cache=True)
 def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
                  notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns, gate,
-                 stats, cutoff_ns=0, budget_ns=0):
+                 stats, cutoff_ns=0):
     """Run the share from position ``k0``; see the module docstring for the result. With a
-    ``budget_ns`` (a try, :mod:`~.contention`): cut (:data:`CUT`) at ``cutoff_ns``, or once
-    its pace so far would pass it (looked at every :data:`CUT_LOOK` tasks from an eighth
-    of the share)."""
+    ``cutoff_ns`` (a try, :mod:`~.contention`): cut (:data:`CUT`) by a wait past it."""
     n = order.shape[0]
-    start_ns = cutoff_ns - budget_ns
     for k in range(k0, n):
         t = order[k]
         if atomic_load(abort, 0) != 0:  # another share failed: the rest is cancelled
-            return ABORTED
-        if budget_ns != 0 and k % CUT_LOOK == 0 and 8 * k >= n and \
-                (monotonic_ns() - start_ns) * n > budget_ns * k:
-            cut(abort)
             return ABORTED
         if times[t, 1] != 0:  # run already (an early replay's one-thread start)
             continue

@@ -415,9 +415,8 @@ def _run_segment(rt, seg, epoch, threads):
         seg.run_copies()
     limit = None if mode == "serial" or contention is None or not rt.study.cut_tries \
         else contention.cutoff()
-    budget = 0 if limit is None else int(limit * 1e9)
-    cut = (now_ns() + budget, budget) if budget else (0, 0)
-    results = threads.run(seg.jobs(shares, epoch, cut), seg, epoch, rt.wait_timeout)
+    cut_ns = 0 if limit is None else now_ns() + int(limit * 1e9)
+    results = threads.run(seg.jobs(shares, epoch, cut_ns), seg, epoch, rt.wait_timeout)
     cut = seg.abort[0] == CUT and not any(results)
     if cut:  # a try of parallel lost already: the tasks left run here (contention.py)
         seg.abort[0] = 0

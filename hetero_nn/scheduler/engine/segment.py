@@ -47,7 +47,8 @@ bound), ``runs`` (``bound + moves``, by counter index), ``worker_of`` (per unit)
 ``share_tasks`` (per worker), ``shares``, ``waits_of`` / ``notify_of`` (per counter),
 ``choices`` (tasks whose variant the model chooses), ``roots`` (the replicas bound,
 checked by :meth:`CompiledSegment.moved` before each replay), the run arrays ``done``,
-``times``, ``sleepers``, ``abort``, ``bytes_in`` (``planned_bytes``: each planned
+``times``, ``sleepers``, ``abort``, ``wait_stats`` (per share, its waits this replay:
+:data:`~.dispatch.STATS`), ``bytes_in`` (``planned_bytes``: each planned
 copy's, at its first reader), and ``groups`` (the performance model's keys and their
 tasks).
 """
@@ -208,19 +209,19 @@ class CompiledSegment:
                                  [False] * n)
         return self._serial
 
-    def jobs(self, shares, epoch, cut=(0, 0)):
+    def jobs(self, shares, epoch, cut_ns=0):
         """The calls that run ``shares`` at replay ``epoch``, for ``EngineThreads.run``:
         the first on the calling thread, under the :data:`~.contention.WATCHDOG` (a CPU
         worker's share, where the runtime has a deadline), each other on an engine thread.
-        ``cut``: ``(cutoff ns, budget ns)`` of a try, where the first share stops it once
-        it has lost (:data:`~.dispatch.CUT`; zeros: none)."""
+        ``cut_ns``: a try's cutoff, where the first share's waits stop it once it has lost
+        (:data:`~.dispatch.CUT`; 0: none)."""
         self.running = shares  # what executors.stalls.engine_state reports
         jobs = [lambda s=s: self.run(s, epoch) for s in shares]
         first = shares[0]
-        jobs[0] = lambda: self.run(first, epoch, cut=cut)
+        jobs[0] = lambda: self.run(first, epoch, cut_ns=cut_ns)
         if first.worker.stream is None and self.rt.wait_timeout is not None:
             jobs[0] = lambda: WATCHDOG.watch(self, epoch,
-                                             lambda: self.run(first, epoch, cut=cut))
+                                             lambda: self.run(first, epoch, cut_ns=cut_ns))
         return jobs
 
     def run_stream_share(self, share, epoch):
@@ -270,7 +271,7 @@ class CompiledSegment:
                 x = b.transfer
                 copied(x.src, x.dst, x.nbytes, t0 * 1e-9 + offset, t1 * 1e-9 + offset)
 
-    def run(self, share, epoch, gate=OPEN, cut=(0, 0)):
+    def run(self, share, epoch, gate=OPEN, cut_ns=0):
         """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
         through the compiled loop (``gate``: an early replay's, :mod:`~.early`). Returns
         None, or ``(task index, exception)`` (``(None, exception)`` when the engine itself
@@ -278,18 +279,18 @@ class CompiledSegment:
         try:
             if share.worker.stream is not None:
                 return self.run_stream_share(share, epoch)
-            return self.run_share(share, epoch, gate, cut)
+            return self.run_share(share, epoch, gate, cut_ns)
         except BaseException as exc:  # noqa: BLE001 - the engine's own fault, not a task's
             set_abort(self.abort, self.done, self.notify_tasks)
             if isinstance(exc, KeyboardInterrupt):
                 raise  # the other shares stop; EngineThreads.run waits for them
             return None, exc
 
-    def run_share(self, share, epoch, gate=OPEN, cut=(0, 0)):
+    def run_share(self, share, epoch, gate=OPEN, cut_ns=0):
         """Run a CPU worker's share; returns None, or ``(task index, exception)``. Behind a
         ``gate`` its waits have no deadline (a program's pause while it submits is no
-        stall): the early replay's join has it (:mod:`~.early`). ``cut``: a try's cutoff
-        and budget (:func:`~.dispatch.run_compiled`; the caller finishes a cut replay)."""
+        stall): the early replay's join has it (:mod:`~.early`). ``cut_ns``: a try's
+        cutoff (:func:`~.dispatch.run_compiled`; the caller finishes a cut replay)."""
         n = len(share.order)
         k = 0
         done, times, sleepers, abort = self.done, self.times, self.sleepers, self.abort
@@ -298,7 +299,7 @@ class CompiledSegment:
             r = run_compiled(k, share.order, share.python, share.entry_start, share.trampolines,
                              share.blocks, share.wait_start, share.waits, share.notify, done,
                              times, epoch, sleepers, abort, self.spin_ns, deadline, gate,
-                             self.wait_stats[share.row], cut[0], cut[1])
+                             self.wait_stats[share.row], cut_ns)
             if r == n:
                 return None
             if r == ABORTED:
