@@ -47,7 +47,8 @@ its waits passes that time; the engine jobs no thread has started yet are droppe
 not yet run in the serial order (:func:`serial_order`; the loop skips tasks already
 ended). Same kernels on the same replicas in an order the dependencies allow: the same
 bits. The try is lost (:meth:`Contention.lost`), its wall not kept (part of it ran
-serially). ``StudyOptions(cut_tries=False)`` runs every try to its end.
+serially); its trace records name each task's own worker, also for the tasks the calling
+thread finished. ``StudyOptions(cut_tries=False)`` runs every try to its end.
 
 The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
 each share's thread coming back from the compiled loop, the calling thread collecting
