@@ -181,7 +181,7 @@ def _stencil(rt, steps):
 def test_a_losing_try_of_parallel_is_cut_and_finished_on_one_thread_with_the_same_bits():
     def scenario():
         with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
-            graph, root, want = _stencil(rt, 64)
+            graph, root, want = _stencil(rt, 24)
             graph.replay()
             graph.replay()  # placed, then re-planned: kept from here
             seg = graph._compiled.segments[0]
