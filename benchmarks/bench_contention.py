@@ -13,6 +13,11 @@ load (``uptime``) beside any figure: other processes take cores from it. Example
 
     python benchmarks/bench_contention.py --replays 30 --pin
     python benchmarks/bench_contention.py --replays 30 --dask-worker --no-neighbour
+    python benchmarks/bench_contention.py --replays 30 --pin --ab-cut 2
+
+``--ab-cut R`` runs each row ``R`` times with ``StudyOptions(cut_tries=False)`` and ``True``
+in turn: a try of parallel beside the neighbour, cut once it cannot win, against one run
+to its end (the ``max``).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ import hetero_nn as hn  # noqa: E402
 from task_bench import HeteroGrid, grid  # noqa: E402
 
 
-def replay_times(devices, tasks, width, steps, iterations, replays):
+def replay_times(devices, tasks, width, steps, iterations, replays, cut_tries=True):
     """Median and all wall times of ``replays`` replays (after 3 not timed)."""
-    with hn.Runtime(devices=devices, perfmodel=False) as rt:
+    with hn.Runtime(devices=devices, perfmodel=False,
+                    study=hn.StudyOptions(cut_tries=cut_tries)) as rt:
         g = HeteroGrid(rt, tasks, width, steps)
         g.capture(iterations)
         for _ in range(3):
@@ -95,6 +101,9 @@ def main(argv=None):
                         help="also replay inside a distributed worker process (a rank)")
     parser.add_argument("--no-neighbour", action="store_true",
                         help="leave out the rows beside a busy loop")
+    parser.add_argument("--ab-cut", type=int, default=0, metavar="ROUNDS",
+                        help="each row this many times with StudyOptions(cut_tries=False) "
+                             "and True in turn (the before/after of cut tries)")
     args = parser.parse_args(argv)
     if args.dask_first:
         import dask.threaded
@@ -109,11 +118,16 @@ def main(argv=None):
         try:
             time.sleep(0.2 if busy else 0)
             for devices in args.devices:
-                median, walls, mode = replay_times(devices, tasks, args.width, args.steps,
-                                                   args.iterations, args.replays)
-                print(f"  {'beside a busy loop' if busy else 'alone':<19} {devices}: median "
-                      f"{1e3 * median:8.2f} ms (min {1e3 * min(walls):.2f}, max "
-                      f"{1e3 * max(walls):.2f})" + (f"  [{mode}]" if mode else ""))
+                for r in range(max(1, args.ab_cut)):
+                    for cut in (False, True) if args.ab_cut else (True,):
+                        median, walls, mode = replay_times(devices, tasks, args.width,
+                                                           args.steps, args.iterations,
+                                                           args.replays, cut)
+                        ab = f" cut_tries={cut!s:<5} round {r + 1}" if args.ab_cut else ""
+                        print(f"  {'beside a busy loop' if busy else 'alone':<19} {devices}"
+                              f"{ab}: median {1e3 * median:8.2f} ms (min "
+                              f"{1e3 * min(walls):.2f}, max {1e3 * max(walls):.2f})"
+                              + (f"  [{mode}]" if mode else ""))
         finally:
             if proc is not None:
                 proc.kill()

@@ -60,6 +60,11 @@ the first below; the smallest granularity measured when it never drops).
 Each replayed point's line (and its ``--json`` row, ``serial``) says how many of its timed
 replays the engine ran on one thread, measured faster there than one thread per worker
 (:mod:`~hetero_nn.scheduler.engine.contention`; efficiency is then at most ``1 / C``).
+Each point's line ends with every timed round's wall in ms (``walls`` in ``--json``); a
+replayed round's is followed by ``p`` or ``s`` (parallel or serial), ``Nz`` when ``N`` of its
+waits fell asleep (``CompiledSegment.wait_stats``), ``!`` when the replay compiled its
+segments again (a rebinding), ``c`` when it was a try of parallel cut once it could not
+win (:mod:`~hetero_nn.scheduler.engine.contention`) and ``gX`` when the garbage collector ran ``X`` ms inside it.
 Prints METG per pattern and system and the ratio dask / replayed; ``--json``
 writes every point; ``--plot`` the efficiency curves (a PNG, one panel per
 pattern). Take no figure on a loaded machine. Example (about 10 minutes on 2
@@ -72,6 +77,7 @@ cores)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -155,6 +161,25 @@ def compute(iterations):
 
 
 _KERNELS: dict = {}
+
+
+class Collections:
+    """Seconds the garbage collector has run in this process (``gc.callbacks``)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._start = None
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+
+COLLECTIONS = Collections()
 
 
 def kernel(k):
@@ -279,10 +304,23 @@ class HeteroGrid:
 
     def run_replayed(self):
         self.next_epoch()
+        mode = self.next_mode()
+        before = list(self.graph._compiled.segments or ())
+        cuts = sum(seg.contention.cuts for seg in before if seg.contention is not None)
+        collected = COLLECTIONS.seconds
         t0 = time.perf_counter()
         self.graph.replay()
         elapsed = time.perf_counter() - t0
+        collected = COLLECTIONS.seconds - collected
         self.rt.trace(clear=True)
+        from hetero_nn.scheduler.engine.dispatch import SLEPT
+        segments = self.graph._compiled.segments
+        slept = sum(int(seg.wait_stats[:, SLEPT].sum()) for seg in segments)
+        self.note = ("s" if mode == "serial" else "p") + \
+            (f"{slept}z" if slept else "") + ("!" if segments != before else "") + \
+            ("c" if cuts < sum(seg.contention.cuts for seg in segments
+                               if seg.contention is not None) else "") + \
+            (f"g{1e3 * collected:.1f}" if collected else "")
         return elapsed
 
     def check(self):
@@ -388,6 +426,7 @@ def bench_pattern(pattern, args, rt, peak, log):
         if auto is not None:  # untimed, as set_iterations: the new value bound, then planned
             auto.run_auto(iterations)
         times = {s: [] for s in args.systems}
+        notes = {s: [] for s in args.systems}  # each round's wall (ms), and how it ran
         serial = 0  # timed replays the engine ran on one thread (engine/contention.py)
         early = 0  # timed auto runs replayed while submitted (engine/early.py)
         for r in range(args.rounds + 1):  # round 0 warms up (not kept)
@@ -412,19 +451,22 @@ def bench_pattern(pattern, args, rt, peak, log):
                     wall = run_dask(tasks, args.width, args.steps, iterations, r + 1)
                 if r:
                     times[system].append(wall)
+                    notes[system].append(f"{1e3 * wall:.2f}" + (
+                        hetero.note if system == "replayed" else ""))
         for system, walls in times.items():
             wall = statistics.median(walls)
             granularity = wall * args.width / n
             efficiency = n * iterations * peak / (wall * args.width)
             rows.append({"pattern": pattern, "system": system, "iterations": iterations,
-                         "tasks": n, "wall": wall, "granularity": granularity,
+                         "tasks": n, "wall": wall, "walls": walls, "granularity": granularity,
                          "efficiency": efficiency,
                          **({"serial": serial} if system == "replayed" else {}),
                          **({"early": early} if system == "auto" else {})})
             log(f"  {pattern:<11} {system:<9} iterations {iterations:>7}  "
                 f"{1e6 * granularity:10.2f} us/task  efficiency {100 * efficiency:6.1f}%"
                 + (f"  ({serial} of {len(walls)} serial)" if system == "replayed" else "")
-                + (f"  ({early} of {len(walls)} early)" if system == "auto" else ""))
+                + (f"  ({early} of {len(walls)} early)" if system == "auto" else "")
+                + f"  rounds {' '.join(notes[system])}")
     return rows
 
 
@@ -487,6 +529,9 @@ def main(argv=None):
     parser.add_argument("--no-gil-handoff", action="store_true",
                         help="StudyOptions(gil_handoff=False): the switch interval left as "
                              "it is during replays (the A/B of issue 34)")
+    parser.add_argument("--no-cut-tries", action="store_true",
+                        help="StudyOptions(cut_tries=False): every try of the other mode runs "
+                             "to its end (the before of engine/contention.py's cut)")
     parser.add_argument("--json", help="write every point here")
     parser.add_argument("--plot", help="write the efficiency curves here (PNG)")
     args = parser.parse_args(argv)
@@ -500,7 +545,8 @@ def main(argv=None):
     rt = rt_auto = None
     if {"submitted", "replayed", "auto"} & set(args.systems):
         import hetero_nn as hn
-        study = hn.StudyOptions(gil_handoff=not args.no_gil_handoff)
+        study = hn.StudyOptions(gil_handoff=not args.no_gil_handoff,
+                                cut_tries=not args.no_cut_tries)
         if {"submitted", "replayed"} & set(args.systems):
             rt = hn.Runtime(devices=f"cpu:{args.width}", study=study, auto_capture=False)
         if "auto" in args.systems:

@@ -4,13 +4,15 @@ faster than its workers' threads, with the same bits, and tries the other mode a
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 import hetero_nn as hn
-from hetero_nn.scheduler.engine.contention import (FIRST_PROBE, REPLAY_SWITCH_INTERVAL, Contention,
-                                                   QuickHandoffs, serial_order)
+from hetero_nn.scheduler.engine.contention import (FIRST_PROBE, REPLAY_SWITCH_INTERVAL, WIN,
+                                                   Contention, QuickHandoffs, serial_order)
+from hetero_nn.scheduler.engine.dispatch import SLEPT, SPUN, WAITS, YIELDED
 from helpers import within
 from test_replay_engine import CODELETS, _captured
 from test_runtime_property import programs, run_reference
@@ -142,3 +144,81 @@ def test_replays_lower_the_switch_interval_until_close_then_restore_the_programs
         assert abs(sys.getswitchinterval() - 0.002) < 1e-6
     finally:
         sys.setswitchinterval(saved)
+
+
+def test_a_try_of_parallel_has_a_cutoff_only_against_a_measured_serial_wall():
+    c = Contention("serial")
+    assert c.cutoff() is None  # nothing measured to beat
+    for _ in range(FIRST_PROBE):
+        assert c.cutoff() is None  # serial replays: no try
+        c.observe("serial", 0.010, 0.010)
+    assert c.next_mode() == "parallel" and abs(c.cutoff() - WIN * 0.010) < 1e-12
+    c.lost()  # cut there: lost, its wall not kept
+    assert c.mode == "serial" and c.probe == c.countdown == 2 * FIRST_PROBE
+    assert c.walls["parallel"] == [] and Contention().cutoff() is None
+
+
+def _stencil(rt, steps):
+    """A 2-wide stencil of Python tasks on ``cpu:2``: each cell reads both of the step
+    before, so the calling thread's share waits on the other worker at every step."""
+    cl = hn.Codelet("cut_stencil", modes=(hn.W, hn.R, hn.R), variants={
+        "ref": lambda out, a, b: np.copyto(out, 0.5 * a + 0.25 * b + 1.0)})
+    data = np.zeros((2 * (steps + 1), 3))  # cell (t, i) is row 2 t + i
+    data[:2] = np.arange(6.0).reshape(2, 3)
+    root = rt.register(data, name="cells")
+    cells = [row.split(0, 2) for row in root.split(0, steps + 1)]
+    with rt.capture() as graph:
+        for t in range(1, steps + 1):
+            for i in range(2):
+                rt.submit(cl, cells[t][i], cells[t - 1][i], cells[t - 1][1 - i])
+    want = data.copy().reshape(steps + 1, 2, 3)
+    for t in range(1, steps + 1):
+        for i in range(2):
+            want[t, i] = 0.5 * want[t - 1, i] + 0.25 * want[t - 1, 1 - i] + 1.0
+    return graph, root, want.reshape(data.shape)
+
+
+def test_a_losing_try_of_parallel_is_cut_and_finished_on_one_thread_with_the_same_bits():
+    def scenario():
+        with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+            graph, root, want = _stencil(rt, 24)
+            graph.replay()
+            graph.replay()  # placed, then re-planned: kept from here
+            seg = graph._compiled.segments[0]
+            c = seg.contention
+            assert c is not None and len(seg.shares[0].waits) > 0
+            stats = seg.wait_stats[0]
+            assert stats[WAITS] == stats[SPUN] + stats[YIELDED] + stats[SLEPT]
+            for _ in range(5):  # (cut by a wait of the calling thread's share: it waits
+                #                  on the other worker at once, all but surely)
+                c.mode, c.walls["serial"], c.countdown = "serial", [1e-6], 0  # 0.9 us to win
+                c.probe, parallel = FIRST_PROBE, list(c.walls["parallel"])
+                rt.trace(clear=True)
+                graph.replay()
+                np.testing.assert_array_equal(rt.fetch(root), want)
+                assert len(rt.trace().records) == len(seg.tasks)  # every task ran once
+                if c.cuts:
+                    break
+            assert c.cuts == 1 and c.walls["parallel"] == parallel  # lost, no wall kept
+            assert c.mode == "serial" and c.probe == 2 * FIRST_PROBE
+    within(60, scenario)
+
+
+def test_a_cut_try_drops_the_shares_no_thread_has_started_and_does_not_wait_for_them():
+    from hetero_nn.scheduler.engine.replay import EngineThreads
+
+    def scenario():
+        threads = EngineThreads(1, quick_handoffs=False, bind_threads=False)
+        busy, ran = threading.Event(), []
+        try:
+            threads._queues[0].put(busy.wait)  # the thread is held: the next job waits
+            results, finished = threads.start([None, lambda: ran.append(1)], 1)
+            threads._cancel()
+            assert threads.join(results, finished, 1) == [None, None]  # not waited for
+            busy.set()
+            started, _ = threads.start([None, lambda: ran.append(2) or "done"], 1)
+            assert threads.join(started, _, 1)[1] == "done" and ran == [2]  # dropped, not run
+        finally:
+            busy.set()
+            threads.close()
+    within(30, scenario)

@@ -171,6 +171,7 @@ def test_a_hung_share_stops_the_replay_with_the_engine_state(independent):
             assert "replay engine state" in text and "cpu1: 0/1 done, running task" in text
             if not independent:
                 assert "cpu0: 0/1 done, next task" in text and "waits on task" in text
+                assert "(waits: 0 spun, 0 yielded, 1 slept" in text  # wait_stats: asleep
             assert rt._engine.broken
             GATE.set()
             deadline = time.monotonic() + BOUND

@@ -34,11 +34,14 @@ class StudyOptions:
     ``bind_threads``: a parallel replay binds each of its threads to a core of its own
     where they are no more than the cores, as StarPU binds its workers (False: the
     operating system places them; :mod:`~hetero_nn.scheduler.engine.cores`).
+    ``cut_tries``: a replay that tries one thread per worker against one thread for all
+    is stopped once it cannot win, and its tasks left run on the calling thread (False:
+    every try runs to its end; :mod:`~hetero_nn.scheduler.engine.contention`).
 
     >>> options = StudyOptions(overlap=False).with_keywords(arenas=False, replay_engine=None)
     >>> options  # doctest: +NORMALIZE_WHITESPACE
     StudyOptions(overlap=False, arenas=False, replay_engine='compiled', fuse_chains=True,
-    gil_handoff=True, bind_threads=True)
+    gil_handoff=True, bind_threads=True, cut_tries=True)
     """
 
     overlap: bool = True
@@ -47,6 +50,7 @@ class StudyOptions:
     fuse_chains: bool = True
     gil_handoff: bool = True
     bind_threads: bool = True
+    cut_tries: bool = True
 
     def __post_init__(self):
         if self.replay_engine not in REPLAY_ENGINES:

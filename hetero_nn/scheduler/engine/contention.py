@@ -37,6 +37,19 @@ try, four replays later. So a win is kept only if the next replay in the new mod
 beats the wall the try beat; else the mode goes back at once, the period doubled as
 after a loss.
 
+A try costs: beside a busy loop pinned to one core a parallel replay took up to ten
+times a serial one, so each try of parallel was the largest replay of its run (30-50 ms
+among 4-5 ms ones). A try of parallel against serial is therefore *cut* once it cannot
+win (:meth:`Contention.cutoff`: :data:`WIN` of serial's best recent wall): the calling
+thread's share stops the replay (``abort`` set to :data:`~.dispatch.CUT`) when one of
+its waits passes that time; the engine jobs no thread has started yet are dropped rather than waited for
+(their thread may be the one without a core), and the calling thread runs every task
+not yet run in the serial order (:func:`serial_order`; the loop skips tasks already
+ended). Same kernels on the same replicas in an order the dependencies allow: the same
+bits. The try is lost (:meth:`Contention.lost`), its wall not kept (part of it ran
+serially); its trace records name each task's own worker, also for the tasks the calling
+thread finished. ``StudyOptions(cut_tries=False)`` runs every try to its end.
+
 The interpreter lock: a replay takes it a few times (an engine thread picking up its share,
 each share's thread coming back from the compiled loop, the calling thread collecting
 the results). Beside a thread that holds the lock (pure Python in a loop: an event
@@ -77,7 +90,7 @@ State
 ``walls``: per mode, the last :data:`KEEP` wall times; ``mode``: the mode of the next
 replay; ``probe``, ``countdown``: replays between tries of the other mode; ``beaten``,
 ``lost_probe``: after a try won, the wall it beat and the period before (the next
-replay confirms the win or undoes it). The
+replay confirms the win or undoes it); ``cuts``: tries cut. The
 watchdog's ``running``: per segment whose calling thread's share runs, its replay's
 epoch, deadline, last progress (a task ended), tasks ended, and whether it was reported.
 """
@@ -139,11 +152,13 @@ class Contention:
         self.slow = 0  # parallel replays in a row slower than one thread would be
         self.beaten = None  # after a try won: the wall it beat (the next replay must too)
         self.lost_probe = FIRST_PROBE  # the probe before that win, doubled if not confirmed
+        self.cuts = 0  # tries of parallel cut at their cutoff (lost)
 
     def __repr__(self):
         medians = {m: f"{1e3 * statistics.median(w):.2f} ms" for m, w in self.walls.items()
                    if w}
-        return f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe})"
+        return (f"Contention(mode={self.mode!r}, medians={medians}, probe={self.probe}, "
+                f"cuts={self.cuts})")
 
     def restart(self) -> None:
         """The segment's tasks changed cost (a step parameter's new value): forget the
@@ -159,6 +174,22 @@ class Contention:
         if self.countdown <= 0:
             return "serial" if self.mode == "parallel" else "parallel"
         return self.mode
+
+    def cutoff(self) -> float | None:
+        """Seconds the next replay may take before it has lost: a try of parallel against
+        serial cannot win once it took :data:`WIN` of the wall it must beat, so it is cut
+        there (module docstring); None for any other replay."""
+        if self.mode != "serial" or self.next_mode() != "parallel":
+            return None
+        mine = min(self.walls["serial"][-RECENT:], default=None)
+        return None if mine is None else WIN * mine
+
+    def lost(self) -> None:
+        """A try of parallel was cut at :meth:`cutoff`: lost, its wall not kept (serial
+        ran part of it)."""
+        self.probe = min(2 * self.probe, MAX_PROBE)
+        self.countdown = self.probe
+        self.cuts += 1
 
     def observe(self, mode, wall, task_seconds) -> None:
         """A replay in ``mode`` took ``wall`` seconds; its tasks ran ``task_seconds``."""

@@ -39,6 +39,19 @@ process runs there, the OpenMP runtimes' "passive wait" case) stops spinning at 
 spin only delays the thread it waits for. Where the whole replay loses to one thread, the
 engine runs it on one (:mod:`~hetero_nn.scheduler.engine.contention`).
 
+Each wait that does not find its counter set at once is counted in its share's row of
+``stats`` (:data:`STATS`: waits, how many ended spinning and their spin time, cut short
+because the core was lost, ended yielding, slept, futex calls, time asleep, the longest):
+what a stalled replay's report prints (:func:`~hetero_nn.scheduler.executors.stalls.engine_state`)
+and how a slow replay is told apart (a sleep of milliseconds is a partner without a core;
+many sleeps of tens of microseconds would be hand-offs the spin missed).
+
+A try of the other mode (:mod:`~hetero_nn.scheduler.engine.contention`) gives the calling
+thread's share a ``cutoff_ns``: a wait of that share past it sets ``abort`` to :data:`CUT`
+and returns ``ABORTED``; the other shares stop as after a failure, and the caller
+finishes the replay on one thread. (Not earlier from the share's pace: the first tasks
+carry the engine threads' wake-up, so a projection from them cut tries that would win.)
+
 Where the spinner and the thread it waits for share one core (the operating system put
 them there: :mod:`~hetero_nn.scheduler.engine.cores` binds a replay's threads to cores
 of their own where it can), the other thread runs only when the spinner gives the core
@@ -90,9 +103,15 @@ YIELDS = 4               # sched_yield calls between the spin and the sleep
 YIELD_ROUNDS = 4         # while spinning, a sched_yield every this many rounds of 64
 #                          pause hints (about 7 us on the 2-core machine)
 ABORTED = -1
+CUT = 3                  # ``abort`` of a try stopped at its cutoff (contention.py): no failure
 GATE_SPIN_NS = 2_000     # spin on the gate before sleeping (the submitter takes microseconds
 #                          a task: a longer spin would take its core)
 GATE_BATCH = 64          # submissions a sleeper on the gate waits for (one wake-up each)
+# a share's wait counters (a row of ``CompiledSegment.wait_stats``, :func:`wait_done`)
+WAITS, SPUN, SPIN_NS_SUM, PREEMPTED, YIELDED, SLEPT, FUTEX_CALLS, SLEEP_NS_SUM, LONGEST_NS = \
+    range(9)
+STATS = ("waits", "spun", "spin_ns", "preempted", "yielded", "slept", "futex_calls",
+         "sleep_ns", "longest_ns")
 OPEN = np.array([np.iinfo(np.int32).max, 0, 0], dtype=np.int32)  # every task submitted
 
 
@@ -108,20 +127,35 @@ def spin_budget(threads: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
+def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns, stats, cutoff_ns=0):
     """Block until ``done[t] >= epoch``; False if the replay was aborted meanwhile, or if
-    ``timeout_ns`` passed first (then ``abort`` is set to ``TIMED_OUT``)."""
+    ``timeout_ns`` passed first (then ``abort`` is set to ``TIMED_OUT``), or the clock
+    passed ``cutoff_ns`` (when not 0: a losing try, ``abort`` set to :data:`CUT`). Counts
+    the wait in ``stats`` (the share's row, :data:`STATS`), unless it was over before it
+    began."""
+    if atomic_load(done, t) >= epoch:
+        return True
     start = monotonic_ns()
     deadline = start + spin_ns
     last = start
     rounds = 0
+    stats[WAITS] += 1
     while True:  # spin
         for _ in range(64):
             if atomic_load(done, t) >= epoch:
+                now = monotonic_ns()
+                stats[SPUN] += 1
+                stats[SPIN_NS_SUM] += now - start
                 return True
             cpu_pause()
         now = monotonic_ns()
-        if now >= deadline or now - last > PREEMPTED_NS:  # spent, or the core is contended
+        if cutoff_ns != 0 and now >= cutoff_ns:
+            cut(abort)
+            return False
+        if now - last > PREEMPTED_NS:  # the core is contended: spinning only delays
+            stats[PREEMPTED] += 1
+            break
+        if now >= deadline:
             break
         last = now
         rounds += 1
@@ -130,8 +164,11 @@ def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
     for _ in range(YIELDS):  # yield
         cpu_yield()
         if atomic_load(done, t) >= epoch:
+            stats[YIELDED] += 1
             return True
     atomic_add(sleepers, 0, np.int32(1))  # sleep
+    slept = monotonic_ns()
+    stats[SLEPT] += 1
     ok = True
     while True:
         seen = atomic_load(done, t)
@@ -140,14 +177,32 @@ def wait_done(done, t, epoch, sleepers, abort, spin_ns, timeout_ns):
         if atomic_load(abort, 0) != 0:
             ok = False
             break
-        if monotonic_ns() - start >= timeout_ns:
+        now = monotonic_ns()
+        if now - start >= timeout_ns:
             if atomic_load(abort, 0) == 0:
                 atomic_store(abort, 0, np.int32(TIMED_OUT))
             ok = False
             break
-        futex_wait(done, t, seen, WAIT_NS)
+        if cutoff_ns != 0 and now >= cutoff_ns:
+            cut(abort)
+            ok = False
+            break
+        stats[FUTEX_CALLS] += 1
+        futex_wait(done, t, seen, WAIT_NS if cutoff_ns == 0 else
+                   max(1_000, min(WAIT_NS, cutoff_ns - now)))
     atomic_add(sleepers, 0, np.int32(-1))
+    now = monotonic_ns()
+    stats[SLEEP_NS_SUM] += now - slept
+    if now - start > stats[LONGEST_NS]:
+        stats[LONGEST_NS] = now - start
     return ok
+
+
+@njit(nogil=True, cache=True)
+def cut(abort):
+    """Stop a losing try (:data:`CUT`), unless the replay stops for another reason already."""
+    if atomic_load(abort, 0) == 0:
+        atomic_store(abort, 0, np.int32(CUT))
 
 
 @njit(nogil=True, cache=True)
@@ -200,6 +255,12 @@ def publish(done, t, epoch, sleepers):
 def set_abort(abort, done, notify_tasks):
     """Tell every share to stop; wakes the sleepers of the counters in ``notify_tasks``."""
     atomic_store(abort, 0, np.int32(1))
+    wake(done, notify_tasks)
+
+
+@njit(nogil=True, cache=True)
+def wake(done, notify_tasks):
+    """Wake the sleepers of the counters in ``notify_tasks`` (they look at ``abort``)."""
     for t in notify_tasks:
         futex_wake(done, t)
 
@@ -212,8 +273,10 @@ def now_ns():
 
 @njit(nogil=True, cache=True)
 def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start, waits,
-                 notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns, gate):
-    """Run the share from position ``k0``; see the module docstring for the result."""
+                 notify, done, times, epoch, sleepers, abort, spin_ns, timeout_ns, gate,
+                 stats, cutoff_ns=0):
+    """Run the share from position ``k0``; see the module docstring for the result. With a
+    ``cutoff_ns`` (a try, :mod:`~.contention`): cut (:data:`CUT`) by a wait past it."""
     n = order.shape[0]
     for k in range(k0, n):
         t = order[k]
@@ -224,7 +287,8 @@ def run_compiled(k0, order, python, entry_start, trampolines, blocks, wait_start
         if atomic_load(gate, 0) <= t and not wait_gate(gate, t, abort):
             return ABORTED
         for j in range(wait_start[k], wait_start[k + 1]):
-            if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns, timeout_ns):
+            if not wait_done(done, waits[j], epoch, sleepers, abort, spin_ns, timeout_ns,
+                             stats, cutoff_ns):
                 return ABORTED
         if python[k]:
             return k

@@ -95,7 +95,7 @@ from .intrinsics import HAVE_CLOCK, clock_offset
 from ..executors.local import LocalExecutor
 from .cores import CoreBinding
 from .contention import QuickHandoffs
-from .dispatch import set_abort
+from .dispatch import CUT, now_ns, set_abort
 from .segment import CompiledSegment, explore, replan
 from ..executors.stalls import TIMED_OUT, engine_state, stalled
 from ..trace.records import TaskRecord
@@ -189,6 +189,8 @@ class EngineThreads:
         self.mode = "parallel"  # the mode the last replayed segment chose (contention.py)
         self.early = None  # the early replay under way (early.py)
         self._spare = None  # (queue, thread) that runs an early replay's first share
+        self._claims = threading.Lock()  # who starts a job first: its thread, or _cancel
+        self._started = None  # (claimed, finished) of the last start()
         self._queues = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"hetero_nn-replay{i + 1}")
@@ -222,6 +224,8 @@ class EngineThreads:
                 results[0] = jobs[0]()
             except KeyboardInterrupt as exc:  # the segment aborted its shares: wait for them
                 interrupt = exc
+            if seg is not None and seg.abort[0] == CUT:  # a try cut: what has not started
+                self._cancel()  # never will (the caller runs it), and is not waited for
             return self.join(results, finished, len(jobs) - 1, seg, epoch, timeout, interrupt)
         finally:
             if bound:
@@ -233,9 +237,14 @@ class EngineThreads:
         ``(results, finished)`` for :meth:`join`."""
         results = [None] * len(jobs)
         finished = threading.Semaphore(0)
+        claimed = [i < first for i in range(len(jobs))]  # started or cancelled (_claims)
 
         def wrap(i, job):
             def run():
+                with self._claims:
+                    if claimed[i]:
+                        return  # cancelled before it started: released for it already
+                    claimed[i] = True
                 try:
                     results[i] = job()
                 except BaseException as exc:  # noqa: BLE001 - never lose an engine thread
@@ -253,7 +262,19 @@ class EngineThreads:
             self._spare[0].put(wrap(0, jobs[0]))
         for i in range(1, len(jobs)):
             self._queues[i - 1].put(wrap(i, jobs[i]))
+        self._started = (claimed, finished)
         return results, finished
+
+    def _cancel(self) -> None:
+        """The jobs of the last :meth:`start` that no thread has begun are dropped, their
+        ends released for them: a cut try's (the caller runs their tasks) need not wait
+        until a thread whose core is taken gets it back only to return."""
+        claimed, finished = self._started
+        with self._claims:
+            for i, started in enumerate(claimed):
+                if not started:
+                    claimed[i] = True
+                    finished.release()
 
     def join(self, results, finished, left, seg=None, epoch=0, timeout=None, interrupt=None):
         """Wait for ``left`` jobs handed over by :meth:`start` (:meth:`run`'s rules)."""
@@ -392,8 +413,16 @@ def _run_segment(rt, seg, epoch, threads):
     t_submit = _perf()
     if seg.data is not None:
         seg.run_copies()
-    results = threads.run(seg.jobs(shares, epoch), seg, epoch, rt.wait_timeout)
-    end_segment(rt, seg, epoch, base, t_submit, shares, results, _perf() - t_submit, threads)
+    limit = None if mode == "serial" or contention is None or not rt.study.cut_tries \
+        else contention.cutoff()
+    cut_ns = 0 if limit is None else now_ns() + int(limit * 1e9)
+    results = threads.run(seg.jobs(shares, epoch, cut_ns), seg, epoch, rt.wait_timeout)
+    cut = seg.abort[0] == CUT and not any(results)
+    if cut:  # a try of parallel lost already: the tasks left run here (contention.py)
+        seg.abort[0] = 0
+        results = threads.run(seg.jobs([seg.serial_share()], epoch), seg, epoch, rt.wait_timeout)
+    end_segment(rt, seg, epoch, base, t_submit, shares, results, _perf() - t_submit, threads,
+                cut=cut)
 
 
 def begin_segment(rt, seg, base=None) -> int:
@@ -407,14 +436,17 @@ def begin_segment(rt, seg, base=None) -> int:
             rt._ids = itertools.count(base + n)
     seg.times[:] = 0
     seg.abort[0] = 0
+    seg.wait_stats[:] = 0
     return base
 
 
-def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, stopped=False):
+def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, stopped=False,
+                cut=False):
     """After a segment's shares returned ``results``: the flush ended (records, the
     performance model's samples), the first failure raised, the mode's wall observed
     (``wall`` None: an early replay's, which times no mode; ``stopped``: one stopped
-    midway, :mod:`~.early`: its records kept, nothing measured or raised)."""
+    midway, :mod:`~.early`: its records kept, nothing measured or raised; ``cut``: a
+    try of parallel stopped at its cutoff and finished on one thread, a lost try)."""
     n = len(seg.tasks)
     mode = "parallel" if shares is seg.shares else "serial"
     contention = seg.contention
@@ -459,7 +491,10 @@ def end_segment(rt, seg, epoch, base, t_submit, shares, results, wall, threads, 
                         task_id=task_id)
         raise err from exc
     if contention is not None and wall is not None:
-        contention.observe(mode, wall, float(durations.sum()) * 1e-9)
+        if cut:
+            contention.lost()
+        else:
+            contention.observe(mode, wall, float(durations.sum()) * 1e-9)
         threads.mode = contention.mode
 
 

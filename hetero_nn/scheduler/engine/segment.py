@@ -47,7 +47,8 @@ bound), ``runs`` (``bound + moves``, by counter index), ``worker_of`` (per unit)
 ``share_tasks`` (per worker), ``shares``, ``waits_of`` / ``notify_of`` (per counter),
 ``choices`` (tasks whose variant the model chooses), ``roots`` (the replicas bound,
 checked by :meth:`CompiledSegment.moved` before each replay), the run arrays ``done``,
-``times``, ``sleepers``, ``abort``, ``bytes_in`` (``planned_bytes``: each planned
+``times``, ``sleepers``, ``abort``, ``wait_stats`` (per share, its waits this replay:
+:data:`~.dispatch.STATS`), ``bytes_in`` (``planned_bytes``: each planned
 copy's, at its first reader), and ``groups`` (the performance model's keys and their
 tasks).
 """
@@ -59,8 +60,8 @@ import numpy as np
 from ...codelets.prepared import WorkerBuffers
 from .bound import BoundTransfer, bind_task, bound_roots, model_key, moved_to
 from .data_plan import schedule_transfers
-from .dispatch import (ABORTED, OPEN, now_ns, publish, run_compiled, set_abort, spin_budget,
-                       wait_done)
+from .dispatch import (ABORTED, CUT, OPEN, STATS, now_ns, publish, run_compiled, set_abort,
+                       spin_budget, wait_done, wake)
 from .intrinsics import clock_offset
 from .contention import WATCHDOG, Contention, serial_order
 from .planning import Planning, better_schedule, schedule_arrays
@@ -73,11 +74,12 @@ from ..variants import EXPLORE_SAMPLES
 class Share:
     """One worker's part of a compiled segment: the arrays of ``run_compiled``."""
 
-    __slots__ = ("worker", "order", "python", "entry_start", "trampolines", "blocks",
+    __slots__ = ("worker", "row", "order", "python", "entry_start", "trampolines", "blocks",
                  "wait_start", "waits", "notify")
 
-    def __init__(self, worker, tasks, bound, waits_of, notify_of):
+    def __init__(self, worker, tasks, bound, waits_of, notify_of, row=0):
         self.worker = worker
+        self.row = row  # its row of the segment's wait_stats
         n = len(tasks)
         self.order = np.array(tasks, dtype=np.int64)
         self.python = np.array([bound[t].calls is None for t in tasks], dtype=np.uint8)
@@ -184,6 +186,7 @@ class CompiledSegment:
             self.planned_bytes[x.first] += x.nbytes
         self.sleepers = np.zeros(1, dtype=np.int32)
         self.abort = np.zeros(1, dtype=np.int32)
+        self.wait_stats = np.zeros((len(workers), len(STATS)), dtype=np.int64)  # per share
         self.groups = _model_groups(self.bound)
         one_thread_serves = len(self.shares) > 1 and not self.multinode and \
             all(w.stream is None for w in workers)
@@ -206,14 +209,19 @@ class CompiledSegment:
                                  [False] * n)
         return self._serial
 
-    def jobs(self, shares, epoch):
+    def jobs(self, shares, epoch, cut_ns=0):
         """The calls that run ``shares`` at replay ``epoch``, for ``EngineThreads.run``:
         the first on the calling thread, under the :data:`~.contention.WATCHDOG` (a CPU
-        worker's share, where the runtime has a deadline), each other on an engine thread."""
+        worker's share, where the runtime has a deadline), each other on an engine thread.
+        ``cut_ns``: a try's cutoff, where the first share's waits stop it once it has lost
+        (:data:`~.dispatch.CUT`; 0: none)."""
         self.running = shares  # what executors.stalls.engine_state reports
         jobs = [lambda s=s: self.run(s, epoch) for s in shares]
-        if shares[0].worker.stream is None and self.rt.wait_timeout is not None:
-            jobs[0] = lambda s=shares[0]: WATCHDOG.watch(self, epoch, lambda: self.run(s, epoch))
+        first = shares[0]
+        jobs[0] = lambda: self.run(first, epoch, cut_ns=cut_ns)
+        if first.worker.stream is None and self.rt.wait_timeout is not None:
+            jobs[0] = lambda: WATCHDOG.watch(self, epoch,
+                                             lambda: self.run(first, epoch, cut_ns=cut_ns))
         return jobs
 
     def run_stream_share(self, share, epoch):
@@ -227,8 +235,8 @@ class CompiledSegment:
         self.layout = None  # what its replays' trace records read (replay.record_layout)
         self._serial = None  # the serial share (contention.py), made when first used
         self.running = None  # the shares of the replay under way (jobs)
-        self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of)
-                       for w, tasks in zip(self.workers, self.share_tasks)]
+        self.shares = [Share(w, tasks, self.runs, self.waits_of, self.notify_of, i)
+                       for i, (w, tasks) in enumerate(zip(self.workers, self.share_tasks))]
 
     @property
     def python_tasks(self) -> int:
@@ -263,7 +271,7 @@ class CompiledSegment:
                 x = b.transfer
                 copied(x.src, x.dst, x.nbytes, t0 * 1e-9 + offset, t1 * 1e-9 + offset)
 
-    def run(self, share, epoch, gate=OPEN):
+    def run(self, share, epoch, gate=OPEN, cut_ns=0):
         """Run one share (any thread): a CUDA worker's on its stream, a CPU worker's
         through the compiled loop (``gate``: an early replay's, :mod:`~.early`). Returns
         None, or ``(task index, exception)`` (``(None, exception)`` when the engine itself
@@ -271,17 +279,18 @@ class CompiledSegment:
         try:
             if share.worker.stream is not None:
                 return self.run_stream_share(share, epoch)
-            return self.run_share(share, epoch, gate)
+            return self.run_share(share, epoch, gate, cut_ns)
         except BaseException as exc:  # noqa: BLE001 - the engine's own fault, not a task's
             set_abort(self.abort, self.done, self.notify_tasks)
             if isinstance(exc, KeyboardInterrupt):
                 raise  # the other shares stop; EngineThreads.run waits for them
             return None, exc
 
-    def run_share(self, share, epoch, gate=OPEN):
+    def run_share(self, share, epoch, gate=OPEN, cut_ns=0):
         """Run a CPU worker's share; returns None, or ``(task index, exception)``. Behind a
         ``gate`` its waits have no deadline (a program's pause while it submits is no
-        stall): the early replay's join has it (:mod:`~.early`)."""
+        stall): the early replay's join has it (:mod:`~.early`). ``cut_ns``: a try's
+        cutoff (:func:`~.dispatch.run_compiled`; the caller finishes a cut replay)."""
         n = len(share.order)
         k = 0
         done, times, sleepers, abort = self.done, self.times, self.sleepers, self.abort
@@ -289,8 +298,13 @@ class CompiledSegment:
         while True:
             r = run_compiled(k, share.order, share.python, share.entry_start, share.trampolines,
                              share.blocks, share.wait_start, share.waits, share.notify, done,
-                             times, epoch, sleepers, abort, self.spin_ns, deadline, gate)
-            if r == n or r == ABORTED:
+                             times, epoch, sleepers, abort, self.spin_ns, deadline, gate,
+                             self.wait_stats[share.row], cut_ns)
+            if r == n:
+                return None
+            if r == ABORTED:
+                if abort[0] == CUT:  # the other shares' sleepers see it now
+                    wake(done, self.notify_tasks)
                 return None
             if r >= 0:  # a Python task, its predecessors done
                 t = int(share.order[r])
@@ -378,7 +392,7 @@ def _run_stream_share(seg, share, epoch):
             t = int(share.order[k])
             for j in range(share.wait_start[k], share.wait_start[k + 1]):
                 if not wait_done(done, share.waits[j], epoch, sleepers, abort, seg.spin_ns,
-                                 seg.timeout_ns):
+                                 seg.timeout_ns, seg.wait_stats[share.row]):
                     return None  # another share failed: its error is the flush's
             try:
                 if t >= seg.n_tasks:  # a planned copy into or out of this device

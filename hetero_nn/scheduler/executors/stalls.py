@@ -86,20 +86,31 @@ def engine_state(seg, epoch) -> str:
         ended = times[order, 1] != 0 if len(order) else np.zeros(0, dtype=bool)
         left = np.flatnonzero(~ended)
         head = f"  {share.worker.name}: {len(order) - len(left)}/{len(order)} done"
+        waited = _waited(getattr(seg, "wait_stats", None), share)
         if not len(left):
-            lines.append(head)
+            lines.append(head + waited)
             continue
         k = int(left[0])
         t = int(order[k])
         if times[t, 0] != 0:
-            lines.append(f"{head}, running {_name(seg, t)}")
+            lines.append(f"{head}, running {_name(seg, t)}{waited}")
             continue
         pending = [int(p) for p in share.waits[share.wait_start[k]:share.wait_start[k + 1]]
                    if done[p] < epoch]
         lines.append(f"{head}, next {_name(seg, t)}"
                      + (f" waits on {', '.join(_name(seg, p) for p in pending)}"
-                        if pending else ""))
+                        if pending else "") + waited)
     return "\n".join(lines)
+
+
+def _waited(stats, share) -> str:
+    """`` (waits: N spun, N slept, ...)``: the share's wait counters this replay
+    (:data:`~hetero_nn.scheduler.engine.dispatch.STATS`), or nothing before it waited."""
+    if stats is None or not stats[share.row, 0]:
+        return ""
+    w, spun, _, preempted, yielded, slept, _, sleep_ns, longest = stats[share.row].tolist()
+    return (f" (waits: {spun} spun, {yielded} yielded, {slept} slept {sleep_ns * 1e-6:.1f} ms"
+            f" in all, {preempted} cut short by a lost core; longest {longest * 1e-6:.1f} ms)")
 
 
 def _name(seg, t) -> str:
