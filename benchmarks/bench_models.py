@@ -25,7 +25,9 @@ turn), medians:
 Beside each model (``--no-roofline`` leaves it out), per convolution layer: the forward,
 input-gradient and weight-gradient kernels of one partition (batch / G images) on one
 thread with the pinned variant, as GFLOP/s and as a share of one thread's sgemm rate
-measured in the same run (:func:`hetero_nn.cli.roofline.sgemm_rate`); ``hetero-nn trace
+measured again just before each layer (:func:`hetero_nn.cli.roofline.sgemm_rate`: on a
+loaded machine one figure for the whole run made the shares swing 35-108% for the same
+code); ``hetero-nn trace
 RUN --roofline`` gives the same share per codelet of a traced training run. Then the
 step sums of a traced training step (g = the largest ``--granularities``, the largest
 batch, ``--steps`` steps after the warm-up): the convolutions' forward and backward
@@ -213,8 +215,9 @@ def _copy(module):
     return copy.deepcopy(module)
 
 
-def roofline(name, batch, args, rate):
-    """Per convolution of ``name``: its kernels' GFLOP/s on one partition, one thread."""
+def roofline(name, batch, args):
+    """Per convolution of ``name``: its kernels' GFLOP/s on one partition, one thread, and
+    their shares of the sgemm rate measured just before the layer's."""
     from threadpoolctl import threadpool_limits
     build, shape = MODELS[name]
     model = build()
@@ -232,7 +235,8 @@ def roofline(name, batch, args, rate):
             out = conv.conv2d_output_shape(x.shape, w.shape, **params)
             dy = rng.standard_normal(out, dtype=np.float32)
             flops = 2.0 * np.prod(out) * np.prod(w.shape[1:])
-            row = {"model": name, "layer": path, "gflop": flops / 1e9,
+            rate = sgemm_rate(measure=True)  # beside the layer's kernels: the load moves
+            row = {"model": name, "layer": path, "gflop": flops / 1e9, "sgemm_gflops": rate,
                    "shape": f"{x.shape[1]}->{out[1]} "
                    f"{x.shape[2]}x{x.shape[3]} k{w.shape[2]} s{layer.stride[0]}", "images": n}
             for label, codelet, ops in (
@@ -306,11 +310,12 @@ def main(argv=None):
                     print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
                           f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
         if rate is not None:  # beside the model's rows
-            for row in roofline(name, max(args.batches), args, rate):
+            for row in roofline(name, max(args.batches), args):
                 out["roofline"].append(row)
                 print(f"{name:12s} {row['layer']:32s} {row['shape']:24s} " + " ".join(
                     f"{k} {row[k + '_gflops']:5.1f} GF/s {row[k + '_share']:4.0%}"
-                    for k in ("fwd", "bwd_input", "bwd_weight")), flush=True)
+                    for k in ("fwd", "bwd_input", "bwd_weight"))
+                      + f" of sgemm {row['sgemm_gflops']:.1f}", flush=True)
             step_rate = sgemm_rate(measure=True)  # beside the traced step: the load moves
             for row in traced_step_sums(name, max(args.batches), args, step_rate):
                 out["step_sums"].append({**row, "sgemm_gflops": step_rate})
