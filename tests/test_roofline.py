@@ -1,13 +1,16 @@
 """The roofline's FLOP counts and step sums (:mod:`hetero_nn.cli.roofline`): a convolution's
-FLOPs counted by hand against those captured from a model's training step, and the
-convolutions' codelets sorted into the forward and backward sums."""
+FLOPs counted by hand against those captured from a model's training step, the
+convolutions' codelets sorted into the forward and backward sums, and the training
+steps' records told from the validation pass's."""
 
 from __future__ import annotations
 
 import pytest
 
-from hetero_nn.cli.roofline import conv_pass, model_flops, step_sums
+from hetero_nn.cli.roofline import conv_pass, model_flops, step_records, step_sums
 from hetero_nn.layers import Conv2D, Dense, Flatten, ReLU, Sequential
+from hetero_nn.scheduler.trace.records import TaskRecord
+from hetero_nn.scheduler.trace.views import Trace
 
 
 def test_a_convolution_s_flops_counted_by_hand():
@@ -39,3 +42,15 @@ def test_step_sums_add_the_convolutions_by_pass():
     assert (bwd["codelet"], bwd["tasks"], bwd["gflop"]) == ("conv backward", 6, 3.0)
     assert bwd["gflops"] == pytest.approx(15.0) and bwd["share"] == pytest.approx(0.375)
     assert step_sums(rows[3:], rate=40.0) == []
+
+
+def test_the_steps_records_leave_the_validation_pass_out():
+    records = [TaskRecord(i, "conv2d_fwd_nobias", "cpu", "cpu0", "cpu", "host0", 0.0, 0.0,
+                          float(i), i + 0.5) for i in range(5)]
+    trace = Trace(records, ["cpu0"])
+    assert step_records(trace) == (records, "every task of the trace (5)")  # a stream's
+    trace.metadata.update(global_steps=[4, 5], step_tasks=3)  # what train --trace writes
+    assert step_records(trace) == (records[:3], "training steps 4..5 (3 tasks; the "
+                                                "validation pass's 2 left out)")
+    trace.metadata["step_tasks"] = 9  # not this trace's: read whole
+    assert step_records(trace)[0] == records
