@@ -262,7 +262,7 @@ def sums_row(x, e, i, j, r, m0, g0, d0):
 
 @jit
 def _bwd_sums_cpu(x, dy, mean, sum_dy, dotp):
-    n, c, length = x.shape
+    n, c, _ = x.shape
     j = 0
     while j + 2 <= c:  # two channels, four chains
         m0, m1 = np.float64(mean[j]), np.float64(mean[j + 1])
