@@ -25,8 +25,15 @@ turn), medians:
 Beside each model (``--no-roofline`` leaves it out), per convolution layer: the forward,
 input-gradient and weight-gradient kernels of one partition (batch / G images) on one
 thread with the pinned variant, as GFLOP/s and as a share of one thread's sgemm rate
-measured in the same run (:func:`hetero_nn.cli.roofline.sgemm_rate`); ``hetero-nn trace
-RUN --roofline`` gives the same share per codelet of a traced training run.
+measured again just before each layer (:func:`hetero_nn.cli.roofline.sgemm_rate`: on a
+loaded machine one figure for the whole run made the shares swing 35-108% for the same
+code); ``hetero-nn trace
+RUN --roofline`` gives the same share per codelet of a traced training run. Then the
+step sums of a traced training step (g = the largest ``--granularities``, the largest
+batch, ``--steps`` steps after the warm-up): the convolutions' forward and backward
+FLOPs over their kernels' time in the trace, as ``hetero-nn trace RUN --roofline`` sums
+them (:func:`hetero_nn.cli.roofline.step_sums`), against sgemm measured again just
+before the traced step.
 
 Runs in parts (``--models``, ``--batches``), so a long table can be filled a few rows at
 a time on a quiet machine::
@@ -46,7 +53,7 @@ import time
 import numpy as np
 
 import hetero_nn as hn
-from hetero_nn.cli.roofline import sgemm_rate
+from hetero_nn.cli.roofline import model_flops, roofline_rows, sgemm_rate, step_sums
 from hetero_nn.codelets import conv
 from hetero_nn.codelets.pinned import PINNED_VARIANTS
 from hetero_nn.layers import (BatchNorm2D, Conv2D, Dense, Flatten, GlobalAvgPool2D, MaxPool2D,
@@ -208,8 +215,9 @@ def _copy(module):
     return copy.deepcopy(module)
 
 
-def roofline(name, batch, args, rate):
-    """Per convolution of ``name``: its kernels' GFLOP/s on one partition, one thread."""
+def roofline(name, batch, args):
+    """Per convolution of ``name``: its kernels' GFLOP/s on one partition, one thread, and
+    their shares of the sgemm rate measured just before the layer's."""
     from threadpoolctl import threadpool_limits
     build, shape = MODELS[name]
     model = build()
@@ -227,7 +235,8 @@ def roofline(name, batch, args, rate):
             out = conv.conv2d_output_shape(x.shape, w.shape, **params)
             dy = rng.standard_normal(out, dtype=np.float32)
             flops = 2.0 * np.prod(out) * np.prod(w.shape[1:])
-            row = {"model": name, "layer": path, "gflop": flops / 1e9,
+            rate = sgemm_rate(measure=True)  # beside the layer's kernels: the load moves
+            row = {"model": name, "layer": path, "gflop": flops / 1e9, "sgemm_gflops": rate,
                    "shape": f"{x.shape[1]}->{out[1]} "
                    f"{x.shape[2]}x{x.shape[3]} k{w.shape[2]} s{layer.stride[0]}", "images": n}
             for label, codelet, ops in (
@@ -244,6 +253,26 @@ def roofline(name, batch, args, rate):
                 row[f"{label}_share"] = flops / t / 1e9 / rate
             rows.append(row)
     return rows
+
+
+def traced_step_sums(name, batch, args, rate):
+    """The convolutions' step sums (forward, backward) of ``name``'s traced training steps."""
+    source, shape, x, y = problem(name, batch)
+    g = max(args.granularities)
+    flops = model_flops(hn.from_torch(_copy(source), shape, dtype="float32"), None, batch, g,
+                        evaluate=False)
+    cfg = HnConfig(_copy(source), shape, batch, g, args.workers, False)
+    try:
+        for _ in range(max(args.warmup, 2)):  # captured, then replayed
+            cfg.step(x, y)
+        cfg.rt.trace(clear=True)
+        for _ in range(args.steps):
+            cfg.step(x, y)
+        records = cfg.rt.trace(clear=True).records
+    finally:
+        cfg.close()
+    return [{"model": name, "batch": batch, "granularity": g, "steps": args.steps, **row}
+            for row in step_sums(roofline_rows(records, flops, rate), rate)]
 
 
 def main(argv=None):
@@ -264,7 +293,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(args.workers)
-    out = {"uptime": os.getloadavg(), "workers": args.workers, "rows": [], "roofline": []}
+    out = {"uptime": os.getloadavg(), "workers": args.workers, "rows": [], "roofline": [],
+           "step_sums": []}
     rate = None
     if args.roofline or args.roofline_only:
         rate = out["sgemm_gflops_one_thread"] = sgemm_rate(measure=True)
@@ -280,11 +310,19 @@ def main(argv=None):
                     print(f"{name:12s} {batch:4d} {row['config']:24s} {row['ms']:9.1f} ms "
                           f"{row['img_s']:8.1f} img/s {ratio}", flush=True)
         if rate is not None:  # beside the model's rows
-            for row in roofline(name, max(args.batches), args, rate):
+            for row in roofline(name, max(args.batches), args):
                 out["roofline"].append(row)
                 print(f"{name:12s} {row['layer']:32s} {row['shape']:24s} " + " ".join(
                     f"{k} {row[k + '_gflops']:5.1f} GF/s {row[k + '_share']:4.0%}"
-                    for k in ("fwd", "bwd_input", "bwd_weight")), flush=True)
+                    for k in ("fwd", "bwd_input", "bwd_weight"))
+                      + f" of sgemm {row['sgemm_gflops']:.1f}", flush=True)
+            step_rate = sgemm_rate(measure=True)  # beside the traced step: the load moves
+            for row in traced_step_sums(name, max(args.batches), args, step_rate):
+                out["step_sums"].append({**row, "sgemm_gflops": step_rate})
+                print(f"{name:12s} step sum {row['codelet']:13s} batch {row['batch']} "
+                      f"g={row['granularity']}: {row['tasks']} tasks {row['gflop']:.3f} GFLOP "
+                      f"in {1e3 * row['seconds']:.1f} ms {row['gflops']:5.1f} GF/s "
+                      f"{row['share']:4.0%} of sgemm {step_rate:.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,6 +1,6 @@
 """benchmarks/bench_models.py on a run of one step: every configuration gives a row (the
 ratio to PyTorch beside hetero_nn's), and the per-layer roofline a share of the sgemm
-rate for each pass of each convolution."""
+rate for each pass of each convolution, and a traced step's convolution sums."""
 
 import json
 
@@ -22,6 +22,10 @@ def test_rows_and_roofline(tmp_path, capsys):
     assert [r["layer"] for r in doc["roofline"]] == ["0", "3"]  # LeNet-5's two convolutions
     assert all(0 < r[f"{k}_share"] for r in doc["roofline"]
                for k in ("fwd", "bwd_input", "bwd_weight"))
+    # the traced training step's sums: every convolution task of the step, by pass
+    assert [(r["codelet"], r["tasks"]) for r in doc["step_sums"]] == [
+        ("conv forward", 4), ("conv backward", 4)]  # 2 layers x 2 partitions, one step
+    assert all(r["gflop"] > 0 and r["share"] > 0 for r in doc["step_sums"])
     assert "hn train g=2" in capsys.readouterr().out
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from hetero_nn.cli import main
 from hetero_nn.cli.plot import figure, read_run
+from hetero_nn.cli.roofline import codelet_flops, roofline_rows, step_records, step_sums
 from hetero_nn.scheduler.trace.views import Trace
 
 pytest.importorskip("matplotlib")
@@ -55,9 +56,27 @@ def test_from_train_trace_to_every_view(tmp_path, capsys):
     for name in files.values():
         assert f"wrote {name}" in captured.err
     assert main(["trace", str(out), "--roofline"]) == 0  # FLOPs from the run's model
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    printed = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in printed}
     assert "roofline:" in rows and int(rows["conv2d_relu_pool_fwd"][1]) > 0
     assert float(rows["total"][2]) > 0 and rows["total"][-1].endswith("%")
+    assert " ".join(rows["over"]).startswith("over training steps 5..6 (") \
+        and "the validation pass's" in " ".join(rows["over"])
+    # the step sums are the convolutions' rows of the training steps, summed by pass
+    records, _ = step_records(original)
+    assert len(records) == original.metadata["step_tasks"] < len(original)
+    by_name = {r["codelet"]: r for r in roofline_rows(records, codelet_flops(out), 2.0)}
+    sums = {r["codelet"]: r for r in step_sums(list(by_name.values()), 2.0)}
+    backward = [by_name[n] for n in by_name if n.startswith("conv2d_relu_pool_bwd")]
+    assert len(backward) >= 1 and set(sums) == {"conv forward", "conv backward"}
+    for name, parts in (("conv forward", [by_name["conv2d_relu_pool_fwd"]]),
+                        ("conv backward", backward)):
+        for key in ("tasks", "gflop", "seconds"):
+            assert sums[name][key] == pytest.approx(sum(r[key] for r in parts), rel=1e-12)
+        assert sums[name]["share"] == pytest.approx(sums[name]["gflop"]
+                                                    / sums[name]["seconds"] / 2.0)
+    assert [line.split()[:3] for line in printed if line.startswith("conv ")] == [
+        ["conv", p, str(sums[f"conv {p}"]["tasks"])] for p in ("forward", "backward")]
     os.remove(out / "checkpoint.npz")
     os.remove(out / "checkpoint-final.npz")
     assert main(["trace", str(out), "--roofline"]) == 2

@@ -12,6 +12,13 @@ the trace are its trace task count times its mean FLOPs per captured task. Codel
 with no FLOP count (copies, reductions, element-wise work) are left out: they are
 bandwidth-bound, and a roofline of arithmetic says nothing of them.
 
+The step sums (issue 28's goal, "summed over the step") add the rows of the dense
+convolutions' codelets by pass: the forward (``conv2d*_fwd*``, fused ones included) and
+the backward (``conv2d*_bwd*``: input and weight gradients). Depthwise convolutions are
+left out (not GEMM-shaped; their rows stay). A trace ``train --trace`` wrote says how
+many of its records are the training steps' (``step_tasks``): the rows and sums then
+cover those steps, not the validation pass that ends the run.
+
 The reference is sgemm on one thread (a worker runs one task on one core): float32
 products of 512x512 by 512x4096 matrices through NumPy's BLAS, the best of three,
 measured once and stored in the cache directory (``sgemm.json`` under
@@ -39,7 +46,8 @@ from ..snn_models import spiking_loss
 from ..training import Trainer
 from ..training.checkpoint import CHECKPOINT_NAME, FINAL_NAME, read_checkpoint, rebuild_model
 
-__all__ = ["SGEMM_FILE", "codelet_flops", "roofline_rows", "format_roofline", "sgemm_rate"]
+__all__ = ["SGEMM_FILE", "codelet_flops", "conv_pass", "format_roofline", "model_flops",
+           "roofline_rows", "sgemm_rate", "step_records", "step_sums"]
 
 SGEMM_FILE = "sgemm.json"
 _SGEMM_SHAPE = (512, 512, 4096)
@@ -99,14 +107,24 @@ def codelet_flops(folder) -> dict:
         raise ConfigError(f"--roofline: {exc}") from None
     batch = int(ckpt.config.get("batch_size", 64))
     g = min(int(ckpt.config.get("granularity") or 1), batch)
+    loss = spiking_loss(ckpt.config.get("model", {}).get("name"))
+    return model_flops(model, loss, batch, g)
+
+
+def model_flops(model, loss, batch: int, granularity: int, evaluate: bool = True) -> dict:
+    """``{codelet: (tasks, flops)}`` of one training step of ``model`` (and one evaluation
+    batch if ``evaluate``) at ``batch`` images in ``granularity`` partitions, captured
+    without running on a runtime of its own (``loss`` None: the trainer's default)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *model.input_shape)).astype(model.dtype)
     y = rng.integers(0, model.output_shape[-1], batch)
-    loss = spiking_loss(ckpt.config.get("model", {}).get("name"))
     counts = defaultdict(lambda: [0, 0.0])
     with Runtime(devices="cpu:1", trace=False, perfmodel=False) as rt:
-        trainer = Trainer(model, loss, runtime=rt, batch_size=batch, granularity=g)
-        for submit in (lambda: trainer.train_step(x, y), lambda: trainer.evaluate_batch(x, y)):
+        trainer = Trainer(model, loss, runtime=rt, batch_size=batch, granularity=granularity)
+        steps = [lambda: trainer.train_step(x, y)]
+        if evaluate:
+            steps.append(lambda: trainer.evaluate_batch(x, y))
+        for submit in steps:
             step = capture(rt, submit, steps=2)[-1]  # the first binds the model
             for graph in step.graphs:
                 for t in graph:
@@ -116,11 +134,30 @@ def codelet_flops(folder) -> dict:
     return {name: (n, flops) for name, (n, flops) in counts.items()}
 
 
-def roofline_rows(trace, flops: dict, rate: float) -> list[dict]:
-    """Per codelet of ``trace`` with a FLOP count: tasks, GFLOP, seconds, GFLOP/s and the
-    share of ``rate`` (GFLOP/s), most time first; a last row ``"total"``."""
+def conv_pass(codelet: str) -> str | None:
+    """``"forward"`` or ``"backward"`` for a dense convolution's codelet, else None."""
+    if "conv2d" not in codelet or "depthwise" in codelet:
+        return None
+    return "forward" if "_fwd" in codelet else "backward" if "_bwd" in codelet else None
+
+
+def step_records(trace) -> tuple[list, str]:
+    """The training steps' records of ``trace`` and a line saying what they cover: the
+    first ``step_tasks`` records where ``train --trace`` said so, else every record."""
+    n = trace.metadata.get("step_tasks")
+    if not isinstance(n, int) or not 0 < n <= len(trace.records):
+        return list(trace.records), f"every task of the trace ({len(trace.records)})"
+    steps = trace.metadata.get("global_steps") or ["?", "?"]
+    left = len(trace.records) - n
+    return (list(trace.records[:n]), f"training steps {steps[0]}..{steps[1]} ({n} tasks"
+            + (f"; the validation pass's {left} left out)" if left else ")"))
+
+
+def roofline_rows(records, flops: dict, rate: float) -> list[dict]:
+    """Per codelet of ``records`` (task records) with a FLOP count: tasks, GFLOP, seconds,
+    GFLOP/s and the share of ``rate`` (GFLOP/s), most time first; a last row ``"total"``."""
     seconds, tasks = defaultdict(float), defaultdict(int)
-    for r in trace.records:
+    for r in records:
         if r.codelet in flops:
             seconds[r.codelet] += r.duration
             tasks[r.codelet] += 1
@@ -128,24 +165,47 @@ def roofline_rows(trace, flops: dict, rate: float) -> list[dict]:
     for name in sorted(seconds, key=seconds.get, reverse=True):
         n, total = flops[name]
         gflop = tasks[name] * total / n / 1e9
-        rows.append({"codelet": name, "tasks": tasks[name], "gflop": gflop,
-                     "seconds": seconds[name]})
-    total = {"codelet": "total", "tasks": sum(tasks.values()),
-             "gflop": sum(r["gflop"] for r in rows), "seconds": sum(seconds.values())}
-    for row in [*rows, total]:
-        row["gflops"] = row["gflop"] / row["seconds"] if row["seconds"] > 0 else 0.0
-        row["share"] = row["gflops"] / rate
-    return [*rows, total] if rows else []
+        rows.append(_rated({"codelet": name, "tasks": tasks[name], "gflop": gflop,
+                            "seconds": seconds[name]}, rate))
+    return [*rows, _summed("total", rows, rate)] if rows else []
 
 
-def format_roofline(rows, rate: float) -> str:
+def _summed(name, rows, rate) -> dict:
+    return _rated({"codelet": name, "tasks": sum(r["tasks"] for r in rows),
+                   "gflop": sum(r["gflop"] for r in rows),
+                   "seconds": sum(r["seconds"] for r in rows)}, rate)
+
+
+def _rated(row, rate) -> dict:
+    row["gflops"] = row["gflop"] / row["seconds"] if row["seconds"] > 0 else 0.0
+    row["share"] = row["gflops"] / rate
+    return row
+
+
+def step_sums(rows, rate: float) -> list[dict]:
+    """The dense convolutions' rows of :func:`roofline_rows` summed by pass (module
+    docstring): rows ``"conv forward"`` and ``"conv backward"``, where the trace has them."""
+    return [_summed(f"conv {p}", chosen, rate) for p in ("forward", "backward")
+            if (chosen := [r for r in rows if conv_pass(r["codelet"]) == p])]
+
+
+def format_roofline(rows, rate: float, sums=(), covers: str | None = None) -> str:
     lines = [f"roofline: sgemm on one thread {rate:.1f} GFLOP/s "
-             f"({SGEMM_FILE} in the cache directory)",
-             f"{'codelet':36s} {'tasks':>6s} {'GFLOP':>9s} {'seconds':>9s} {'GFLOP/s':>8s} "
-             f"{'of sgemm':>8s}"]
+             f"({SGEMM_FILE} in the cache directory)"]
+    if covers:
+        lines.append(f"over {covers}")
+    lines.append(f"{'codelet':36s} {'tasks':>6s} {'GFLOP':>9s} {'seconds':>9s} {'GFLOP/s':>8s} "
+                 f"{'of sgemm':>8s}")
     for r in rows:
-        lines.append(f"{r['codelet']:36s} {r['tasks']:6d} {r['gflop']:9.3f} {r['seconds']:9.4f} "
-                     f"{r['gflops']:8.1f} {r['share']:8.0%}")
+        lines.append(_line(r))
     if not rows:
         lines.append("(no task of a codelet with a FLOP count in this trace)")
+    if sums:
+        lines.append("step sums of the convolutions (backward: input and weight gradients):")
+        lines += [_line(r) for r in sums]
     return "\n".join(lines)
+
+
+def _line(r) -> str:
+    return (f"{r['codelet']:36s} {r['tasks']:6d} {r['gflop']:9.3f} {r['seconds']:9.4f} "
+            f"{r['gflops']:8.1f} {r['share']:8.0%}")

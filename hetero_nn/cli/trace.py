@@ -16,7 +16,8 @@ This module also owns what ``train --trace`` records (:class:`StepTraces`): the 
 and copy records of the run's last ``--trace-steps`` training steps (and of the
 validation pass that ends the run), written as one Chrome trace whatever way the
 session ends (completed, interrupted, failed), so a resumed run leaves the trace of
-its own steps; the file says which global steps it covers (``global_steps``).
+its own steps; the file says which global steps it covers (``global_steps``) and how
+many of its records are theirs (``step_tasks``: the validation pass's come after).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..scheduler.trace.views import Trace
-from .roofline import codelet_flops, format_roofline, roofline_rows, sgemm_rate
+from .roofline import (codelet_flops, format_roofline, roofline_rows, sgemm_rate,
+                       step_records, step_sums)
 
 __all__ = ["StepTraces", "TRACE_NAME", "add_parser", "command", "describe", "read"]
 
@@ -59,6 +61,7 @@ class StepTraces:
                       transfers=[c for t in parts for c in t.transfers])
         if self.steps:
             trace.metadata["global_steps"] = [self.steps[0][0], self.steps[-1][0]]
+            trace.metadata["step_tasks"] = sum(len(t.records) for _, t in self.steps)
         trace.metadata["validation"] = self.tail is not None
         return trace
 
@@ -86,7 +89,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="write a Chrome trace JSON (ui.perfetto.dev, chrome://tracing)")
     p.add_argument("--roofline", action="store_true",
                    help="print each codelet's GFLOP/s and its share of this machine's sgemm "
-                        "rate on one thread (FLOPs from the run's model, time from the trace)")
+                        "rate on one thread (FLOPs from the run's model, time from the trace), "
+                        "then the convolutions' forward and backward sums over the steps")
     p.add_argument("--window", type=_window, metavar="START:END",
                    help="the Gantt chart shows these milliseconds since the first submit")
     p.add_argument("--title", help="a title line above the Gantt chart")
@@ -159,7 +163,9 @@ def command(args) -> int:
     if args.roofline:
         flops = codelet_flops(folder if folder is not None else Path(args.path).parent)
         rate = sgemm_rate()
-        print(format_roofline(roofline_rows(trace, flops, rate), rate))
+        records, covers = step_records(trace)
+        rows = roofline_rows(records, flops, rate)
+        print(format_roofline(rows, rate, step_sums(rows, rate), covers))
         acted = True
     if args.links:
         print(trace.format_links() if trace.transfers else

@@ -235,21 +235,40 @@ def _fwd_cpu(x, mean, var, weight, bias, y, eps):
                 y[i, j, k] = x[i, j, k] * alpha + beta
 
 
+@jit_inline
+def sums_pair(x, e, i, j, r, m0, m1, g0, g1, d0, d1):
+    """Two channels' ``bn_bwd_sums`` chains over image ``i``: ``x[i, j]`` and ``x[i, j + 1]``
+    against the gradient rows ``e[r]`` and ``e[r + 1]`` (``dy[i]``'s, or the activation's
+    masked gradient); returns ``(g0, g1, d0, d1)``, each element added in row order."""
+    for k in range(x.shape[2]):
+        a = np.float64(e[r, k])
+        b = np.float64(e[r + 1, k])
+        g0 += a
+        d0 += (x[i, j, k] - m0) * a
+        g1 += b
+        d1 += (x[i, j + 1, k] - m1) * b
+    return g0, g1, d0, d1
+
+
+@jit_inline
+def sums_row(x, e, i, j, r, m0, g0, d0):
+    """One channel's chains (:func:`sums_pair`'s, for a last odd channel)."""
+    for k in range(x.shape[2]):
+        a = np.float64(e[r, k])
+        g0 += a
+        d0 += (x[i, j, k] - m0) * a
+    return g0, d0
+
+
 @jit
 def _bwd_sums_cpu(x, dy, mean, sum_dy, dotp):
-    n, c, length = x.shape
+    n, c, _ = x.shape
     j = 0
     while j + 2 <= c:  # two channels, four chains
         m0, m1 = np.float64(mean[j]), np.float64(mean[j + 1])
         g0 = g1 = d0 = d1 = 0.0
         for i in range(n):
-            for k in range(length):
-                e0 = np.float64(dy[i, j, k])
-                e1 = np.float64(dy[i, j + 1, k])
-                g0 += e0
-                d0 += (x[i, j, k] - m0) * e0
-                g1 += e1
-                d1 += (x[i, j + 1, k] - m1) * e1
+            g0, g1, d0, d1 = sums_pair(x, dy[i], i, j, j, m0, m1, g0, g1, d0, d1)
         sum_dy[j] += g0
         dotp[j] += d0
         sum_dy[j + 1] += g1
@@ -260,10 +279,7 @@ def _bwd_sums_cpu(x, dy, mean, sum_dy, dotp):
         acc_g = 0.0
         acc_d = 0.0
         for i in range(n):
-            for k in range(length):
-                g = np.float64(dy[i, j, k])
-                acc_g += g
-                acc_d += (x[i, j, k] - m) * g
+            acc_g, acc_d = sums_row(x, dy[i], i, j, j, m, acc_g, acc_d)
         sum_dy[j] += acc_g
         dotp[j] += acc_d
 

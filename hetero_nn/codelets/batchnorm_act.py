@@ -144,7 +144,7 @@ def _act_bwd_sums_cpu(x, dy, mean, var, weight, bias, sum_dy, dotp, eps, relu6):
     n, c, length = x.shape
     rows = np.empty((2, length), dy.dtype)  # g of one image in two channels
     j = 0
-    while j + 2 <= c:  # two channels, four chains, each in bn_bwd_sums's order
+    while j + 2 <= c:  # two channels, four chains, in bn_bwd_sums's order (its helpers)
         a0, b0 = bn.fold(mean[j], var[j], weight[j], bias[j], eps, x)
         a1, b1 = bn.fold(mean[j + 1], var[j + 1], weight[j + 1], bias[j + 1], eps, x)
         m0, m1 = np.float64(mean[j]), np.float64(mean[j + 1])
@@ -152,12 +152,7 @@ def _act_bwd_sums_cpu(x, dy, mean, var, weight, bias, sum_dy, dotp, eps, relu6):
         for i in range(n):
             _gradient_row(x, dy, i, j, a0, b0, rows[0], relu6)
             _gradient_row(x, dy, i, j + 1, a1, b1, rows[1], relu6)
-            for k in range(length):
-                e0, e1 = np.float64(rows[0, k]), np.float64(rows[1, k])
-                g0 += e0
-                d0 += (x[i, j, k] - m0) * e0
-                g1 += e1
-                d1 += (x[i, j + 1, k] - m1) * e1
+            g0, g1, d0, d1 = bn.sums_pair(x, rows, i, j, 0, m0, m1, g0, g1, d0, d1)
         sum_dy[j] += g0
         dotp[j] += d0
         sum_dy[j + 1] += g1
@@ -170,10 +165,7 @@ def _act_bwd_sums_cpu(x, dy, mean, var, weight, bias, sum_dy, dotp, eps, relu6):
         acc_d = 0.0
         for i in range(n):
             _gradient_row(x, dy, i, j, alpha, beta, rows[0], relu6)
-            for k in range(length):
-                e = np.float64(rows[0, k])
-                acc_g += e
-                acc_d += (x[i, j, k] - m) * e
+            acc_g, acc_d = bn.sums_row(x, rows, i, j, 0, m, acc_g, acc_d)
         sum_dy[j] += acc_g
         dotp[j] += acc_d
 

@@ -38,13 +38,12 @@ class BNActivation:
                      and window[0].training and type(window[1]) in _ACTIVATION) else 0
 
     def forward(self, rt, xs):
-        self._unfused = len(xs) == 1
-        if self._unfused:
+        if len(xs) == 1:  # one partition: unfused (module docstring)
             return self.layers[1].forward(rt, self.bn.forward(rt, xs))
         return self.bn.forward(rt, xs, activation=self.activation)
 
     def backward(self, rt, dys, need_input_grad=True):
-        if self._unfused:
+        if len(dys) == 1:  # as the forward pass chose: the same partitions
             return self.bn.backward(rt, self.layers[1].backward(rt, dys),
                                     need_input_grad=need_input_grad)
         return self.bn.backward(rt, dys, need_input_grad=need_input_grad,
