@@ -113,3 +113,18 @@ def test_granularity_auto_calibrates_with_a_full_bounded_trace():
             decision = trainer.granularity_decision
         assert decision.dispatch_seconds > 0  # measured from the calibration steps' records
         assert len(rt._trace._flushes) == 1  # bounded again, the calibration's last in it
+
+
+def test_a_trace_of_the_runtime_s_tuples_reads_as_one_of_records():
+    """``rt.trace()`` hands the executors' tuples over; the records are made at the first
+    read, equal to those the buffer makes, in the same order, the workers alike."""
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        _flushes(rt, 3, parts=4)
+        made = rt._trace.records()
+        lazy = rt.trace(clear=True)
+        assert len(lazy) == len(made) == 12 and len(rt._trace) == 0
+        assert lazy.workers == ["cpu0", "cpu1"]
+        assert lazy.records == made and all(type(r) is type(made[0]) for r in lazy)
+        mixed = Trace([made[0], tuple(getattr(made[1], f) for f in made[1].__slots__)])
+        assert mixed.records == made[:2] and mixed.workers == sorted({made[0].worker,
+                                                                     made[1].worker})

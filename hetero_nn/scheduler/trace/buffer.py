@@ -35,6 +35,7 @@ import dataclasses
 import json
 import warnings
 from collections import deque
+from itertools import chain
 from pathlib import Path
 
 from ...errors import ConfigError
@@ -116,8 +117,12 @@ class TraceBuffer:
             self.add_flush(records)
         self._transfers.extend(other._transfers)
 
-    def records(self) -> list:
-        """Task records of the flushes kept, oldest first."""
+    def records(self, raw: bool = False) -> list:
+        """Task records of the flushes kept, oldest first (``raw``: as kept, a
+        :class:`TaskRecord` or the tuple of its fields, for a
+        :class:`~hetero_nn.scheduler.trace.Trace` to make records of when read)."""
+        if raw:
+            return list(chain.from_iterable(records for records, _ in self._flushes))
         return [r if type(r) is TaskRecord else TaskRecord(*r)
                 for records, _ in self._flushes for r in records]
 

@@ -92,18 +92,32 @@ class Trace:
 
     def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None,
                  transfers: Iterable[TransferRecord] = (), memory: Iterable[MemoryRecord] = ()):
-        self.records: list[TaskRecord] = list(records)
+        self._records: list = list(records)  # TaskRecords, or tuples of their fields
+        self._raw = any(type(r) is tuple for r in self._records)
         self.transfers: list[TransferRecord] = list(transfers)
         self.memory: list[MemoryRecord] = list(memory)
-        seen = sorted({r.worker for r in self.records}, key=_natural_key)
+        seen = sorted({r[3] if type(r) is tuple else r.worker for r in self._records},
+                      key=_natural_key)
         given = list(dict.fromkeys(workers or ()))
         self.workers: list[str] = given + [w for w in seen if w not in given]
         #: What the file a trace was read from said about it (e.g. the training steps it
         #: covers); written into a Chrome trace by :meth:`to_chrome`'s ``metadata``.
         self.metadata: dict = {}
 
+    @property
+    def records(self) -> list[TaskRecord]:
+        """The task records, in the order given. A runtime's trace hands over the tuples
+        its executors made (:func:`~hetero_nn.scheduler.flush.record_of`): they become
+        :class:`TaskRecord` s here, at the first read, all at once (a program that takes
+        ``rt.trace(clear=True)`` only to empty the buffer makes none)."""
+        if self._raw:
+            self._records = [r if type(r) is TaskRecord else TaskRecord(*r)
+                             for r in self._records]
+            self._raw = False
+        return self._records
+
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self._records)
 
     def __iter__(self) -> Iterator[TaskRecord]:
         return iter(self.records)
