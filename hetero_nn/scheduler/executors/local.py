@@ -488,9 +488,11 @@ class LocalExecutor(StreamedWorkers, Executor):
                 timed, plain = None, False
                 if codelet in variants.pinned[kind]:  # its only candidate: ask no more
                     modes = codelet.modes  # plain: no SCRATCH or REDUX, one host node
-                    calls[codelet] = (variant, call, getattr(call, "timed", None), self._single
-                                      and modes is not None and SCRATCH not in modes
-                                      and REDUX not in modes)
+                    fixed = getattr(call, "fixed", None)  # its trampoline of len(modes) operands
+                    calls[codelet] = (variant, call, getattr(call, "timed", None)
+                                      if modes is None or fixed is None else fixed(len(modes)),
+                                      self._single and modes is not None
+                                      and SCRATCH not in modes and REDUX not in modes)
             task.variant = variant
             if plain:  # Binder.bind on the one host node, inline: the replicas themselves
                 arrays = []
