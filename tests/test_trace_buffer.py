@@ -116,8 +116,9 @@ def test_granularity_auto_calibrates_with_a_full_bounded_trace():
 
 
 def test_a_trace_of_the_runtime_s_tuples_reads_as_one_of_records():
-    """``rt.trace()`` hands the executors' tuples over; the records are made at the first
-    read, equal to those the buffer makes, in the same order, the workers alike."""
+    """``rt.trace()`` hands the flushes' records over as kept (the executors' tuples); the
+    records are made at the first read, equal to those the buffer makes, in the same
+    order, the workers alike."""
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
         _flushes(rt, 3, parts=4)
         made = rt._trace.records()

@@ -35,7 +35,6 @@ import dataclasses
 import json
 import warnings
 from collections import deque
-from itertools import chain
 from pathlib import Path
 
 from ...errors import ConfigError
@@ -117,14 +116,15 @@ class TraceBuffer:
             self.add_flush(records)
         self._transfers.extend(other._transfers)
 
-    def records(self, raw: bool = False) -> list:
-        """Task records of the flushes kept, oldest first (``raw``: as kept, a
-        :class:`TaskRecord` or the tuple of its fields, for a
-        :class:`~hetero_nn.scheduler.trace.Trace` to make records of when read)."""
-        if raw:
-            return list(chain.from_iterable(records for records, _ in self._flushes))
+    def records(self) -> list:
+        """Task records of the flushes kept, oldest first."""
         return [r if type(r) is TaskRecord else TaskRecord(*r)
                 for records, _ in self._flushes for r in records]
+
+    def per_flush(self) -> list:
+        """Per flush kept, oldest first, its task records as kept (for
+        :meth:`Trace.of_flushes <hetero_nn.scheduler.trace.Trace.of_flushes>`)."""
+        return [records for records, _ in self._flushes]
 
     def transfers(self) -> list:
         """Transfer records of the flushes kept, then those since the last flush."""
