@@ -129,3 +129,17 @@ def test_a_trace_of_the_runtime_s_tuples_reads_as_one_of_records():
         mixed = Trace([made[0], tuple(getattr(made[1], f) for f in made[1].__slots__)])
         assert mixed.records == made[:2] and mixed.workers == sorted({made[0].worker,
                                                                      made[1].worker})
+
+
+def test_a_flush_s_records_are_kept_flat_with_no_object_the_collector_walks():
+    """The executors extend one flat list per flush: independent tasks' records hold
+    plain values only (nothing a garbage collection after the flush walks), and read back
+    as the runtime's records, one per task."""
+    import gc
+
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        ids = _flushes(rt, 1, parts=8)[0]
+        (kept,) = rt._trace.per_flush()
+        assert len(kept) == 8 and not any(gc.is_tracked(v) for v in kept.values)
+        assert sorted(r.task_id for r in rt.trace().records) == sorted(ids)
+        assert kept.workers() <= {"cpu0", "cpu1"}

@@ -397,7 +397,7 @@ class LocalExecutor(StreamedWorkers, Executor):
                     state.error = err
                 if self.rt.tracing:  # a success was recorded where it ran
                     failed_task = task.failed if task.members is not None else task
-                    self._records.append(record_of(failed_task))
+                    self._records.extend(record_of(failed_task))
         except BaseException as exc:
             raise _Fault(f"the end of task {task.id} on worker {w.name}") from exc
         if self._finished is not None:
@@ -513,7 +513,7 @@ class LocalExecutor(StreamedWorkers, Executor):
             if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
                 rt._temporaries.plain.finished(task)
             if rt.tracing:
-                self._records.append(record_of(task, self._where[w]))
+                self._records.extend(record_of(task, self._where[w]))
             if rt.perfmodel is not None:
                 try:
                     if pinned:  # Variants.record for a codelet of one variant, inline

@@ -87,9 +87,10 @@ class TraceBuffer:
     def add_flush(self, records: list) -> None:
         """End a flush: ``records`` and the copies since the last one become one unit.
 
-        A record is a :class:`TaskRecord` or the tuple of its fields in order (what the
-        runtime hands over: plain values the garbage collector stops tracking, made a
-        ``TaskRecord`` only when read)."""
+        ``records``: :class:`TaskRecord` s or tuples of their fields in order, or what
+        yields them (what the runtime hands over: a
+        :class:`~hetero_nn.scheduler.trace.records.FlatRecords`, a replay's records),
+        made ``TaskRecord`` s only when read."""
         transfers, self._transfers = self._transfers, []
         if not records and not transfers:
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MemoryRecord", "TaskRecord", "TransferRecord", "dispatch_gaps"]
+__all__ = ["FlatRecords", "MemoryRecord", "TaskRecord", "TransferRecord", "dispatch_gaps"]
 
 
 @dataclass(slots=True)
@@ -58,6 +58,35 @@ class TaskRecord:
     def duration(self) -> float:
         """Seconds the task ran."""
         return self.end - self.start
+
+
+#: Fields of a task record: a :class:`FlatRecords` holds this many values per task.
+TASK_FIELDS = 13
+
+
+class FlatRecords:
+    """One flush's task records as the executors keep them: one flat list, the
+    :data:`TASK_FIELDS` fields of each record in :class:`TaskRecord`'s order, one record
+    after the other (each appended with one ``extend``; read as tuples). The garbage
+    collector tracks the list, not a tuple per record: plain values (and a record's
+    ``deps`` tuple, untracked at the first collection that sees it) cost a collection
+    a pointer test each, where a tuple per task was an object to walk."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values) // TASK_FIELDS
+
+    def __iter__(self):
+        """Each record as the tuple of its fields."""
+        return zip(*[iter(self.values)] * TASK_FIELDS)
+
+    def workers(self) -> set:
+        """The workers its records name (without making them)."""
+        return set(self.values[3::TASK_FIELDS])
 
 
 @dataclass(slots=True)
