@@ -132,9 +132,9 @@ def test_a_trace_of_the_runtime_s_tuples_reads_as_one_of_records():
 
 
 def test_a_flush_s_records_are_kept_flat_with_no_object_the_collector_walks():
-    """The executors extend one flat list per flush: independent tasks' records hold
-    plain values only (nothing a garbage collection after the flush walks), and read back
-    as the runtime's records, one per task."""
+    """The executors extend one flat list per flush: independent tasks' records, and a
+    chain's, hold plain values only (nothing a garbage collection after the flush walks),
+    and read back as the runtime's records, one per task, dependencies as tuples."""
     import gc
 
     with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
@@ -143,3 +143,9 @@ def test_a_flush_s_records_are_kept_flat_with_no_object_the_collector_walks():
         assert len(kept) == 8 and not any(gc.is_tracked(v) for v in kept.values)
         assert sorted(r.task_id for r in rt.trace().records) == sorted(ids)
         assert kept.workers() <= {"cpu0", "cpu1"}
+        h = rt.register(np.ones(4))  # a chain: each record's one dependency kept as its id
+        chain = [rt.submit(SCALE, h, factor=2.0).id for _ in range(3)]
+        rt.wait()
+        kept = rt._trace.per_flush()[-1]
+        assert not any(gc.is_tracked(v) for v in kept.values)
+        assert [r.deps for r in rt.trace().records[-3:]] == [(), (chain[0],), (chain[1],)]

@@ -336,7 +336,8 @@ class Flushes:
 
 def record_of(t, where=None) -> tuple:
     """A task's trace record, as a tuple of :class:`TaskRecord`'s fields in order (made a
-    ``TaskRecord`` when the trace is read): plain values only. The executors extend the
+    ``TaskRecord`` when the trace is read), but ``deps`` of one task given as its id:
+    plain values only, no tuple the garbage collector tracks. The executors extend the
     flush's flat ``records`` with it (:class:`~.trace.records.FlatRecords`), so the tuple
     dies at once and the collector tracks no object per record (a flush's records would
     otherwise make every collection after it longer). ``where``: the worker's ``(name,
@@ -351,8 +352,8 @@ def record_of(t, where=None) -> tuple:
     preds = t.preds
     if not preds:
         ids = ()
-    elif len(preds) == 1:  # a chain's: no map object for one id
-        ids = (preds[0].id,)
+    elif len(preds) == 1:  # a chain's: its id, no tuple (FlatRecords reads it back as one)
+        ids = preds[0].id
     else:
         ids = tuple(map(_task_id, preds))
     return (t.id, t.codelet.name, t.variant or "", *where, t.t_submit, t.t_ready, t.t_start,

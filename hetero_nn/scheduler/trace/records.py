@@ -67,10 +67,11 @@ TASK_FIELDS = 13
 class FlatRecords:
     """One flush's task records as the executors keep them: one flat list, the
     :data:`TASK_FIELDS` fields of each record in :class:`TaskRecord`'s order, one record
-    after the other (each appended with one ``extend``; read as tuples). The garbage
-    collector tracks the list, not a tuple per record: plain values (and a record's
-    ``deps`` tuple, untracked at the first collection that sees it) cost a collection
-    a pointer test each, where a tuple per task was an object to walk."""
+    after the other (each appended with one ``extend``; read as tuples), ``deps`` of one
+    task kept as its id. The garbage collector tracks the list, not a tuple per record:
+    plain values (and a ``deps`` tuple of several ids, untracked at the first collection
+    that sees it) cost a collection a pointer test each, where a tuple per task was an
+    object to walk."""
 
     __slots__ = ("values",)
 
@@ -82,7 +83,10 @@ class FlatRecords:
 
     def __iter__(self):
         """Each record as the tuple of its fields."""
-        return zip(*[iter(self.values)] * TASK_FIELDS)
+        for r in zip(*[iter(self.values)] * TASK_FIELDS):
+            if type(r[11]) is int:  # one dependency, kept as its id
+                r = (*r[:11], (r[11],), r[12])
+            yield r
 
     def workers(self) -> set:
         """The workers its records name (without making them)."""
