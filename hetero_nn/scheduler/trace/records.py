@@ -61,7 +61,8 @@ class TaskRecord:
 
 
 #: Fields of a task record: a :class:`FlatRecords` holds this many values per task.
-TASK_FIELDS = 13
+TASK_FIELDS = len(TaskRecord.__slots__)
+_DEPS = TaskRecord.__slots__.index("deps")
 
 
 class FlatRecords:
@@ -84,8 +85,8 @@ class FlatRecords:
     def __iter__(self):
         """Each record as the tuple of its fields."""
         for r in zip(*[iter(self.values)] * TASK_FIELDS):
-            if type(r[11]) is int:  # one dependency, kept as its id
-                r = (*r[:11], (r[11],), r[12])
+            if type(r[_DEPS]) is int:  # one dependency, kept as its id
+                r = (*r[:_DEPS], (r[_DEPS],), *r[_DEPS + 1:])
             yield r
 
     def workers(self) -> set:
