@@ -92,6 +92,30 @@ def test_the_timed_caller_passes_parameters_in_the_kernels_order():
         call([x], {"scale": 1.0, "offset": 2.0})
 
 
+@numba.njit(nogil=True)
+def _add_into(x, y):
+    x += y
+
+
+ADD_INTO = hn.Codelet("timing_add_into", modes=(hn.RW, hn.R), variants={"cpu": _add_into})
+
+
+def test_a_codelet_without_parameters_runs_through_its_fixed_arity_trampoline():
+    """``fixed(n)`` takes the ``n`` operands as arguments of their own (no ``*args``
+    tuple); the local executor calls it for a pinned codelet's tasks without parameters."""
+    call = timing.caller(_add_into)
+    if timing._kernel_clock() is not None:
+        x, y = np.ones(2), np.full(2, 2.0)
+        assert call.fixed(2) is call.fixed(2)
+        assert call.fixed(2)(x, y) <= time.perf_counter() and x.tolist() == [3.0, 3.0]
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        x, y = rt.register(np.zeros(4)), rt.register(np.arange(4.0))
+        for _ in range(3):
+            rt.submit(ADD_INTO, x, y)
+        assert rt.fetch(x).tolist() == [0.0, 3.0, 6.0, 9.0]
+        assert {r.variant for r in rt.trace().records} == {"cpu"}
+
+
 def _iterate(x, iterations):
     x += iterations
 

@@ -113,3 +113,39 @@ def test_granularity_auto_calibrates_with_a_full_bounded_trace():
             decision = trainer.granularity_decision
         assert decision.dispatch_seconds > 0  # measured from the calibration steps' records
         assert len(rt._trace._flushes) == 1  # bounded again, the calibration's last in it
+
+
+def test_a_trace_of_the_runtime_s_tuples_reads_as_one_of_records():
+    """``rt.trace()`` hands the flushes' records over as kept (the executors' tuples); the
+    records are made at the first read, equal to those the buffer makes, in the same
+    order, the workers alike."""
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        _flushes(rt, 3, parts=4)
+        made = rt._trace.records()
+        lazy = rt.trace(clear=True)
+        assert len(lazy) == len(made) == 12 and len(rt._trace) == 0
+        assert lazy.workers == ["cpu0", "cpu1"]
+        assert lazy.records == made and all(type(r) is type(made[0]) for r in lazy)
+        mixed = Trace([made[0], tuple(getattr(made[1], f) for f in made[1].__slots__)])
+        assert mixed.records == made[:2] and mixed.workers == sorted({made[0].worker,
+                                                                     made[1].worker})
+
+
+def test_a_flush_s_records_are_kept_flat_with_no_object_the_collector_walks():
+    """The executors extend one flat list per flush: independent tasks' records, and a
+    chain's, hold plain values only (nothing a garbage collection after the flush walks),
+    and read back as the runtime's records, one per task, dependencies as tuples."""
+    import gc
+
+    with hn.Runtime(devices="cpu:2", perfmodel=False) as rt:
+        ids = _flushes(rt, 1, parts=8)[0]
+        (kept,) = rt._trace.per_flush()
+        assert len(kept) == 8 and not any(gc.is_tracked(v) for v in kept.values)
+        assert sorted(r.task_id for r in rt.trace().records) == sorted(ids)
+        assert kept.workers() <= {"cpu0", "cpu1"}
+        h = rt.register(np.ones(4))  # a chain: each record's one dependency kept as its id
+        chain = [rt.submit(SCALE, h, factor=2.0).id for _ in range(3)]
+        rt.wait()
+        kept = rt._trace.per_flush()[-1]
+        assert not any(gc.is_tracked(v) for v in kept.values)
+        assert [r.deps for r in rt.trace().records[-3:]] == [(), (chain[0],), (chain[1],)]

@@ -39,8 +39,9 @@ the runtime gives a submitted task to, is then the executor's ``add``; otherwise
 :meth:`Flushes.add`). ``generation``: number of flushes run; temporaries (arena-backed
 handles, REDUX partials) belong to one generation. ``capturing``: the
 :class:`~hetero_nn.scheduler.capture.Graph` being recorded, or None. ``records``: the
-trace records of the flush's tasks, as tuples (the local and sync executors append each as
-its task ends); at the flush's end they go to the runtime's bounded
+trace records of the flush's tasks, flat (each record's fields extend one list,
+:class:`~hetero_nn.scheduler.trace.records.FlatRecords`; the local and sync executors add
+each as its task ends); at the flush's end they go to the runtime's bounded
 :class:`~hetero_nn.scheduler.trace.buffer.TraceBuffer` (``rt._trace``) as one unit.
 ``memory``: per flush run as one DAG, its temporaries' lifetimes (trace memory records),
 as many flushes as the trace buffer keeps. ``collector``: the open flush's share of the garbage
@@ -86,6 +87,7 @@ import threading
 
 from ..errors import TaskError
 from .trace.buffer import TraceBuffer
+from .trace.records import FlatRecords
 
 
 #: The garbage collector's young threshold while a flush is open (CPython's default: 700).
@@ -157,7 +159,7 @@ class Flushes:
         self.streaming = False
         self.generation = 0
         self.capturing = None
-        self.records: list = []  # this flush's trace records (tuples), one list for its life
+        self.records: list = []  # this flush's trace records (flat), one list for its life
         self.memory: deque = deque(maxlen=runtime._trace.flushes)
         self.reordered = False  # a dependency on a task submitted later (add_dependency)
         self.sink = None  # recording without running: takes the closed DAGs (recording)
@@ -312,10 +314,12 @@ class Flushes:
             if not getattr(rt.executor, "records_tasks", False):
                 for t in tasks:
                     if t.members is not None:
-                        records.extend([record_of(m) for m in t.members if m.t_start])
+                        for m in t.members:
+                            if m.t_start:
+                                records.extend(record_of(m))
                     elif t.t_start:  # not cancelled
-                        records.append(record_of(t))
-            rt._trace.add_flush(list(records))
+                        records.extend(record_of(t))
+            rt._trace.add_flush(FlatRecords(records[:]))
             if lifetimes is not None:
                 self.memory.append(lifetimes.memory_records())
         records.clear()  # the same list: executors append to it
@@ -332,10 +336,13 @@ class Flushes:
 
 def record_of(t, where=None) -> tuple:
     """A task's trace record, as a tuple of :class:`TaskRecord`'s fields in order (made a
-    ``TaskRecord`` by :meth:`Runtime.trace`): plain values only, so the garbage collector
-    stops tracking it (a flush's records would otherwise make every full collection
-    longer). ``where``: the worker's ``(name, device, node name)``, where the caller keeps
-    it (the local executor, once per worker: a record per task reads no attribute more)."""
+    ``TaskRecord`` when the trace is read), but ``deps`` of one task given as its id:
+    plain values only, no tuple the garbage collector tracks. The executors extend the
+    flush's flat ``records`` with it (:class:`~.trace.records.FlatRecords`), so the tuple
+    dies at once and the collector tracks no object per record (a flush's records would
+    otherwise make every collection after it longer). ``where``: the worker's ``(name,
+    device, node name)``, where the caller keeps it (the local executor, once per worker:
+    a record per task reads no attribute more)."""
     if where is None:
         w = t.worker
         if w is None or type(w) is str:  # not run, or run by a Dask worker (its name)
@@ -345,8 +352,8 @@ def record_of(t, where=None) -> tuple:
     preds = t.preds
     if not preds:
         ids = ()
-    elif len(preds) == 1:  # a chain's: no map object for one id
-        ids = (preds[0].id,)
+    elif len(preds) == 1:  # a chain's: its id, no tuple (FlatRecords reads it back as one)
+        ids = preds[0].id
     else:
         ids = tuple(map(_task_id, preds))
     return (t.id, t.codelet.name, t.variant or "", *where, t.t_submit, t.t_ready, t.t_start,

@@ -550,6 +550,12 @@ class ReplayRecords:
         """The records it makes: the tasks that ran."""
         return self.count
 
+    def workers(self) -> set:
+        """The workers its records name (without making them)."""
+        rows = self.layout[0]
+        ran = range(len(rows)) if self.count == len(rows) else np.flatnonzero(self.times[:, 0])
+        return {rows[i][2] for i in ran}
+
     def __iter__(self):
         (rows, task_preds), times, base = self.layout, self.times, self.base
         offset = clock_offset()

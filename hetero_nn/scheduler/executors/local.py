@@ -397,7 +397,7 @@ class LocalExecutor(StreamedWorkers, Executor):
                     state.error = err
                 if self.rt.tracing:  # a success was recorded where it ran
                     failed_task = task.failed if task.members is not None else task
-                    self._records.append(record_of(failed_task))
+                    self._records.extend(record_of(failed_task))
         except BaseException as exc:
             raise _Fault(f"the end of task {task.id} on worker {w.name}") from exc
         if self._finished is not None:
@@ -488,9 +488,11 @@ class LocalExecutor(StreamedWorkers, Executor):
                 timed, plain = None, False
                 if codelet in variants.pinned[kind]:  # its only candidate: ask no more
                     modes = codelet.modes  # plain: no SCRATCH or REDUX, one host node
-                    calls[codelet] = (variant, call, getattr(call, "timed", None), self._single
-                                      and modes is not None and SCRATCH not in modes
-                                      and REDUX not in modes)
+                    fixed = getattr(call, "fixed", None)  # its trampoline of len(modes) operands
+                    calls[codelet] = (variant, call, getattr(call, "timed", None)
+                                      if modes is None or fixed is None else fixed(len(modes)),
+                                      self._single and modes is not None
+                                      and SCRATCH not in modes and REDUX not in modes)
             task.variant = variant
             if plain:  # Binder.bind on the one host node, inline: the replicas themselves
                 arrays = []
@@ -511,7 +513,7 @@ class LocalExecutor(StreamedWorkers, Executor):
             if task.frees is not None:  # allocating per task (scheduler/lifetimes.py)
                 rt._temporaries.plain.finished(task)
             if rt.tracing:
-                self._records.append(record_of(task, self._where[w]))
+                self._records.extend(record_of(task, self._where[w]))
             if rt.perfmodel is not None:
                 try:
                     if pinned:  # Variants.record for a codelet of one variant, inline

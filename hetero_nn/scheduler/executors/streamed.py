@@ -80,7 +80,7 @@ class StreamedWorkers:
                     self._variants.record(task, w.kind, w.index)
                     step = "the completion callback"
                 if self.rt.tracing:
-                    self._records.append(record_of(task))
+                    self._records.extend(record_of(task))
         except BaseException as exc:  # noqa: BLE001 - the flush's TaskError
             fault = exc
         if task.callback is not None:

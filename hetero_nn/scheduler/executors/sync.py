@@ -108,7 +108,7 @@ class SyncExecutor(Executor):
                 self.error = err
             if self.rt.tracing:
                 failed = task.failed if task.members is not None else task
-                self.rt._flushes.records.append(record_of(failed))
+                self.rt._flushes.records.extend(record_of(failed))
         task.preds = task.succ = ()  # ran: nothing here keeps the others alive
         task.source = None
 
@@ -149,7 +149,7 @@ class SyncExecutor(Executor):
         else:
             w.busy += task.t_end - task.t_start
             if rt.tracing:
-                rt._flushes.records.append(record_of(task))
+                rt._flushes.records.extend(record_of(task))
             try:
                 rt.record(task, w.kind)
             except BaseException as exc:  # noqa: BLE001 - not the codelet's failure

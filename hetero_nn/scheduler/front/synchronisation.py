@@ -112,8 +112,9 @@ class RuntimeSynchronisation:
     def trace(self, clear: bool = False) -> Trace:
         """The records of executed tasks (see :class:`~hetero_nn.scheduler.trace.Trace`)."""
         memory = self._flushes.memory
-        t = Trace(self._trace.records(), [w.name for w in self.workers],
-                  transfers=self._trace.transfers(), memory=[m for f in memory for m in f])
+        t = Trace.of_flushes(self._trace.per_flush(), [w.name for w in self.workers],
+                             transfers=self._trace.transfers(),
+                             memory=[m for f in memory for m in f])
         t.metadata.update(self._auto.metadata(clear))
         if clear:
             self._trace.clear()

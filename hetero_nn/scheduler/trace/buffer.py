@@ -87,9 +87,10 @@ class TraceBuffer:
     def add_flush(self, records: list) -> None:
         """End a flush: ``records`` and the copies since the last one become one unit.
 
-        A record is a :class:`TaskRecord` or the tuple of its fields in order (what the
-        runtime hands over: plain values the garbage collector stops tracking, made a
-        ``TaskRecord`` only when read)."""
+        ``records``: :class:`TaskRecord` s or tuples of their fields in order, or what
+        yields them (what the runtime hands over: a
+        :class:`~hetero_nn.scheduler.trace.records.FlatRecords`, a replay's records),
+        made ``TaskRecord`` s only when read."""
         transfers, self._transfers = self._transfers, []
         if not records and not transfers:
             return
@@ -120,6 +121,11 @@ class TraceBuffer:
         """Task records of the flushes kept, oldest first."""
         return [r if type(r) is TaskRecord else TaskRecord(*r)
                 for records, _ in self._flushes for r in records]
+
+    def per_flush(self) -> list:
+        """Per flush kept, oldest first, its task records as kept (for
+        :meth:`Trace.of_flushes <hetero_nn.scheduler.trace.Trace.of_flushes>`)."""
+        return [records for records, _ in self._flushes]
 
     def transfers(self) -> list:
         """Transfer records of the flushes kept, then those since the last flush."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MemoryRecord", "TaskRecord", "TransferRecord", "dispatch_gaps"]
+__all__ = ["FlatRecords", "MemoryRecord", "TaskRecord", "TransferRecord", "dispatch_gaps"]
 
 
 @dataclass(slots=True)
@@ -58,6 +58,40 @@ class TaskRecord:
     def duration(self) -> float:
         """Seconds the task ran."""
         return self.end - self.start
+
+
+#: Fields of a task record: a :class:`FlatRecords` holds this many values per task.
+TASK_FIELDS = len(TaskRecord.__slots__)
+_DEPS = TaskRecord.__slots__.index("deps")
+
+
+class FlatRecords:
+    """One flush's task records as the executors keep them: one flat list, the
+    :data:`TASK_FIELDS` fields of each record in :class:`TaskRecord`'s order, one record
+    after the other (each appended with one ``extend``; read as tuples), ``deps`` of one
+    task kept as its id. The garbage collector tracks the list, not a tuple per record:
+    plain values (and a ``deps`` tuple of several ids, untracked at the first collection
+    that sees it) cost a collection a pointer test each, where a tuple per task was an
+    object to walk."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values) // TASK_FIELDS
+
+    def __iter__(self):
+        """Each record as the tuple of its fields."""
+        for r in zip(*[iter(self.values)] * TASK_FIELDS):
+            if type(r[_DEPS]) is int:  # one dependency, kept as its id
+                r = (*r[:_DEPS], (r[_DEPS],), *r[_DEPS + 1:])
+            yield r
+
+    def workers(self) -> set:
+        """The workers its records name (without making them)."""
+        return set(self.values[3::TASK_FIELDS])
 
 
 @dataclass(slots=True)

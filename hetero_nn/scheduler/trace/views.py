@@ -66,6 +66,15 @@ def _natural_key(name: str):
 
 
 
+def _workers_of(records) -> set:
+    """The workers named by one flush's records as kept (TaskRecords or tuples of their
+    fields, or an object that says, ``workers()``: a compiled replay's records)."""
+    workers = getattr(records, "workers", None)
+    if workers is not None:
+        return workers()
+    return {r[3] if type(r) is tuple else r.worker for r in records}
+
+
 def _dot_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -92,18 +101,50 @@ class Trace:
 
     def __init__(self, records: Iterable[TaskRecord], workers: list[str] | None = None,
                  transfers: Iterable[TransferRecord] = (), memory: Iterable[MemoryRecord] = ()):
-        self.records: list[TaskRecord] = list(records)
+        self._made([list(records)], workers, transfers, memory)
+
+    @classmethod
+    def of_flushes(cls, flushes, workers: list[str] | None = None,
+                   transfers: Iterable[TransferRecord] = (),
+                   memory: Iterable[MemoryRecord] = ()) -> "Trace":
+        """A runtime's trace: per flush, its records as the runtime keeps them (tuples of a
+        :class:`TaskRecord`'s fields, :func:`~hetero_nn.scheduler.flush.record_of`, or a
+        compiled replay's :class:`~hetero_nn.scheduler.engine.replay.ReplayRecords`),
+        made :class:`TaskRecord` s at the first read of :attr:`records`, all at once (a
+        program that takes ``rt.trace(clear=True)`` only to empty the buffer makes none)."""
+        trace = cls.__new__(cls)
+        trace._made(list(flushes), workers, transfers, memory)
+        return trace
+
+    def _made(self, flushes, workers, transfers, memory):
+        self._records = None
+        self._flushes = flushes  # until read: per flush, its records as kept
         self.transfers: list[TransferRecord] = list(transfers)
         self.memory: list[MemoryRecord] = list(memory)
-        seen = sorted({r.worker for r in self.records}, key=_natural_key)
+        seen = set()
+        for flush in flushes:
+            seen |= _workers_of(flush)
+        seen = sorted(seen, key=_natural_key)
         given = list(dict.fromkeys(workers or ()))
         self.workers: list[str] = given + [w for w in seen if w not in given]
         #: What the file a trace was read from said about it (e.g. the training steps it
         #: covers); written into a Chrome trace by :meth:`to_chrome`'s ``metadata``.
         self.metadata: dict = {}
 
+    @property
+    def records(self) -> list[TaskRecord]:
+        """The task records, in the order given (made at the first read: see
+        :meth:`of_flushes`)."""
+        if self._records is None:
+            self._records = [r if type(r) is TaskRecord else TaskRecord(*r)
+                             for flush in self._flushes for r in flush]
+            self._flushes = None
+        return self._records
+
     def __len__(self) -> int:
-        return len(self.records)
+        if self._records is None:
+            return sum(map(len, self._flushes))
+        return len(self._records)
 
     def __iter__(self) -> Iterator[TaskRecord]:
         return iter(self.records)
