@@ -1,8 +1,9 @@
-"""The unrolled evaluation fold (``codelets/conv_unrolled_eval.py``): ``bn_[nobias_]fold_unrolled_eval``
-(every variant and the prepared calls one bit pattern) then ``conv2d_unrolled_fwd`` give the
-bits of the one-task ``conv2d_[nobias_]bn_eval_fwd`` (``cpu``), and match its ``ref`` twin and
-PyTorch's eval-mode chain (float64 1e-10, float32 1e-4 of the scale), over hypothesis
-geometries of images no larger than the kernel, padding modes included."""
+"""The unrolled evaluation fold (``codelets/conv_unrolled_eval.py``):
+``bn_[nobias_]fold_unrolled_eval`` (every variant and the prepared calls one bit pattern)
+then ``conv2d_unrolled_fwd`` give the bits of the one-task ``conv2d_[nobias_]bn_eval_fwd``
+(``cpu``), and match its ``ref`` twin and PyTorch's eval-mode chain (float64 1e-10, float32
+1e-4 of the scale), over hypothesis geometries of images no larger than the kernel, padding
+modes included."""
 
 from __future__ import annotations
 

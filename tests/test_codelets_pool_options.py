@@ -73,7 +73,8 @@ def check_max(case, kind, dtype):
 
 
 @settings(max_examples=25, deadline=None)
-@given(h=st.integers(3, 12), w=st.integers(3, 12), s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+@given(h=st.integers(3, 12), w=st.integers(3, 12),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        p=st.tuples(st.integers(0, 1), st.integers(0, 1)), ceil=st.booleans(),
        kind=st.sampled_from(KINDS), dtype=st.sampled_from([np.float64, np.float32]))
 def test_3x3_windows_match_torch(h, w, s, p, ceil, kind, dtype):

@@ -160,8 +160,9 @@ def test_tiny_images_fold_into_unrolled_filters_with_the_per_task_fold_bits():
                        Conv2d(4, 5, 3, padding=1), BatchNorm2d(5),
                        hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(5, 3))
     model.build((3, 2, 2), "float64")
+    rng = np.random.default_rng(15)
     for bn in (model.layers[1], model.layers[4]):
-        bn._buffers["running_var"].data[...] = np.random.default_rng(15).uniform(0.5, 1.5, bn.num_features)
+        bn._buffers["running_var"].data[...] = rng.uniform(0.5, 1.5, bn.num_features)
     model.eval()
     x = np.random.default_rng(16).standard_normal((6, 3, 2, 2))
     want = per_task_fold(model, x)

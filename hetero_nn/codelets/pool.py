@@ -294,20 +294,33 @@ def _scan(xf, x0, r0, r1, c0, c1, dh, dw, width):
 
 
 @jit_inline
-def _take3(xf, x0, at, best, where):
-    """``_take`` of the three taps ``at, at + 1, at + 2`` in turn."""
-    best, where = _take(xf[x0 + uintp(at)], best, where, at)
-    best, where = _take(xf[x0 + uintp(at + 1)], best, where, at + 1)
-    return _take(xf[x0 + uintp(at + 2)], best, where, at + 2)
+def _take_number(v, best, where, at):
+    """``_take`` where neither value is NaN: ``v`` replaces the maximum if greater (a
+    select LLVM keeps branch-free; the NaN test made the 3x3 kernel 4x slower)."""
+    take = v > best
+    return (v if take else best), (at if take else where)
+
+
+@jit_inline
+def _has_nan_or_inf(xf, x0, area):
+    """Whether the plane at ``x0`` holds a NaN or an infinity (``v - v`` is NaN just there)."""
+    total = xf[x0] - xf[x0]
+    for k in range(uintp(area)):
+        total += xf[x0 + k] - xf[x0 + k]
+    return total != total
 
 
 @jit
 def _maxpool3x3_fwd_cpu(x, y, argmax, geo):
-    """3x3 windows, dilation 1 (torchvision ResNet's stem pool, stride 2, padding 1): a
-    window inside the input runs its nine taps unrolled, in the scan's order from its first
-    tap (the same comparisons as ``_scan``, which runs the windows the border clips).
-    10-20x the general scan on ResNet-18's 16x16 planes (docs/benchmarks.md, branch
-    ``tvinf``)."""
+    """3x3 windows, dilation 1 (torchvision ResNet's stem pool: stride 2, padding 1).
+
+    A plane that holds a NaN (or an infinity) runs ``_scan`` on every window. On the
+    others ``_take`` is ``_take_number``, and as the scan is a fold, folding a window's
+    rows in turn equals taking each row's own result (its first maximum) in turn: a
+    first pass takes each input row's taps under each window (once for the windows that
+    share the row: two, at stride 2), a second takes each window's row results (one to
+    three rows, one to three taps: the border clips them). The same values and argmax
+    as the scan (docs/benchmarks.md, branch ``tvinf``: 2x on ResNet-18's 16x16 planes)."""
     n_batch, n_chan, height, width = x.shape
     out_h, out_w = y.shape[2], y.shape[3]
     sh, sw, ph, pw = geo.sh, geo.sw, geo.ph, geo.pw
@@ -315,35 +328,51 @@ def _maxpool3x3_fwd_cpu(x, y, argmax, geo):
     j1 = j0  # past the last window whose right tap is inside
     while j1 < out_w and j1 * sw - pw + 3 <= width:
         j1 += 1
+    row_best = np.empty((height, out_w), dtype=x.dtype)
+    row_where = np.empty((height, out_w), dtype=np.int64)
     xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
     for plane in range(n_batch * n_chan):
         x0 = uintp(plane * height * width)
         y0 = uintp(plane * out_h * out_w)
+        if _has_nan_or_inf(xf, x0, height * width):
+            for i in range(out_h):
+                r0, r1 = _window(i, sh, ph, 1, 3, height)
+                for j in range(out_w):
+                    c0, c1 = _window(j, sw, pw, 1, 3, width)
+                    k = y0 + uintp(i * out_w + j)
+                    yf[k], af[k] = _scan(xf, x0, r0, r1, c0, c1, 1, 1, width)
+            continue
+        for r in range(height):  # each row's taps under each window, once per row
+            rb, rw = row_best[r], row_where[r]
+            for j in range(out_w):
+                if j0 <= j < j1:
+                    at = r * width + j * sw - pw
+                    best, where = _take_number(xf[x0 + uintp(at + 1)], xf[x0 + uintp(at)], at,
+                                               at + 1)
+                    rb[j], rw[j] = _take_number(xf[x0 + uintp(at + 2)], best, where, at + 2)
+                else:  # clipped by the border
+                    c0, c1 = _window(j, sw, pw, 1, 3, width)
+                    at = r * width + c0
+                    best, where = xf[x0 + uintp(at)], at
+                    for c in range(at + 1, r * width + c1):
+                        best, where = _take_number(xf[x0 + uintp(c)], best, where, c)
+                    rb[j], rw[j] = best, where
         for i in range(out_h):
             row = y0 + uintp(i * out_w)
             r0, r1 = _window(i, sh, ph, 1, 3, height)
-            inside = r0 == i * sh - ph and r1 == r0 + 3
-            for j in range(out_w):
-                if not inside or j < j0 or j >= j1:
-                    c0, c1 = _window(j, sw, pw, 1, 3, width)
-                    yf[row + uintp(j)], af[row + uintp(j)] = _scan(xf, x0, r0, r1, c0, c1, 1,
-                                                                   1, width)
-            if inside:
-                _row3x3(xf, x0, r0 * width - pw, width, sw, yf, af, row, j0, j1)
-
-
-@jit_inline
-def _row3x3(xf, x0, top, width, sw, yf, af, row, j0, j1):
-    """The windows ``j0 <= j < j1`` of one output row, inside the input: nine taps each,
-    from the first (a loop with no branch, which LLVM vectorises)."""
-    for j in range(j0, j1):
-        at = top + j * sw
-        best, where = xf[x0 + uintp(at)], at
-        best, where = _take3(xf, x0, at, best, where)
-        best, where = _take3(xf, x0, at + width, best, where)
-        best, where = _take3(xf, x0, at + 2 * width, best, where)
-        yf[row + uintp(j)] = best
-        af[row + uintp(j)] = where
+            if r1 == r0 + 3:
+                b0, b1, b2 = row_best[r0], row_best[r0 + 1], row_best[r0 + 2]
+                w0, w1, w2 = row_where[r0], row_where[r0 + 1], row_where[r0 + 2]
+                for j in range(out_w):
+                    best, where = _take_number(b1[j], b0[j], w0[j], w1[j])
+                    yf[row + uintp(j)], af[row + uintp(j)] = _take_number(b2[j], best, where,
+                                                                          w2[j])
+            else:  # clipped by the border
+                for j in range(out_w):
+                    best, where = row_best[r0, j], row_where[r0, j]
+                    for r in range(r0 + 1, r1):
+                        best, where = _take_number(row_best[r, j], best, where, row_where[r, j])
+                    yf[row + uintp(j)], af[row + uintp(j)] = best, where
 
 
 @jit
