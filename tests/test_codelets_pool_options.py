@@ -72,7 +72,7 @@ def check_max(case, kind, dtype):
             assert rel_err(dx, dx_ref) <= TOL[dtype], variant
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(h=st.integers(3, 12), w=st.integers(3, 12),
        s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        p=st.tuples(st.integers(0, 1), st.integers(0, 1)), ceil=st.booleans(),
