@@ -72,6 +72,18 @@ def check_max(case, kind, dtype):
             assert rel_err(dx, dx_ref) <= TOL[dtype], variant
 
 
+@settings(max_examples=15, deadline=None)
+@given(h=st.integers(3, 12), w=st.integers(3, 12),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       p=st.tuples(st.integers(0, 1), st.integers(0, 1)), ceil=st.booleans(),
+       kind=st.sampled_from(KINDS), dtype=st.sampled_from([np.float64, np.float32]))
+def test_3x3_windows_match_torch(h, w, s, p, ceil, kind, dtype):
+    """3x3 windows of dilation 1 (torchvision ResNet's stem pool: stride 2, padding 1) have
+    a kernel of their own: the windows inside the input unrolled, those the border clips
+    scanned; both give PyTorch's values and argmax, ties and NaN included."""
+    check_max((2, 3, h, w, 3, s, p, 1, ceil), kind, dtype)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("case", MAX_CASES, ids=str)

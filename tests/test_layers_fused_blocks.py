@@ -151,6 +151,30 @@ def test_eval_pass_folds_once_per_layer_with_the_per_task_fold_bits():
     assert not any(n.endswith("bn_eval_fwd") for n in names)
 
 
+def test_tiny_images_fold_into_unrolled_filters_with_the_per_task_fold_bits():
+    """On images no larger than the kernel the fold writes the unrolled filters once
+    (``bn_[nobias_]fold_unrolled_eval``) and each partition runs ``conv2d_unrolled_fwd``:
+    the bits of the fold inside each partition's task."""
+    hn.manual_seed(14)
+    model = Sequential(Conv2d(3, 4, 3, padding=1, bias=False), BatchNorm2d(4), ReLU(),
+                       Conv2d(4, 5, 3, padding=1), BatchNorm2d(5),
+                       hn.GlobalAvgPool2D(), hn.Flatten(), hn.Dense(5, 3))
+    model.build((3, 2, 2), "float64")
+    rng = np.random.default_rng(15)
+    for bn in (model.layers[1], model.layers[4]):
+        bn._buffers["running_var"].data[...] = rng.uniform(0.5, 1.5, bn.num_features)
+    model.eval()
+    x = np.random.default_rng(16).standard_normal((6, 3, 2, 2))
+    want = per_task_fold(model, x)
+    with hn.Runtime(devices="cpu:2", perfmodel=False, trace=True) as rt:
+        model.bind(rt)
+        ys = model.forward(rt, list(rt.register(x, name="x").split(0, 2)))
+        assert np.array_equal(np.concatenate([rt.fetch(y, copy=True) for y in ys]), want)
+        names = [r.codelet for r in rt.trace()]
+    assert names.count("bn_nobias_fold_unrolled_eval") == names.count("bn_fold_unrolled_eval") == 1
+    assert names.count("conv2d_unrolled_fwd") == 4 and "conv2d_folded_fwd" not in names
+
+
 def test_fold_follows_a_training_step_and_load_state_dict():
     model = folding_model(groups=1, activation=ReLU)  # training kernels other tests load
     rng = np.random.default_rng(13)

@@ -108,8 +108,15 @@ def fwd_unrolled_cpu(x2, w, bias, y2, u, taps, zeros):
     """``y2 = x2 @ U^T (+ bias)``: ``x2``, ``y2`` the partition as ``[N, C*H*W]``, ``[N,
     O*OH*OW]``; ``bias`` empty for none."""
     unroll_filters(w, u, taps, zeros)
+    unrolled_gemm(x2, bias, y2, u, w.shape[0])
+
+
+@jit
+def unrolled_gemm(x2, bias, y2, u, n_out):
+    """``y2 = x2 @ u^T (+ bias)`` on unrolled filters ``u`` of ``n_out`` output channels
+    (``bias`` empty for none)."""
     np.dot(x2, u.T, y2)
-    area = u.shape[0] // w.shape[0]
+    area = u.shape[0] // n_out
     for n in range(y2.shape[0]):
         for o in range(bias.size):
             b = bias[o]

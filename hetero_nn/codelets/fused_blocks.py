@@ -53,7 +53,7 @@ import numpy as np
 
 from . import conv
 from ._checks import require_contiguous
-from ._jit import jit
+from ._jit import jit, jit_inline
 from .activation import _relu6_fwd_cpu, _relu_fwd_cpu
 from .codelet import R, W, Codelet
 from .prepared import from_calls
@@ -83,16 +83,24 @@ def _fold_xp(xp, w, b, mean, var, weight, bias, eps, dtype):
     return wf, (shift * alpha + bias.astype(f8)).astype(dtype)
 
 
+@jit_inline
+def fold_channel(o, b, mean, var, weight, bias, eps, bf):
+    """Output channel ``o``'s ``alpha``, after writing ``bf[o] = (b - mean) * alpha + bias``
+    (``b`` empty: no bias), float64 arithmetic as ``_fold_xp``."""
+    alpha = np.float64(weight[o]) / np.sqrt(np.float64(var[o]) + eps)
+    shift = -np.float64(mean[o])
+    if b.shape[0]:
+        shift = np.float64(b[o]) - np.float64(mean[o])
+    bf[o] = shift * alpha + np.float64(bias[o])
+    return alpha
+
+
 @jit
 def fold_bn_cpu(w2, b, mean, var, weight, bias, eps, wf2, bf):
     """``wf2 = w2 * alpha`` per row, ``bf = (b - mean) * alpha + bias`` (``b`` empty: no
     bias), float64 arithmetic as ``_fold_xp``."""
     for o in range(w2.shape[0]):
-        alpha = np.float64(weight[o]) / np.sqrt(np.float64(var[o]) + eps)
-        shift = -np.float64(mean[o])
-        if b.shape[0]:
-            shift = np.float64(b[o]) - np.float64(mean[o])
-        bf[o] = shift * alpha + np.float64(bias[o])
+        alpha = fold_channel(o, b, mean, var, weight, bias, eps, bf)
         for k in range(w2.shape[1]):
             wf2[o, k] = np.float64(w2[o, k]) * alpha
 

@@ -245,29 +245,71 @@ def _take(v, best, where, at):
     return (v if take else best), (at if take else where)
 
 
+@jit_inline
+def _take_number(v, best, where, at):
+    """``_take`` where neither value is NaN: ``v`` replaces the maximum if greater (a
+    select LLVM keeps branch-free; the NaN test made the 3x3 kernel 4x slower)."""
+    take = v > best
+    return (v if take else best), (at if take else where)
+
+
+@jit_inline
+def _has_nan_or_inf(xf, x0, area):
+    """Whether the plane at ``x0`` holds a NaN or an infinity (``v - v`` is NaN just there;
+    an and of comparisons, which LLVM vectorises where a sum would be one chain)."""
+    finite = True
+    for k in range(uintp(area)):
+        v = xf[x0 + k]
+        finite &= (v - v) == 0
+    return not finite
+
+
 @jit
 def _maxpool2x2_fwd_cpu(x, y, argmax):
     """The 2x2, stride 2 window (most CNNs') unrolled: the four taps in PyTorch's order
     with no inner loops, which LLVM vectorises over the output row (4x the general
     scan's bandwidth on planes past the caches, 1.4-1.9x in cache:
-    ``benchmarks/bench_bandwidth.py``, docs/benchmarks.md)."""
+    ``benchmarks/bench_bandwidth.py``, docs/benchmarks.md); a plane free of NaN and
+    infinities by ``_take_number``."""
     n_batch, n_chan, height, width = x.shape
     out_h, out_w = y.shape[2], y.shape[3]
     xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
     for plane in range(n_batch * n_chan):
         x0 = uintp(plane * height * width)
         y0 = uintp(plane * out_h * out_w)
-        for i in range(out_h):
-            top = 2 * i * width
-            row = y0 + uintp(i * out_w)
-            for j in range(out_w):
-                c = top + 2 * j
-                best, where = xf[x0 + uintp(c)], c
-                best, where = _take(xf[x0 + uintp(c + 1)], best, where, c + 1)
-                best, where = _take(xf[x0 + uintp(c + width)], best, where, c + width)
-                best, where = _take(xf[x0 + uintp(c + width + 1)], best, where, c + width + 1)
-                yf[row + uintp(j)] = best
-                af[row + uintp(j)] = where
+        if _has_nan_or_inf(xf, x0, height * width):
+            _plane2x2(xf, yf, af, x0, y0, width, out_h, out_w)
+        else:  # no NaN: _take_number's select (4-5x: docs/benchmarks.md, branch tvinf)
+            _plane2x2_numbers(xf, yf, af, x0, y0, width, out_h, out_w)
+
+
+@jit_inline
+def _plane2x2(xf, yf, af, x0, y0, width, out_h, out_w):
+    """One plane's 2x2 windows by ``_take``."""
+    for i in range(out_h):
+        top = 2 * i * width
+        row = y0 + uintp(i * out_w)
+        for j in range(out_w):
+            c = top + 2 * j
+            best, where = xf[x0 + uintp(c)], c
+            best, where = _take(xf[x0 + uintp(c + 1)], best, where, c + 1)
+            best, where = _take(xf[x0 + uintp(c + width)], best, where, c + width)
+            best, where = _take(xf[x0 + uintp(c + width + 1)], best, where, c + width + 1)
+            yf[row + uintp(j)] = best
+            af[row + uintp(j)] = where
+
+
+@jit_inline
+def _plane2x2_numbers(xf, yf, af, x0, y0, width, out_h, out_w):
+    """``_plane2x2`` on a plane free of NaN, by ``_take_number``."""
+    for i in range(out_h):
+        row, c = y0 + uintp(i * out_w), 2 * i * width
+        for j in range(out_w):
+            best, where = _take_number(xf[x0 + uintp(c + 1)], xf[x0 + uintp(c)], c, c + 1)
+            best, where = _take_number(xf[x0 + uintp(c + width)], best, where, c + width)
+            yf[row + uintp(j)], af[row + uintp(j)] = _take_number(
+                xf[x0 + uintp(c + width + 1)], best, where, c + width + 1)
+            c += 2
 
 
 @jit_inline
@@ -278,6 +320,84 @@ def _window(i, stride, pad, dilation, k, size):
     while lo < 0:
         lo += dilation
     return lo, hi
+
+
+@jit_inline
+def _scan(xf, x0, r0, r1, c0, c1, dh, dw, width):
+    """``(maximum, flat index)`` of the taps ``[r0, r1) x [c0, c1)`` (steps ``dh``, ``dw``) of
+    the plane at ``x0``: PyTorch's scan from the first tap."""
+    where = r0 * width + c0
+    best = xf[x0 + uintp(where)]
+    for r in range(r0, r1, dh):
+        for c in range(c0, c1, dw):
+            at = r * width + c
+            best, where = _take(xf[x0 + uintp(at)], best, where, at)
+    return best, where
+
+
+@jit
+def _maxpool3x3_fwd_cpu(x, y, argmax, geo):
+    """3x3 windows, dilation 1 (torchvision ResNet's stem pool: stride 2, padding 1).
+
+    A plane that holds a NaN (or an infinity) runs ``_scan`` on every window. On the
+    others ``_take`` is ``_take_number``, and as the scan is a fold, folding a window's
+    rows in turn equals taking each row's own result (its first maximum) in turn: a
+    first pass takes each input row's taps under each window (once for the windows that
+    share the row: two, at stride 2), a second takes each window's row results (one to
+    three rows, one to three taps: the border clips them). The same values and argmax
+    as the scan (docs/benchmarks.md, branch ``tvinf``: 2x on ResNet-18's 16x16 planes)."""
+    n_batch, n_chan, height, width = x.shape
+    out_h, out_w = y.shape[2], y.shape[3]
+    sh, sw, ph, pw = geo.sh, geo.sw, geo.ph, geo.pw
+    j0 = min(out_w, (pw + sw - 1) // sw)  # the first window whose left tap is inside
+    j1 = j0  # past the last window whose right tap is inside
+    while j1 < out_w and j1 * sw - pw + 3 <= width:
+        j1 += 1
+    row_best = np.empty((height, out_w), dtype=x.dtype)
+    row_where = np.empty((height, out_w), dtype=np.int64)
+    xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
+    for plane in range(n_batch * n_chan):
+        x0 = uintp(plane * height * width)
+        y0 = uintp(plane * out_h * out_w)
+        if _has_nan_or_inf(xf, x0, height * width):
+            for i in range(out_h):
+                r0, r1 = _window(i, sh, ph, 1, 3, height)
+                for j in range(out_w):
+                    c0, c1 = _window(j, sw, pw, 1, 3, width)
+                    k = y0 + uintp(i * out_w + j)
+                    yf[k], af[k] = _scan(xf, x0, r0, r1, c0, c1, 1, 1, width)
+            continue
+        for r in range(height):  # each row's taps under each window, once per row
+            rb, rw = row_best[r], row_where[r]
+            for j in range(out_w):
+                if j0 <= j < j1:
+                    at = r * width + j * sw - pw
+                    best, where = _take_number(xf[x0 + uintp(at + 1)], xf[x0 + uintp(at)], at,
+                                               at + 1)
+                    rb[j], rw[j] = _take_number(xf[x0 + uintp(at + 2)], best, where, at + 2)
+                else:  # clipped by the border
+                    c0, c1 = _window(j, sw, pw, 1, 3, width)
+                    at = r * width + c0
+                    best, where = xf[x0 + uintp(at)], at
+                    for c in range(at + 1, r * width + c1):
+                        best, where = _take_number(xf[x0 + uintp(c)], best, where, c)
+                    rb[j], rw[j] = best, where
+        for i in range(out_h):
+            row = y0 + uintp(i * out_w)
+            r0, r1 = _window(i, sh, ph, 1, 3, height)
+            if r1 == r0 + 3:
+                b0, b1, b2 = row_best[r0], row_best[r0 + 1], row_best[r0 + 2]
+                w0, w1, w2 = row_where[r0], row_where[r0 + 1], row_where[r0 + 2]
+                for j in range(out_w):
+                    best, where = _take_number(b1[j], b0[j], w0[j], w1[j])
+                    yf[row + uintp(j)], af[row + uintp(j)] = _take_number(b2[j], best, where,
+                                                                          w2[j])
+            else:  # clipped by the border
+                for j in range(out_w):
+                    best, where = row_best[r0, j], row_where[r0, j]
+                    for r in range(r0 + 1, r1):
+                        best, where = _take_number(row_best[r, j], best, where, row_where[r, j])
+                    yf[row + uintp(j)], af[row + uintp(j)] = best, where
 
 
 @jit
@@ -296,6 +416,9 @@ def maxpool2d_fwd_cpu_kernel(x, y, argmax, geo):
             and 2 * out_w <= width):
         _maxpool2x2_fwd_cpu(x, y, argmax)
         return
+    if geo.kh == 3 and geo.kw == 3 and geo.dh == 1 and geo.dw == 1:
+        _maxpool3x3_fwd_cpu(x, y, argmax, geo)
+        return
     xf, yf, af = x.reshape(-1), y.reshape(-1), argmax.reshape(-1)
     for plane in range(n_batch * n_chan):
         x0 = uintp(plane * height * width)
@@ -304,12 +427,7 @@ def maxpool2d_fwd_cpu_kernel(x, y, argmax, geo):
             r0, r1 = _window(i, geo.sh, geo.ph, geo.dh, geo.kh, height)
             for j in range(out_w):
                 c0, c1 = _window(j, geo.sw, geo.pw, geo.dw, geo.kw, width)
-                where = r0 * width + c0
-                best = xf[x0 + uintp(where)]
-                for r in range(r0, r1, geo.dh):
-                    for c in range(c0, c1, geo.dw):
-                        at = r * width + c
-                        best, where = _take(xf[x0 + uintp(at)], best, where, at)
+                best, where = _scan(xf, x0, r0, r1, c0, c1, geo.dh, geo.dw, width)
                 k = y0 + uintp(i * out_w + j)
                 yf[k] = best
                 af[k] = where

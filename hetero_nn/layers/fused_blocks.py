@@ -8,7 +8,10 @@ Policy:
   into the convolution. One partition: one ``conv2d_[nobias_]bn_eval_fwd`` task, the
   fold inside it. Several: one ``bn_[nobias_]fold_eval`` task folds into a temporary
   that every partition's ``conv2d_folded_fwd`` task reads (the fold once per pass, not
-  per partition; the same bits). In training mode the batch norm needs the batch's
+  per partition; the same bits); where ``conv2d_fwd`` would unroll the filters (images of
+  at most ``KH*KW`` pixels), the fold writes them unrolled (``bn_[nobias_]fold_unrolled_eval``)
+  and each partition's ``conv2d_unrolled_fwd`` is a GEMM (``codelets/conv_unrolled_eval.py``:
+  the same bits again). In training mode the batch norm needs the batch's
   statistics, so the layers run unfused. Any convolution (``Conv2d.fusable``); a
   depthwise one (MobileNet's) as ``conv2d_depthwise_[nobias_]bn_eval_fwd`` or
   ``conv2d_depthwise_folded_fwd`` (``codelets/depthwise_fused.py``).
@@ -24,6 +27,7 @@ fused forward keeps no intermediate.
 
 from __future__ import annotations
 
+from ..codelets import conv_unrolled_eval as unrolled
 from ..codelets.depthwise_fused import (conv2d_depthwise_bn_eval_fwd,
                                         conv2d_depthwise_folded_fwd,
                                         conv2d_depthwise_nobias_bn_eval_fwd)
@@ -73,8 +77,18 @@ class ConvBNEval:
             rt.submit(codelet, xs[0], *w, *stats, ys[0], **kw, eps=bn.eps)
             return ys
         name = type(conv).__name__
-        wf = rt.temporary(w[0].shape, conv.dtype, name=f"{name}.folded_w")
         bf = rt.temporary((w[0].shape[0],), conv.dtype, name=f"{name}.folded_b")
+        if not conv.depthwise and unrolled.takes(xs[0].shape, w[0].shape, **conv._kw):
+            u = rt.temporary(unrolled.unrolled_shape(xs[0].shape, w[0].shape, **conv._kw),
+                             conv.dtype, name=f"{name}.unrolled_w")
+            rt.submit(unrolled.bn_fold_unrolled_eval if conv.bias
+                      else unrolled.bn_nobias_fold_unrolled_eval, *w, *stats, u, bf,
+                      **conv._kw, input_size=tuple(xs[0].shape[2:]), eps=bn.eps)
+            for x, y in zip(xs, ys):
+                rt.submit(unrolled.conv2d_unrolled_fwd, x, u, bf, y, activation=self.activation)
+            rt.release(u, bf)
+            return ys
+        wf = rt.temporary(w[0].shape, conv.dtype, name=f"{name}.folded_w")
         rt.submit(bn_fold_eval if conv.bias else bn_nobias_fold_eval, *w, *stats, wf, bf,
                   eps=bn.eps)
         codelet = conv2d_depthwise_folded_fwd if conv.depthwise else conv2d_folded_fwd
