@@ -51,7 +51,7 @@ import math
 
 import numpy as np
 
-from . import conv
+from . import conv, conv_gemm
 from ._checks import require_contiguous
 from ._jit import jit
 from .activation import _relu6_fwd_cpu, _relu_fwd_cpu
@@ -145,8 +145,8 @@ def _folded_cuda(x, wf, bf, y, code, conv_params):
 
 def _folded_calls(buffers, x, wf, bf, y, code, conv_params):
     require_contiguous("conv2d_bn_eval_fwd", y=y)
-    return conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params) + activation_calls(
-        y, code)
+    calls = conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
+    return conv_gemm.with_activation(calls, code) or calls + activation_calls(y, code)
 
 
 def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
