@@ -32,10 +32,9 @@ j*SW + q*DW]``.
 from __future__ import annotations
 
 import numpy as np
-from numba import uintp
 
 from ._jit import jit, jit_inline
-from ._rows import START, add_scatter_row, fill_row, gather_row, row_sum
+from ._rows import START, add_scatter_row, fill_row, finish_row, gather_row, row_sum
 from .conv_im2col import _pad_buffer, sample_source, worker_buffer
 from .padding import fold_plane
 
@@ -172,37 +171,12 @@ def _finish(y, n0, n1, bias, activation):
     _, n_out, h, w = y.shape
     area = h * w
     yf = y.reshape(-1)
+    if bias.size == 0 and activation == 0:
+        return
     for n in range(n0, n1):
         for o in range(n_out):
             d = (n * n_out + o) * area
             finish_row(yf, d, yf, d, area, bias, o, activation)
-
-
-@jit_inline
-def finish_row(dst, d0, src, s0, count, bias, o, activation):
-    """``dst[d0 + j] = act(src[s0 + j] (+ bias[o]))`` for ``j < count`` (``bias`` empty: none;
-    ``activation`` 0 none, 1 ``relu_fwd``'s ReLU, 2 ``relu6_fwd``'s clamp): the bias add
-    rounded, then the activation's selects, so the bits of the three passes it replaces.
-    ``dst`` and ``src`` are the same row or do not overlap."""
-    d, s = uintp(d0), uintp(s0)
-    zero, six = dst.dtype.type(0), dst.dtype.type(6)
-    if bias.size == 0 and activation == 0:
-        gather_row(dst, d, src, s, 1, count)
-        return
-    b = bias[o] if bias.size else zero
-    has_bias = bias.size != 0
-    if activation == 0:
-        for j in range(uintp(count)):
-            dst[d + j] = src[s + j] + b
-    elif activation == 1:
-        for j in range(uintp(count)):
-            v = src[s + j] + b if has_bias else src[s + j]
-            dst[d + j] = zero if v <= 0 else v  # -0.0 becomes 0, NaN passes
-    else:
-        for j in range(uintp(count)):
-            v = src[s + j] + b if has_bias else src[s + j]
-            r = zero if v < 0 else v  # a clamp: NaN and -0.0 pass
-            dst[d + j] = six if v > 6 else r
 
 
 # --------------------------------------------------------------------------- kernels
