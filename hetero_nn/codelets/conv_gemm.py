@@ -19,6 +19,12 @@ planes, so the block is gathered and folded back by one copy per plane (the
 same GEMMs and bits as unfolding row by row: 1.2-2.7x faster on MobileNetV2's
 4x4 layers, ``benchmarks/bench_pointwise.py``).
 
+The forward pass adds the bias and applies an activation (``conv2d_folded_fwd``'s ReLU or
+ReLU6, ``with_activation``) in one epilogue on each GEMM's product while it is in the
+cache: per sample on the direct path, on the block's rows (which vectorise) before the
+planes are scattered. The same roundings in the same order as the bias pass and the
+activation's kernel after the convolution, so the same bits.
+
 The order of every sum depends only on the shapes (chunks in sample order, one
 BLAS call each, the chunks' products added in order), so results are the same
 bits whatever the policy or worker. Groups other than 1, and output images of

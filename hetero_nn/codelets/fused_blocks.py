@@ -40,8 +40,9 @@ the same kernel, so the same bits as the fold inside each task.
 
 Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
 in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
-``cpu:winograd`` variant, Winograd, unrolled filters or partition GEMMs, then ReLU's kernel in place: all
-prepared calls, so a replayed task is three kernel calls), and ``cuda`` (written against
+``cpu:winograd`` variant, Winograd, unrolled filters or partition GEMMs, then ReLU's kernel in place
+(on the partition GEMMs, in their epilogue: ``conv_gemm.with_activation``): all prepared
+calls, so a replayed task is two or three kernel calls), and ``cuda`` (written against
 the array module).
 """
 
