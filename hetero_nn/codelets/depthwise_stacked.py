@@ -125,7 +125,8 @@ def _widen_stack(gf, g0, n_planes, geo, wide, w0):
 def fwd_stacked(x, w, b, has_bias, activation, y, geo, unit, stack, acc):
     """Depthwise ``y`` (overwritten) from ``x`` and ``w[m*C, 1, KH, KW]``, one channel's stack
     at a time; ``activation``: 0 none, 1 ReLU, 2 ReLU6 (clamp: NaN and -0.0 pass), applied
-    to the stack's sums (``finish_row``) before they are copied out. Buffers: :func:`fwd_buffers`."""
+    to the stack's sums (``finish_row``) before they are copied out. Buffers:
+    :func:`fwd_buffers`."""
     n_batch, n_in, height, width = x.shape
     n_out, _, kh_size, kw_size = w.shape
     mult = n_out // n_in
