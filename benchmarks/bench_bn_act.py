@@ -25,7 +25,7 @@ from hetero_nn.codelets import batchnorm as bn
 from hetero_nn.codelets import batchnorm_act as bna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_depthwise import cpu_time  # noqa: E402
+from layer_times import cpu_time  # noqa: E402
 
 SHAPES = {  # (channels, size): BatchNorm2d + ReLU6 pairs of MobileNetV2 (CIFAR strides)
     (32, 32): 2, (96, 32): 2, (144, 32): 3, (144, 16): 1, (192, 16): 5, (192, 8): 1,

@@ -146,3 +146,35 @@ def test_gemm_matches_torch(dtype):
                      (3, 7, 5, 16, 16, 1, 1, 0, 1, "zeros"), (4, 9, 6, 1, 1, 3, 1, 1, 1, "zeros")]:
         for got, ref in against_torch("cpu:gemm", geometry, dtype):
             assert rel_err(got, ref) <= TOL[dtype], geometry
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("geometry", [
+    (3, 5, 7, 4, 4),    # planes: one block, rows of 16 (the scatter's epilogue)
+    (1, 5, 7, 4, 4),    # one sample: its block of y is the product
+    (2, 3, 6, 16, 16),  # direct: per sample, in place
+], ids=str)
+def test_folded_activation_in_the_epilogue_gives_the_unfused_bits(geometry, dtype):
+    """``conv2d_folded_fwd``'s ReLU/ReLU6 in ``fwd_gemm_cpu``'s epilogue: the bits of the
+    convolution, then ``relu_fwd``/``relu6_fwd``'s kernels (NaN, signed zeros, 0 and 6)."""
+    from hetero_nn.codelets import activation, fused_blocks
+    n, c, o, h, w = geometry
+    rng = np.random.default_rng(1)
+    x = (4 * rng.standard_normal((n, c, h, w))).astype(dtype)
+    x[0, :, 0, 0] = np.nan
+    wt = rng.standard_normal((o, c, 1, 1)).astype(dtype)
+    wt[0] = -0.0  # -0.0 products, + 0.0
+    b = rng.standard_normal(o).astype(dtype)
+    b[0], b[1] = 0.0, 6.0
+    assert conv_gemm.handles(conv.conv2d_geometry(x.shape, wt.shape), x.shape) or n == 1
+    for name, act in (("relu", activation.relu_fwd), ("relu6", activation.relu6_fwd)):
+        got = np.full((n, o, h, w), np.nan, dtype)
+        fused_blocks.conv2d_folded_fwd.variants["cpu"](x, wt, b, got, activation=name)
+        want = np.full_like(got, np.nan)
+        conv.conv2d_fwd.variants["cpu:winograd"](x, wt, b, want)
+        act.variants["cpu"](want.copy(), want)
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(
+            np.signbit(got), np.signbit(want)), name
+        ref = np.full_like(got, np.nan)
+        fused_blocks.conv2d_folded_fwd.variants["ref"](x, wt, b, ref, activation=name)
+        assert rel_err(got[1:], ref[1:]) <= TOL[dtype]

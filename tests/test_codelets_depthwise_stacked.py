@@ -151,3 +151,29 @@ def test_relu6_kernel_gives_the_clamp_bits_with_nan_and_signed_zeros(dtype):
     activation.relu6_fwd.variants["ref"](x, want)
     assert np.array_equal(got, want, equal_nan=True)
     assert np.array_equal(np.signbit(got), np.signbit(want))  # -0.0 passes, as a clamp
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_stacked_activation_gives_the_bits_of_the_activation_after(dtype, stride):
+    """``fwd_stacked``'s ReLU/ReLU6, applied to a stack's sums in place, against its output
+    without one then ``relu_fwd``/``relu6_fwd``'s kernels (NaN, signed zeros, 0 and 6)."""
+    from hetero_nn.codelets import activation
+    from hetero_nn.codelets.conv_im2col import run_calls, worker_buffer
+    rng = np.random.default_rng(2)
+    x = (4 * rng.standard_normal((3, 5, 4, 5))).astype(dtype)
+    x[0, 1] = np.nan
+    w = rng.standard_normal((5, 1, 3, 3)).astype(dtype)
+    w[2] = -0.0
+    b = rng.standard_normal(5).astype(dtype)
+    b[3] = 6.0
+    params = {"stride": stride, "padding": 1}
+    shape = (3, 5, (4 - 1) // stride + 1, (5 - 1) // stride + 1)
+    for code, act in ((1, activation.relu_fwd), (2, activation.relu6_fwd)):
+        for bias in (None, b):
+            got, want = np.full(shape, np.nan, dtype), np.full(shape, np.nan, dtype)
+            run_calls(depthwise.fwd_stacked_calls(worker_buffer, x, w, bias, got, params, code))
+            run_calls(depthwise.fwd_stacked_calls(worker_buffer, x, w, bias, want, params))
+            act.variants["cpu"](want.copy(), want)
+            assert np.array_equal(got, want, equal_nan=True)
+            assert np.array_equal(np.signbit(got), np.signbit(want))

@@ -182,3 +182,30 @@ def row_sum(src, s0, count, total):
     for j in range(uintp(count)):
         total += src[s + j]
     return total
+
+
+@jit_inline
+def finish_row(dst, d0, src, s0, count, bias, o, activation):
+    """``dst[d0 + j] = act(src[s0 + j] (+ bias[o]))`` for ``j < count`` (``bias`` empty: none;
+    ``activation`` 0 none, 1 ``relu_fwd``'s ReLU, 2 ``relu6_fwd``'s clamp): the bias add
+    rounded, then the activation's selects, so the bits of the three passes it replaces.
+    ``dst`` and ``src`` are the same row or do not overlap."""
+    d, s = uintp(d0), uintp(s0)
+    zero, six = dst.dtype.type(0), dst.dtype.type(6)
+    if bias.size == 0 and activation == 0:
+        gather_row(dst, d, src, s, 1, count)
+        return
+    b = bias[o] if bias.size else zero
+    has_bias = bias.size != 0
+    if activation == 0:
+        for j in range(uintp(count)):
+            dst[d + j] = src[s + j] + b
+    elif activation == 1:
+        for j in range(uintp(count)):
+            v = src[s + j] + b if has_bias else src[s + j]
+            dst[d + j] = zero if v <= 0 else v  # -0.0 becomes 0, NaN passes
+    else:
+        for j in range(uintp(count)):
+            v = src[s + j] + b if has_bias else src[s + j]
+            r = zero if v < 0 else v  # a clamp: NaN and -0.0 pass
+            dst[d + j] = six if v > 6 else r

@@ -19,6 +19,12 @@ planes, so the block is gathered and folded back by one copy per plane (the
 same GEMMs and bits as unfolding row by row: 1.2-2.7x faster on MobileNetV2's
 4x4 layers, ``benchmarks/bench_pointwise.py``).
 
+The forward pass adds the bias and applies an activation (``conv2d_folded_fwd``'s ReLU or
+ReLU6, ``with_activation``) in one epilogue on each GEMM's product while it is in the
+cache: per sample on the direct path, on the block's rows (which vectorise) before the
+planes are scattered. The same roundings in the same order as the bias pass and the
+activation's kernel after the convolution, so the same bits.
+
 The order of every sum depends only on the shapes (chunks in sample order, one
 BLAS call each, the chunks' products added in order), so results are the same
 bits whatever the policy or worker. Groups other than 1, and output images of
@@ -34,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit, jit_inline
-from ._rows import START, add_scatter_row, fill_row, gather_row, row_sum
+from ._rows import START, add_scatter_row, fill_row, finish_row, gather_row, row_sum
 from .conv_im2col import _pad_buffer, sample_source, worker_buffer
 from .padding import fold_plane
 
@@ -116,7 +122,7 @@ def fold_block(colf, n0, n1, plane, dx, geo):
     then folded onto the input (``padding.fold_plane``)."""
     _, n_in, height, width = dx.shape
     if is_planes(geo, height, width):
-        scatter_planes(colf, n0, n1, dx.reshape(-1)[:0], dx)
+        scatter_planes(colf, n0, n1, dx.reshape(-1)[:0], dx, 0)
         return
     hp, wp, out_h, out_w = geo.hp, geo.wp, geo.out_h, geo.out_w
     area = out_h * out_w
@@ -150,48 +156,49 @@ def gather_planes(a, n0, n1, blockf):
 
 
 @jit
-def scatter_planes(blockf, n0, n1, bias, y):
-    """``y[n, o] = block[o, (n - n0)*area:][:area] (+ bias[o])``: ``gather_planes`` undone."""
+def scatter_planes(blockf, n0, n1, bias, y, activation=0):
+    """``y[n, o] = act(block[o, (n - n0)*area:][:area] (+ bias[o]))``: ``gather_planes``
+    undone, the bias and the activation (``finish_row``) applied to the block's rows first,
+    in place (rows of ``k`` entries vectorise; an image's ``area`` may be too short)."""
     _, n_out, h, w = y.shape
     area = h * w
     k = (n1 - n0) * area
     yf = y.reshape(-1)
-    for n in range(n0, n1):
-        for o in range(n_out):
-            d, s = (n * n_out + o) * area, o * k + (n - n0) * area
-            if bias.size:
-                b = bias[o]
-                for j in range(area):
-                    yf[d + j] = blockf[s + j] + b
-            else:
-                gather_row(yf, d, blockf, s, 1, area)
+    for o in range(n_out):  # the block read in order
+        if bias.size or activation:
+            finish_row(blockf, o * k, blockf, o * k, k, bias, o, activation)
+        for n in range(n0, n1):
+            gather_row(yf, (n * n_out + o) * area, blockf, o * k + (n - n0) * area, 1, area)
 
 
 @jit
-def _add_bias(y, n0, n1, bias):
-    """``y[n, o] += bias[o]`` for ``n0 <= n < n1``."""
+def _finish(y, n0, n1, bias, activation):
+    """``y[n, o] = act(y[n, o] (+ bias[o]))`` in place for ``n0 <= n < n1`` (``finish_row``)."""
     _, n_out, h, w = y.shape
+    area = h * w
     yf = y.reshape(-1)
+    if bias.size == 0 and activation == 0:
+        return
     for n in range(n0, n1):
         for o in range(n_out):
-            d = (n * n_out + o) * h * w
-            for j in range(h * w):
-                yf[d + j] += bias[o]
+            d = (n * n_out + o) * area
+            finish_row(yf, d, yf, d, area, bias, o, activation)
 
 
 # --------------------------------------------------------------------------- kernels
 
 @jit
-def fwd_gemm_cpu(x, w2, bias, y, colf, outf, xpad, geo, step, direct):
-    """``y = conv2d(x, w) (+ bias)``: ``w2`` is ``w`` as ``[O, C*KH*KW]``, ``bias`` empty for
-    none; ``colf``/``outf`` flat buffers for ``step`` samples' block and product."""
+def fwd_gemm_cpu(x, w2, bias, y, colf, outf, xpad, geo, step, direct, activation):
+    """``y = act(conv2d(x, w) (+ bias))``: ``w2`` is ``w`` as ``[O, C*KH*KW]``, ``bias`` empty
+    for none, ``activation`` as ``finish_row``'s; ``colf``/``outf`` flat buffers for ``step``
+    samples' block and product. The bias and activation run on each GEMM's product while
+    it is in the cache, in one pass."""
     n_batch, n_out = y.shape[0], y.shape[1]
     rows, area = w2.shape[1], geo.out_h * geo.out_w
     if direct:
         for n in range(n_batch):
             np.dot(w2, x[n].reshape(rows, area), y[n].reshape(n_out, area))
-        if bias.size:
-            _add_bias(y, 0, n_batch, bias)
+            _finish(y, n, n + 1, bias, activation)
         return
     for start in range(0, n_batch, step):
         stop = min(start + step, n_batch)
@@ -199,11 +206,10 @@ def fwd_gemm_cpu(x, w2, bias, y, colf, outf, xpad, geo, step, direct):
         unfold_block(x, start, stop, xpad, colf, geo)
         if k == area:  # one sample: its block of y is the product
             np.dot(w2, colf[:rows * k].reshape(rows, k), y[start].reshape(n_out, area))
-            if bias.size:
-                _add_bias(y, start, stop, bias)
+            _finish(y, start, stop, bias, activation)
         else:
             np.dot(w2, colf[:rows * k].reshape(rows, k), outf[:n_out * k].reshape(n_out, k))
-            scatter_planes(outf, start, stop, bias, y)
+            scatter_planes(outf, start, stop, bias, y, activation)
 
 
 @jit
@@ -272,15 +278,23 @@ def block_buffers(x_shape, rows, n_out, geo, dtype, buffers=worker_buffer, tag="
     return colf, planef, _pad_buffer(x_shape, geo, dtype, buffers), step, direct
 
 
-def fwd_calls(buffers, x, w, b, y, geo):
-    """The call of ``fwd_gemm_cpu`` for ``y = conv2d(x, w) (+ b)`` (``b`` None: no bias)."""
+def fwd_calls(buffers, x, w, b, y, geo, activation=0):
+    """The call of ``fwd_gemm_cpu`` for ``y = act(conv2d(x, w) (+ b))`` (``b`` None: no bias;
+    ``activation``: see ``finish_row``)."""
     n_out = w.shape[0]
     w2 = np.ascontiguousarray(w, dtype=y.dtype).reshape(n_out, -1)
     bias = np.empty(0, dtype=y.dtype) if b is None else np.ascontiguousarray(b, dtype=y.dtype)
     colf, outf, xpad, step, direct = block_buffers(x.shape, w2.shape[1], n_out, geo, y.dtype,
                                                    buffers)
     return [(fwd_gemm_cpu, (np.ascontiguousarray(x, dtype=y.dtype), w2, bias, y, colf, outf, xpad, geo, step,
-                            direct))]
+                            direct, activation))]
+
+
+def with_activation(calls, code):
+    """``calls`` (a forward chain's) with the activation ``code`` applied in
+    ``fwd_gemm_cpu``'s epilogue when they are its call, else None."""
+    kernel, args = calls[-1]
+    return calls[:-1] + [(kernel, (*args[:-1], code))] if kernel is fwd_gemm_cpu else None
 
 
 def bwd_input_calls(buffers, dy, w, dx, geo):

@@ -26,8 +26,9 @@ Every output sums the same products in the same order as ``conv_direct.py``'s ke
 and the channel multiplier's, in order; a parameter lane ``0 +`` the images' products in
 order, the lanes added onto ``dw`` in raster order of the outputs), and the extra terms
 are ``+ 0``: the ``cpu`` and ``cpu:stacked`` variants give the same bits on finite inputs
-(``Codelet.same_bits``). The forward kernel also takes an activation applied as its
-outputs are written (``depthwise_fused.py``'s folded batch norm + ReLU6).
+(``Codelet.same_bits``). The forward kernel also takes an activation, applied to a
+stack's sums in place before they are copied out (``depthwise_fused.py``'s folded batch
+norm + ReLU6).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._rows import (START, add_scatter_row, axpy3_row, axpy_gather_row, fill_row, gather_row,
-                    mul3_row, mul_gather_row)
+from ._rows import (START, add_scatter_row, axpy3_row, axpy_gather_row, fill_row, finish_row,
+                    gather_row, mul3_row, mul_gather_row)
 from .conv_direct import _add_taps, _tap
 from .padding import fold_plane, pad_plane
 
@@ -124,7 +125,8 @@ def _widen_stack(gf, g0, n_planes, geo, wide, w0):
 def fwd_stacked(x, w, b, has_bias, activation, y, geo, unit, stack, acc):
     """Depthwise ``y`` (overwritten) from ``x`` and ``w[m*C, 1, KH, KW]``, one channel's stack
     at a time; ``activation``: 0 none, 1 ReLU, 2 ReLU6 (clamp: NaN and -0.0 pass), applied
-    as the outputs are written. Buffers: :func:`fwd_buffers`."""
+    to the stack's sums (``finish_row``) before they are copied out. Buffers:
+    :func:`fwd_buffers`."""
     n_batch, n_in, height, width = x.shape
     n_out, _, kh_size, kw_size = w.shape
     mult = n_out // n_in
@@ -133,7 +135,6 @@ def fwd_stacked(x, w, b, has_bias, activation, y, geo, unit, stack, acc):
     count = (n_batch - 1) * area + (unit.out_h - 1) * wp + unit.out_w
     xf, wf, yf = x.reshape(-1), w.reshape(-1), y.reshape(-1)
     zero = y.dtype.type(0)
-    six = y.dtype.type(6)
     for c in range(n_in):
         _load_stack(xf, c * height * width, n_in * height * width, n_batch, height, width,
                     stack, geo)
@@ -143,20 +144,13 @@ def fwd_stacked(x, w, b, has_bias, activation, y, geo, unit, stack, acc):
             for p in range(kh_size):
                 _add_taps(acc, wf, (o * kh_size + p) * kw_size, kw_size, stack, 0, p, unit,
                           geo.hp, wp, count, start, p == 0)
+            if activation:  # over the whole stack at once: long rows vectorise
+                finish_row(acc, 0, acc, 0, count, b[:0], 0, activation)
             for n in range(n_batch):
                 y0 = (n * n_out + o) * out_h * out_w
                 for i in range(out_h):
-                    a0, d0 = n * area + i * geo.sh * wp, y0 + i * out_w
-                    if activation == 0:
-                        gather_row(yf, d0, acc, a0, geo.sw, out_w)
-                        continue
-                    for j in range(out_w):  # selects, one store (as relu[6]_fwd's kernels)
-                        v = acc[a0 + j * geo.sw]
-                        if activation == 1:  # -0.0 becomes 0
-                            yf[d0 + j] = zero if v <= 0 else v
-                        else:  # a clamp: NaN and -0.0 pass
-                            r = zero if v < 0 else v
-                            yf[d0 + j] = six if v > 6 else r
+                    gather_row(yf, y0 + i * out_w, acc, n * area + i * geo.sh * wp, geo.sw,
+                               out_w)
 
 
 @jit

@@ -40,8 +40,9 @@ the same kernel, so the same bits as the fold inside each task.
 
 Variants: ``ref`` (the fold in NumPy, then ``conv2d_fwd``'s ``ref``), ``cpu`` (the fold
 in one Numba kernel into worker buffers, then the calls of ``conv2d_fwd``'s pinned
-``cpu:winograd`` variant, Winograd, unrolled filters or partition GEMMs, then ReLU's kernel in place: all
-prepared calls, so a replayed task is three kernel calls), and ``cuda`` (written against
+``cpu:winograd`` variant, Winograd, unrolled filters or partition GEMMs, then ReLU's kernel in place
+(on the partition GEMMs, in their epilogue: ``conv_gemm.with_activation``): all prepared
+calls, so a replayed task is two or three kernel calls), and ``cuda`` (written against
 the array module).
 """
 
@@ -51,7 +52,7 @@ import math
 
 import numpy as np
 
-from . import conv
+from . import conv, conv_gemm
 from ._checks import require_contiguous
 from ._jit import jit, jit_inline
 from .activation import _relu6_fwd_cpu, _relu_fwd_cpu
@@ -153,8 +154,8 @@ def _folded_cuda(x, wf, bf, y, code, conv_params):
 
 def _folded_calls(buffers, x, wf, bf, y, code, conv_params):
     require_contiguous("conv2d_bn_eval_fwd", y=y)
-    return conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params) + activation_calls(
-        y, code)
+    calls = conv._fwd_winograd_calls(buffers, x, wf, bf, y, conv_params)
+    return conv_gemm.with_activation(calls, code) or calls + activation_calls(y, code)
 
 
 def _bn_eval_ref(x, w, b, mean, var, weight, bias, y, **params):
