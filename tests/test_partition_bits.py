@@ -9,7 +9,7 @@ precisions. The kernels that run one BLAS GEMM over several images of a partitio
 dense layers' ``cpu:blas``) are the same bits in float64 only: OpenBLAS's sgemm rounds a
 column differently by where it falls in the call's tiles and by the call's shape
 (``benchmarks/partition_bits.py``, ``docs/architecture.md``), so in float32 they agree
-to rounding (1e-6 of the scale), which is checked here too. The shapes are those of the
+to rounding (6e-7 of the scale seen; 1e-5 checked here). The shapes are those of the
 first report: 1x1 and 3x3 convolutions on 4x4 and 8x8 images.
 """
 
@@ -72,7 +72,7 @@ def test_convolution_bits_across_partitions(variant, dtype):
                 if exact:
                     assert np.array_equal(one, other), (variant, name, shape)
                 else:
-                    assert rel_err(other, one) <= 1e-6, (variant, name, shape)
+                    assert rel_err(other, one) <= 1e-5, (variant, name, shape)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -89,4 +89,4 @@ def test_dense_bits_across_partitions(dtype):
             if dtype == np.float64 or variant == "cpu":
                 assert np.array_equal(one, other), variant
             else:
-                assert rel_err(other, one) <= 1e-6, variant
+                assert rel_err(other, one) <= 1e-5, variant
