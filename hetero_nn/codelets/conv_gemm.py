@@ -27,9 +27,12 @@ activation's kernel after the convolution, so the same bits.
 
 The order of every sum depends only on the shapes (chunks in sample order, one
 BLAS call each, the chunks' products added in order), so results are the same
-bits whatever the policy or worker. Groups other than 1, and output images of
-``PER_SAMPLE_AREA`` pixels or more, are not handled here (see ``handles``: the
-variants in ``conv.py`` hand them to ``cpu:im2col``'s kernels). ``geo`` is a
+bits whatever the policy or worker. Not whatever the granularity in float32: the chunks
+follow the partition's size, and OpenBLAS's sgemm rounds a column by its place in the
+call (float64's dgemm does not; ``benchmarks/partition_bits.py``, docs/architecture.md).
+Groups other than 1, and output images of ``PER_SAMPLE_AREA`` pixels or more, are
+not handled here (see ``handles``: the variants in ``conv.py`` hand them to
+``cpu:im2col``'s kernels). ``geo`` is a
 :class:`~hetero_nn.codelets.conv.Conv2dGeometry`; row ``(c*KH + p)*KW + q``,
 column ``m*OH*OW + i*OW + j`` of a block is ``xpad[n0 + m, c, i*SH + p*DH,
 j*SW + q*DW]``.
