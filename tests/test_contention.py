@@ -55,6 +55,22 @@ def test_a_win_the_next_replay_does_not_confirm_is_undone_with_a_doubled_period(
     assert c.mode == "parallel" and c.probe == FIRST_PROBE and c.beaten is None
 
 
+def test_a_try_is_judged_against_the_recent_median_not_a_lucky_replay():
+    c = Contention()  # beside a busy loop: parallel mostly 10 ms, once 3 ms (both cores)
+    for wall in (0.010, 0.003, 0.010, 0.011):
+        c.observe("parallel", wall, 0.018)  # inflated task times: "one thread cannot win"
+    assert c.next_mode() == "parallel"  # no serial wall measured: the sum is believed
+    c.mode, c.countdown = "parallel", 0
+    assert c.next_mode() == "serial"
+    c.observe("serial", 0.0047, 0.0047)  # against the median 10 ms (the best, 3 ms, would lose)
+    assert c.mode == "serial" and c.beaten == 0.010
+    c = Contention()
+    c.walls["serial"] = [0.0047]
+    for _ in range(FIRST_PROBE):  # serial measured under these walls: tries stay due
+        c.observe("parallel", 0.010, 0.018)
+    assert c.next_mode() == "serial"
+
+
 def test_a_plain_parallel_win_makes_no_serial_try_and_new_costs_try_the_other_mode_soon():
     c = Contention()
     for _ in range(10 * FIRST_PROBE):  # half the tasks' summed time: one thread cannot win

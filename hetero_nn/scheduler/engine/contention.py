@@ -28,9 +28,15 @@ next, larger one on one thread, capping its efficiency at 50%).
 One replay decides nothing alone: on a shared or virtual machine a thread loses its
 core for milliseconds now and then (measured on the 2-core machine: a parallel replay of
 10 ms took 27-44 ms once in about twenty, where the other thread's core was taken), and
-a parallel replay pays for it in full where a serial one does not. So a try wins only
-against the current mode's best of its last :data:`RECENT` walls, and the early serial
-try needs two slow parallel replays in a row. Luck runs the other way too: beside a
+a parallel replay pays for it in full where a serial one does not. So a try is judged
+against the median of the current mode's last :data:`RECENT` walls (one such replay moves
+no median; their best was used until the seventh session, and beside a busy loop it
+judged serial tries against a parallel replay that had had both cores by luck, so
+parallel stayed at 1.5x serial's time), and the early serial try needs two slow parallel
+replays in a row. A parallel replay under :data:`CLEAR_WIN` of its tasks' summed time
+stops serial tries only while no serial wall measured is under it: beside a busy loop the
+tasks' own times include the time their thread waited for its core, so that sum
+overstates what one thread takes. Luck runs the other way too: beside a
 busy loop pinned to one core, the scheduler now and then gave a parallel try both cores
 (3.4 ms against serial's 4.8), and the parallel replays after it took 8 ms until the next
 try, four replays later. So a win is kept only if the next replay in the new mode also
@@ -40,7 +46,7 @@ after a loss.
 A try costs: beside a busy loop pinned to one core a parallel replay took up to ten
 times a serial one, so each try of parallel was the largest replay of its run (30-50 ms
 among 4-5 ms ones). A try of parallel against serial is therefore *cut* once it cannot
-win (:meth:`Contention.cutoff`: :data:`WIN` of serial's best recent wall): the calling
+win (:meth:`Contention.cutoff`: :data:`WIN` of serial's recent median wall): the calling
 thread's share stops the replay (``abort`` set to :data:`~.dispatch.CUT`) when one of
 its waits passes that time; the engine jobs no thread has started yet are dropped rather than waited for
 (their thread may be the one without a core), and the calling thread runs every task
@@ -115,7 +121,7 @@ IDLE_LOOK = 1.0   # seconds between two looks of the watchdog at most; one that 
 #                   replay since the last ends its thread (the next replay starts another)
 WIN = 0.9         # the other mode wins when its time is under this share of the current's
 CLEAR_WIN = 0.75  # a parallel replay under this share of its tasks' summed time: no serial try
-RECENT = 3        # a try is judged against the best of the current mode's last walls
+RECENT = 3        # a try is judged against the median of the current mode's last walls
 
 
 def serial_order(seg) -> list:
@@ -181,8 +187,16 @@ class Contention:
         there (module docstring); None for any other replay."""
         if self.mode != "serial" or self.next_mode() != "parallel":
             return None
-        mine = min(self.walls["serial"][-RECENT:], default=None)
+        mine = self.reference("serial")
         return None if mine is None else WIN * mine
+
+    def reference(self, mode) -> float | None:
+        """The wall a try against ``mode`` must beat: the median of its last :data:`RECENT`
+        walls (None before any). Not their best: beside a busy loop a parallel replay now
+        and then had both cores (3 ms among 7-11 ms ones), and a serial try judged against
+        that luck lost at every try while parallel stayed 1.5x slower."""
+        recent = self.walls[mode][-RECENT:]
+        return statistics.median(recent) if recent else None
 
     def lost(self) -> None:
         """A try of parallel was cut at :meth:`cutoff`: lost, its wall not kept (serial
@@ -197,7 +211,9 @@ class Contention:
         walls.append(wall)
         del walls[:-KEEP]
         if mode != self.mode:  # a try of the other mode
-            mine = min(self.walls[self.mode][-RECENT:], default=float("inf"))
+            mine = self.reference(self.mode)
+            if mine is None:
+                mine = float("inf")
             if wall < WIN * mine:  # won: kept if the next replay confirms it
                 self.mode, self.beaten, self.lost_probe = mode, mine, self.probe
                 self.probe = FIRST_PROBE
@@ -215,7 +231,8 @@ class Contention:
         if mode != "parallel":
             return
         self.slow = self.slow + 1 if wall > task_seconds else 0
-        if wall < CLEAR_WIN * task_seconds:
+        serial = self.reference("serial")
+        if wall < CLEAR_WIN * task_seconds and (serial is None or serial >= wall):
             self.countdown = max(self.countdown, 1)  # one thread cannot win: no try due
         elif self.slow >= 2 and not self.walls["serial"]:
             self.countdown = 0  # worse than one thread would do, twice: try it now
