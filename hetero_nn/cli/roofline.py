@@ -9,8 +9,9 @@ one training step and one evaluation batch at the run's batch size, granularity 
 dtype are captured without running (:func:`hetero_nn.simulation.simulate.capture`);
 each task's FLOPs are its codelet's ``flops(*shapes, **params)``. A codelet's FLOPs in
 the trace are its trace task count times its mean FLOPs per captured task. Codelets
-with no FLOP count (copies, reductions, element-wise work) are left out: they are
-bandwidth-bound, and a roofline of arithmetic says nothing of them.
+with no FLOP count (copies, reductions) are left out. Batch norm and the element-wise
+codelets do count theirs and keep their rows, but they are bandwidth-bound: their share
+of sgemm says how far they are from arithmetic's limit, not from their own.
 
 The step sums (issue 28's goal, "summed over the step") add the rows of the dense
 convolutions' codelets by pass: the forward (``conv2d*_fwd*``, fused ones included) and
